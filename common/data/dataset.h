@@ -1,0 +1,75 @@
+// In-memory classification datasets and the per-epoch sample order.
+//
+// A Dataset holds every sample as float32 features back to back plus int32
+// labels, so that assembling a batch is a gather of contiguous rows. Datasets
+// are immutable once built; const methods are safe from any thread.
+#ifndef TALLY_COMMON_DATA_DATASET_H_
+#define TALLY_COMMON_DATA_DATASET_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+
+namespace tally {
+
+struct Dataset {
+  Shape sample_shape;  // per sample, e.g. [1, 28, 28]
+  int num_classes = 0;
+  std::vector<float> features;  // size() * sample_numel() floats
+  std::vector<int32_t> labels;
+
+  int64_t size() const { return static_cast<int64_t>(labels.size()); }
+  int64_t sample_numel() const { return NumElements(sample_shape); }
+
+  // Copies the samples named by `indices` into x (indices.size() rows of
+  // sample_numel() floats) and y. Indices must be in range.
+  void Gather(std::span<const int64_t> indices, float* x, int32_t* y) const;
+};
+
+struct TrainTest {
+  Dataset train;
+  Dataset test;
+};
+
+// Reads one IDX image file (magic 0x803, ubyte, [n, rows, cols]) and its
+// label file (magic 0x801, ubyte, [n]); gzip'd or plain. Pixels are scaled to
+// [0, 1] and shaped [1, rows, cols]. Errors name the file: kNotFound for a
+// missing file, kDataLoss for truncated or corrupt data, kInvalidArgument for
+// a wrong magic number or mismatched counts.
+absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
+                                const std::string& labels_path,
+                                int num_classes);
+
+// Fashion-MNIST from `root` (Debian's dataset-fashion-mnist installs it in
+// /usr/share/datasets/fashion-mnist): train-*-idx?-ubyte.gz, t10k-*.
+absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& root);
+
+struct SyntheticOptions {
+  int64_t train_size = 4096;
+  int64_t test_size = 1024;
+  int64_t features = 32;
+  int num_classes = 4;
+  int64_t teacher_hidden = 16;
+  uint64_t seed = 1;
+};
+
+// Features drawn from N(0, 1); each label is the argmax of a fixed random
+// teacher network (features -> tanh hidden -> classes) drawn from the same
+// seed, so a student can learn it well above chance. Deterministic by seed.
+absl::StatusOr<TrainTest> MakeSynthetic(const SyntheticOptions& options);
+
+// The order in which worker `rank` of `world` visits its shard in `epoch`:
+// a permutation of [0, size) drawn from (seed, epoch), of which rank takes
+// positions rank, rank + world, ... When size does not divide by world the
+// first size % world ranks get one sample more; every sample is visited
+// exactly once per epoch across the world (no padding, no dropping).
+std::vector<int64_t> EpochOrder(int64_t size, uint64_t seed, int64_t epoch,
+                                int rank = 0, int world = 1);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_DATA_DATASET_H_

@@ -1,0 +1,133 @@
+#include "common/device.h"
+
+#include <cblas.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/internal/cpu_kernels.h"
+
+namespace tally {
+
+std::string DeviceId::ToString() const {
+  return absl::StrCat(type == DeviceType::kCpu ? "cpu:" : "cuda:", index);
+}
+
+bool CudaBackendCompiled() {
+#ifdef TALLY_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::vector<DeviceId>> ParseDevices(absl::string_view spec) {
+  const auto colon = spec.find(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--devices: '", spec,
+        "' is not of the form cpu:N, cuda:I[,J...] or cuda:all"));
+  }
+  const absl::string_view kind = spec.substr(0, colon);
+  const absl::string_view rest = spec.substr(colon + 1);
+  std::vector<DeviceId> out;
+  if (kind == "cpu") {
+    int n = 0;
+    if (!absl::SimpleAtoi(rest, &n) || n < 1 || n > 1024) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--devices: cpu:N needs a replica count N in [1, 1024], got '",
+          rest, "'"));
+    }
+    for (int i = 0; i < n; ++i) out.push_back({DeviceType::kCpu, i});
+    return out;
+  }
+  if (kind != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--devices: unknown device type '", kind, "' (want cpu or cuda)"));
+  }
+  std::vector<int> wanted;
+  if (rest != "all") {
+    for (absl::string_view part : absl::StrSplit(rest, ',')) {
+      int idx = -1;
+      if (!absl::SimpleAtoi(part, &idx) || idx < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--devices: '", part, "' is not a GPU index in '", spec, "'"));
+      }
+      for (int w : wanted) {
+        if (w == idx) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--devices: GPU ", idx, " is listed twice"));
+        }
+      }
+      wanted.push_back(idx);
+    }
+  }
+  if (!CudaBackendCompiled()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--devices=", spec,
+        ": this build of Tally has no CUDA backend (nvcc was not found when "
+        "it was built); use --devices=cpu:N"));
+  }
+  return absl::UnimplementedError("CUDA device discovery is not built yet");
+}
+
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(DeviceId id) : id_(id), kernels_(&error_) {}
+
+  DeviceId id() const override { return id_; }
+  Kernels& kernels() override { return kernels_; }
+  bool host_accessible() const override { return true; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(id_.ToString(), ": cannot allocate ", bytes, " bytes"));
+    }
+    return p;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memcpy(dst, src, bytes);
+    return TakeError();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memcpy(dst, src, bytes);
+    return TakeError();
+  }
+  absl::Status Synchronize() override { return TakeError(); }
+
+ private:
+  absl::Status TakeError() {
+    absl::Status s = std::move(error_);
+    error_ = absl::OkStatus();
+    return s;
+  }
+
+  DeviceId id_;
+  absl::Status error_;  // first kernel failure since the last sync
+  internal::CpuKernels kernels_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> OpenDevice(DeviceId id) {
+  if (id.type == DeviceType::kCpu) {
+    // Each CPU replica is driven by one thread; BLAS must not fan out on top.
+    openblas_set_num_threads(1);
+    return std::unique_ptr<Device>(new CpuDevice(id));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot open ", id.ToString(), ": no CUDA backend in this build"));
+}
+
+}  // namespace tally

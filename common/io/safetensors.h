@@ -1,0 +1,61 @@
+// The .safetensors format (8-byte little-endian header length, a JSON header
+// of {name: {dtype, shape, data_offsets}}, then raw little-endian data),
+// float32 only. Tally's flat parameter vector maps to it with the PyTorch
+// state_dict names of its ModelLayout, so
+//   model.load_state_dict(safetensors.torch.load_file(path))
+// works for a torch.nn.Sequential of the same layers.
+//
+// All functions are thread-safe (no shared state).
+#ifndef TALLY_COMMON_IO_SAFETENSORS_H_
+#define TALLY_COMMON_IO_SAFETENSORS_H_
+
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/nn/layer_config.h"
+#include "common/tensor.h"
+
+namespace tally {
+
+struct HostTensor {
+  Shape shape;
+  std::vector<float> data;
+};
+
+using TensorMap = std::map<std::string, HostTensor>;
+
+// Encodes the flat vector `params` (layout.num_params floats) as named
+// tensors. `metadata` goes to the header's "__metadata__" (string values).
+std::string EncodeSafetensors(const std::vector<ParamInfo>& layout,
+                              const float* params,
+                              const std::map<std::string, std::string>& metadata = {});
+
+// Decodes any float32 safetensors document. kInvalidArgument (with what is
+// wrong) for malformed input; other dtypes are rejected by name.
+absl::StatusOr<TensorMap> DecodeSafetensors(absl::string_view bytes);
+
+// Gathers `tensors` into a flat vector laid out as `layout`; every name must
+// be present with the same shape (extra tensors are an error too).
+absl::StatusOr<std::vector<float>> FlattenTensors(
+    const TensorMap& tensors, const std::vector<ParamInfo>& layout);
+
+// Atomically replaces `path`: write a temporary file, fsync, rename, fsync
+// the directory. A crash leaves either the old file or the new one.
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes);
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Convenience: encode + atomic write, and read + decode + flatten.
+absl::Status SaveSafetensors(const std::string& path,
+                             const std::vector<ParamInfo>& layout,
+                             const float* params,
+                             const std::map<std::string, std::string>& metadata = {});
+absl::StatusOr<std::vector<float>> LoadSafetensors(
+    const std::string& path, const std::vector<ParamInfo>& layout);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_IO_SAFETENSORS_H_

@@ -1,0 +1,130 @@
+#include "common/nn/sequential.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/nn/internal/layers.h"
+#include "common/status_macros.h"
+
+namespace tally {
+
+Sequential::Sequential(std::vector<LayerConfig> configs, Shape input_shape,
+                       ModelLayout layout, Device* device)
+    : configs_(std::move(configs)),
+      input_shape_(std::move(input_shape)),
+      layout_(std::move(layout)),
+      device_(device) {}
+
+Sequential::~Sequential() = default;
+
+absl::StatusOr<std::unique_ptr<Sequential>> Sequential::Create(
+    const std::vector<LayerConfig>& layers, const Shape& input_shape,
+    Device* device) {
+  TALLY_ASSIGN_OR_RETURN(ModelLayout layout, ComputeLayout(layers, input_shape));
+  std::unique_ptr<Sequential> m(
+      new Sequential(layers, input_shape, std::move(layout), device));
+  TALLY_ASSIGN_OR_RETURN(m->params_, DeviceBuffer<float>::Create(
+                                         device, m->layout_.num_params));
+  TALLY_ASSIGN_OR_RETURN(m->grads_, DeviceBuffer<float>::Create(
+                                        device, m->layout_.num_params));
+  device->kernels().Fill(m->params_.data(), m->layout_.num_params, 0.0f);
+  device->kernels().Fill(m->grads_.data(), m->layout_.num_params, 0.0f);
+  // Bind each layer to its parameter slice; params of layer i are contiguous.
+  size_t next_param = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    m->layers_.push_back(internal::MakeLayer(layers[i]));
+    const std::string prefix = absl::StrCat(i, ".");
+    if (next_param < m->layout_.params.size() &&
+        m->layout_.params[next_param].name.rfind(prefix, 0) == 0) {
+      const int64_t off = m->layout_.params[next_param].offset;
+      m->layers_.back()->Bind(m->params_.data() + off, m->grads_.data() + off);
+      while (next_param < m->layout_.params.size() &&
+             m->layout_.params[next_param].name.rfind(prefix, 0) == 0) {
+        ++next_param;
+      }
+    }
+  }
+  m->inputs_.resize(layers.size());
+  m->outputs_.resize(layers.size());
+  m->acts_.resize(layers.size());
+  return m;
+}
+
+absl::Status Sequential::Reserve(int batch) {
+  if (batch <= capacity_) return absl::OkStatus();
+  int64_t max_in = NumElements(input_shape_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Shape& in = i == 0 ? input_shape_ : layout_.activation_shapes[i - 1];
+    const Shape& out = layout_.activation_shapes[i];
+    max_in = std::max(max_in, NumElements(in));
+    TALLY_RETURN_IF_ERROR(layers_[i]->Reserve(device_, batch, in, out));
+    acts_[i].Reset();
+    TALLY_ASSIGN_OR_RETURN(
+        acts_[i], DeviceBuffer<float>::Create(
+                      device_, static_cast<size_t>(batch) * NumElements(out)));
+  }
+  grad_ping_.Reset();
+  grad_pong_.Reset();
+  TALLY_ASSIGN_OR_RETURN(grad_ping_,
+                         DeviceBuffer<float>::Create(device_, batch * max_in));
+  TALLY_ASSIGN_OR_RETURN(grad_pong_,
+                         DeviceBuffer<float>::Create(device_, batch * max_in));
+  capacity_ = batch;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
+                                           bool training, uint64_t seed) {
+  if (batch <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward needs a positive batch, got ", batch));
+  }
+  TALLY_RETURN_IF_ERROR(Reserve(batch));
+  Kernels& k = device_->kernels();
+  Tensor cur;
+  cur.data = const_cast<float*>(x);
+  cur.shape = {batch};
+  cur.shape.insert(cur.shape.end(), input_shape_.begin(), input_shape_.end());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Tensor out;
+    out.shape = {batch};
+    const Shape& s = layout_.activation_shapes[i];
+    out.shape.insert(out.shape.end(), s.begin(), s.end());
+    out.data = acts_[i].data();
+    // Each layer gets its own dropout stream.
+    layers_[i]->Forward(k, cur, &out, training, seed * 1000003ULL + i);
+    inputs_[i] = cur;
+    outputs_[i] = out;
+    cur = out;
+  }
+  last_forward_training_ = training;
+  return cur;
+}
+
+absl::Status Sequential::Backward(const float* dout) {
+  if (!last_forward_training_ || layers_.empty() ||
+      outputs_.back().data == nullptr) {
+    return absl::FailedPreconditionError(
+        "Backward needs a preceding training Forward");
+  }
+  Kernels& k = device_->kernels();
+  Tensor dy;
+  dy.data = const_cast<float*>(dout);
+  dy.shape = outputs_.back().shape;
+  for (size_t j = layers_.size(); j-- > 0;) {
+    if (j == 0) {
+      // The input needs no gradient: only parameter gradients are computed.
+      layers_[0]->Backward(k, inputs_[0], outputs_[0], dy, nullptr);
+      break;
+    }
+    Tensor dx;
+    dx.shape = inputs_[j].shape;
+    dx.data = dy.data == grad_ping_.data() ? grad_pong_.data() : grad_ping_.data();
+    layers_[j]->Backward(k, inputs_[j], outputs_[j], dy, &dx);
+    dy = dx;
+  }
+  return device_->Synchronize();
+}
+
+}  // namespace tally

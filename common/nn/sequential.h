@@ -1,0 +1,81 @@
+// A torch.nn.Sequential replica on one device.
+//
+// Sequential owns its layers, the flat parameter and gradient vectors and all
+// activation buffers, all on one Device (borrowed; it must outlive the model).
+// Buffers grow to the largest batch seen and are then reused: a step
+// allocates nothing in the steady state.
+//
+// Not thread-safe: one thread drives a replica. Different replicas (on
+// different devices) run concurrently.
+#ifndef TALLY_COMMON_NN_SEQUENTIAL_H_
+#define TALLY_COMMON_NN_SEQUENTIAL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/device.h"
+#include "common/nn/layer_config.h"
+#include "common/tensor.h"
+
+namespace tally {
+
+namespace internal {
+class Layer;
+}
+
+class Sequential {
+ public:
+  // kInvalidArgument when the layers do not chain for `input_shape` (the
+  // per-sample shape, without the batch dimension).
+  static absl::StatusOr<std::unique_ptr<Sequential>> Create(
+      const std::vector<LayerConfig>& layers, const Shape& input_shape,
+      Device* device);
+
+  Sequential(const Sequential&) = delete;
+  Sequential& operator=(const Sequential&) = delete;
+  ~Sequential();
+
+  const ModelLayout& layout() const { return layout_; }
+  const Shape& input_shape() const { return input_shape_; }
+  int64_t num_params() const { return layout_.num_params; }
+  Device* device() const { return device_; }
+
+  // Flat vectors in device memory, layout().num_params floats each.
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+
+  // Forward pass over `batch` samples at `x` (device memory, the batch's
+  // inputs back to back). The returned view stays valid until the next call.
+  // `seed` drives dropout masks.
+  absl::StatusOr<Tensor> Forward(const float* x, int batch, bool training,
+                                 uint64_t seed = 0);
+
+  // Back-propagates `dout` (device memory, shaped like Forward's output)
+  // through the last training Forward; overwrites grads().
+  absl::Status Backward(const float* dout);
+
+ private:
+  Sequential(std::vector<LayerConfig> configs, Shape input_shape,
+             ModelLayout layout, Device* device);
+  absl::Status Reserve(int batch);
+
+  std::vector<LayerConfig> configs_;
+  Shape input_shape_;
+  ModelLayout layout_;
+  Device* device_;  // borrowed
+  std::vector<std::unique_ptr<internal::Layer>> layers_;
+  DeviceBuffer<float> params_;
+  DeviceBuffer<float> grads_;
+  int capacity_ = 0;                         // batch the buffers fit
+  std::vector<DeviceBuffer<float>> acts_;    // per layer output (or empty)
+  DeviceBuffer<float> grad_ping_, grad_pong_;
+  std::vector<Tensor> inputs_, outputs_;     // views of the last Forward
+  bool last_forward_training_ = false;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_NN_SEQUENTIAL_H_

@@ -1,0 +1,412 @@
+#include "common/spec/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace tally {
+
+namespace {
+
+absl::Status FieldError(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Join(const std::string& path, absl::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+}
+
+// Rejects keys of `node` (a map) that are not in `allowed`.
+absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
+                       const std::set<std::string>& allowed) {
+  if (!node.IsMap()) {
+    return FieldError(path.empty() ? "document" : path, "must be a mapping");
+  }
+  for (const auto& kv : node) {
+    const std::string key = kv.first.Scalar();
+    if (!allowed.count(key)) {
+      return FieldError(Join(path, key),
+                        absl::StrCat("unknown field (known: ",
+                                     absl::StrJoin(allowed, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt(const YAML::Node& parent, const std::string& path,
+                     const char* key, int64_t min, int64_t max, int64_t* out) {
+  const YAML::Node n = parent[key];
+  if (!n) return absl::OkStatus();
+  const std::string p = Join(path, key);
+  int64_t v = 0;
+  if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
+    return FieldError(p, absl::StrCat("must be an integer, got '",
+                                      n.IsScalar() ? n.Scalar() : "a non-scalar", "'"));
+  }
+  if (v < min || v > max) {
+    return FieldError(p, absl::StrCat("must be in [", min, ", ", max, "], got ", v));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const YAML::Node& parent, const std::string& path,
+                        const char* key, double* out) {
+  const YAML::Node n = parent[key];
+  if (!n) return absl::OkStatus();
+  double v = 0;
+  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v)) {
+    return FieldError(Join(path, key), absl::StrCat("must be a finite number, got '",
+                                                    n.IsScalar() ? n.Scalar() : "a non-scalar", "'"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const YAML::Node& parent, const std::string& path,
+                      const char* key, bool* out) {
+  const YAML::Node n = parent[key];
+  if (!n) return absl::OkStatus();
+  bool v = false;
+  if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) {
+    return FieldError(Join(path, key), "must be true or false");
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const YAML::Node& parent, const std::string& path,
+                        const char* key, std::string* out) {
+  const YAML::Node n = parent[key];
+  if (!n) return absl::OkStatus();
+  if (!n.IsScalar()) return FieldError(Join(path, key), "must be a string");
+  *out = n.Scalar();
+  return absl::OkStatus();
+}
+
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+
+absl::StatusOr<LayerConfig> ParseLayer(const YAML::Node& n,
+                                       const std::string& path) {
+  std::string type_name;
+  YAML::Node args;
+  if (n.IsScalar()) {
+    type_name = n.Scalar();
+  } else if (n.IsMap() && n.size() == 1) {
+    type_name = n.begin()->first.Scalar();
+    args = n.begin()->second;
+    if (args.IsNull()) args = YAML::Node(YAML::NodeType::Map);
+  } else {
+    return FieldError(path,
+                      "a layer is a name (relu) or a one-key mapping "
+                      "({linear: {in_features: 784, out_features: 256}})");
+  }
+  auto type = ParseLayerType(type_name);
+  if (!type.ok()) return FieldError(path, type.status().message());
+  LayerConfig c;
+  c.type = *type;
+  const std::string p = absl::StrCat(path, ".", type_name);
+  if (!args || args.IsNull()) args = YAML::Node(YAML::NodeType::Map);
+  switch (c.type) {
+    case LayerType::kLinear:
+      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"in_features", "out_features", "bias"}));
+      if (!args["in_features"] || !args["out_features"]) {
+        return FieldError(p, "needs in_features and out_features");
+      }
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "in_features", 1, kMaxDim, &c.in_features));
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "out_features", 1, kMaxDim, &c.out_features));
+      TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c.bias));
+      break;
+    case LayerType::kConv2d:
+      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"in_channels", "out_channels", "kernel_size",
+                                                "stride", "padding", "bias"}));
+      if (!args["in_channels"] || !args["out_channels"] || !args["kernel_size"]) {
+        return FieldError(p, "needs in_channels, out_channels and kernel_size");
+      }
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "in_channels", 1, kMaxDim, &c.in_channels));
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "out_channels", 1, kMaxDim, &c.out_channels));
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "kernel_size", 1, 1024, &c.kernel_size));
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "stride", 1, 1024, &c.stride));
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "padding", 0, 1024, &c.padding));
+      TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c.bias));
+      break;
+    case LayerType::kMaxPool2d:
+      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"kernel_size", "stride", "padding"}));
+      if (!args["kernel_size"]) return FieldError(p, "needs kernel_size");
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "kernel_size", 1, 1024, &c.kernel_size));
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "stride", 1, 1024, &c.stride));
+      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "padding", 0, 1024, &c.padding));
+      break;
+    case LayerType::kDropout:
+      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"p"}));
+      TALLY_RETURN_IF_ERROR(ReadDouble(args, p, "p", &c.p));
+      if (!(c.p >= 0.0 && c.p < 1.0)) {
+        return FieldError(Join(p, "p"), absl::StrCat("must be in [0, 1), got ", c.p));
+      }
+      break;
+    case LayerType::kReLU:
+    case LayerType::kFlatten:
+      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {}));
+      break;
+  }
+  return c;
+}
+
+absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
+  const std::string p = "dataset";
+  if (!n) return FieldError(p, "is required");
+  if (!n.IsMap()) return FieldError(p, "must be a mapping");
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &d->name));
+  if (d->name == "fashion-mnist") {
+    TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"name", "root"}));
+    TALLY_RETURN_IF_ERROR(ReadString(n, p, "root", &d->root));
+    if (d->root.empty()) return FieldError("dataset.root", "must not be empty");
+  } else if (d->name == "synthetic") {
+    TALLY_RETURN_IF_ERROR(CheckKeys(
+        n, p, {"name", "train_size", "test_size", "features", "classes",
+               "teacher_hidden", "seed"}));
+    SyntheticOptions& s = d->synthetic;
+    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "train_size", 1, int64_t{1} << 28, &s.train_size));
+    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "test_size", 0, int64_t{1} << 28, &s.test_size));
+    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "features", 1, kMaxDim, &s.features));
+    int64_t classes = s.num_classes;
+    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "classes", 2, 1 << 20, &classes));
+    s.num_classes = static_cast<int>(classes);
+    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "teacher_hidden", 1, 4096, &s.teacher_hidden));
+    int64_t seed = static_cast<int64_t>(s.seed);
+    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+    s.seed = static_cast<uint64_t>(seed);
+    if (s.features * (s.train_size + s.test_size) > (int64_t{1} << 31)) {
+      return FieldError(p, "synthetic dataset larger than 2^31 values");
+    }
+  } else if (d->name.empty()) {
+    return FieldError("dataset.name", "is required (fashion-mnist or synthetic)");
+  } else {
+    return FieldError("dataset.name", absl::StrCat("unknown dataset '", d->name,
+                                                   "' (known: fashion-mnist, synthetic)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
+  const std::string p = "training";
+  if (!n) return absl::OkStatus();
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"epochs", "batch_size", "max_steps", "seed"}));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "batch_size", 1, 1 << 20, &t->batch_size));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "max_steps", 0, int64_t{1} << 40, &t->max_steps));
+  int64_t seed = static_cast<int64_t>(t->seed);
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+  t->seed = static_cast<uint64_t>(seed);
+  return absl::OkStatus();
+}
+
+absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
+  const std::string p = "optimizer";
+  if (!n) return absl::OkStatus();
+  if (!n.IsMap()) return FieldError(p, "must be a mapping");
+  std::string type = "sgd";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "type", &type));
+  auto t = ParseOptimizerType(type);
+  if (!t.ok()) return FieldError("optimizer.type", t.status().message());
+  o->type = *t;
+  if (o->type == OptimizerType::kSgd) {
+    TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"type", "lr", "momentum", "dampening",
+                                           "nesterov", "weight_decay"}));
+  } else {
+    TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"type", "lr", "betas", "beta1", "beta2",
+                                           "eps", "weight_decay"}));
+    // PyTorch's AdamW defaults to weight_decay 0.01.
+    if (o->type == OptimizerType::kAdamW) o->weight_decay = 0.01;
+    o->lr = 0.001;
+  }
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "lr", &o->lr));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "momentum", &o->momentum));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "dampening", &o->dampening));
+  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "nesterov", &o->nesterov));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "weight_decay", &o->weight_decay));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "beta1", &o->beta1));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "beta2", &o->beta2));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "eps", &o->eps));
+  if (const YAML::Node betas = n["betas"]) {
+    if (!betas.IsSequence() || betas.size() != 2) {
+      return FieldError("optimizer.betas", "must be a list of two numbers");
+    }
+    YAML::Node pair(YAML::NodeType::Map);
+    pair["beta1"] = betas[0];
+    pair["beta2"] = betas[1];
+    TALLY_RETURN_IF_ERROR(ReadDouble(pair, "optimizer.betas", "beta1", &o->beta1));
+    TALLY_RETURN_IF_ERROR(ReadDouble(pair, "optimizer.betas", "beta2", &o->beta2));
+  }
+  if (absl::Status s = ValidateOptimizerConfig(*o); !s.ok()) {
+    return FieldError(p, s.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      root, "", {"version", "name", "model", "dataset", "training", "optimizer"}));
+  JobSpec spec;
+  int64_t version = 1;
+  TALLY_RETURN_IF_ERROR(ReadInt(root, "", "version", 1, 1, &version));
+  TALLY_RETURN_IF_ERROR(ReadString(root, "", "name", &spec.name));
+  TALLY_RETURN_IF_ERROR(ParseDataset(root["dataset"], &spec.dataset));
+  TALLY_RETURN_IF_ERROR(ParseTraining(root["training"], &spec.training));
+  TALLY_RETURN_IF_ERROR(ParseOptimizer(root["optimizer"], &spec.optimizer));
+  TALLY_RETURN_IF_ERROR(
+      DescribeDataset(spec.dataset, &spec.input_shape, &spec.num_classes));
+
+  const YAML::Node model = root["model"];
+  if (!model) return FieldError("model", "is required");
+  TALLY_RETURN_IF_ERROR(CheckKeys(model, "model", {"preset", "layers"}));
+  if (model["preset"] && model["layers"]) {
+    return FieldError("model", "give either preset or layers, not both");
+  }
+  if (model["preset"]) {
+    TALLY_RETURN_IF_ERROR(ReadString(model, "model", "preset", &spec.model_preset));
+    auto layers =
+        PresetLayers(spec.model_preset, spec.input_shape, spec.num_classes);
+    if (!layers.ok()) return FieldError("model.preset", layers.status().message());
+    spec.layers = *std::move(layers);
+  } else {
+    const YAML::Node layers = model["layers"];
+    if (!layers || !layers.IsSequence() || layers.size() == 0) {
+      return FieldError("model", "needs a preset (mlp, cnn) or a non-empty list of layers");
+    }
+    for (size_t i = 0; i < layers.size(); ++i) {
+      TALLY_ASSIGN_OR_RETURN(
+          LayerConfig c, ParseLayer(layers[i], absl::StrCat("model.layers[", i, "]")));
+      spec.layers.push_back(c);
+    }
+  }
+  auto layout = ComputeLayout(spec.layers, spec.input_shape);
+  if (!layout.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.", layout.status().message(), " (dataset samples are ",
+        ShapeString(spec.input_shape), ")"));
+  }
+  const Shape& out = layout->activation_shapes.back();
+  if (out != Shape{spec.num_classes}) {
+    return FieldError("model", absl::StrCat(
+        "the last layer yields ", ShapeString(out), " per sample but the dataset has ",
+        spec.num_classes, " classes: end with a linear layer of out_features ",
+        spec.num_classes));
+  }
+  spec.layout = *std::move(layout);
+  return spec;
+}
+
+}  // namespace
+
+absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
+                             int* num_classes) {
+  if (spec.name == "fashion-mnist") {
+    *input_shape = {1, 28, 28};
+    *num_classes = 10;
+    return absl::OkStatus();
+  }
+  if (spec.name == "synthetic") {
+    *input_shape = {spec.synthetic.features};
+    *num_classes = spec.synthetic.num_classes;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
+}
+
+absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
+  if (spec.name == "fashion-mnist") return LoadFashionMnist(spec.root);
+  if (spec.name == "synthetic") return MakeSynthetic(spec.synthetic);
+  return absl::InvalidArgumentError(
+      absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
+}
+
+absl::StatusOr<std::vector<LayerConfig>> PresetLayers(absl::string_view preset,
+                                                      const Shape& in,
+                                                      int num_classes) {
+  auto linear = [](int64_t i, int64_t o) {
+    LayerConfig c;
+    c.type = LayerType::kLinear;
+    c.in_features = i;
+    c.out_features = o;
+    return c;
+  };
+  auto simple = [](LayerType t) {
+    LayerConfig c;
+    c.type = t;
+    return c;
+  };
+  if (preset == "mlp") {
+    return std::vector<LayerConfig>{simple(LayerType::kFlatten),
+                                    linear(NumElements(in), 256),
+                                    simple(LayerType::kReLU),
+                                    linear(256, 128),
+                                    simple(LayerType::kReLU),
+                                    linear(128, num_classes)};
+  }
+  if (preset == "cnn") {
+    if (in.size() != 3 || in[1] < 6 || in[2] < 6) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "preset cnn needs image samples [C, H, W] of at least 6x6, the "
+          "dataset gives ",
+          ShapeString(in)));
+    }
+    LayerConfig conv;
+    conv.type = LayerType::kConv2d;
+    conv.in_channels = in[0];
+    conv.out_channels = 10;
+    conv.kernel_size = 5;
+    LayerConfig pool;
+    pool.type = LayerType::kMaxPool2d;
+    pool.kernel_size = 2;
+    const int64_t feat = 10 * ((in[1] - 4) / 2) * ((in[2] - 4) / 2);
+    return std::vector<LayerConfig>{conv, simple(LayerType::kReLU), pool,
+                                    simple(LayerType::kFlatten),
+                                    linear(feat, num_classes)};
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown preset '", preset, "' (known: mlp, cnn)"));
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec is not valid YAML/JSON: ", e.what()));
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError("job spec must be a mapping at the top level");
+  }
+  try {
+    return ParseAndValidate(root);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
+  }
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read job spec"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto spec = ParseJobSpec(ss.str());
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(),
+                        absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+}  // namespace tally

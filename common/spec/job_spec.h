@@ -1,0 +1,87 @@
+// Job specifications: parsing (YAML or JSON) and validation.
+//
+// A job file has five sections; every field but the model and dataset has a
+// default, and unknown keys are rejected (they are usually typos):
+//
+//   name: fashion-mnist-mlp
+//   model:     {preset: mlp} | {layers: [flatten, {linear: {...}}, relu, ...]}
+//   dataset:   {name: fashion-mnist, root: DIR} | {name: synthetic, ...}
+//   training:  {epochs, batch_size, max_steps, seed}
+//   optimizer: {type: sgd|adam|adamw, lr, momentum, ...}
+//
+// docs/job-spec.md describes every field. Validation runs shape inference
+// through the model for the dataset's sample shape, so a model that cannot
+// run is rejected at submission with the field named, e.g.
+//   model.layers[4] (linear): in_features is 784 but the input has 1440 features
+//
+// All functions are thread-safe.
+#ifndef TALLY_COMMON_SPEC_JOB_SPEC_H_
+#define TALLY_COMMON_SPEC_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/data/dataset.h"
+#include "common/nn/layer_config.h"
+#include "common/optim/optimizer.h"
+#include "common/tensor.h"
+
+namespace tally {
+
+inline constexpr char kDefaultFashionMnistRoot[] =
+    "/usr/share/datasets/fashion-mnist";
+
+struct DatasetSpec {
+  std::string name;  // "fashion-mnist" or "synthetic"
+  std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
+  SyntheticOptions synthetic;                   // synthetic
+};
+
+struct TrainingSpec {
+  int64_t epochs = 1;
+  int64_t batch_size = 64;  // per worker
+  int64_t max_steps = 0;    // 0: no limit; otherwise stop after this many
+  uint64_t seed = 0;        // initial weights, shuffling, dropout
+};
+
+struct JobSpec {
+  std::string name;
+  std::string model_preset;  // "" when layers were listed
+  std::vector<LayerConfig> layers;
+  DatasetSpec dataset;
+  TrainingSpec training;
+  OptimizerConfig optimizer;
+
+  // Derived from the dataset during validation.
+  Shape input_shape;  // per sample
+  int num_classes = 0;
+  ModelLayout layout;
+};
+
+// Parses and validates. kInvalidArgument with the offending field's path.
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text);
+// Reads `path` and parses it; kNotFound when it cannot be read.
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+// The sample shape and class count a dataset spec yields (no data loaded).
+absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
+                             int* num_classes);
+
+// Loads (or generates) the train and test sets a spec names.
+absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec);
+
+// The layers of a preset for a sample shape and class count:
+//   mlp: flatten, linear(in, 256), relu, linear(256, 128), relu,
+//        linear(128, classes)
+//   cnn: conv2d(C, 10, 5), relu, maxpool2d(2), flatten,
+//        linear(10 * ((H-4)/2) * ((W-4)/2), classes)
+absl::StatusOr<std::vector<LayerConfig>> PresetLayers(absl::string_view preset,
+                                                      const Shape& input_shape,
+                                                      int num_classes);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_SPEC_JOB_SPEC_H_

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package Tally needs to build, test and run.
+# Idempotent: when everything is present it only checks and exits.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libopenblas-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev
+  dataset-fashion-mnist
+  python3 python3-numpy
+)
+# Optional extras: `--with-torch` brings PyTorch for golden-value generation and
+# benchmarks; neither the build nor the tests need it.
+if [[ "${1:-}" == "--with-torch" ]]; then
+  PACKAGES+=(python3-torch)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

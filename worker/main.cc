@@ -1,0 +1,121 @@
+// tally-worker: trains on this machine's devices.
+//
+//   tally-worker --standalone --job=FILE [--devices=cpu:1]
+//                [--output=model.safetensors] [--summary_json=PATH]
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "common/device.h"
+#include "common/io/safetensors.h"
+#include "common/spec/job_spec.h"
+#include "worker/standalone.h"
+
+ABSL_FLAG(bool, standalone, false,
+          "Train --job in this process, without a parameter server");
+ABSL_FLAG(std::string, job, "", "Job spec file (YAML or JSON)");
+ABSL_FLAG(std::string, devices, "cpu:1",
+          "Devices to train on: cpu:N, cuda:0,1 or cuda:all");
+ABSL_FLAG(std::string, output, "",
+          "Write the trained weights here as .safetensors");
+ABSL_FLAG(std::string, summary_json, "",
+          "Write {test_accuracy, samples_per_sec, steps, final_loss} here");
+ABSL_FLAG(bool, quiet, false, "Print no progress, only the result");
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::cerr << "tally-worker: " << s.message() << "\n";
+  return 1;
+}
+
+void PrintProgress(const tally::ProgressReport& r, bool tty) {
+  const double frac =
+      r.total_steps > 0 ? static_cast<double>(r.step) / r.total_steps : 0.0;
+  constexpr int kWidth = 24;
+  const int filled = static_cast<int>(frac * kWidth);
+  std::string bar(filled, '#');
+  bar.resize(kWidth, '.');
+  std::string line = absl::StrFormat(
+      "epoch %d/%d [%s] step %d/%d  loss %.4f  acc %.3f  %.0f samples/s",
+      r.epoch + 1, r.epochs, bar, r.step, r.total_steps, r.loss, r.accuracy,
+      r.samples_per_sec);
+  if (tty) {
+    std::fprintf(stderr, "\r%s\033[K", line.c_str());
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Tally worker.\n  tally-worker --standalone --job=FILE "
+      "[--devices=cpu:1] [--output=PATH] [--summary_json=PATH]");
+  absl::ParseCommandLine(argc, argv);
+
+  if (!absl::GetFlag(FLAGS_standalone)) {
+    std::cerr << "tally-worker: only --standalone training is available in "
+                 "this version (the cluster daemon needs tally-server)\n";
+    return 2;
+  }
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (job_path.empty()) {
+    std::cerr << "tally-worker: --standalone needs --job=FILE\n";
+    return 2;
+  }
+  auto devices = tally::ParseDevices(absl::GetFlag(FLAGS_devices));
+  if (!devices.ok()) return Fail(devices.status());
+  auto spec = tally::LoadJobSpec(job_path);
+  if (!spec.ok()) return Fail(spec.status());
+
+  const bool quiet = absl::GetFlag(FLAGS_quiet);
+  const bool tty = isatty(fileno(stderr));
+  tally::StandaloneOptions options;
+  options.devices = *devices;
+  if (!quiet) {
+    options.on_progress = [tty](const tally::ProgressReport& r) {
+      PrintProgress(r, tty);
+    };
+    std::fprintf(stderr, "training %s on %s: %lld parameters\n",
+                 spec->name.empty() ? job_path.c_str() : spec->name.c_str(),
+                 absl::GetFlag(FLAGS_devices).c_str(),
+                 static_cast<long long>(spec->layout.num_params));
+  }
+  auto summary = tally::TrainStandalone(*spec, options);
+  if (tty && !quiet) std::fprintf(stderr, "\n");
+  if (!summary.ok()) return Fail(summary.status());
+
+  std::printf("steps %lld  final loss %.4f  %.0f samples/s  test accuracy %.4f\n",
+              static_cast<long long>(summary->steps), summary->final_loss,
+              summary->samples_per_sec, summary->test_accuracy);
+
+  if (const std::string out = absl::GetFlag(FLAGS_output); !out.empty()) {
+    absl::Status s = tally::SaveSafetensors(
+        out, spec->layout.params, summary->params.data(),
+        {{"job", spec->name}, {"format", "pt"}});
+    if (!s.ok()) return Fail(s);
+    if (!quiet) std::fprintf(stderr, "weights written to %s\n", out.c_str());
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_summary_json); !path.empty()) {
+    nlohmann::json j = {{"test_accuracy", summary->test_accuracy},
+                        {"test_loss", summary->test_loss},
+                        {"samples_per_sec", summary->samples_per_sec},
+                        {"steps", summary->steps},
+                        {"samples", summary->samples},
+                        {"final_loss", summary->final_loss},
+                        {"train_seconds", summary->train_seconds}};
+    absl::Status s = tally::WriteFileAtomic(path, j.dump(2) + "\n");
+    if (!s.ok()) return Fail(s);
+  }
+  return 0;
+}
