@@ -140,7 +140,13 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
   return d;
 }
 
-absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& root) {
+void Normalize(Dataset& d, float mean, float std) {
+  const float inv = 1.0f / std;
+  for (float& v : d.features) v = (v - mean) * inv;
+}
+
+absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& root,
+                                           bool normalize) {
   TrainTest tt;
   TALLY_ASSIGN_OR_RETURN(tt.train,
                          LoadIdx(root + "/train-images-idx3-ubyte.gz",
@@ -148,6 +154,10 @@ absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& root) {
   TALLY_ASSIGN_OR_RETURN(tt.test,
                          LoadIdx(root + "/t10k-images-idx3-ubyte.gz",
                                  root + "/t10k-labels-idx1-ubyte.gz", 10));
+  if (normalize) {
+    Normalize(tt.train, kFashionMnistMean, kFashionMnistStd);
+    Normalize(tt.test, kFashionMnistMean, kFashionMnistStd);
+  }
   return tt;
 }
 

@@ -44,9 +44,19 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
                                 const std::string& labels_path,
                                 int num_classes);
 
+// The training set's pixel mean and standard deviation (after scaling to
+// [0, 1]), the values torchvision users pass to transforms.Normalize.
+inline constexpr float kFashionMnistMean = 0.2860f;
+inline constexpr float kFashionMnistStd = 0.3530f;
+
+// x = (x - mean) / std for every feature.
+void Normalize(Dataset& d, float mean, float std);
+
 // Fashion-MNIST from `root` (Debian's dataset-fashion-mnist installs it in
-// /usr/share/datasets/fashion-mnist): train-*-idx?-ubyte.gz, t10k-*.
-absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& root);
+// /usr/share/datasets/fashion-mnist): train-*-idx?-ubyte.gz, t10k-*. With
+// `normalize`, pixels are standardised with kFashionMnistMean/Std.
+absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& root,
+                                           bool normalize = false);
 
 struct SyntheticOptions {
   int64_t train_size = 4096;

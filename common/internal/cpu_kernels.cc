@@ -47,6 +47,47 @@ TALLY_VECTORIZE void MultiplyLoop(const float* __restrict a,
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
 }
 
+// Sum of x[0..n) with eight independent accumulators, which the compiler can
+// keep in vector registers without reassociating a single chain.
+TALLY_VECTORIZE float SumLoop(const float* __restrict x, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j];
+  }
+  float total = 0.0f;
+  for (; i < n; ++i) total += x[i];
+  for (float a : acc) total += a;
+  return total;
+}
+
+// 2x2 max pooling with stride 2 and no padding, the common case. A NaN wins
+// as in PyTorch: `v > m || v != v`.
+TALLY_VECTORIZE void MaxPool2x2(const float* __restrict x, int in_w,
+                                int out_h, int out_w, float* __restrict y,
+                                int32_t* __restrict argmax) {
+  for (int i = 0; i < out_h; ++i) {
+    const float* r0 = x + static_cast<int64_t>(2 * i) * in_w;
+    const float* r1 = r0 + in_w;
+    float* yr = y + static_cast<int64_t>(i) * out_w;
+    int32_t* ar = argmax + static_cast<int64_t>(i) * out_w;
+    const int32_t base_row = 2 * i * in_w;
+    for (int j = 0; j < out_w; ++j) {
+      const int32_t base = base_row + 2 * j;
+      float m = r0[2 * j];
+      int32_t k = base;
+      const float b = r0[2 * j + 1];
+      if (b > m || b != b) { m = b; k = base + 1; }
+      const float c = r1[2 * j];
+      if (c > m || c != c) { m = c; k = base + in_w; }
+      const float d = r1[2 * j + 1];
+      if (d > m || d != d) { m = d; k = base + in_w + 1; }
+      yr[j] = m;
+      ar[j] = k;
+    }
+  }
+}
+
 }  // namespace
 
 void CpuKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k,
@@ -132,8 +173,8 @@ void Im2Col(const Conv2dGeometry& g, const float* x, float* col) {
           const float* in = xc + static_cast<int64_t>(ih) * g.in_w;
           std::fill(out, out + ow_lo, 0.0f);
           if (s == 1) {
-            std::memcpy(out + ow_lo, in + ow_lo - g.padding + kj,
-                        (ow_hi - ow_lo) * sizeof(float));
+            const float* src = in + ow_lo - g.padding + kj;
+            for (int o = 0; o < ow_hi - ow_lo; ++o) out[ow_lo + o] = src[o];
           } else {
             for (int o = ow_lo; o < ow_hi; ++o) out[o] = in[o * s - g.padding + kj];
           }
@@ -207,10 +248,7 @@ void CpuKernels::Conv2dBackward(const Conv2dGeometry& g, const float* x,
                 p, 1.0f, dyn, p, col, p, n == 0 ? 0.0f : 1.0f, dw, ckk);
     if (db != nullptr) {
       for (int c = 0; c < g.out_channels; ++c) {
-        const float* row = dyn + static_cast<int64_t>(c) * p;
-        float sum = 0.0f;
-        for (int i = 0; i < p; ++i) sum += row[i];
-        db[c] += sum;
+        db[c] += SumLoop(dyn + static_cast<int64_t>(c) * p, p);
       }
     }
     if (dx != nullptr) {
@@ -228,10 +266,15 @@ void CpuKernels::MaxPool2dForward(const Pool2dGeometry& g, const float* x,
   const int64_t planes = static_cast<int64_t>(g.batch) * g.channels;
   const int64_t in_plane = static_cast<int64_t>(g.in_h) * g.in_w;
   const int64_t out_plane = static_cast<int64_t>(oh) * ow;
+  const bool fast = g.kernel == 2 && g.stride == 2 && g.padding == 0;
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float* xp = x + pl * in_plane;
     float* yp = y + pl * out_plane;
     int32_t* ap = argmax + pl * out_plane;
+    if (fast) {
+      MaxPool2x2(xp, g.in_w, oh, ow, yp, ap);
+      continue;
+    }
     for (int i = 0; i < oh; ++i) {
       const int h0 = i * g.stride - g.padding;
       const int hs = std::max(h0, 0), he = std::min(h0 + g.kernel, g.in_h);
@@ -243,15 +286,13 @@ void CpuKernels::MaxPool2dForward(const Pool2dGeometry& g, const float* x,
         for (int h = hs; h < he; ++h) {
           for (int w = ws; w < we; ++w) {
             const float v = xp[h * g.in_w + w];
-            // NaN propagates as in PyTorch.
-            if (v > best || std::isnan(v)) {
+            // A NaN wins and stays, as in PyTorch.
+            if (v > best || (v != v && best == best)) {
               best = v;
               best_idx = h * g.in_w + w;
-              if (std::isnan(v)) goto done;
             }
           }
         }
-      done:
         yp[i * ow + j] = best;
         ap[i * ow + j] = best_idx;
       }

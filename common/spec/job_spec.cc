@@ -167,8 +167,9 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
   if (!n.IsMap()) return FieldError(p, "must be a mapping");
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &d->name));
   if (d->name == "fashion-mnist") {
-    TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"name", "root"}));
+    TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"name", "root", "normalize"}));
     TALLY_RETURN_IF_ERROR(ReadString(n, p, "root", &d->root));
+    TALLY_RETURN_IF_ERROR(ReadBool(n, p, "normalize", &d->normalize));
     if (d->root.empty()) return FieldError("dataset.root", "must not be empty");
   } else if (d->name == "synthetic") {
     TALLY_RETURN_IF_ERROR(CheckKeys(
@@ -325,7 +326,9 @@ absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
 }
 
 absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
-  if (spec.name == "fashion-mnist") return LoadFashionMnist(spec.root);
+  if (spec.name == "fashion-mnist") {
+    return LoadFashionMnist(spec.root, spec.normalize);
+  }
   if (spec.name == "synthetic") return MakeSynthetic(spec.synthetic);
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));

@@ -37,6 +37,7 @@ inline constexpr char kDefaultFashionMnistRoot[] =
 struct DatasetSpec {
   std::string name;  // "fashion-mnist" or "synthetic"
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
+  bool normalize = false;  // fashion-mnist: (x - 0.2860) / 0.3530
   SyntheticOptions synthetic;                   // synthetic
 };
 
