@@ -28,6 +28,10 @@ def load_idx(path, magic):
     return torch.from_numpy(arr.astype(np.int64))
 
 
+def normalize(x):
+    return (x - 0.2860) / 0.3530
+
+
 def model_for(name):
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
@@ -48,9 +52,9 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    xtr = load_idx(f"{args.root}/train-images-idx3-ubyte.gz", 0x803)
+    xtr = normalize(load_idx(f"{args.root}/train-images-idx3-ubyte.gz", 0x803))
     ytr = load_idx(f"{args.root}/train-labels-idx1-ubyte.gz", 0x801)
-    xte = load_idx(f"{args.root}/t10k-images-idx3-ubyte.gz", 0x803)
+    xte = normalize(load_idx(f"{args.root}/t10k-images-idx3-ubyte.gz", 0x803))
     yte = load_idx(f"{args.root}/t10k-labels-idx1-ubyte.gz", 0x801)
 
     model = model_for(args.model)

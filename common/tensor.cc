@@ -1,5 +1,6 @@
 #include "common/tensor.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace tally {
@@ -11,7 +12,7 @@ int64_t NumElements(const Shape& shape) {
 }
 
 std::string ShapeString(const Shape& shape) {
-  return "[" + absl::StrJoin(shape, ", ") + "]";
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 }  // namespace tally

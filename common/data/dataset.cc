@@ -186,7 +186,7 @@ absl::StatusOr<TrainTest> MakeSynthetic(const SyntheticOptions& o) {
       for (int64_t j = 0; j < h; ++j) {
         float acc = 0.0f;
         for (int64_t i = 0; i < f; ++i) acc += w1[j * f + i] * x[i];
-        hidden[j] = std::tanh(2.0f * acc);
+        hidden[j] = std::tanh(acc);
       }
       int best = 0;
       float best_v = -1e30f;

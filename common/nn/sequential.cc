@@ -102,7 +102,7 @@ absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
   return cur;
 }
 
-absl::Status Sequential::Backward(const float* dout) {
+absl::Status Sequential::Backward(const float* dout, float* dinput) {
   if (!last_forward_training_ || layers_.empty() ||
       outputs_.back().data == nullptr) {
     return absl::FailedPreconditionError(
@@ -114,8 +114,17 @@ absl::Status Sequential::Backward(const float* dout) {
   dy.shape = outputs_.back().shape;
   for (size_t j = layers_.size(); j-- > 0;) {
     if (j == 0) {
-      // The input needs no gradient: only parameter gradients are computed.
-      layers_[0]->Backward(k, inputs_[0], outputs_[0], dy, nullptr);
+      if (dinput == nullptr) {
+        // Only parameter gradients are needed for the first layer.
+        layers_[0]->Backward(k, inputs_[0], outputs_[0], dy, nullptr);
+        break;
+      }
+      Tensor dx;
+      dx.shape = inputs_[0].shape;
+      dx.data = dinput;
+      layers_[0]->Backward(k, inputs_[0], outputs_[0], dy, &dx);
+      // A view layer (flatten) hands back dy itself.
+      if (dx.data != dinput) k.Copy(dx.data, dinput, dx.numel());
       break;
     }
     Tensor dx;

@@ -54,8 +54,10 @@ class Sequential {
                                  uint64_t seed = 0);
 
   // Back-propagates `dout` (device memory, shaped like Forward's output)
-  // through the last training Forward; overwrites grads().
-  absl::Status Backward(const float* dout);
+  // through the last training Forward; overwrites grads(). The input's
+  // gradient is computed only when `dinput` (device memory, shaped like the
+  // input batch) is given; training never needs it.
+  absl::Status Backward(const float* dout, float* dinput = nullptr);
 
  private:
   Sequential(std::vector<LayerConfig> configs, Shape input_shape,

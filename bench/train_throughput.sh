@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Single-process training throughput, Tally against PyTorch, side by side.
+#
+# For the MLP and the CNN example: one epoch of Fashion-MNIST, batch 64,
+# SGD(lr 0.01, momentum 0.9), one thread, alternating Tally and PyTorch runs
+# (REPEATS each, default 3) and reporting the median samples/s of each and
+# their ratio. Needs a built tree (deploy/build.sh) and python3-torch.
+#
+#   bench/train_throughput.sh [REPEATS] [DEVICES...]
+# extra DEVICES (e.g. cpu:2) add Tally rows with more replicas.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repeats=${1:-3}
+shift || true
+extra_devices=("$@")
+worker=build/worker/tally-worker
+[[ -x $worker ]] || { echo "build first: deploy/build.sh" >&2; exit 1; }
+PY=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+field() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+printf "%-6s %-10s %14s %14s %8s %10s %10s\n" model devices tally_sps torch_sps ratio tally_acc torch_acc
+for model in mlp cnn; do
+  sed -e 's/epochs: 2/epochs: 1/' "examples/fashion-mnist-$model.yaml" > "$tmp/$model.yaml"
+  for devices in cpu:1 "${extra_devices[@]}"; do
+    : > "$tmp/t"; : > "$tmp/p"
+    for ((i = 0; i < repeats; i++)); do
+      $worker --standalone --job="$tmp/$model.yaml" --devices="$devices" --quiet \
+        --summary_json="$tmp/t.json" > /dev/null
+      field "$tmp/t.json" samples_per_sec >> "$tmp/t"
+      tacc=$(field "$tmp/t.json" test_accuracy)
+      if [[ $devices == cpu:1 ]]; then
+        $PY bench/pytorch_train.py --model "$model" --threads 1 > "$tmp/p.json"
+        field "$tmp/p.json" samples_per_sec >> "$tmp/p"
+        pacc=$(field "$tmp/p.json" test_accuracy)
+      fi
+    done
+    t=$(median < "$tmp/t")
+    if [[ $devices == cpu:1 ]]; then
+      p=$(median < "$tmp/p"); base_p=$p
+    else
+      p=$base_p
+    fi
+    printf "%-6s %-10s %14.0f %14.0f %8.2f %10.4f %10.4f\n" "$model" "$devices" "$t" "$p" \
+      "$(awk -v a="$t" -v b="$p" 'BEGIN {print a / b}')" "$tacc" "$pacc"
+  done
+done
