@@ -55,9 +55,11 @@ class Kernels {
                             int64_t n) = 0;
 
   // y = x * mask, mask[i] = 0 with probability p else 1/(1-p), drawn with
-  // HashUniform(seed, i) so every backend draws the same mask.
+  // HashUniform(seed, index_offset + i) so every backend, and every split of
+  // a batch across devices, draws the same mask for the same element.
   virtual void DropoutForward(const float* x, float* y, float* mask, int64_t n,
-                              float p, uint64_t seed) = 0;
+                              float p, uint64_t seed,
+                              int64_t index_offset) = 0;
   // Elementwise dx = dy * mask.
   virtual void Multiply(const float* a, const float* b, float* out,
                         int64_t n) = 0;

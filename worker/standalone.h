@@ -46,6 +46,8 @@ struct TrainSummary {
 
 // Trains `spec` and evaluates on its test set. Errors: whatever loading the
 // dataset, opening devices or a step reports.
+// Runs on the worker engine over options.devices: any number of CPU
+// replicas (or GPUs) gives the same result up to float rounding.
 absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
                                              const StandaloneOptions& options);
 

@@ -88,6 +88,12 @@ TALLY_VECTORIZE void MaxPool2x2(const float* __restrict x, int in_w,
   }
 }
 
+// A short row copy; memcpy's call overhead dominates at these widths.
+TALLY_VECTORIZE void CopyRow(const float* __restrict src, float* __restrict dst,
+                             int n) {
+  for (int i = 0; i < n; ++i) dst[i] = src[i];
+}
+
 }  // namespace
 
 void CpuKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k,
@@ -138,10 +144,11 @@ void CpuKernels::ReluBackward(const float* y, const float* dy, float* dx,
 }
 
 void CpuKernels::DropoutForward(const float* x, float* y, float* mask,
-                                int64_t n, float p, uint64_t seed) {
+                                int64_t n, float p, uint64_t seed,
+                                int64_t index_offset) {
   const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
-    mask[i] = HashUniform(seed, i) < p ? 0.0f : keep_scale;
+    mask[i] = HashUniform(seed, index_offset + i) < p ? 0.0f : keep_scale;
     y[i] = x[i] * mask[i];
   }
 }
@@ -173,8 +180,7 @@ void Im2Col(const Conv2dGeometry& g, const float* x, float* col) {
           const float* in = xc + static_cast<int64_t>(ih) * g.in_w;
           std::fill(out, out + ow_lo, 0.0f);
           if (s == 1) {
-            const float* src = in + ow_lo - g.padding + kj;
-            for (int o = 0; o < ow_hi - ow_lo; ++o) out[ow_lo + o] = src[o];
+            CopyRow(in + ow_lo - g.padding + kj, out + ow_lo, ow_hi - ow_lo);
           } else {
             for (int o = ow_lo; o < ow_hi; ++o) out[o] = in[o * s - g.padding + kj];
           }

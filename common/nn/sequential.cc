@@ -75,7 +75,8 @@ absl::Status Sequential::Reserve(int batch) {
 }
 
 absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
-                                           bool training, uint64_t seed) {
+                                           bool training, uint64_t seed,
+                                           int64_t sample_offset) {
   if (batch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Forward needs a positive batch, got ", batch));
@@ -93,7 +94,8 @@ absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
     out.shape.insert(out.shape.end(), s.begin(), s.end());
     out.data = acts_[i].data();
     // Each layer gets its own dropout stream.
-    layers_[i]->Forward(k, cur, &out, training, seed * 1000003ULL + i);
+    internal::ForwardContext ctx{training, seed * 1000003ULL + i, sample_offset};
+    layers_[i]->Forward(k, cur, &out, ctx);
     inputs_[i] = cur;
     outputs_[i] = out;
     cur = out;

@@ -49,9 +49,11 @@ class Sequential {
 
   // Forward pass over `batch` samples at `x` (device memory, the batch's
   // inputs back to back). The returned view stays valid until the next call.
-  // `seed` drives dropout masks.
+  // `seed` drives dropout masks; `sample_offset` is the index of x's first
+  // sample in the whole batch when a batch is split across replicas, so that
+  // every split draws the same masks.
   absl::StatusOr<Tensor> Forward(const float* x, int batch, bool training,
-                                 uint64_t seed = 0);
+                                 uint64_t seed = 0, int64_t sample_offset = 0);
 
   // Back-propagates `dout` (device memory, shaped like Forward's output)
   // through the last training Forward; overwrites grads(). The input's

@@ -1,5 +1,10 @@
 #include "worker/standalone.h"
 
+#include <cmath>
+#include <filesystem>
+
+#include "common/device.h"
+
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -60,6 +65,46 @@ TEST(StandaloneTest, MissingDatasetIsAClearError) {
   ASSERT_TRUE(spec.ok());
   EXPECT_THAT(TrainStandalone(*spec, {}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/train-images")));
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+TEST(StandaloneDevicesTest, OneAndThreeReplicasExportTheSameWeights) {
+  // The check on the real example: MLP, max_steps 20, same seed.
+  const bool have_data =
+      std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  absl::StatusOr<JobSpec> spec =
+      have_data ? LoadJobSpec(testing::SourcePath("examples/fashion-mnist-mlp.yaml"))
+                : absl::StatusOr<JobSpec>(SyntheticSpec("{type: sgd, lr: 0.01, momentum: 0.9}", 1));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->training.max_steps = 20;
+  StandaloneOptions one, three;
+  three.devices = *ParseDevices("cpu:3");
+  auto a = TrainStandalone(*spec, one);
+  auto b = TrainStandalone(*spec, three);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->params.size(), b->params.size());
+  float worst = 0;
+  for (size_t i = 0; i < a->params.size(); ++i) {
+    worst = std::max(worst, std::fabs(a->params[i] - b->params[i]));
+  }
+  EXPECT_LT(worst, 1e-4f);
+  EXPECT_NEAR(a->test_accuracy, b->test_accuracy, 0.002);
+}
+
+TEST(StandaloneDevicesTest, TwoReplicasReachTheSameAccuracyBand) {
+  JobSpec spec = SyntheticSpec("{type: sgd, lr: 0.05, momentum: 0.9}", 8);
+  StandaloneOptions two;
+  two.devices = *ParseDevices("cpu:2");
+  auto a = TrainStandalone(spec, {});
+  auto b = TrainStandalone(spec, two);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_GT(b->test_accuracy, 0.80);
+  EXPECT_NEAR(a->test_accuracy, b->test_accuracy, 0.02);
 }
 
 }  // namespace

@@ -17,7 +17,8 @@ class Linear final : public Layer {
     db_ = c_.bias ? grads + wn : nullptr;
   }
 
-  void Forward(Kernels& k, const Tensor& x, Tensor* y, bool, uint64_t) override {
+  void Forward(Kernels& k, const Tensor& x, Tensor* y,
+               const ForwardContext&) override {
     const int batch = static_cast<int>(x.dim(0));
     const int in = static_cast<int>(c_.in_features);
     const int out = static_cast<int>(c_.out_features);
@@ -64,7 +65,8 @@ class Conv2d final : public Layer {
     db_ = c_.bias ? grads + wn : nullptr;
   }
 
-  void Forward(Kernels& k, const Tensor& x, Tensor* y, bool, uint64_t) override {
+  void Forward(Kernels& k, const Tensor& x, Tensor* y,
+               const ForwardContext&) override {
     k.Conv2dForward(Geometry(x), x.data, w_, b_, y->data);
   }
 
@@ -110,7 +112,8 @@ class MaxPool2d final : public Layer {
     return absl::OkStatus();
   }
 
-  void Forward(Kernels& k, const Tensor& x, Tensor* y, bool, uint64_t) override {
+  void Forward(Kernels& k, const Tensor& x, Tensor* y,
+               const ForwardContext&) override {
     k.MaxPool2dForward(Geometry(x), x.data, y->data, argmax_.data());
   }
 
@@ -140,7 +143,8 @@ class MaxPool2d final : public Layer {
 
 class ReLU final : public Layer {
  public:
-  void Forward(Kernels& k, const Tensor& x, Tensor* y, bool, uint64_t) override {
+  void Forward(Kernels& k, const Tensor& x, Tensor* y,
+               const ForwardContext&) override {
     k.ReluForward(x.data, y->data, x.numel());
   }
   void Backward(Kernels& k, const Tensor&, const Tensor& y, const Tensor& dy,
@@ -152,7 +156,8 @@ class ReLU final : public Layer {
 class Flatten final : public Layer {
  public:
   bool IsView(bool) const override { return true; }
-  void Forward(Kernels&, const Tensor& x, Tensor* y, bool, uint64_t) override {
+  void Forward(Kernels&, const Tensor& x, Tensor* y,
+               const ForwardContext&) override {
     y->data = x.data;
   }
   void Backward(Kernels&, const Tensor&, const Tensor&, const Tensor& dy,
@@ -178,14 +183,16 @@ class Dropout final : public Layer {
     return absl::OkStatus();
   }
 
-  void Forward(Kernels& k, const Tensor& x, Tensor* y, bool training,
-               uint64_t seed) override {
-    if (IsView(training)) {
+  void Forward(Kernels& k, const Tensor& x, Tensor* y,
+               const ForwardContext& ctx) override {
+    if (IsView(ctx.training)) {
       y->data = x.data;
       masked_ = false;
       return;
     }
-    k.DropoutForward(x.data, y->data, mask_.data(), x.numel(), p_, seed);
+    const int64_t per_sample = x.numel() / x.dim(0);
+    k.DropoutForward(x.data, y->data, mask_.data(), x.numel(), p_, ctx.seed,
+                     ctx.sample_offset * per_sample);
     masked_ = true;
   }
 

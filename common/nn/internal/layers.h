@@ -13,6 +13,12 @@
 
 namespace tally::internal {
 
+struct ForwardContext {
+  bool training = false;
+  uint64_t seed = 0;           // dropout stream of this layer
+  int64_t sample_offset = 0;   // index of x's first sample in the whole batch
+};
+
 // One layer of a Sequential. Forward receives the input view and an output
 // view backed by a buffer the model owns (a layer may instead point the
 // output at its input, as flatten does). Backward receives what Forward saw
@@ -31,8 +37,8 @@ class Layer {
                                const Shape& /*in*/, const Shape& /*out*/) {
     return absl::OkStatus();
   }
-  virtual void Forward(Kernels& k, const Tensor& x, Tensor* y, bool training,
-                       uint64_t seed) = 0;
+  virtual void Forward(Kernels& k, const Tensor& x, Tensor* y,
+                       const ForwardContext& ctx) = 0;
   virtual void Backward(Kernels& k, const Tensor& x, const Tensor& y,
                         const Tensor& dy, Tensor* dx) = 0;
   // True when Forward only re-labels its input (no output buffer needed).

@@ -1,0 +1,227 @@
+// The data-parallel engine: N replicas give what one device gives.
+#include "worker/engine.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "common/optim/optimizer.h"
+#include "common/random.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+#include "worker/thread_group.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::vector<LayerConfig> SmallCnn(bool dropout) {
+  std::vector<LayerConfig> l(dropout ? 6 : 5);
+  l[0].type = LayerType::kConv2d;
+  l[0].in_channels = 1;
+  l[0].out_channels = 3;
+  l[0].kernel_size = 3;
+  l[1].type = LayerType::kReLU;
+  l[2].type = LayerType::kMaxPool2d;
+  l[2].kernel_size = 2;
+  l[3].type = LayerType::kFlatten;
+  size_t i = 4;
+  if (dropout) {
+    l[4].type = LayerType::kDropout;
+    l[4].p = 0.25;
+    i = 5;
+  }
+  l[i].type = LayerType::kLinear;
+  l[i].in_features = 27;
+  l[i].out_features = 4;
+  return l;
+}
+
+EngineOptions Cpus(int n) {
+  EngineOptions o;
+  o.devices.clear();
+  for (int i = 0; i < n; ++i) o.devices.push_back({DeviceType::kCpu, i});
+  return o;
+}
+
+struct Data {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+
+Data RandomBatch(int n, uint64_t seed) {
+  Rng rng(seed);
+  Data d;
+  d.x.resize(n * 64);
+  for (float& v : d.x) v = rng.Normal();
+  for (int i = 0; i < n; ++i) d.y.push_back(static_cast<int32_t>(rng.Below(4)));
+  return d;
+}
+
+std::unique_ptr<Engine> MakeEngine(int replicas, bool dropout,
+                                   EngineOptions options = {}) {
+  EngineOptions o = Cpus(replicas);
+  o.fault_hook = options.fault_hook;
+  o.step_timeout = options.step_timeout;
+  auto e = Engine::Create(SmallCnn(dropout), {1, 8, 8}, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  auto layout = ComputeLayout(SmallCnn(dropout), {1, 8, 8});
+  std::vector<float> init = InitParams(SmallCnn(dropout), *layout, 3);
+  std::copy(init.begin(), init.end(), (*e)->params());
+  return *std::move(e);
+}
+
+TEST(SplitTest, SizesDifferByAtMostOneAndNeverEmpty) {
+  EXPECT_EQ(Engine::Split(10, 3), (std::vector<int>{4, 3, 3}));
+  EXPECT_EQ(Engine::Split(2, 4), (std::vector<int>{1, 1}));
+  EXPECT_EQ(Engine::Split(64, 2), (std::vector<int>{32, 32}));
+  EXPECT_EQ(Engine::Split(1, 1), (std::vector<int>{1}));
+  for (int b = 1; b < 40; ++b) {
+    for (int r = 1; r < 6; ++r) {
+      auto s = Engine::Split(b, r);
+      int sum = 0;
+      for (int v : s) {
+        ASSERT_GT(v, 0);
+        ASSERT_LE(s.front() - v, 1);
+        sum += v;
+      }
+      ASSERT_EQ(sum, b);
+    }
+  }
+}
+
+class EquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(EquivalenceTest, NReplicasGiveTheGradientOfOneDevice) {
+  const auto [replicas, batch] = GetParam();
+  auto one = MakeEngine(1, /*dropout=*/true);
+  auto many = MakeEngine(replicas, /*dropout=*/true);
+  Data d = RandomBatch(batch, 17);
+  BatchView view{d.x.data(), d.y.data(), batch};
+  auto a = one->Step(view, 5);
+  auto b = many->Step(view, 5);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-4 * (1 + std::fabs(a->loss_sum)));
+  EXPECT_EQ(a->correct, b->correct);
+  EXPECT_EQ(b->samples, batch);
+  for (int64_t i = 0; i < one->num_params(); ++i) {
+    ASSERT_NEAR(one->grads()[i], many->grads()[i], 1e-6f + 1e-5f * std::fabs(one->grads()[i]))
+        << "param " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Replicas, EquivalenceTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(1, 2, 3, 7, 16, 33)),
+    [](const auto& info) {
+      return absl::StrCat("r", std::get<0>(info.param), "_b", std::get<1>(info.param));
+    });
+
+TEST(EngineTest, TwentySgdStepsGiveTheSameWeightsOnOneAndFourReplicas) {
+  auto one = MakeEngine(1, true);
+  auto four = MakeEngine(4, true);
+  for (Engine* e : {one.get(), four.get()}) {
+    std::vector<std::unique_ptr<Optimizer>> opts;
+    OptimizerConfig c;
+    c.lr = 0.05;
+    c.momentum = 0.9;
+    for (int r = 0; r < e->num_replicas(); ++r) {
+      auto [b, en] = Engine::Slice(e->num_params(), r, e->num_replicas());
+      opts.push_back(*Optimizer::Create(c, en - b));
+    }
+    for (int step = 0; step < 20; ++step) {
+      Data d = RandomBatch(13, 100 + step);
+      BatchView view{d.x.data(), d.y.data(), 13};
+      auto s = e->Step(view, step, [&](int slice, int64_t begin, int64_t) {
+        opts[slice]->Step(e->params() + begin, e->grads() + begin);
+      });
+      ASSERT_TRUE(s.ok()) << s.status();
+    }
+  }
+  for (int64_t i = 0; i < one->num_params(); ++i) {
+    ASSERT_NEAR(one->params()[i], four->params()[i], 1e-5f) << i;
+  }
+}
+
+TEST(EngineTest, AFailingReplicaFailsTheStepWithoutHangingAndTheNextStepRuns) {
+  std::atomic<int> calls{0};
+  std::atomic<bool> fail{true};
+  EngineOptions o;
+  o.step_timeout = absl::Seconds(30);
+  o.fault_hook = [&](int replica) -> absl::Status {
+    ++calls;
+    if (replica == 1 && fail) return absl::ResourceExhaustedError("replica 1: out of memory");
+    return absl::OkStatus();
+  };
+  auto e = MakeEngine(3, false, o);
+  Data d = RandomBatch(9, 1);
+  BatchView view{d.x.data(), d.y.data(), 9};
+  auto result = std::async(std::launch::async, [&] { return e->Step(view, 0); });
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the step hung";
+  EXPECT_THAT(result.get(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("replica 1")));
+  EXPECT_EQ(calls, 3);  // the others ran their part to the end
+  fail = false;
+  auto next = e->Step(view, 1);
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+TEST(EngineTest, ABadLabelOnOneReplicaIsAnErrorNotACrash) {
+  auto e = MakeEngine(2, false);
+  Data d = RandomBatch(6, 1);
+  d.y[5] = 9;  // lands on replica 1
+  BatchView view{d.x.data(), d.y.data(), 6};
+  EXPECT_THAT(e->Step(view, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label")));
+  d.y[5] = 1;
+  EXPECT_TRUE(e->Step(view, 0).ok());
+}
+
+TEST(EngineTest, EvaluateSplitsTheDatasetAndMatchesOneDevice) {
+  auto one = MakeEngine(1, true);
+  auto three = MakeEngine(3, true);
+  Data d = RandomBatch(101, 4);
+  Dataset ds;
+  ds.sample_shape = {1, 8, 8};
+  ds.num_classes = 4;
+  ds.features = d.x;
+  ds.labels = d.y;
+  auto a = one->Evaluate(ds);
+  auto b = three->Evaluate(ds);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->samples, 101);
+  EXPECT_EQ(b->samples, 101);
+  EXPECT_EQ(a->correct, b->correct);
+  EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-3);
+}
+
+TEST(ThreadGroupTest, RoundThatOverrunsItsDeadlineIsReportedAndTheGroupRefusesMore) {
+  ThreadGroup g(2);
+  std::atomic<bool> release{false};
+  absl::Status s = g.Run(
+      [&](int i) {
+        while (i == 1 && !release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return absl::OkStatus();
+      },
+      absl::Milliseconds(50));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2")));
+  EXPECT_THAT(g.Run([](int) { return absl::OkStatus(); }, absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("never finished")));
+  release = true;  // lets the destructor join
+}
+
+TEST(EngineTest, UnknownDeviceFailsAtCreation) {
+  EngineOptions o;
+  o.devices = {{DeviceType::kCuda, 0}};
+  EXPECT_THAT(Engine::Create(SmallCnn(false), {1, 8, 8}, o),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda:0")));
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,79 @@
+// Prefetching batch loader: a thread assembles the next batches of a
+// worker's data shard while the devices compute the current one.
+//
+// Batches come out in order: epoch by epoch, each epoch the worker's shard of
+// EpochOrder(size, seed, epoch, rank, world) cut into batches of batch_size
+// (the last one may be short). At most `depth` batches are prepared ahead;
+// their buffers are recycled, so the steady state allocates nothing.
+//
+// Threading: Next/Recycle are called from one consumer thread.
+#ifndef TALLY_WORKER_BATCH_LOADER_H_
+#define TALLY_WORKER_BATCH_LOADER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/data/dataset.h"
+
+namespace tally {
+
+struct LoaderOptions {
+  int64_t batch_size = 64;
+  uint64_t seed = 0;
+  int rank = 0;
+  int world = 1;
+  int64_t first_epoch = 0;
+  int64_t epochs = 1;     // epochs [first_epoch, first_epoch + epochs)
+  int64_t max_batches = 0;  // 0: no limit
+  int depth = 3;
+};
+
+struct HostBatch {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  int size = 0;
+  int64_t epoch = 0;
+  int64_t index = 0;  // batch number within its epoch
+};
+
+class BatchLoader {
+ public:
+  // `data` is borrowed and must outlive the loader.
+  BatchLoader(const Dataset* data, const LoaderOptions& options);
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+  ~BatchLoader();
+
+  // Batches per epoch for this rank's shard.
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+
+  // The next batch; kOutOfRange once all are consumed, kDeadlineExceeded if
+  // none is ready within `timeout`.
+  absl::StatusOr<std::unique_ptr<HostBatch>> Next(absl::Duration timeout);
+  // Hands a consumed batch's buffers back for reuse.
+  void Recycle(std::unique_ptr<HostBatch> batch);
+
+ private:
+  void Produce();
+
+  const Dataset* data_;  // borrowed
+  LoaderOptions options_;
+  int64_t batches_per_epoch_ = 0;
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<HostBatch>> ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<HostBatch>> free_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_BATCH_LOADER_H_

@@ -1,0 +1,235 @@
+#include "worker/engine.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "common/nn/loss.h"
+#include "common/nn/sequential.h"
+#include "common/status_macros.h"
+#include "common/vectorize.h"
+#include "worker/thread_group.h"
+
+namespace tally {
+
+namespace internal {
+
+// One device's copy of the model and its per-step buffers.
+struct Replica {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Sequential> model;
+  std::unique_ptr<CrossEntropyLoss> loss;
+  DeviceBuffer<float> x;        // device inputs (unused on host devices)
+  DeviceBuffer<int32_t> y;
+  std::vector<float> grads_on_host;  // staging for non-host devices
+  StepStats stats;                   // this replica's part of the step
+  bool used = false;                 // got a micro-batch this step
+};
+
+}  // namespace internal
+
+namespace {
+
+// acc[i] += x[i]
+TALLY_VECTORIZE void AddInto(float* __restrict acc, const float* __restrict x,
+                             int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
+absl::Status EnsureCapacity(internal::Replica& r, int64_t floats, int64_t labels) {
+  if (r.x.size() < static_cast<size_t>(floats)) {
+    r.x.Reset();
+    TALLY_ASSIGN_OR_RETURN(r.x, DeviceBuffer<float>::Create(r.device.get(), floats));
+  }
+  if (r.y.size() < static_cast<size_t>(labels)) {
+    r.y.Reset();
+    TALLY_ASSIGN_OR_RETURN(r.y, DeviceBuffer<int32_t>::Create(r.device.get(), labels));
+  }
+  return absl::OkStatus();
+}
+
+// Points (x, y) at rows [offset, offset + count) of host data, on the device.
+absl::Status Stage(internal::Replica& r, const float* x, const int32_t* y,
+                   int64_t feat, int64_t offset, int count, const float** dx,
+                   const int32_t** dy) {
+  if (r.device->host_accessible()) {
+    *dx = x + offset * feat;
+    *dy = y + offset;
+    return absl::OkStatus();
+  }
+  TALLY_RETURN_IF_ERROR(EnsureCapacity(r, count * feat, count));
+  TALLY_RETURN_IF_ERROR(r.device->CopyFromHost(r.x.data(), x + offset * feat,
+                                               count * feat * sizeof(float)));
+  TALLY_RETURN_IF_ERROR(
+      r.device->CopyFromHost(r.y.data(), y + offset, count * sizeof(int32_t)));
+  *dx = r.x.data();
+  *dy = r.y.data();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<int> Engine::Split(int batch, int replicas) {
+  std::vector<int> sizes;
+  const int used = std::min(batch, replicas);
+  for (int r = 0; r < used; ++r) {
+    sizes.push_back(batch / used + (r < batch % used ? 1 : 0));
+  }
+  return sizes;
+}
+
+std::pair<int64_t, int64_t> Engine::Slice(int64_t n, int r, int k) {
+  return {n * r / k, n * (r + 1) / k};
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    const std::vector<LayerConfig>& layers, const Shape& input_shape,
+    const EngineOptions& options) {
+  if (options.devices.empty()) {
+    return absl::InvalidArgumentError("the engine needs at least one device");
+  }
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  e->input_shape_ = input_shape;
+  TALLY_ASSIGN_OR_RETURN(e->layout_, ComputeLayout(layers, input_shape));
+  e->num_params_ = e->layout_.num_params;
+  for (const DeviceId& id : options.devices) {
+    auto r = std::make_unique<internal::Replica>();
+    TALLY_ASSIGN_OR_RETURN(r->device, OpenDevice(id));
+    TALLY_ASSIGN_OR_RETURN(r->model,
+                           Sequential::Create(layers, input_shape, r->device.get()));
+    r->loss = std::make_unique<CrossEntropyLoss>(r->device.get());
+    if (!r->device->host_accessible()) r->grads_on_host.resize(e->num_params_);
+    e->replicas_.push_back(std::move(r));
+  }
+  internal::Replica& first = *e->replicas_[0];
+  if (first.device->host_accessible()) {
+    // Replica 0's own buffers are the master copies: no broadcast to it and
+    // no copy of its gradient.
+    e->params_ = first.model->params();
+    e->grads_ = first.model->grads();
+  } else {
+    e->host_params_.resize(e->num_params_);
+    e->host_grads_.resize(e->num_params_);
+    e->params_ = e->host_params_.data();
+    e->grads_ = e->host_grads_.data();
+  }
+  e->threads_ = std::make_unique<ThreadGroup>(e->num_replicas());
+  return e;
+}
+
+Engine::~Engine() {
+  threads_.reset();  // join before the replicas go
+}
+
+absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
+                                       const SliceFn& apply) {
+  if (batch.size <= 0 || batch.x == nullptr || batch.y == nullptr) {
+    return absl::InvalidArgumentError("a step needs a non-empty batch");
+  }
+  const std::vector<int> sizes = Split(batch.size, num_replicas());
+  std::vector<int64_t> offsets(sizes.size());
+  for (size_t r = 1; r < sizes.size(); ++r) offsets[r] = offsets[r - 1] + sizes[r - 1];
+  const int used = static_cast<int>(sizes.size());
+  const int64_t feat = NumElements(input_shape_);
+  const float grad_scale = 1.0f / batch.size;
+
+  // Phase 1: broadcast, scatter, forward, loss, backward.
+  TALLY_RETURN_IF_ERROR(threads_->Run(
+      [&](int r) -> absl::Status {
+        internal::Replica& rep = *replicas_[r];
+        rep.used = r < used;
+        rep.stats = StepStats{};
+        if (!rep.used) return absl::OkStatus();
+        Device* dev = rep.device.get();
+        TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
+                                                num_params_ * sizeof(float)));
+        const float* x;
+        const int32_t* y;
+        TALLY_RETURN_IF_ERROR(
+            Stage(rep, batch.x, batch.y, feat, offsets[r], sizes[r], &x, &y));
+        TALLY_ASSIGN_OR_RETURN(
+            Tensor logits, rep.model->Forward(x, sizes[r], true, seed, offsets[r]));
+        TALLY_ASSIGN_OR_RETURN(LossStats ls, rep.loss->Compute(logits, y, grad_scale));
+        if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
+        TALLY_RETURN_IF_ERROR(rep.model->Backward(rep.loss->dlogits()));
+        if (!dev->host_accessible()) {
+          TALLY_RETURN_IF_ERROR(dev->CopyToHost(rep.grads_on_host.data(),
+                                                rep.model->grads(),
+                                                num_params_ * sizeof(float)));
+        }
+        rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
+        return absl::OkStatus();
+      },
+      options_.step_timeout));
+
+  // Phase 2: thread r reduces slice r over the used replicas, then applies.
+  const int k = num_replicas();
+  TALLY_RETURN_IF_ERROR(threads_->Run(
+      [&](int r) -> absl::Status {
+        const auto [begin, end] = Slice(num_params_, r, k);
+        const int64_t n = end - begin;
+        for (int s = 0; s < used; ++s) {
+          internal::Replica& rep = *replicas_[s];
+          const float* g = rep.device->host_accessible() ? rep.model->grads()
+                                                         : rep.grads_on_host.data();
+          if (g == grads_) continue;  // replica 0 already is the sum's base
+          if (s == 0) {
+            std::copy(g + begin, g + end, grads_ + begin);
+          } else {
+            AddInto(grads_ + begin, g + begin, n);
+          }
+        }
+        if (apply) apply(r, begin, end);
+        return absl::OkStatus();
+      },
+      options_.step_timeout));
+
+  StepStats total;
+  for (int r = 0; r < used; ++r) {
+    total.loss_sum += replicas_[r]->stats.loss_sum;
+    total.correct += replicas_[r]->stats.correct;
+    total.samples += replicas_[r]->stats.samples;
+  }
+  return total;
+}
+
+absl::StatusOr<StepStats> Engine::Evaluate(const Dataset& data) {
+  constexpr int kEvalBatch = 1000;
+  const int64_t n = data.size();
+  const int64_t feat = data.sample_numel();
+  if (n == 0) return StepStats{};
+  const int k = num_replicas();
+  std::vector<StepStats> parts(k);
+  TALLY_RETURN_IF_ERROR(threads_->Run(
+      [&](int r) -> absl::Status {
+        internal::Replica& rep = *replicas_[r];
+        const auto [begin, end] = Slice(n, r, k);
+        if (begin == end) return absl::OkStatus();
+        TALLY_RETURN_IF_ERROR(rep.device->CopyFromHost(
+            rep.model->params(), params_, num_params_ * sizeof(float)));
+        for (int64_t s = begin; s < end; s += kEvalBatch) {
+          const int b = static_cast<int>(std::min<int64_t>(kEvalBatch, end - s));
+          const float* x;
+          const int32_t* y;
+          TALLY_RETURN_IF_ERROR(Stage(rep, data.features.data(), data.labels.data(),
+                                      feat, s, b, &x, &y));
+          TALLY_ASSIGN_OR_RETURN(Tensor logits, rep.model->Forward(x, b, false));
+          TALLY_ASSIGN_OR_RETURN(LossStats ls, rep.loss->Evaluate(logits, y));
+          parts[r].loss_sum += ls.loss_sum;
+          parts[r].correct += ls.correct;
+          parts[r].samples += b;
+        }
+        return absl::OkStatus();
+      },
+      options_.step_timeout));
+  StepStats total;
+  for (const StepStats& p : parts) {
+    total.loss_sum += p.loss_sum;
+    total.correct += p.correct;
+    total.samples += p.samples;
+  }
+  return total;
+}
+
+}  // namespace tally

@@ -1,0 +1,118 @@
+// The data-parallel engine of one worker: torch.nn.parallel's replicate,
+// scatter, parallel_apply and reduce over the worker's local devices.
+//
+// Replicas are built once per job, one per device, each driven by its own
+// persistent thread (ThreadGroup). A step:
+//   1. broadcast: every replica copies the host master weights (params());
+//      a CPU replica 0 *is* the master, so it copies nothing;
+//   2. scatter: the batch is cut along dimension 0 into contiguous
+//      micro-batches whose sizes differ by at most one (a batch smaller than
+//      the device count uses fewer replicas, never an empty micro-batch);
+//   3. parallel_apply: each replica runs forward, the loss (scaled by
+//      1/batch, so gradients are already weighted by micro-batch size) and
+//      backward on its own device;
+//   4. reduce: thread r sums slice r of the flat gradient over the used
+//      replicas into grads(), then calls the caller's `apply` for that slice
+//      (the standalone trainer runs the optimizer there, in parallel).
+// The result equals one device running the whole batch, up to float
+// summation order.
+//
+// Threading: Step and Evaluate are called from one driver thread. params()
+// and grads() may be touched by the driver only between steps. A failing
+// replica (bad label, allocation failure, device error) makes the step return
+// its Status after the other replicas finish; the next step runs normally.
+#ifndef TALLY_WORKER_ENGINE_H_
+#define TALLY_WORKER_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/data/dataset.h"
+#include "common/device.h"
+#include "common/nn/layer_config.h"
+
+namespace tally {
+
+class ThreadGroup;
+namespace internal {
+struct Replica;
+}
+
+struct EngineOptions {
+  std::vector<DeviceId> devices = {DeviceId{DeviceType::kCpu, 0}};
+  // Bound on one round of the device threads.
+  absl::Duration step_timeout = absl::Minutes(10);
+  // Test seam: runs on replica `r`'s thread between its forward and backward
+  // passes; a non-OK status fails that replica's part of the step.
+  std::function<absl::Status(int replica)> fault_hook;
+};
+
+// A batch in host memory: `size` samples back to back, and their labels.
+struct BatchView {
+  const float* x = nullptr;
+  const int32_t* y = nullptr;
+  int size = 0;
+};
+
+struct StepStats {
+  double loss_sum = 0.0;  // summed over the batch's samples
+  int64_t correct = 0;
+  int64_t samples = 0;
+};
+
+class Engine {
+ public:
+  // Runs on slice number `slice`, [begin, end) of the flat vector, once
+  // grads() holds it; slices are Slice(num_params(), slice, num_replicas()).
+  using SliceFn = std::function<void(int slice, int64_t begin, int64_t end)>;
+
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const std::vector<LayerConfig>& layers, const Shape& input_shape,
+      const EngineOptions& options);
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine();
+
+  int num_replicas() const { return static_cast<int>(replicas_.size()); }
+  int64_t num_params() const { return num_params_; }
+  const ModelLayout& layout() const { return layout_; }
+
+  // Host master weights and the reduced gradient, num_params() floats each.
+  float* params() { return params_; }
+  const float* grads() const { return grads_; }
+
+  absl::StatusOr<StepStats> Step(const BatchView& batch, uint64_t seed,
+                                 const SliceFn& apply = {});
+
+  // Loss and accuracy of params() on `data`, split across the replicas.
+  absl::StatusOr<StepStats> Evaluate(const Dataset& data);
+
+  // Micro-batch sizes for `batch` samples over `replicas` devices: at most
+  // `replicas` entries, all positive, differing by at most one.
+  static std::vector<int> Split(int batch, int replicas);
+
+  // Slice r of n elements over k parts: [r*n/k, (r+1)*n/k).
+  static std::pair<int64_t, int64_t> Slice(int64_t n, int r, int k);
+
+ private:
+  Engine() = default;
+
+  EngineOptions options_;
+  ModelLayout layout_;
+  Shape input_shape_;
+  int64_t num_params_ = 0;
+  std::vector<std::unique_ptr<internal::Replica>> replicas_;
+  std::unique_ptr<ThreadGroup> threads_;
+  std::vector<float> host_params_, host_grads_;  // when replica 0 is not host memory
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_ENGINE_H_
