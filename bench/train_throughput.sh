@@ -2,12 +2,16 @@
 # Single-process training throughput, Tally against PyTorch, side by side.
 #
 # For the MLP and the CNN example: one epoch of Fashion-MNIST, batch 64,
-# SGD(lr 0.01, momentum 0.9), one thread, alternating Tally and PyTorch runs
-# (REPEATS each, default 3) and reporting the median samples/s of each and
-# their ratio. Needs a built tree (deploy/build.sh) and python3-torch.
+# SGD(lr 0.01, momentum 0.9), alternating Tally and PyTorch runs (REPEATS
+# each, default 3) and reporting the median samples/s of each:
+#   tally_sps     Tally with DEVICES (cpu:1 = one replica, one thread)
+#   torch_1t_sps  PyTorch with one thread (the cpu:1 row's figure)
+#   torch_nt_sps  PyTorch with as many threads as the row has replicas
+#   ratio_1t      tally_sps / torch_1t_sps
+# Needs a built tree (deploy/build.sh) and python3-torch.
 #
 #   bench/train_throughput.sh [REPEATS] [DEVICES...]
-# extra DEVICES (e.g. cpu:2) add Tally rows with more replicas.
+# extra DEVICES (e.g. cpu:2) add rows with more replicas.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -23,29 +27,26 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 field() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 
-printf "%-6s %-10s %14s %14s %8s %10s %10s\n" model devices tally_sps torch_sps ratio tally_acc torch_acc
+printf "%-6s %-8s %12s %12s %12s %8s %10s %10s\n" model devices tally_sps torch_1t_sps torch_nt_sps ratio_1t tally_acc torch_acc
 for model in mlp cnn; do
   sed -e 's/epochs: 2/epochs: 1/' "examples/fashion-mnist-$model.yaml" > "$tmp/$model.yaml"
   for devices in cpu:1 "${extra_devices[@]}"; do
+    threads=${devices#cpu:}
     : > "$tmp/t"; : > "$tmp/p"
     for ((i = 0; i < repeats; i++)); do
       $worker --standalone --job="$tmp/$model.yaml" --devices="$devices" --quiet \
         --summary_json="$tmp/t.json" > /dev/null
       field "$tmp/t.json" samples_per_sec >> "$tmp/t"
       tacc=$(field "$tmp/t.json" test_accuracy)
-      if [[ $devices == cpu:1 ]]; then
-        $PY bench/pytorch_train.py --model "$model" --threads 1 > "$tmp/p.json"
-        field "$tmp/p.json" samples_per_sec >> "$tmp/p"
-        pacc=$(field "$tmp/p.json" test_accuracy)
-      fi
+      # PyTorch with as many threads as Tally has replicas.
+      $PY bench/pytorch_train.py --model "$model" --threads "$threads" > "$tmp/p.json"
+      field "$tmp/p.json" samples_per_sec >> "$tmp/p"
+      pacc=$(field "$tmp/p.json" test_accuracy)
     done
     t=$(median < "$tmp/t")
-    if [[ $devices == cpu:1 ]]; then
-      p=$(median < "$tmp/p"); base_p=$p
-    else
-      p=$base_p
-    fi
-    printf "%-6s %-10s %14.0f %14.0f %8.2f %10.4f %10.4f\n" "$model" "$devices" "$t" "$p" \
-      "$(awk -v a="$t" -v b="$p" 'BEGIN {print a / b}')" "$tacc" "$pacc"
+    p=$(median < "$tmp/p")
+    if [[ $devices == cpu:1 ]]; then base_p=$p; fi
+    printf "%-6s %-8s %12.0f %12.0f %12.0f %8.2f %10.4f %10.4f\n" "$model" "$devices" "$t" "$base_p" "$p" \
+      "$(awk -v a="$t" -v b="$base_p" 'BEGIN {print a / b}')" "$tacc" "$pacc"
   done
 done

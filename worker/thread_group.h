@@ -8,6 +8,7 @@
 #ifndef TALLY_WORKER_THREAD_GROUP_H_
 #define TALLY_WORKER_THREAD_GROUP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,16 +31,23 @@ class ThreadGroup {
   ThreadGroup& operator=(const ThreadGroup&) = delete;
   ~ThreadGroup();  // stops and joins the threads
 
-  int size() const { return static_cast<int>(threads_.size()); }
+  int size() const { return size_; }
 
-  // Runs task(i) on thread i for every i in [0, size()) and waits for all of
-  // them. Returns the first non-OK status in thread order (others are logged
+  // Runs task(i) for every i in [0, size()): index 0 on the calling thread
+  // (which would otherwise only wait), the others on their own threads, and
+  // waits for all of them. Returns the first non-OK status in thread order (others are logged
   // into `statuses` when given), or kDeadlineExceeded after `timeout`.
   absl::Status Run(Task task, absl::Duration timeout,
                    std::vector<absl::Status>* statuses = nullptr);
 
  private:
   void Loop(int index);
+
+  // Rounds are typically a millisecond apart. Waking a halted virtual CPU
+  // can take as long, so both sides first poll these atomics for a short
+  // while (kSpin) before blocking on the mutex.
+  std::atomic<uint64_t> posted_{0};   // mirrors generation_
+  std::atomic<int> remaining_{0};     // mirrors pending_
 
   absl::Mutex mu_;
   std::shared_ptr<const Task> task_ ABSL_GUARDED_BY(mu_);
@@ -48,7 +56,8 @@ class ThreadGroup {
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  int size_ = 0;
+  std::vector<std::thread> threads_;  // indices 1 .. size_-1
 };
 
 }  // namespace tally
