@@ -35,7 +35,8 @@ void BatchLoader::Produce() {
        e < options_.first_epoch + options_.epochs; ++e) {
     const std::vector<int64_t> order = EpochOrder(
         data_->size(), options_.seed, e, options_.rank, options_.world);
-    for (int64_t b = 0; b * options_.batch_size < static_cast<int64_t>(order.size());
+    const int64_t skip = e == options_.first_epoch ? options_.first_batch : 0;
+    for (int64_t b = skip; b * options_.batch_size < static_cast<int64_t>(order.size());
          ++b) {
       if (options_.max_batches > 0 && produced >= options_.max_batches) break;
       std::unique_ptr<HostBatch> batch;

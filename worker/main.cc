@@ -1,10 +1,14 @@
 // tally-worker: trains on this machine's devices.
 //
+//   tally-worker --server=HOST:PORT [--devices=cpu:1] [--name=NAME]
+//                [--health_port=0]
 //   tally-worker --standalone --job=FILE [--devices=cpu:1]
 //                [--output=model.safetensors] [--summary_json=PATH]
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <thread>
 #include <iostream>
 #include <string>
 
@@ -13,10 +17,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include "common/device.h"
 #include "common/io/safetensors.h"
 #include "common/spec/job_spec.h"
+#include "worker/daemon.h"
+#include "worker/health.h"
 #include "worker/standalone.h"
 
 ABSL_FLAG(bool, standalone, false,
@@ -29,8 +39,15 @@ ABSL_FLAG(std::string, output, "",
 ABSL_FLAG(std::string, summary_json, "",
           "Write {test_accuracy, samples_per_sec, steps, final_loss} here");
 ABSL_FLAG(bool, quiet, false, "Print no progress, only the result");
+ABSL_FLAG(std::string, server, "", "Coordinator address HOST:PORT (daemon mode)");
+ABSL_FLAG(std::string, name, "", "Worker name shown by the server (default: hostname)");
+ABSL_FLAG(int, health_port, 0,
+          "Serve grpc.health.v1 on this port (0: any free port, -1: none)");
 
 namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+void OnSignal(int sig) { g_signal = sig; }
 
 int Fail(const absl::Status& s) {
   std::cerr << "tally-worker: " << s.message() << "\n";
@@ -55,6 +72,62 @@ void PrintProgress(const tally::ProgressReport& r, bool tty) {
   }
 }
 
+int RunDaemon() {
+  const std::string server = absl::GetFlag(FLAGS_server);
+  if (server.empty()) {
+    std::cerr << "tally-worker: give --server=HOST:PORT, or --standalone --job=FILE\n";
+    return 2;
+  }
+  auto devices = tally::ParseDevices(absl::GetFlag(FLAGS_devices));
+  if (!devices.ok()) return Fail(devices.status());
+  for (const tally::DeviceId& id : *devices) {
+    auto dev = tally::OpenDevice(id);  // fail at start-up, not at step 1
+    if (!dev.ok()) return Fail(dev.status());
+  }
+  tally::DaemonOptions options;
+  options.server = server;
+  options.devices = *devices;
+  options.devices_text = absl::GetFlag(FLAGS_devices);
+  options.name = absl::GetFlag(FLAGS_name);
+  if (options.name.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    options.name = host;
+  }
+  options.verbose = !absl::GetFlag(FLAGS_quiet);
+
+  std::unique_ptr<grpc::Server> health;
+  tally::HealthService health_service;
+  if (const int port = absl::GetFlag(FLAGS_health_port); port >= 0) {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&health_service);
+    int bound = 0;
+    builder.AddListeningPort(absl::StrCat("0.0.0.0:", port),
+                             grpc::InsecureServerCredentials(), &bound);
+    health = builder.BuildAndStart();
+    if (health == nullptr || bound == 0) {
+      std::cerr << "tally-worker: cannot serve health checks on port " << port << "\n";
+      return 1;
+    }
+    options.address = absl::StrCat(options.name, ":", bound);
+    std::fprintf(stderr, "tally-worker[%s]: health service on port %d\n",
+                 options.name.c_str(), bound);
+  }
+  tally::WorkerDaemon daemon(options);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::thread watcher([&daemon] {
+    while (g_signal == 0) absl::SleepFor(absl::Milliseconds(100));
+    daemon.Stop();
+  });
+  absl::Status s = daemon.Run();
+  g_signal = g_signal == 0 ? SIGTERM : g_signal;
+  watcher.join();
+  if (health != nullptr) health->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (!s.ok()) return Fail(s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,11 +136,7 @@ int main(int argc, char** argv) {
       "[--devices=cpu:1] [--output=PATH] [--summary_json=PATH]");
   absl::ParseCommandLine(argc, argv);
 
-  if (!absl::GetFlag(FLAGS_standalone)) {
-    std::cerr << "tally-worker: only --standalone training is available in "
-                 "this version (the cluster daemon needs tally-server)\n";
-    return 2;
-  }
+  if (!absl::GetFlag(FLAGS_standalone)) return RunDaemon();
   const std::string job_path = absl::GetFlag(FLAGS_job);
   if (job_path.empty()) {
     std::cerr << "tally-worker: --standalone needs --job=FILE\n";

@@ -201,7 +201,9 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
 absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   const std::string p = "training";
   if (!n) return absl::OkStatus();
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"epochs", "batch_size", "max_steps", "seed"}));
+  TALLY_RETURN_IF_ERROR(
+      CheckKeys(n, p, {"epochs", "batch_size", "max_steps", "seed", "workers"}));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "workers", 1, 1024, &t->workers));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "batch_size", 1, 1 << 20, &t->batch_size));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "max_steps", 0, int64_t{1} << 40, &t->max_steps));

@@ -46,6 +46,7 @@ struct TrainingSpec {
   int64_t batch_size = 64;  // per worker
   int64_t max_steps = 0;    // 0: no limit; otherwise stop after this many
   uint64_t seed = 0;        // initial weights, shuffling, dropout
+  int64_t workers = 1;      // workers a cluster job trains on (sync mode)
 };
 
 struct JobSpec {

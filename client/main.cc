@@ -1,0 +1,254 @@
+// tally: the client.
+//
+//   tally [--server=HOST:PORT] submit FILE [--wait]
+//   tally list
+//   tally status JOB [--json]
+//   tally watch JOB
+//   tally cancel JOB
+//   tally fetch JOB --output=PATH
+//   tally health [--service=NAME]
+//
+// Exit codes: 0 success, 1 the request failed (or the job did not succeed,
+// for submit --wait and watch), 2 bad usage, 3 server unreachable.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/io/safetensors.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/tally.grpc.pb.h"
+
+ABSL_FLAG(std::string, server, "localhost:7070", "tally-server address HOST:PORT");
+ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends");
+ABSL_FLAG(bool, json, false, "status: print the job as JSON");
+ABSL_FLAG(std::string, output, "", "fetch: where to write the .safetensors file");
+ABSL_FLAG(std::string, service, "", "health: service name to check ('' = server)");
+ABSL_FLAG(int, timeout_s, 10, "Deadline of each request, in seconds");
+
+namespace {
+
+using tally::v1::Job;
+
+constexpr char kUsage[] =
+    "usage: tally [--server=HOST:PORT] COMMAND\n"
+    "  submit FILE [--wait]     submit a job spec; prints the job id first\n"
+    "  list                     all jobs\n"
+    "  status JOB [--json]      one job\n"
+    "  watch JOB                live progress until the job ends\n"
+    "  cancel JOB\n"
+    "  fetch JOB --output=PATH  trained weights as .safetensors\n"
+    "  health [--service=NAME]  grpc.health.v1 check\n";
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
+  return ctx;
+}
+
+int Report(const grpc::Status& s) {
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+       s.error_message().find("onnect") != std::string::npos)) {
+    std::cerr << "tally: cannot reach tally-server at " << absl::GetFlag(FLAGS_server)
+              << ": " << s.error_message() << "\n";
+    return 3;
+  }
+  std::cerr << "tally: " << s.error_message() << "\n";
+  return 1;
+}
+
+bool Terminal(tally::v1::JobState s) {
+  return s == tally::v1::SUCCEEDED || s == tally::v1::FAILED || s == tally::v1::CANCELLED;
+}
+
+std::string StateName(tally::v1::JobState s) { return tally::v1::JobState_Name(s); }
+
+std::string Line(const Job& j) {
+  const auto& m = j.metrics();
+  std::string s = absl::StrFormat("%-8s %-10s %-24s step %lld/%lld", j.id(), StateName(j.state()),
+                                  j.name().empty() ? "-" : j.name(),
+                                  static_cast<long long>(m.step()),
+                                  static_cast<long long>(m.total_steps()));
+  if (m.step() > 0) absl::StrAppendFormat(&s, "  loss %.4f  acc %.3f", m.loss(), m.accuracy());
+  if (j.state() == tally::v1::SUCCEEDED) {
+    absl::StrAppendFormat(&s, "  test accuracy %.4f", m.test_accuracy());
+  }
+  if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
+  return s;
+}
+
+std::string Progress(const Job& j) {
+  const auto& m = j.metrics();
+  const double frac = m.total_steps() > 0 ? static_cast<double>(m.step()) / m.total_steps() : 0.0;
+  constexpr int kWidth = 24;
+  std::string bar(static_cast<int>(frac * kWidth), '#');
+  bar.resize(kWidth, '.');
+  return absl::StrFormat(
+      "%s %s [%s] step %d/%d  epoch %d  loss %.4f  acc %.3f  %.0f samples/s  workers %d",
+      j.id(), StateName(j.state()), bar, m.step(), m.total_steps(), m.epoch() + 1, m.loss(),
+      m.accuracy(), m.samples_per_sec(), m.workers());
+}
+
+// Streams the job until it ends; returns the exit code (0 iff SUCCEEDED).
+int Watch(tally::v1::JobService::Stub& stub, const std::string& id) {
+  const bool tty = isatty(fileno(stdout));
+  // A long-lived stream: its own deadline is a day, not --timeout_s.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Hours(24)));
+  tally::v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto reader = stub.WatchJob(&ctx, req);
+  Job j, last;
+  bool any = false;
+  while (reader->Read(&j)) {
+    any = true;
+    last = j;
+    if (tty) {
+      std::printf("\r%s\033[K", Progress(j).c_str());
+    } else {
+      std::printf("%s\n", Progress(j).c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (tty && any) std::printf("\n");
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Report(s);
+  std::printf("%s\n", Line(last).c_str());
+  if (last.state() == tally::v1::SUCCEEDED) {
+    std::printf("final test accuracy: %.4f\n", last.metrics().test_accuracy());
+    return 0;
+  }
+  return 1;
+}
+
+int Submit(tally::v1::JobService::Stub& stub, const std::string& path) {
+  auto text = tally::ReadFile(path);
+  if (!text.ok()) {
+    std::cerr << "tally: " << text.status().message() << "\n";
+    return 1;
+  }
+  tally::v1::SubmitJobRequest req;
+  req.set_spec(*text);
+  tally::v1::SubmitJobResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub.SubmitJob(ctx.get(), req, &resp);
+  if (!s.ok()) return Report(s);
+  std::printf("%s\n", resp.job().id().c_str());
+  std::fflush(stdout);
+  if (absl::GetFlag(FLAGS_wait)) return Watch(stub, resp.job().id());
+  std::printf("%s\n", Line(resp.job()).c_str());
+  return 0;
+}
+
+int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
+  const std::string out = absl::GetFlag(FLAGS_output);
+  if (out.empty()) {
+    std::cerr << "tally: fetch needs --output=PATH\n";
+    return 2;
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s) * 30)));
+  tally::v1::FetchWeightsRequest req;
+  req.set_job_id(id);
+  auto reader = stub.FetchWeights(&ctx, req);
+  tally::v1::FileChunk chunk;
+  std::string bytes;
+  while (reader->Read(&chunk)) bytes += chunk.data();
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Report(s);
+  absl::Status w = tally::WriteFileAtomic(out, bytes);
+  if (!w.ok()) {
+    std::cerr << "tally: " << w.message() << "\n";
+    return 1;
+  }
+  std::printf("wrote %s (%zu bytes)\n", out.c_str(), bytes.size());
+  return 0;
+}
+
+int Health(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub->Check(ctx.get(), req, &resp);
+  if (!s.ok()) return Report(s);
+  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string cmd = args[1];
+  auto need = [&](size_t n) {
+    if (args.size() != n) {
+      std::cerr << "tally " << cmd << ": wrong number of arguments\n" << kUsage;
+      return false;
+    }
+    return true;
+  };
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  auto stub = tally::v1::JobService::NewStub(channel);
+  if (cmd == "submit") return need(3) ? Submit(*stub, args[2]) : 2;
+  if (cmd == "watch") return need(3) ? Watch(*stub, args[2]) : 2;
+  if (cmd == "fetch") return need(3) ? Fetch(*stub, args[2]) : 2;
+  if (cmd == "health") return need(2) ? Health(channel) : 2;
+  if (cmd == "list") {
+    if (!need(2)) return 2;
+    tally::v1::ListJobsResponse resp;
+    auto ctx = Context();
+    grpc::Status s = stub->ListJobs(ctx.get(), {}, &resp);
+    if (!s.ok()) return Report(s);
+    if (resp.jobs().empty()) std::printf("no jobs\n");
+    for (const Job& j : resp.jobs()) std::printf("%s\n", Line(j).c_str());
+    return 0;
+  }
+  if (cmd == "status" || cmd == "cancel") {
+    if (!need(3)) return 2;
+    Job job;
+    auto ctx = Context();
+    grpc::Status s;
+    if (cmd == "status") {
+      tally::v1::GetJobRequest req;
+      req.set_job_id(args[2]);
+      s = stub->GetJob(ctx.get(), req, &job);
+    } else {
+      tally::v1::CancelJobRequest req;
+      req.set_job_id(args[2]);
+      s = stub->CancelJob(ctx.get(), req, &job);
+    }
+    if (!s.ok()) return Report(s);
+    if (absl::GetFlag(FLAGS_json)) {
+      std::string json;
+      google::protobuf::util::JsonPrintOptions o;
+      o.add_whitespace = true;
+      o.always_print_primitive_fields = true;
+      (void)google::protobuf::util::MessageToJsonString(job, &json, o);
+      std::printf("%s", json.c_str());
+    } else {
+      std::printf("%s\n", Line(job).c_str());
+    }
+    return 0;
+  }
+  std::cerr << "tally: unknown command '" << cmd << "'\n" << kUsage;
+  return 2;
+}

@@ -1,0 +1,51 @@
+// tally-server: parameter server and coordinator.
+//
+//   tally-server [--port=7070] [--lease_timeout_ms=3000]
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/service.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(int, port, 7070, "Port to listen on (0 picks a free one)");
+ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
+          "A worker that sends no heartbeat for this long leaves its job");
+
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+void OnSignal(int sig) { g_signal = sig; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Tally parameter server and coordinator.");
+  absl::ParseCommandLine(argc, argv);
+  tally::CoordinatorOptions options;
+  options.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
+  if (options.lease_timeout <= absl::ZeroDuration()) {
+    std::cerr << "tally-server: --lease_timeout_ms must be positive\n";
+    return 2;
+  }
+  const std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_listen), ":", absl::GetFlag(FLAGS_port));
+  auto server = tally::TallyServer::Start(address, options);
+  if (!server.ok()) {
+    std::cerr << "tally-server: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::printf("tally-server listening on %s:%d (lease %lld ms)\n",
+              absl::GetFlag(FLAGS_listen).c_str(), (*server)->port(),
+              static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)));
+  std::fflush(stdout);
+  while (g_signal == 0) absl::SleepFor(absl::Milliseconds(100));
+  std::printf("tally-server: signal %d, shutting down\n", static_cast<int>(g_signal));
+  (*server)->Shutdown(absl::Seconds(2));
+  return 0;
+}

@@ -1,0 +1,553 @@
+#include "server/service.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace tally {
+
+namespace {
+
+bool Terminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
+                                const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpc(s));
+  return r;
+}
+
+// Index of the first non-finite float in data[0, n), or -1.
+int64_t FirstNonFinite(const float* data, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, data + i, 4);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return i;
+  }
+  return -1;
+}
+
+// Merged set of covered [begin, end) element ranges.
+class Coverage {
+ public:
+  void Add(int64_t b, int64_t e) {
+    auto it = ranges_.upper_bound(b);
+    if (it != ranges_.begin() && std::prev(it)->second >= b) --it;
+    while (it != ranges_.end() && it->first <= e) {
+      b = std::min(b, it->first);
+      e = std::max(e, it->second);
+      covered_ -= it->second - it->first;
+      it = ranges_.erase(it);
+    }
+    ranges_[b] = e;
+    covered_ += e - b;
+  }
+  int64_t covered() const { return covered_; }
+
+ private:
+  std::map<int64_t, int64_t> ranges_;
+  int64_t covered_ = 0;
+};
+
+// ----------------------------------------------------------------- push --
+
+class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
+ public:
+  PushReactor(Coordinator* coord, v1::PushResponse* resp)
+      : coord_(coord), resp_(resp) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Complete();
+      return;
+    }
+    absl::Status s = Consume();
+    if (!s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    if (done_early_) return;
+    StartRead(&req_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Consume() {
+    if (!has_header_) {
+      if (!req_.has_header()) {
+        return absl::InvalidArgumentError("the first push message must carry the header");
+      }
+      const v1::PushHeader& h = req_.header();
+      meta_.worker_id = h.worker_id();
+      meta_.incarnation = h.incarnation();
+      meta_.step = h.step();
+      meta_.base_version = h.base_version();
+      meta_.samples = h.samples();
+      meta_.loss_sum = h.loss_sum();
+      meta_.correct = h.correct();
+      has_header_ = true;
+      auto shard = coord_->Shard(h.job_id());
+      if (!shard.ok()) return shard.status();
+      shard_ = *std::move(shard);
+      if (absl::Status s = coord_->CheckWorker(meta_.worker_id, meta_.incarnation); !s.ok()) {
+        return s;
+      }
+      bool duplicate = false;
+      if (absl::Status s = shard_->CheckPush(meta_, &duplicate); !s.ok()) return s;
+      if (!std::isfinite(meta_.loss_sum)) {
+        shard_->Reject(meta_);
+        return absl::InvalidArgumentError("non-finite loss_sum; push rejected and counted");
+      }
+      if (duplicate) {
+        // Already counted: acknowledge without reading the rest.
+        resp_->set_duplicate(true);
+        resp_->set_version(shard_->version());
+        done_early_ = true;
+        Finish(grpc::Status::OK);
+        return absl::OkStatus();
+      }
+      if (meta_.samples > 0) staging_.resize(shard_->num_params());
+    } else if (req_.has_header()) {
+      return absl::InvalidArgumentError("only the first push message may carry a header");
+    }
+    if (!req_.has_chunk()) return absl::OkStatus();
+    const v1::TensorChunk& c = req_.chunk();
+    const int64_t n = shard_->num_params();
+    if (c.offset() < 0 || c.count() <= 0 || c.count() > n || c.offset() > n - c.count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk [", c.offset(), ", +", c.count(), ") is outside the ", n,
+          "-element parameter vector"));
+    }
+    if (static_cast<int64_t>(c.data().size()) != 4 * c.count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk at ", c.offset(), " says ", c.count(), " elements but carries ",
+          c.data().size(), " bytes (want ", 4 * c.count(), ")"));
+    }
+    if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
+    float* dst = staging_.data() + c.offset();
+    std::memcpy(dst, c.data().data(), c.data().size());
+    if (int64_t bad = FirstNonFinite(dst, c.count()); bad >= 0) {
+      shard_->Reject(meta_);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "non-finite gradient value (", dst[bad], ") at element ", c.offset() + bad,
+          "; push rejected and counted"));
+    }
+    coverage_.Add(c.offset(), c.offset() + c.count());
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    if (!has_header_) {
+      Finish(ToGrpc(absl::InvalidArgumentError("empty push stream")));
+      return;
+    }
+    if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
+      Finish(ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+          "the push covers ", coverage_.covered(), " of ", shard_->num_params(),
+          " gradient elements"))));
+      return;
+    }
+    bool duplicate = false;
+    absl::Status s = shard_->Commit(meta_, meta_.samples > 0 ? staging_.data() : nullptr,
+                                    &duplicate);
+    resp_->set_duplicate(duplicate);
+    resp_->set_version(shard_->version());
+    Finish(ToGrpc(s));
+  }
+
+  Coordinator* coord_;
+  v1::PushResponse* resp_;
+  v1::PushRequest req_;
+  bool has_header_ = false;
+  bool done_early_ = false;
+  PushMeta meta_;
+  std::shared_ptr<ParameterShard> shard_;
+  std::vector<float> staging_;
+  Coverage coverage_;
+};
+
+// ----------------------------------------------------------------- pull --
+
+class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
+ public:
+  struct Ctl {
+    absl::Mutex mu;
+    PullReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  PullReactor(Coordinator* coord, const v1::PullRequest* req)
+      : ctl_(std::make_shared<Ctl>()) {
+    {
+      absl::MutexLock lock(&ctl_->mu);
+      ctl_->reactor = this;
+    }
+    chunk_ = req->chunk_elements() > 0
+                 ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
+                 : kDefaultChunkElements;
+    auto shard = coord->Shard(req->job_id());
+    absl::Status s = shard.status();
+    if (s.ok()) s = coord->CheckWorker(req->worker_id(), req->incarnation());
+    if (s.ok() && req->total_steps() > 0) {
+      s = (*shard)->SetSchedule(req->total_steps(), req->steps_per_epoch());
+    }
+    if (!s.ok()) {
+      FinishOnce(ToGrpc(s));
+      return;
+    }
+    shard_ = *std::move(shard);
+    const int64_t wait_ms = req->max_wait_ms() > 0 ? std::min<int64_t>(req->max_wait_ms(), 600000)
+                                                   : 30000;
+    std::shared_ptr<Ctl> ctl = ctl_;
+    shard_->WhenVersion(req->min_version(), absl::Now() + absl::Milliseconds(wait_ms),
+                        [ctl](absl::Status st) {
+                          absl::MutexLock lock(&ctl->mu);
+                          if (ctl->reactor != nullptr) ctl->reactor->Ready(st);
+                        });
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      return;
+    }
+    WriteNextLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    if (!writing_) FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&ctl_->mu);
+      ctl_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  void Ready(const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (!s.ok()) {
+      FinishOnceLocked(ToGrpc(s));
+      return;
+    }
+    weights_ = shard_->Snapshot(&version_);
+    total_steps_ = shard_->Metrics().total_steps;
+    WriteNextLocked();
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t n = static_cast<int64_t>(weights_->size());
+    if (next_ >= n && next_ > 0) {
+      FinishOnceLocked(grpc::Status::OK);
+      return;
+    }
+    const int64_t count = std::min(chunk_, n - next_);
+    resp_.Clear();
+    resp_.set_version(version_);
+    resp_.set_total_steps(total_steps_);
+    v1::TensorChunk* c = resp_.mutable_chunk();
+    c->set_offset(next_);
+    c->set_count(count);
+    c->set_data(reinterpret_cast<const char*>(weights_->data() + next_), count * 4);
+    next_ += std::max<int64_t>(count, 1);
+    writing_ = true;
+    StartWrite(&resp_);
+  }
+
+  void FinishOnce(const grpc::Status& s) {
+    absl::MutexLock lock(&mu_);
+    FinishOnceLocked(s);
+  }
+  void FinishOnceLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(s);
+  }
+
+  std::shared_ptr<Ctl> ctl_;
+  std::shared_ptr<ParameterShard> shard_;
+  int64_t chunk_ = kDefaultChunkElements;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::PullResponse resp_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---------------------------------------------------------------- watch --
+
+class WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
+ public:
+  struct Ctl {
+    absl::Mutex mu;
+    WatchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  WatchReactor(Coordinator* coord, const std::string& job_id)
+      : coord_(coord), job_id_(job_id), ctl_(std::make_shared<Ctl>()) {
+    {
+      absl::MutexLock lock(&ctl_->mu);
+      ctl_->reactor = this;
+    }
+    std::shared_ptr<Ctl> ctl = ctl_;
+    auto sub = coord_->Subscribe(job_id_, [ctl] {
+      absl::MutexLock lock(&ctl->mu);
+      if (ctl->reactor != nullptr) ctl->reactor->Changed();
+    });
+    if (!sub.ok()) {
+      absl::MutexLock lock(&mu_);
+      FinishOnceLocked(ToGrpc(sub.status()));
+      return;
+    }
+    subscription_ = *sub;
+    Changed();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+    } else if (sent_terminal_) {
+      FinishOnceLocked(grpc::Status::OK);
+    } else if (pending_) {
+      SendLocked();
+    }
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    if (!writing_) FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
+
+  void OnDone() override {
+    if (subscription_ != 0) coord_->Unsubscribe(subscription_);
+    {
+      absl::MutexLock lock(&ctl_->mu);
+      ctl_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  void Changed() {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || sent_terminal_) return;
+    pending_ = true;
+    if (!writing_) SendLocked();
+  }
+
+  void SendLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    pending_ = false;
+    auto job = coord_->Get(job_id_);
+    if (!job.ok()) {
+      FinishOnceLocked(ToGrpc(job.status()));
+      return;
+    }
+    job_ = *std::move(job);
+    sent_terminal_ = Terminal(job_.state());
+    writing_ = true;
+    StartWrite(&job_);
+  }
+
+  void FinishOnceLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(s);
+  }
+
+  Coordinator* coord_;
+  const std::string job_id_;
+  std::shared_ptr<Ctl> ctl_;
+  int64_t subscription_ = 0;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool sent_terminal_ ABSL_GUARDED_BY(mu_) = false;
+  v1::Job job_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---------------------------------------------------------------- fetch --
+
+class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
+ public:
+  FetchReactor(Coordinator* coord, const std::string& job_id) {
+    auto bytes = coord->WeightsFile(job_id);
+    if (!bytes.ok()) {
+      Finish(ToGrpc(bytes.status()));
+      return;
+    }
+    bytes_ = *std::move(bytes);
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    constexpr size_t kChunk = 1 << 20;
+    if (offset_ >= bytes_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const size_t n = std::min(kChunk, bytes_.size() - offset_);
+    chunk_.set_data(bytes_.data() + offset_, n);
+    chunk_.set_total_size(static_cast<int64_t>(bytes_.size()));
+    offset_ += n;
+    StartWrite(&chunk_);
+  }
+  std::string bytes_;
+  size_t offset_ = 0;
+  v1::FileChunk chunk_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------ services --
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
+                                                    const v1::SubmitJobRequest* req,
+                                                    v1::SubmitJobResponse* resp) {
+  auto job = coord_->Submit(req->spec());
+  if (job.ok()) *resp->mutable_job() = *std::move(job);
+  return Reply(ctx, job.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
+                                                 const v1::GetJobRequest* req, v1::Job* resp) {
+  auto job = coord_->Get(req->job_id());
+  if (job.ok()) *resp = *std::move(job);
+  return Reply(ctx, job.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
+                                                   const v1::ListJobsRequest*,
+                                                   v1::ListJobsResponse* resp) {
+  for (v1::Job& j : coord_->List()) *resp->add_jobs() = std::move(j);
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<v1::Job>* JobServiceImpl::WatchJob(grpc::CallbackServerContext*,
+                                                           const v1::WatchJobRequest* req) {
+  return new WatchReactor(coord_, req->job_id());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx,
+                                                    const v1::CancelJobRequest* req,
+                                                    v1::Job* resp) {
+  auto job = coord_->Cancel(req->job_id());
+  if (job.ok()) *resp = *std::move(job);
+  return Reply(ctx, job.status());
+}
+
+grpc::ServerWriteReactor<v1::FileChunk>* JobServiceImpl::FetchWeights(
+    grpc::CallbackServerContext*, const v1::FetchWeightsRequest* req) {
+  return new FetchReactor(coord_, req->job_id());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
+    grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
+    v1::RegisterWorkerResponse* resp) {
+  *resp = coord_->Register(*req);
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                       const v1::HeartbeatRequest* req,
+                                                       v1::HeartbeatResponse* resp) {
+  auto r = coord_->Heartbeat(*req);
+  if (r.ok()) *resp = *std::move(r);
+  return Reply(ctx, r.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
+    grpc::CallbackServerContext* ctx, const v1::ReportResultRequest* req,
+    v1::ReportResultResponse*) {
+  return Reply(ctx, coord_->ReportResult(*req));
+}
+
+grpc::ServerReadReactor<v1::PushRequest>* ParameterServiceImpl::PushGradients(
+    grpc::CallbackServerContext*, v1::PushResponse* resp) {
+  return new PushReactor(coord_, resp);
+}
+
+grpc::ServerWriteReactor<v1::PullResponse>* ParameterServiceImpl::PullWeights(
+    grpc::CallbackServerContext*, const v1::PullRequest* req) {
+  return new PullReactor(coord_, req);
+}
+
+// -------------------------------------------------------------- server --
+
+absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
+    const std::string& address, const CoordinatorOptions& options) {
+  std::unique_ptr<TallyServer> s(new TallyServer());
+  s->coordinator_ = std::make_unique<Coordinator>(options);
+  s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get());
+  s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
+  s->params_ = std::make_unique<ParameterServiceImpl>(s->coordinator_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->jobs_.get());
+  builder.RegisterService(s->workers_.get());
+  builder.RegisterService(s->params_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  TallyServer* raw = s.get();
+  s->ticker_ = std::thread([raw] { raw->TickLoop(); });
+  return s;
+}
+
+void TallyServer::TickLoop() {
+  absl::MutexLock lock(&mu_);
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(100))) {
+    mu_.Unlock();
+    coordinator_->Tick();
+    mu_.Lock();
+  }
+}
+
+void TallyServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (ticker_.joinable()) ticker_.join();
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+}
+
+TallyServer::~TallyServer() { Shutdown(absl::Seconds(1)); }
+
+}  // namespace tally

@@ -1,0 +1,296 @@
+#include "server/shard.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/vectorize.h"
+
+namespace tally {
+
+namespace {
+
+TALLY_VECTORIZE void AddScaled(float* __restrict sum, const float* __restrict g,
+                               float w, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) sum[i] += w * g[i];
+}
+
+TALLY_VECTORIZE void ScaleInto(float* __restrict out, const float* __restrict sum,
+                               float inv, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = sum[i] * inv;
+}
+
+}  // namespace
+
+ParameterShard::ParameterShard(std::vector<float> weights,
+                               std::unique_ptr<Optimizer> optimizer,
+                               const Clock* clock)
+    : num_params_(static_cast<int64_t>(weights.size())), clock_(clock) {
+  absl::MutexLock lock(&mu_);
+  optimizer_ = std::move(optimizer);
+  weights_ = std::move(weights);
+  snapshot_ = std::make_shared<const std::vector<float>>(weights_);
+  sum_.assign(num_params_, 0.0f);
+  mean_.assign(num_params_, 0.0f);
+}
+
+void ParameterShard::AddMember(const std::string& worker_id, int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  Member m;
+  m.incarnation = incarnation;
+  // Joining an open step that already has contributions would make the
+  // step's worker set differ between shards; wait for the next one.
+  m.join_step = step_contributions_ > 0 ? version_ + 1 : version_;
+  members_[worker_id] = m;
+}
+
+void ParameterShard::RemoveMember(const std::string& worker_id) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    members_.erase(worker_id);
+    MaybeCloseLocked(&ready);
+  }
+  RunReady(ready);
+}
+
+bool ParameterShard::IsMember(const std::string& worker_id,
+                              int64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(worker_id);
+  return it != members_.end() && it->second.incarnation == incarnation;
+}
+
+absl::Status ParameterShard::SetSchedule(int64_t total_steps,
+                                         int64_t steps_per_epoch) {
+  if (total_steps <= 0 || steps_per_epoch <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "total_steps and steps_per_epoch must be positive, got ", total_steps,
+        " and ", steps_per_epoch));
+  }
+  absl::MutexLock lock(&mu_);
+  if (total_steps_ == 0) {
+    total_steps_ = total_steps;
+    steps_per_epoch_ = steps_per_epoch;
+    return absl::OkStatus();
+  }
+  if (total_steps_ != total_steps || steps_per_epoch_ != steps_per_epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker's schedule (", total_steps, " steps, ", steps_per_epoch,
+        " per epoch) differs from the job's (", total_steps_, ", ",
+        steps_per_epoch_, "): do the workers see different datasets?"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
+                                             bool* duplicate) const {
+  *duplicate = false;
+  auto it = members_.find(meta.worker_id);
+  if (it == members_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", meta.worker_id, " is not a member of this job (lease lost?)"));
+  }
+  const Member& m = it->second;
+  if (m.incarnation != meta.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stale incarnation ", meta.incarnation, " of worker ", meta.worker_id,
+        " (current ", m.incarnation, ")"));
+  }
+  if (meta.samples < 0) {
+    return absl::InvalidArgumentError("samples must not be negative");
+  }
+  if (total_steps_ > 0 && version_ >= total_steps_) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "training finished at step ", total_steps_, "; push ignored"));
+  }
+  if (meta.step < version_) {
+    if (m.pushed_step >= meta.step) {
+      *duplicate = true;
+      return absl::OkStatus();
+    }
+    return absl::AbortedError(absl::StrCat("step ", meta.step,
+                                           " already closed; current step is ",
+                                           version_, ": pull and go on"));
+  }
+  if (meta.step > version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", meta.step, " is not open yet (current step ", version_, ")"));
+  }
+  if (meta.base_version != meta.step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sync mode: a push for step ", meta.step, " must be computed from version ",
+        meta.step, ", not ", meta.base_version));
+  }
+  if (m.join_step > version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", meta.worker_id, " joins at step ", m.join_step,
+        "; pull that version first"));
+  }
+  if (m.pushed_step >= meta.step) *duplicate = true;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckPush(const PushMeta& meta, bool* duplicate) const {
+  absl::MutexLock lock(&mu_);
+  return CheckPushLocked(meta, duplicate);
+}
+
+absl::Status ParameterShard::Commit(const PushMeta& meta, const float* grads,
+                                    bool* duplicate) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s = CheckPushLocked(meta, duplicate);
+    if (!s.ok() || *duplicate) return s;
+    if (meta.samples > 0 && grads == nullptr) {
+      return absl::InvalidArgumentError("a push with samples needs a gradient");
+    }
+    if (meta.samples > 0) {
+      AddScaled(sum_.data(), grads, static_cast<float>(meta.samples), num_params_);
+      step_samples_ += meta.samples;
+      step_loss_ += meta.loss_sum;
+      step_correct_ += meta.correct;
+    }
+    ++step_contributions_;
+    members_[meta.worker_id].pushed_step = meta.step;
+    MaybeCloseLocked(&ready);
+  }
+  RunReady(ready);
+  return absl::OkStatus();
+}
+
+void ParameterShard::Reject(const PushMeta& meta) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    ++rejected_;
+    bool duplicate = false;
+    if (!CheckPushLocked(meta, &duplicate).ok() || duplicate) return;
+    ++step_contributions_;
+    members_[meta.worker_id].pushed_step = meta.step;
+    MaybeCloseLocked(&ready);
+  }
+  RunReady(ready);
+}
+
+void ParameterShard::MaybeCloseLocked(Ready* ready) {
+  if (total_steps_ > 0 && version_ >= total_steps_) return;
+  int required = 0;
+  for (const auto& [id, m] : members_) {
+    if (m.join_step > version_) continue;
+    ++required;
+    if (m.pushed_step < version_) return;  // still waiting for this one
+  }
+  if (required == 0) return;  // nobody to close it with
+  if (step_samples_ > 0) {
+    ScaleInto(mean_.data(), sum_.data(), 1.0f / step_samples_, num_params_);
+    optimizer_->Step(weights_.data(), mean_.data());
+    snapshot_ = std::make_shared<const std::vector<float>>(weights_);
+    last_loss_ = step_loss_ / step_samples_;
+    last_accuracy_ = static_cast<double>(step_correct_) / step_samples_;
+  }
+  samples_total_ += step_samples_;
+  const absl::Time now = clock_->Now();
+  closes_.emplace_back(now, samples_total_);
+  // Keep about five seconds of history for the throughput figure.
+  while (closes_.size() > 2 && now - closes_.front().first > absl::Seconds(5)) {
+    closes_.erase(closes_.begin());
+  }
+  std::fill(sum_.begin(), sum_.end(), 0.0f);
+  step_samples_ = 0;
+  step_contributions_ = 0;
+  step_loss_ = 0.0;
+  step_correct_ = 0;
+  ++version_;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->version <= version_) {
+      ready->emplace_back(std::move(it->done), absl::OkStatus());
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ParameterShard::RunReady(Ready& ready) {
+  for (auto& [fn, status] : ready) fn(status);
+}
+
+int64_t ParameterShard::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
+    int64_t* version) const {
+  absl::MutexLock lock(&mu_);
+  if (version != nullptr) *version = version_;
+  return snapshot_;
+}
+
+ShardMetrics ParameterShard::Metrics() const {
+  absl::MutexLock lock(&mu_);
+  ShardMetrics m;
+  m.version = version_;
+  m.total_steps = total_steps_;
+  m.steps_per_epoch = steps_per_epoch_;
+  m.loss = last_loss_;
+  m.accuracy = last_accuracy_;
+  m.samples = samples_total_;
+  m.rejected_pushes = rejected_;
+  m.members = static_cast<int>(members_.size());
+  if (closes_.size() >= 2) {
+    const double dt = absl::ToDoubleSeconds(closes_.back().first - closes_.front().first);
+    if (dt > 0) {
+      m.samples_per_sec = (closes_.back().second - closes_.front().second) / dt;
+    }
+  }
+  return m;
+}
+
+void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
+                                 std::function<void(absl::Status)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (version_ < v) {
+      waiters_.push_back({v, deadline, std::move(done)});
+      return;
+    }
+  }
+  done(absl::OkStatus());
+}
+
+void ParameterShard::ExpireWaiters() {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->deadline <= now) {
+        ready.emplace_back(std::move(it->done),
+                           absl::DeadlineExceededError(absl::StrCat(
+                               "version ", it->version, " not reached in time (at ",
+                               version_, ")")));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  RunReady(ready);
+}
+
+void ParameterShard::CancelWaiters() {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Waiter& w : waiters_) {
+      ready.emplace_back(std::move(w.done), absl::CancelledError("the job ended"));
+    }
+    waiters_.clear();
+  }
+  RunReady(ready);
+}
+
+}  // namespace tally

@@ -1,0 +1,154 @@
+// One job's parameters on one server: master weights, optimizer state,
+// synchronous (bulk-synchronous) aggregation and versioned pulls.
+//
+// Step t is open while version() == t. Members (workers) push the mean
+// gradient of their batch for step t with its sample count; the shard adds
+// samples * gradient into a sum. The step closes when every member required
+// for step t has pushed (or skipped, or left): the sum is divided by the
+// total sample count, the optimizer runs, the version becomes t + 1 and
+// waiting pulls are released. A member that joins while the open step already
+// has contributions is required only from the next step on.
+//
+// Thread-safe: every method may be called from any thread. Callbacks given
+// to WhenVersion run without the shard's lock held.
+#ifndef TALLY_SERVER_SHARD_H_
+#define TALLY_SERVER_SHARD_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/optim/optimizer.h"
+
+namespace tally {
+
+struct PushMeta {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  int64_t step = 0;
+  int64_t base_version = 0;
+  int64_t samples = 0;
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+};
+
+struct ShardMetrics {
+  int64_t version = 0;
+  int64_t total_steps = 0;
+  int64_t steps_per_epoch = 0;
+  double loss = 0.0;      // last closed step
+  double accuracy = 0.0;  // last closed step
+  double samples_per_sec = 0.0;
+  int64_t samples = 0;
+  int64_t rejected_pushes = 0;
+  int members = 0;
+};
+
+class ParameterShard {
+ public:
+  // `weights` are the initial weights (the shard owns them from now on).
+  ParameterShard(std::vector<float> weights, std::unique_ptr<Optimizer> optimizer,
+                 const Clock* clock);
+
+  int64_t num_params() const { return num_params_; }
+
+  // Members, keyed by worker id; a new incarnation replaces the old one.
+  void AddMember(const std::string& worker_id, int64_t incarnation);
+  // Removing a member may close the open step.
+  void RemoveMember(const std::string& worker_id);
+  bool IsMember(const std::string& worker_id, int64_t incarnation) const;
+
+  // Sets the schedule (total steps, steps per epoch) the first time; later
+  // calls must agree (kFailedPrecondition: workers disagree on the dataset).
+  absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch);
+
+  // Checks a push before its data is read:
+  //   kFailedPrecondition  stale incarnation, not a member, step not open yet,
+  //                        or not yet required at this step
+  //   kAborted             the step already closed (re-pull and go on)
+  //   kOutOfRange          training has finished
+  // OK with *duplicate = true when this worker already counted this step.
+  absl::Status CheckPush(const PushMeta& meta, bool* duplicate) const;
+
+  // Adds a complete, validated push (grads: num_params floats, or null when
+  // meta.samples == 0, a member with nothing to contribute). Re-checks as
+  // CheckPush; a duplicate is acknowledged (*duplicate = true) and ignored.
+  absl::Status Commit(const PushMeta& meta, const float* grads, bool* duplicate);
+
+  // Counts a refused push (non-finite values, ...). When the pusher is a
+  // required member of the open step, it is marked as having contributed
+  // nothing so the step does not wait for it.
+  void Reject(const PushMeta& meta);
+
+  int64_t version() const;
+  // The current weights and their version (an immutable snapshot).
+  std::shared_ptr<const std::vector<float>> Snapshot(int64_t* version) const;
+  ShardMetrics Metrics() const;
+
+  // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
+  // `deadline` (checked by ExpireWaiters), or `done(kCancelled)` on Cancel.
+  void WhenVersion(int64_t v, absl::Time deadline,
+                   std::function<void(absl::Status)> done);
+  void ExpireWaiters();
+  // Releases every waiter with kCancelled (the job ended).
+  void CancelWaiters();
+
+ private:
+  struct Member {
+    int64_t incarnation = 0;
+    int64_t join_step = 0;
+    int64_t pushed_step = -1;  // last step it contributed to (or skipped)
+  };
+  struct Waiter {
+    int64_t version;
+    absl::Time deadline;
+    std::function<void(absl::Status)> done;
+  };
+  using Ready = std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
+
+  absl::Status CheckPushLocked(const PushMeta& meta, bool* duplicate) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the open step if nobody required is missing; collects released
+  // waiters into `ready` (run them after unlocking).
+  void MaybeCloseLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void RunReady(Ready& ready);
+
+  const int64_t num_params_;
+  const Clock* clock_;  // borrowed
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::vector<float>> snapshot_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
+  // Aggregation of the open step.
+  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
+  int64_t step_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  int step_contributions_ ABSL_GUARDED_BY(mu_) = 0;
+  double step_loss_ ABSL_GUARDED_BY(mu_) = 0.0;
+  int64_t step_correct_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<float> mean_ ABSL_GUARDED_BY(mu_);
+  // Metrics.
+  double last_loss_ ABSL_GUARDED_BY(mu_) = 0.0;
+  double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0.0;
+  int64_t samples_total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_SHARD_H_

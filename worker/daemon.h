@@ -1,0 +1,57 @@
+// The worker daemon: registers with the coordinator, keeps its lease alive,
+// and trains whatever job it is assigned, step by step in sync with the
+// job's other workers through the parameter server:
+//   pull version t -> the batch of step t from its shard -> engine step ->
+//   push the gradient for step t -> pull version t + 1 ...
+// It reconnects by itself, with backoff, when the server is away, and
+// re-registers (a new incarnation) when its lease was lost; the coordinator
+// then puts it back into a job, where it rejoins at the next step.
+#ifndef TALLY_WORKER_DAEMON_H_
+#define TALLY_WORKER_DAEMON_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/device.h"
+
+namespace tally {
+
+struct DaemonOptions {
+  std::string server = "localhost:7070";
+  std::vector<DeviceId> devices = {DeviceId{DeviceType::kCpu, 0}};
+  std::string devices_text = "cpu:1";
+  std::string name;
+  std::string address;  // advertised health endpoint
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  absl::Duration max_backoff = absl::Seconds(5);
+  int64_t chunk_elements = 262144;  // push chunks: 1 MiB
+  bool verbose = true;
+};
+
+class WorkerDaemon {
+ public:
+  explicit WorkerDaemon(const DaemonOptions& options);
+  ~WorkerDaemon();
+  WorkerDaemon(const WorkerDaemon&) = delete;
+  WorkerDaemon& operator=(const WorkerDaemon&) = delete;
+
+  // Runs until Stop(); returns OK then.
+  absl::Status Run();
+  // Thread-safe; Run returns within about a step.
+  void Stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_DAEMON_H_
