@@ -2,7 +2,7 @@
 """Reference: the same training loop in PyTorch, for side-by-side throughput.
 
 Trains the MLP or CNN example on Fashion-MNIST with batch 64, SGD
-(lr 0.01, momentum 0.9), one thread, reading the same IDX files, with the data
+(lr 0.02, as the examples, momentum 0.9), one thread, reading the same IDX files, with the data
 preloaded as tensors (no DataLoader), and prints a JSON summary like
 tally-worker's --summary_json.
 """
@@ -48,6 +48,7 @@ def main():
     ap.add_argument("--batch_size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=0.02)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -58,7 +59,7 @@ def main():
     yte = load_idx(f"{args.root}/t10k-labels-idx1-ubyte.gz", 0x801)
 
     model = model_for(args.model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     n = xtr.shape[0]
     steps = 0

@@ -2,7 +2,7 @@
 # Single-process training throughput, Tally against PyTorch, side by side.
 #
 # For the MLP and the CNN example: one epoch of Fashion-MNIST, batch 64,
-# SGD(lr 0.01, momentum 0.9), alternating Tally and PyTorch runs (REPEATS
+# SGD(lr 0.02, momentum 0.9), alternating Tally and PyTorch runs (REPEATS
 # each, default 3) and reporting the median samples/s of each:
 #   tally_sps     Tally with DEVICES (cpu:1 = one replica, one thread)
 #   torch_1t_sps  PyTorch with one thread (the cpu:1 row's figure)

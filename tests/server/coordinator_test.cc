@@ -1,0 +1,162 @@
+// Job lifecycle, scheduling and leases, with a fake clock (no sleeping).
+#include "server/coordinator.h"
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] = R"(
+name: tiny
+model: {layers: [{linear: {in_features: 4, out_features: 2}}]}
+dataset: {name: synthetic, features: 4, classes: 2}
+training: {workers: 2}
+)";
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  CoordinatorTest() : coord_(Options()) {}
+  CoordinatorOptions Options() {
+    CoordinatorOptions o;
+    o.clock = &clock_;
+    o.lease_timeout = absl::Seconds(3);
+    return o;
+  }
+  v1::RegisterWorkerResponse Register(const std::string& name) {
+    v1::RegisterWorkerRequest r;
+    r.set_name(name);
+    return coord_.Register(r);
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Beat(const v1::RegisterWorkerResponse& w) {
+    v1::HeartbeatRequest r;
+    r.set_worker_id(w.worker_id());
+    r.set_incarnation(w.incarnation());
+    return coord_.Heartbeat(r);
+  }
+  FakeClock clock_;
+  Coordinator coord_;
+};
+
+TEST_F(CoordinatorTest, BadSpecIsRejectedWithTheFieldAndNothingIsStored) {
+  EXPECT_THAT(coord_.Submit("model: {preset: mlp}\ndataset: {name: nope}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dataset.name")));
+  EXPECT_TRUE(coord_.List().empty());
+  EXPECT_THAT(coord_.Get("job-9"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
+  EXPECT_THAT(coord_.Cancel("job-9"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
+  EXPECT_THAT(coord_.WeightsFile("job-9"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
+}
+
+TEST_F(CoordinatorTest, JobWaitsForEnoughWorkersThenRunsWithRanks) {
+  auto job = coord_.Submit(kSpec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_THAT(coord_.WeightsFile(job->id()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not started")));
+  auto a = Register("a");
+  EXPECT_EQ(coord_.Get(job->id())->state(), v1::PENDING);
+  auto b = Register("b");
+  EXPECT_EQ(coord_.Get(job->id())->state(), v1::RUNNING);
+  auto ha = Beat(a), hb = Beat(b);
+  ASSERT_TRUE(ha.ok() && hb.ok());
+  ASSERT_TRUE(ha->has_assignment() && hb->has_assignment());
+  EXPECT_EQ(ha->assignment().world(), 2);
+  EXPECT_NE(ha->assignment().rank(), hb->assignment().rank());
+  EXPECT_TRUE(coord_.WeightsFile(job->id()).ok());
+}
+
+TEST_F(CoordinatorTest, ExpiredLeaseFreesTheSlotAndANewWorkerTakesIt) {
+  auto job = coord_.Submit(kSpec);
+  auto a = Register("a");
+  auto b = Register("b");
+  auto shard = coord_.Shard(job->id());
+  ASSERT_TRUE(shard.ok());
+  EXPECT_EQ((*shard)->Metrics().members, 2);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Beat(a).ok());  // a keeps its lease, b goes silent
+  clock_.Advance(absl::Seconds(2));
+  coord_.Tick();
+  EXPECT_EQ((*shard)->Metrics().members, 1);
+  EXPECT_THAT(Beat(b), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  auto b2 = Register("b");  // b comes back: a new incarnation
+  EXPECT_NE(b2.incarnation(), b.incarnation());
+  auto hb = Beat(b2);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_TRUE(hb->has_assignment());
+  EXPECT_EQ((*shard)->Metrics().members, 2);
+  EXPECT_EQ(coord_.Get(job->id())->state(), v1::RUNNING);
+}
+
+TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
+  auto job = coord_.Submit(kSpec);
+  auto a = Register("a");
+  auto b = Register("b");
+  auto shard = *coord_.Shard(job->id());
+  TALLY_ASSERT_OK(shard->SetSchedule(1, 1));
+  v1::ReportResultRequest r;
+  r.set_worker_id(a.worker_id());
+  r.set_incarnation(a.incarnation());
+  r.set_job_id(job->id());
+  r.set_ok(true);
+  r.set_test_accuracy(0.9);
+  r.set_steps(0);
+  EXPECT_THAT(coord_.ReportResult(r),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("final weights")));
+  bool dup;
+  std::vector<float> g(shard->num_params(), 0.1f);
+  for (const auto& w : {a, b}) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.samples = 1;
+    TALLY_ASSERT_OK(shard->Commit(m, g.data(), &dup));
+  }
+  r.set_steps(1);
+  TALLY_ASSERT_OK(coord_.ReportResult(r));
+  auto done = coord_.Get(job->id());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED);
+  EXPECT_DOUBLE_EQ(done->metrics().test_accuracy(), 0.9);
+  // Both workers are idle again.
+  EXPECT_FALSE(Beat(a)->has_assignment());
+  EXPECT_FALSE(Beat(b)->has_assignment());
+}
+
+TEST_F(CoordinatorTest, WorkerFailureFailsTheJobAndCancelReleasesWorkers) {
+  auto j1 = coord_.Submit(kSpec);
+  auto j2 = coord_.Submit(kSpec);
+  auto a = Register("a");
+  auto b = Register("b");
+  EXPECT_EQ(coord_.Get(j2->id())->state(), v1::PENDING);  // queued behind j1
+  v1::ReportResultRequest r;
+  r.set_worker_id(a.worker_id());
+  r.set_incarnation(a.incarnation());
+  r.set_job_id(j1->id());
+  r.set_ok(false);
+  r.set_message("dataset not found");
+  TALLY_ASSERT_OK(coord_.ReportResult(r));
+  auto failed = coord_.Get(j1->id());
+  EXPECT_EQ(failed->state(), v1::FAILED);
+  EXPECT_THAT(failed->message(), HasSubstr("dataset not found"));
+  EXPECT_EQ(coord_.Get(j2->id())->state(), v1::RUNNING);  // took the freed workers
+  auto cancelled = coord_.Cancel(j2->id());
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_THAT(coord_.Cancel(j2->id()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already ended")));
+  EXPECT_FALSE(Beat(a)->has_assignment());
+}
+
+TEST_F(CoordinatorTest, StaleIncarnationMustRegisterAgain) {
+  auto a = Register("a");
+  v1::HeartbeatRequest r;
+  r.set_worker_id(a.worker_id());
+  r.set_incarnation(a.incarnation() + 100);
+  EXPECT_THAT(coord_.Heartbeat(r),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale incarnation")));
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,287 @@
+// The gRPC surface of tally-server, in process over a real socket: every
+// kind of bad input gets its specific status and the server keeps serving.
+#include "server/service.h"
+
+#include <cmath>
+#include <limits>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/grpc_status.h"
+#include "common/io/safetensors.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] = R"(
+name: tiny
+model: {layers: [{linear: {in_features: 4, out_features: 2}}]}
+dataset: {name: synthetic, features: 4, classes: 2}
+training: {workers: 1}
+optimizer: {type: sgd, lr: 1.0}
+)";
+constexpr int kParams = 10;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions o;
+    o.lease_timeout = absl::Seconds(30);
+    auto s = TallyServer::Start("127.0.0.1:0", o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 << 20);
+    channel_ = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                         grpc::InsecureChannelCredentials(), args);
+    jobs_ = v1::JobService::NewStub(channel_);
+    workers_ = v1::WorkerService::NewStub(channel_);
+    params_ = v1::ParameterService::NewStub(channel_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx() {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return c;
+  }
+
+  // Submits kSpec and registers one worker, so the job is RUNNING.
+  void StartJob() {
+    v1::SubmitJobRequest req;
+    req.set_spec(kSpec);
+    v1::SubmitJobResponse resp;
+    ASSERT_TRUE(jobs_->SubmitJob(Ctx().get(), req, &resp).ok());
+    job_ = resp.job().id();
+    v1::RegisterWorkerRequest reg;
+    reg.set_name("t");
+    ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &worker_).ok());
+    v1::Job j;
+    v1::GetJobRequest g;
+    g.set_job_id(job_);
+    ASSERT_TRUE(jobs_->GetJob(Ctx().get(), g, &j).ok());
+    ASSERT_EQ(j.state(), v1::RUNNING);
+  }
+
+  v1::PushRequest Header(int64_t step, int64_t samples = 4) {
+    v1::PushRequest m;
+    v1::PushHeader* h = m.mutable_header();
+    h->set_job_id(job_);
+    h->set_worker_id(worker_.worker_id());
+    h->set_incarnation(worker_.incarnation());
+    h->set_step(step);
+    h->set_base_version(step);
+    h->set_samples(samples);
+    return m;
+  }
+
+  static v1::TensorChunk Chunk(int64_t offset, std::vector<float> values) {
+    v1::TensorChunk c;
+    c.set_offset(offset);
+    c.set_count(static_cast<int64_t>(values.size()));
+    c.set_data(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+    return c;
+  }
+
+  // Sends `messages` as one push stream.
+  absl::StatusOr<v1::PushResponse> Push(std::vector<v1::PushRequest> messages) {
+    auto ctx = Ctx();
+    v1::PushResponse resp;
+    auto w = params_->PushGradients(ctx.get(), &resp);
+    for (auto& m : messages) {
+      if (!w->Write(m)) break;
+    }
+    w->WritesDone();
+    absl::Status s = FromGrpc(w->Finish());
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  std::vector<v1::PushRequest> FullPush(int64_t step, float value) {
+    std::vector<v1::PushRequest> msgs = {Header(step)};
+    *msgs[0].mutable_chunk() = Chunk(0, std::vector<float>(6, value));
+    v1::PushRequest rest;
+    *rest.mutable_chunk() = Chunk(6, std::vector<float>(4, value));
+    msgs.push_back(rest);
+    return msgs;
+  }
+
+  absl::StatusOr<std::pair<int64_t, std::vector<float>>> Pull(int64_t min_version,
+                                                              int64_t wait_ms = 2000) {
+    auto ctx = Ctx();
+    v1::PullRequest req;
+    req.set_job_id(job_);
+    req.set_worker_id(worker_.worker_id());
+    req.set_incarnation(worker_.incarnation());
+    req.set_min_version(min_version);
+    req.set_max_wait_ms(wait_ms);
+    req.set_chunk_elements(3);
+    auto r = params_->PullWeights(ctx.get(), req);
+    v1::PullResponse resp;
+    std::vector<float> w(kParams);
+    int64_t version = -1;
+    while (r->Read(&resp)) {
+      std::memcpy(w.data() + resp.chunk().offset(), resp.chunk().data().data(),
+                  resp.chunk().data().size());
+      version = resp.version();
+    }
+    absl::Status s = FromGrpc(r->Finish());
+    if (!s.ok()) return s;
+    return std::make_pair(version, w);
+  }
+
+  v1::Job Job() {
+    v1::Job j;
+    v1::GetJobRequest g;
+    g.set_job_id(job_);
+    EXPECT_TRUE(jobs_->GetJob(Ctx().get(), g, &j).ok());
+    return j;
+  }
+
+  std::unique_ptr<TallyServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::WorkerService::Stub> workers_;
+  std::unique_ptr<v1::ParameterService::Stub> params_;
+  std::string job_;
+  v1::RegisterWorkerResponse worker_;
+};
+
+TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
+  v1::SubmitJobRequest req;
+  req.set_spec("model: {layers: [bogus]}\ndataset: {name: synthetic}\n");
+  v1::SubmitJobResponse resp;
+  EXPECT_THAT(FromGrpc(jobs_->SubmitJob(Ctx().get(), req, &resp)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.layers[0]: unknown layer type 'bogus'")));
+  v1::GetJobRequest g;
+  g.set_job_id("job-42");
+  v1::Job j;
+  EXPECT_THAT(FromGrpc(jobs_->GetJob(Ctx().get(), g, &j)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
+  job_ = "job-42";
+  EXPECT_THAT(Push({Header(0)}), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
+  EXPECT_THAT(Pull(0), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
+}
+
+TEST_F(ServiceTest, ASyncStepOverTheWire) {
+  StartJob();
+  auto w0 = Pull(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  EXPECT_EQ(w0->first, 0);
+  auto pushed = Push(FullPush(0, 0.5f));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_FALSE(pushed->duplicate());
+  EXPECT_EQ(pushed->version(), 1);
+  auto w1 = Pull(1);
+  ASSERT_TRUE(w1.ok());
+  for (int i = 0; i < kParams; ++i) EXPECT_FLOAT_EQ(w1->second[i], w0->second[i] - 0.5f);
+  // The same push again: acknowledged, ignored.
+  auto again = Push(FullPush(0, 0.5f));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->duplicate());
+  EXPECT_EQ(Pull(1)->second, w1->second);
+  // Fetch gives the same weights under PyTorch names.
+  grpc::ClientContext ctx;
+  v1::FetchWeightsRequest f;
+  f.set_job_id(job_);
+  auto reader = jobs_->FetchWeights(&ctx, f);
+  v1::FileChunk chunk;
+  std::string bytes;
+  while (reader->Read(&chunk)) bytes += chunk.data();
+  ASSERT_TRUE(reader->Finish().ok());
+  auto tensors = DecodeSafetensors(bytes);
+  ASSERT_TRUE(tensors.ok());
+  EXPECT_EQ(tensors->at("0.weight").shape, (Shape{2, 4}));
+  EXPECT_FLOAT_EQ(tensors->at("0.bias").data[1], w1->second[9]);
+}
+
+TEST_F(ServiceTest, BadPushesGetSpecificStatusesAndChangeNothing) {
+  StartJob();
+  auto before = Pull(0);
+  ASSERT_TRUE(before.ok());
+  // No header.
+  v1::PushRequest no_header;
+  *no_header.mutable_chunk() = Chunk(0, {1});
+  EXPECT_THAT(Push({no_header}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header")));
+  // Empty stream.
+  EXPECT_THAT(Push({}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty push")));
+  // Offset outside the vector.
+  auto m = Header(0);
+  *m.mutable_chunk() = Chunk(8, {1, 1, 1});
+  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the 10-element")));
+  // Count and bytes disagree.
+  m = Header(0);
+  *m.mutable_chunk() = Chunk(0, {1, 1, 1});
+  m.mutable_chunk()->set_count(4);
+  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries 12 bytes")));
+  // Does not cover the whole vector.
+  m = Header(0);
+  *m.mutable_chunk() = Chunk(0, std::vector<float>(9, 1.0f));
+  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("covers 9 of 10")));
+  // Wrong step bookkeeping.
+  EXPECT_THAT(Push(FullPush(5, 1.0f)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not open yet")));
+  auto stale = FullPush(0, 1.0f);
+  stale[0].mutable_header()->set_incarnation(worker_.incarnation() + 9);
+  EXPECT_THAT(Push(stale), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale incarnation")));
+  // An oversized message is refused by gRPC itself.
+  m = Header(0);
+  *m.mutable_chunk() = Chunk(0, std::vector<float>(2 << 20, 1.0f));  // 8 MiB
+  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  // None of that moved the weights or the step.
+  auto after = Pull(0);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->first, 0);
+  EXPECT_EQ(after->second, before->second);
+  EXPECT_EQ(Job().metrics().rejected_pushes(), 0);
+}
+
+TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCountedAndTheStepGoesOn) {
+  StartJob();
+  auto before = Pull(0);
+  auto nan = FullPush(0, 1.0f);
+  std::vector<float> bad = {1, 1, std::numeric_limits<float>::quiet_NaN(), 1};
+  *nan[1].mutable_chunk() = Chunk(6, bad);
+  EXPECT_THAT(Push(nan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-finite gradient value (nan) at element 8")));
+  EXPECT_EQ(Job().metrics().rejected_pushes(), 1);
+  // The only member's step closed without its gradient: the weights stand.
+  auto after = Pull(1);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->second, before->second);
+  // Its step 0 is settled: a retry is acknowledged as a duplicate, ignored.
+  auto retry = Push(FullPush(0, 1.0f));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->duplicate());
+  EXPECT_EQ(Pull(1)->second, before->second);
+}
+
+TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {
+  StartJob();
+  EXPECT_THAT(Pull(3, 200), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("version 3")));
+  v1::Job j = Job();
+  EXPECT_EQ(j.state(), v1::RUNNING);
+  // Watching streams the state; cancelling the job ends the stream.
+  grpc::ClientContext ctx;
+  v1::WatchJobRequest w;
+  w.set_job_id(job_);
+  auto reader = jobs_->WatchJob(&ctx, w);
+  v1::Job seen;
+  ASSERT_TRUE(reader->Read(&seen));
+  EXPECT_EQ(seen.state(), v1::RUNNING);
+  v1::CancelJobRequest c;
+  c.set_job_id(job_);
+  v1::Job cancelled;
+  ASSERT_TRUE(jobs_->CancelJob(Ctx().get(), c, &cancelled).ok());
+  while (reader->Read(&seen)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(seen.state(), v1::CANCELLED);
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,167 @@
+// Aggregation and step-closing rules of a parameter shard.
+#include "server/shard.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class ShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    OptimizerConfig c;
+    c.lr = 1.0;  // plain SGD, lr 1: new weights = old - mean gradient
+    shard_ = std::make_unique<ParameterShard>(std::vector<float>{10, 20, 30},
+                                              *Optimizer::Create(c, 3), &clock_);
+    shard_->AddMember("a", 1);
+    shard_->AddMember("b", 1);
+  }
+  PushMeta Meta(const std::string& w, int64_t step, int64_t samples, int64_t inc = 1) {
+    PushMeta m;
+    m.worker_id = w;
+    m.incarnation = inc;
+    m.step = step;
+    m.base_version = step;
+    m.samples = samples;
+    m.loss_sum = samples * 0.5;
+    m.correct = samples / 2;
+    return m;
+  }
+  std::vector<float> Weights() {
+    int64_t v;
+    return *shard_->Snapshot(&v);
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<ParameterShard> shard_;
+};
+
+TEST_F(ShardTest, StepClosesWhenEveryMemberPushedWithASampleWeightedMean) {
+  bool dup = false;
+  std::vector<float> ga = {1, 1, 1}, gb = {4, 4, 4};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), ga.data(), &dup));
+  EXPECT_EQ(shard_->version(), 0);  // b still missing
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 3), gb.data(), &dup));
+  EXPECT_EQ(shard_->version(), 1);
+  // mean = (1*1 + 3*4) / 4 = 3.25
+  EXPECT_EQ(Weights(), (std::vector<float>{6.75f, 16.75f, 26.75f}));
+  ShardMetrics m = shard_->Metrics();
+  EXPECT_DOUBLE_EQ(m.loss, 0.5);
+  EXPECT_EQ(m.samples, 4);
+}
+
+TEST_F(ShardTest, DuplicatePushIsAcknowledgedAndCountedOnce) {
+  bool dup = false;
+  std::vector<float> g = {1, 1, 1};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 2), g.data(), &dup));
+  EXPECT_FALSE(dup);
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 2), g.data(), &dup));
+  EXPECT_TRUE(dup);
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 2), g.data(), &dup));
+  EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));  // mean 1, not 4/3
+  // A retry after the step closed is still a duplicate, not an error.
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 2), g.data(), &dup));
+  EXPECT_TRUE(dup);
+}
+
+TEST_F(ShardTest, ClosedFutureAndStaleStepsGetSpecificCodes) {
+  bool dup = false;
+  std::vector<float> g = {0, 0, 0};
+  EXPECT_THAT(shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not open yet")));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  shard_->AddMember("c", 5);
+  EXPECT_THAT(shard_->Commit(Meta("c", 0, 1, 5), g.data(), &dup),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("already closed")));
+  EXPECT_THAT(shard_->Commit(Meta("a", 1, 1, 7), g.data(), &dup),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale incarnation")));
+  EXPECT_THAT(shard_->Commit(Meta("zed", 1, 1), g.data(), &dup),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a member")));
+  PushMeta wrong_base = Meta("a", 1, 1);
+  wrong_base.base_version = 0;
+  EXPECT_THAT(shard_->Commit(wrong_base, g.data(), &dup),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("version 1")));
+}
+
+TEST_F(ShardTest, RemovingAMemberClosesTheStepWithoutIt) {
+  bool dup = false;
+  std::vector<float> g = {2, 2, 2};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  shard_->RemoveMember("b");  // b died mid-step
+  EXPECT_EQ(shard_->version(), 1);
+  EXPECT_EQ(Weights(), (std::vector<float>{8, 18, 28}));
+}
+
+TEST_F(ShardTest, AMemberJoiningAStartedStepIsRequiredFromTheNextOne) {
+  bool dup = false;
+  std::vector<float> g = {1, 1, 1};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  shard_->AddMember("c", 3);
+  EXPECT_THAT(shard_->Commit(Meta("c", 0, 1, 3), g.data(), &dup),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("joins at step 1")));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  EXPECT_EQ(shard_->version(), 1);  // closed without c
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 1, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 1, 1), g.data(), &dup));
+  EXPECT_EQ(shard_->version(), 1);  // now c is required
+  TALLY_ASSERT_OK(shard_->Commit(Meta("c", 1, 1, 3), g.data(), &dup));
+  EXPECT_EQ(shard_->version(), 2);
+}
+
+TEST_F(ShardTest, RejectedPushIsCountedAndTheStepDoesNotWaitForIt) {
+  bool dup = false;
+  std::vector<float> g = {1, 1, 1};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  shard_->Reject(Meta("b", 0, 1));  // e.g. it sent a NaN
+  EXPECT_EQ(shard_->version(), 1);
+  EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));  // only a's gradient
+  EXPECT_EQ(shard_->Metrics().rejected_pushes, 1);
+  shard_->Reject(Meta("zed", 0, 1));  // not even a member: counted only
+  EXPECT_EQ(shard_->Metrics().rejected_pushes, 2);
+}
+
+TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
+  TALLY_ASSERT_OK(shard_->SetSchedule(2, 1));
+  EXPECT_THAT(shard_->SetSchedule(3, 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("different datasets")));
+  bool dup = false;
+  std::vector<float> g = {1, 1, 1};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 0), nullptr, &dup));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 2), g.data(), &dup));
+  EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 1, 0), nullptr, &dup));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 1, 0), nullptr, &dup));
+  EXPECT_EQ(shard_->version(), 2);  // closed with nothing to apply
+  EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
+  EXPECT_THAT(shard_->Commit(Meta("a", 2, 1), g.data(), &dup),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("finished")));
+}
+
+TEST_F(ShardTest, WaitersAreReleasedByTheStepOrTheirDeadline) {
+  absl::Status first = absl::UnknownError("not called"), second = first;
+  shard_->WhenVersion(1, clock_.Now() + absl::Seconds(5), [&](absl::Status s) { first = s; });
+  shard_->WhenVersion(2, clock_.Now() + absl::Seconds(5), [&](absl::Status s) { second = s; });
+  bool dup;
+  std::vector<float> g = {1, 1, 1};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  TALLY_EXPECT_OK(first);
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnknown, ::testing::_));
+  clock_.Advance(absl::Seconds(6));
+  shard_->ExpireWaiters();
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("version 2")));
+  absl::Status now = absl::UnknownError("x");
+  shard_->WhenVersion(1, clock_.Now(), [&](absl::Status s) { now = s; });
+  TALLY_EXPECT_OK(now);  // already there: called at once
+}
+
+}  // namespace
+}  // namespace tally
