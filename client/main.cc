@@ -242,6 +242,7 @@ int main(int argc, char** argv) {
       google::protobuf::util::JsonPrintOptions o;
       o.add_whitespace = true;
       o.always_print_primitive_fields = true;
+      o.preserve_proto_field_names = true;
       (void)google::protobuf::util::MessageToJsonString(job, &json, o);
       std::printf("%s", json.c_str());
     } else {

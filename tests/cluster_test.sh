@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Multi-process tests of a real cluster on localhost: tally-server, tally-worker
+# daemons and the tally client as separate processes.
+#   cluster_test.sh BUILD_DIR CASE     CASE: train | kill | restart | cli
+set -euo pipefail
+build=$1
+case_name=$2
+bin_server=$build/server/tally-server
+bin_worker=$build/worker/tally-worker
+bin_tally=$build/client/tally
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$dir"/*.log; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
+  exit 1
+}
+
+# A free port, so parallel tests do not collide.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+addr=127.0.0.1:$port
+tally() { "$bin_tally" --server="$addr" "$@"; }
+
+start_server() {
+  "$bin_server" --listen=127.0.0.1 --port="$port" --lease_timeout_ms="${1:-3000}" > "$dir/server.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do tally health > /dev/null 2>&1 && return 0; sleep 0.05; done
+  fail "server did not come up"
+}
+start_worker() {  # name
+  "$bin_worker" --server="$addr" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$1=$!"
+}
+submit() {  # spec -> prints the job id
+  local out
+  out=$(tally submit "$1") || fail "submit $1: $out"
+  echo "${out%%$'\n'*}"
+}
+job_field() {  # job field
+  tally status "$1" --json | python3 -c "import json,sys; j=json.load(sys.stdin); print(eval('j' + sys.argv[1]))" "$2"
+}
+wait_state() {  # job state timeout_s
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    [[ $(job_field "$1" "['state']") == "$2" ]] && return 0
+    sleep 0.2
+  done
+  fail "$1 did not reach $2 within $3 s (state $(job_field "$1" "['state']"))"
+}
+wait_step() {  # job min_step timeout_s
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    (( $(job_field "$1" "['metrics']['step']") >= $2 )) && return 0
+    sleep 0.1
+  done
+  fail "$1 did not reach step $2"
+}
+long_job() {
+  cat > "$dir/long.yaml" <<'YAML'
+name: long-synthetic
+model:
+  layers:
+    - linear: {in_features: 32, out_features: 64}
+    - relu
+    - linear: {in_features: 64, out_features: 4}
+dataset: {name: synthetic, train_size: 16384, test_size: 1024, features: 32, classes: 4, seed: 2}
+training: {epochs: 12, batch_size: 64, seed: 3, workers: 2}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+YAML
+  echo "$dir/long.yaml"
+}
+
+case $case_name in
+  train)
+    start_server
+    start_worker w1
+    start_worker w2
+    out=$(tally submit examples/synthetic-2workers.yaml --wait) || fail "job did not succeed: $out"
+    id=${out%%$'\n'*}
+    [[ $id == job-1 ]] || fail "first line should be the job id, got '$id'"
+    acc=$(job_field "$id" "['metrics']['test_accuracy']")
+    python3 -c "import sys; sys.exit(0 if $acc > 0.80 else 1)" || fail "test accuracy $acc <= 0.80"
+    [[ $(job_field "$id" "['metrics']['step']") == 320 ]] || fail "expected 320 steps"
+    tally fetch "$id" --output="$dir/w.safetensors" > /dev/null || fail "fetch"
+    [[ -s $dir/w.safetensors ]] || fail "empty weights"
+    echo "train: test accuracy $acc"
+    ;;
+  kill)
+    # One of two workers dies mid-job (SIGKILL): its lease expires, the open
+    # step closes without it, and the job still finishes.
+    start_server 1000
+    start_worker w1
+    start_worker w2
+    id=$(submit "$(long_job)")
+    wait_step "$id" 100 60
+    kill -9 "$pid_w2"
+    killed_at=$SECONDS
+    step_at_kill=$(job_field "$id" "['metrics']['step']")
+    # Within a lease (1 s) plus a tick the job moves on with one worker.
+    wait_step "$id" $((step_at_kill + 20)) 10
+    (( SECONDS - killed_at <= 5 )) || fail "steps stalled after the kill"
+    wait_state "$id" SUCCEEDED 120
+    echo "kill: finished after losing a worker at step $step_at_kill"
+    ;;
+  restart)
+    # A worker killed mid-job and started again re-registers (a new
+    # incarnation) and rejoins the same job at a later step.
+    start_server 1000
+    start_worker w1
+    start_worker w2
+    id=$(submit "$(long_job)")
+    wait_step "$id" 100 60
+    kill -9 "$pid_w2"
+    sleep 1.5
+    start_worker w2b
+    for _ in $(seq 100); do grep -q "assigned $id" "$dir/w2b.log" && break; sleep 0.1; done
+    grep -q "assigned $id" "$dir/w2b.log" || fail "the restarted worker was not reassigned"
+    for _ in $(seq 100); do [[ $(job_field "$id" "['metrics']['workers']") == 2 ]] && break; sleep 0.1; done
+    [[ $(job_field "$id" "['metrics']['workers']") == 2 ]] || fail "the job did not get its second worker back"
+    wait_state "$id" SUCCEEDED 120
+    grep -q "finished at step" "$dir/w2b.log" || fail "the restarted worker did not train to the end"
+    echo "restart: the new worker rejoined and finished"
+    ;;
+  cli)
+    # Unreachable server: exit code 3 and a clear message.
+    set +e
+    msg=$(tally --timeout_s=2 list 2>&1); code=$?
+    set -e
+    [[ $code == 3 && $msg == *"cannot reach tally-server"* ]] || fail "unreachable: code $code, '$msg'"
+    start_server
+    set +e
+    msg=$(tally status job-77 2>&1); code=$?
+    [[ $code == 1 && $msg == *"no job 'job-77'"* ]] || fail "unknown job: code $code, '$msg'"
+    printf 'model: {preset: mlp}\ndataset: {name: fashion-mnist}\ntraining: {batch_size: -1}\n' > "$dir/bad.yaml"
+    msg=$(tally submit "$dir/bad.yaml" 2>&1); code=$?
+    [[ $code == 1 && $msg == *"training.batch_size"* ]] || fail "bad spec: code $code, '$msg'"
+    msg=$(tally submit 2>&1); code=$?
+    [[ $code == 2 ]] || fail "usage: code $code"
+    msg=$(tally cancel job-77 2>&1); code=$?
+    [[ $code == 1 ]] || fail "cancel unknown: code $code"
+    set -e
+    id=$(submit examples/synthetic-2workers.yaml)
+    [[ $(job_field "$id" "['state']") == PENDING ]] || fail "no workers: should be PENDING"
+    tally cancel "$id" > /dev/null
+    [[ $(job_field "$id" "['state']") == CANCELLED ]] || fail "not cancelled"
+    tally list | grep -q "$id" || fail "list"
+    echo "cli: ok"
+    ;;
+  *) echo "unknown case $case_name" >&2; exit 2 ;;
+esac

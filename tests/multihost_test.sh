@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Multi-host test: tally-server and two tally-worker daemons, each on its own
+# network host (a Linux network namespace with its own address, joined by
+# veth pairs to a bridge in a fourth namespace), train a job to completion;
+# the client runs on the server's host. The topology is docker-compose.yml's.
+# Skips (77) where namespaces cannot be made (not root, no iproute2).
+#   multihost_test.sh BUILD_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+tag=t$$
+hub=tally-hub-$tag
+hosts=(tally-srv-$tag tally-w1-$tag tally-w2-$tag)
+addrs=(10.231.0.1 10.231.0.2 10.231.0.3)
+
+if [[ $(id -u) != 0 ]] || ! command -v ip > /dev/null; then
+  echo "SKIP: multi-host test needs root and iproute2 (ip netns)"
+  exit 77
+fi
+if ! ip netns add "$hub" 2> /dev/null; then
+  echo "SKIP: cannot create network namespaces here"
+  exit 77
+fi
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null || true; done
+  wait 2> /dev/null || true
+  for h in "${hosts[@]}" "$hub"; do ip netns del "$h" 2> /dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$dir"/*.log; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
+  exit 1
+}
+
+ip -n "$hub" link add br0 type bridge
+ip -n "$hub" link set br0 up
+for i in 0 1 2; do
+  h=${hosts[$i]}
+  ip netns add "$h"
+  ip link add "veth$i-$tag" type veth peer name "eth0-$tag-$i"
+  ip link set "veth$i-$tag" netns "$hub"
+  ip link set "eth0-$tag-$i" netns "$h"
+  ip -n "$hub" link set "veth$i-$tag" master br0 up
+  ip -n "$h" link set "eth0-$tag-$i" name eth0
+  ip -n "$h" addr add "${addrs[$i]}/24" dev eth0
+  ip -n "$h" link set eth0 up
+  ip -n "$h" link set lo up
+done
+
+server=${addrs[0]}:7070
+ip netns exec "${hosts[0]}" "$build/server/tally-server" --port=7070 --lease_timeout_ms=2000 \
+  > "$dir/server.log" 2>&1 &
+pids+=($!)
+for i in 1 2; do
+  ip netns exec "${hosts[$i]}" "$build/worker/tally-worker" --server="$server" --devices=cpu:1 \
+    --name="host$i" --health_port=7071 > "$dir/worker$i.log" 2>&1 &
+  pids+=($!)
+done
+on_server() { ip netns exec "${hosts[0]}" "$build/client/tally" --server="$server" "$@"; }
+for _ in $(seq 100); do on_server health > /dev/null 2>&1 && break; sleep 0.1; done
+# A worker host reaches the server across the bridge.
+ip netns exec "${hosts[1]}" "$build/client/tally" --server="$server" health > /dev/null ||
+  fail "the server is unreachable from a worker host"
+# Each worker's own health endpoint answers across the network too.
+for _ in $(seq 100); do
+  ip netns exec "${hosts[0]}" "$build/client/tally" --server="${addrs[1]}:7071" health > /dev/null 2>&1 && break
+  sleep 0.1
+done
+ip netns exec "${hosts[0]}" "$build/client/tally" --server="${addrs[1]}:7071" health > /dev/null ||
+  fail "worker health endpoint unreachable"
+
+out=$(on_server submit examples/synthetic-2workers.yaml --wait) || fail "job did not succeed: $out"
+id=${out%%$'\n'*}
+grep -q "assigned $id" "$dir/worker1.log" || fail "host1 took no part"
+grep -q "assigned $id" "$dir/worker2.log" || fail "host2 took no part"
+echo "$out" | tail -n 2
+echo "multihost: server ${addrs[0]}, workers ${addrs[1]} and ${addrs[2]}: ok"
