@@ -10,11 +10,12 @@ PACKAGES=(
   libopenblas-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev
   dataset-fashion-mnist
   python3 python3-numpy
+  docker-compose iproute2   # compose-file validation, multi-host tests
 )
-# Optional extras: `--with-torch` brings PyTorch for golden-value generation and
-# benchmarks; neither the build nor the tests need it.
+# `--with-torch` adds PyTorch (the interop test, golden values, benchmarks)
+# and iperf3 (the network benchmark's reference).
 if [[ "${1:-}" == "--with-torch" ]]; then
-  PACKAGES+=(python3-torch)
+  PACKAGES+=(python3-torch iperf3)
 fi
 
 missing=()
