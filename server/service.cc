@@ -81,7 +81,10 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     StartRead(&req_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (shard_ != nullptr) shard_->ReleaseStaging(std::move(staging_));
+    delete this;
+  }
 
  private:
   absl::Status Consume() {
@@ -118,7 +121,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
         Finish(grpc::Status::OK);
         return absl::OkStatus();
       }
-      if (meta_.samples > 0) staging_.resize(shard_->num_params());
+      if (meta_.samples > 0) staging_ = shard_->AcquireStaging();
     } else if (req_.has_header()) {
       return absl::InvalidArgumentError("only the first push message may carry a header");
     }
@@ -136,7 +139,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
           c.data().size(), " bytes (want ", 4 * c.count(), ")"));
     }
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
-    float* dst = staging_.data() + c.offset();
+    float* dst = staging_->data() + c.offset();
     std::memcpy(dst, c.data().data(), c.data().size());
     if (int64_t bad = FirstNonFinite(dst, c.count()); bad >= 0) {
       shard_->Reject(meta_);
@@ -160,7 +163,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
       return;
     }
     bool duplicate = false;
-    absl::Status s = shard_->Commit(meta_, meta_.samples > 0 ? staging_.data() : nullptr,
+    absl::Status s = shard_->Commit(meta_, meta_.samples > 0 ? staging_->data() : nullptr,
                                     &duplicate);
     resp_->set_duplicate(duplicate);
     resp_->set_version(shard_->version());
@@ -174,7 +177,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   bool done_early_ = false;
   PushMeta meta_;
   std::shared_ptr<ParameterShard> shard_;
-  std::vector<float> staging_;
+  std::unique_ptr<std::vector<float>> staging_;  // from the shard's pool
   Coverage coverage_;
 };
 
@@ -520,6 +523,14 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   builder.RegisterService(s->workers_.get());
   builder.RegisterService(s->params_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // Weights and gradients are megabytes per step: large HTTP/2 frames and a
+  // large flow-control window keep the link busy (the defaults, 16 KiB frames
+  // and a 64 KiB initial window, cap loopback at a fraction of TCP's speed).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
+  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, kTcpReadChunkBytes);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kTcpReadChunkBytes);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kHttp2FrameBytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));

@@ -186,7 +186,20 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
   if (step_samples_ > 0) {
     ScaleInto(mean_.data(), sum_.data(), 1.0f / step_samples_, num_params_);
     optimizer_->Step(weights_.data(), mean_.data());
-    snapshot_ = std::make_shared<const std::vector<float>>(weights_);
+    // Publish the new weights in a snapshot buffer no reader holds.
+    std::shared_ptr<std::vector<float>> fresh;
+    for (auto& s : snapshot_pool_) {
+      if (s.use_count() == 1) {
+        fresh = s;
+        break;
+      }
+    }
+    if (fresh == nullptr) {
+      fresh = std::make_shared<std::vector<float>>(num_params_);
+      if (snapshot_pool_.size() < 4) snapshot_pool_.push_back(fresh);
+    }
+    std::copy(weights_.begin(), weights_.end(), fresh->begin());
+    snapshot_ = fresh;
     last_loss_ = step_loss_ / step_samples_;
     last_accuracy_ = static_cast<double>(step_correct_) / step_samples_;
   }
@@ -215,6 +228,24 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
 
 void ParameterShard::RunReady(Ready& ready) {
   for (auto& [fn, status] : ready) fn(status);
+}
+
+std::unique_ptr<std::vector<float>> ParameterShard::AcquireStaging() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!staging_pool_.empty()) {
+      auto b = std::move(staging_pool_.back());
+      staging_pool_.pop_back();
+      return b;
+    }
+  }
+  return std::make_unique<std::vector<float>>(num_params_);
+}
+
+void ParameterShard::ReleaseStaging(std::unique_ptr<std::vector<float>> buffer) {
+  if (buffer == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  if (staging_pool_.size() < 8) staging_pool_.push_back(std::move(buffer));
 }
 
 int64_t ParameterShard::version() const {

@@ -94,6 +94,11 @@ class ParameterShard {
   std::shared_ptr<const std::vector<float>> Snapshot(int64_t* version) const;
   ShardMetrics Metrics() const;
 
+  // Staging buffers of num_params() floats for pushes in flight, recycled:
+  // allocating megabytes per push costs page faults on every step.
+  std::unique_ptr<std::vector<float>> AcquireStaging();
+  void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
+
   // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
   // `deadline` (checked by ExpireWaiters), or `done(kCancelled)` on Cancel.
   void WhenVersion(int64_t v, absl::Time deadline,
@@ -129,6 +134,9 @@ class ParameterShard {
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const std::vector<float>> snapshot_ ABSL_GUARDED_BY(mu_);
+  // Earlier snapshots, reused once no pull holds them any more.
+  std::vector<std::shared_ptr<std::vector<float>>> snapshot_pool_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<std::vector<float>>> staging_pool_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;

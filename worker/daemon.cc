@@ -45,6 +45,58 @@ Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
   return s;
 }
 
+// Runs one posted task at a time on a persistent thread, so that the pull of
+// step t + 1 can be in flight while step t's gradient is pushed.
+class Background {
+ public:
+  Background() : thread_([this] { Loop(); }) {}
+  ~Background() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  void Post(std::function<void()> task) {
+    absl::MutexLock lock(&mu_);
+    task_ = std::move(task);
+    busy_ = true;
+  }
+  // Waits (bounded) for the posted task; false on timeout.
+  bool Wait(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
+    return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::function<void()> task;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || task_ != nullptr;
+        };
+        while (!mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1))) {
+        }
+        if (stop_) return;
+        task = std::move(task_);
+        task_ = nullptr;
+      }
+      task();
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
+    }
+  }
+
+  absl::Mutex mu_;
+  std::function<void()> task_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 class WorkerDaemon::Impl {
@@ -54,6 +106,12 @@ class WorkerDaemon::Impl {
     args.SetMaxReceiveMessageSize(8 * 1024 * 1024);
     // Reconnect quickly once the server is back.
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    // Bulk tensor traffic: big frames, big window (see server/service.cc).
+    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 * 1024 * 1024);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 * 1024 * 1024);
+    args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 1024 * 1024);
+    args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 1024 * 1024);
+    args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 * 1024 * 1024);
     channel_ = grpc::CreateCustomChannel(o.server, grpc::InsecureChannelCredentials(), args);
     workers_ = v1::WorkerService::NewStub(channel_);
     params_ = v1::ParameterService::NewStub(channel_);
@@ -206,9 +264,9 @@ class WorkerDaemon::Impl {
   // ---- parameters ----
 
   // Pulls version >= min_version into `params`; returns its version.
-  absl::StatusOr<int64_t> Pull(const std::string& job_id, const Lease& lease,
-                               int64_t min_version, const Schedule& sched,
-                               float* params, int64_t num_params) {
+  absl::StatusOr<int64_t> Pull(grpc::ClientContext* ctx, const std::string& job_id,
+                               const Lease& lease, int64_t min_version,
+                               const Schedule& sched, float* params, int64_t num_params) {
     v1::PullRequest req;
     req.set_job_id(job_id);
     req.set_worker_id(lease.worker_id);
@@ -217,8 +275,7 @@ class WorkerDaemon::Impl {
     req.set_max_wait_ms(5000);
     req.set_total_steps(sched.total_steps);
     req.set_steps_per_epoch(sched.steps_per_epoch);
-    auto ctx = Context(absl::Seconds(5) + options_.rpc_timeout);
-    auto reader = params_->PullWeights(ctx.get(), req);
+    auto reader = params_->PullWeights(ctx, req);
     v1::PullResponse resp;
     int64_t version = -1, received = 0;
     while (reader->Read(&resp)) {
@@ -342,11 +399,46 @@ class WorkerDaemon::Impl {
     absl::Duration backoff = absl::Milliseconds(100);
     absl::Time last_log = absl::Now();
     int64_t version = 0;
+    // The pull of the next version is posted before the push of the current
+    // step, so it is already waiting on the server when the step closes.
+    Background puller;
+    std::unique_ptr<grpc::ClientContext> pull_ctx;
+    absl::StatusOr<int64_t> prefetched = absl::UnknownError("none");
+    bool have_prefetch = false;
+    auto post_pull = [&](int64_t min_version) {
+      pull_ctx = Context(absl::Seconds(5) + options_.rpc_timeout);
+      grpc::ClientContext* ctx = pull_ctx.get();
+      puller.Post([this, ctx, &a, &lease, min_version, &sched, &e, n, &prefetched] {
+        prefetched = Pull(ctx, a.job_id(), lease, min_version, sched, e.params(), n);
+      });
+      have_prefetch = true;
+    };
+    auto finish_pull = [&]() -> absl::StatusOr<int64_t> {
+      have_prefetch = false;
+      if (!puller.Wait(options_.rpc_timeout + absl::Seconds(10))) {
+        pull_ctx->TryCancel();
+        puller.Wait(absl::Minutes(1));
+        return absl::DeadlineExceededError("pull did not finish");
+      }
+      return prefetched;
+    };
+    auto cancel_pull = [&] {
+      if (!have_prefetch) return;
+      pull_ctx->TryCancel();
+      puller.Wait(absl::Minutes(1));
+      have_prefetch = false;
+    };
     while (true) {
       if (!StillAssigned(a.job_id(), lease.incarnation)) {
+        cancel_pull();
         return absl::AbortedError("no longer assigned to this job");
       }
-      auto pulled = Pull(a.job_id(), lease, next, sched, e.params(), n);
+      if (!have_prefetch) post_pull(next);
+      absl::StatusOr<int64_t> pulled = finish_pull();
+      if (pulled.ok() && *pulled < next) {
+        post_pull(next);  // a prefetch for an earlier version: ask again
+        pulled = finish_pull();
+      }
       if (!pulled.ok()) {
         const absl::Status& s = pulled.status();
         if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) {
@@ -389,18 +481,23 @@ class WorkerDaemon::Impl {
         st = *r;
         loader_next = index + 1 < rank_batches ? step + 1 : (epoch + 1) * sched.steps_per_epoch;
       }
+      // The weights were consumed by the step: the next pull may land.
+      post_pull(step + 1);
       absl::Status s = Push(a.job_id(), lease, step, st, e.grads(), n);
       if (s.ok() || absl::IsAborted(s) || absl::IsInvalidArgument(s) ||
           (absl::IsFailedPrecondition(s) && absl::StrContains(s.message(), "joins at"))) {
         if (!s.ok()) Log(absl::StrCat("step ", step, ": ", s.message()));
         next = step + 1;
       } else if (absl::IsOutOfRange(s)) {
+        cancel_pull();
         next = sched.total_steps;
       } else if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
         Log(absl::StrCat("step ", step, ": push failed (", s.message(), "); retrying"));
+        cancel_pull();
         SleepUnlessStopped(backoff);
         next = step;  // pull again; a closed step will move us on
       } else {
+        cancel_pull();
         return s;
       }
       if (absl::Now() - last_log > absl::Seconds(5)) {
