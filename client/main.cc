@@ -69,10 +69,6 @@ int Report(const grpc::Status& s) {
   return 1;
 }
 
-bool Terminal(tally::v1::JobState s) {
-  return s == tally::v1::SUCCEEDED || s == tally::v1::FAILED || s == tally::v1::CANCELLED;
-}
-
 std::string StateName(tally::v1::JobState s) { return tally::v1::JobState_Name(s); }
 
 std::string Line(const Job& j) {

@@ -61,6 +61,8 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
     out->set_accuracy(m.accuracy);
     out->set_samples_per_sec(Terminal(job.proto.state()) ? 0.0 : m.samples_per_sec);
     out->set_samples(m.samples);
+    out->set_train_seconds(m.train_seconds);
+    out->set_mean_samples_per_sec(m.train_seconds > 0 ? m.samples / m.train_seconds : 0.0);
     out->set_rejected_pushes(m.rejected_pushes);
     out->set_workers(Terminal(job.proto.state()) ? 0 : m.members);
   }

@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/malloc_tuning.h"
 #include "server/service.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0", "Address to listen on");
@@ -23,6 +24,7 @@ void OnSignal(int sig) { g_signal = sig; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::TuneMallocForBulkTransfers();
   absl::SetProgramUsageMessage("Tally parameter server and coordinator.");
   absl::ParseCommandLine(argc, argv);
   tally::CoordinatorOptions options;

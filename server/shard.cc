@@ -72,6 +72,7 @@ absl::Status ParameterShard::SetSchedule(int64_t total_steps,
   if (total_steps_ == 0) {
     total_steps_ = total_steps;
     steps_per_epoch_ = steps_per_epoch;
+    started_ = clock_->Now();
     return absl::OkStatus();
   }
   if (total_steps_ != total_steps || steps_per_epoch_ != steps_per_epoch) {
@@ -216,6 +217,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
   step_loss_ = 0.0;
   step_correct_ = 0;
   ++version_;
+  if (version_ == total_steps_) finished_ = now;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->version <= version_) {
       ready->emplace_back(std::move(it->done), absl::OkStatus());
@@ -271,6 +273,10 @@ ShardMetrics ParameterShard::Metrics() const {
   m.samples = samples_total_;
   m.rejected_pushes = rejected_;
   m.members = static_cast<int>(members_.size());
+  if (started_ != absl::InfinitePast()) {
+    const absl::Time end = finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
+    m.train_seconds = absl::ToDoubleSeconds(end - started_);
+  }
   if (closes_.size() >= 2) {
     const double dt = absl::ToDoubleSeconds(closes_.back().first - closes_.front().first);
     if (dt > 0) {

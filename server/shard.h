@@ -51,6 +51,7 @@ struct ShardMetrics {
   int64_t samples = 0;
   int64_t rejected_pushes = 0;
   int members = 0;
+  double train_seconds = 0.0;  // first schedule (pull) to last close, or now
 };
 
 class ParameterShard {
@@ -140,6 +141,8 @@ class ParameterShard {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time finished_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
   // Aggregation of the open step.
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);

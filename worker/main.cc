@@ -24,6 +24,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include "common/device.h"
 #include "common/io/safetensors.h"
+#include "common/malloc_tuning.h"
 #include "common/spec/job_spec.h"
 #include "worker/daemon.h"
 #include "worker/health.h"
@@ -131,6 +132,7 @@ int RunDaemon() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::TuneMallocForBulkTransfers();
   absl::SetProgramUsageMessage(
       "Tally worker.\n  tally-worker --standalone --job=FILE "
       "[--devices=cpu:1] [--output=PATH] [--summary_json=PATH]");

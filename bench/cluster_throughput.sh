@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Local-cluster throughput against PyTorch DDP, side by side in one run.
+#
+# Tally: tally-server and two tally-worker daemons (cpu:1 each) on localhost
+# train the MLP and the CNN example for one epoch (batch 64 per worker, SGD
+# lr 0.02 momentum 0.9); the figure is the job's mean samples/s over its
+# training (first pull to last step). PyTorch: DistributedDataParallel with
+# gloo, two processes of one thread, the same model, batch, optimizer and
+# data (bench/pytorch_ddp.py). Medians of REPEATS (default 3) alternating runs.
+#   bench/cluster_throughput.sh [REPEATS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repeats=${1:-3}
+B=build
+PY=/usr/bin/python3
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+port=7391
+
+tally_run() {  # spec -> samples/s and test accuracy
+  port=$((port + 1))
+  $B/server/tally-server --listen=127.0.0.1 --port=$port > "$tmp/server.log" 2>&1 &
+  local sp=$!
+  for _ in $(seq 100); do $B/client/tally --server=127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.05; done
+  local w=()
+  for i in 1 2; do
+    $B/worker/tally-worker --server=127.0.0.1:$port --devices=cpu:1 --quiet --health_port=-1 \
+      > "$tmp/w$i.log" 2>&1 &
+    w+=($!)
+  done
+  pids=("$sp" "${w[@]}")
+  local out id
+  out=$($B/client/tally --server=127.0.0.1:$port submit "$1" --wait) || { echo "job failed: $out" >&2; exit 1; }
+  id=${out%%$'\n'*}
+  $B/client/tally --server=127.0.0.1:$port status "$id" --json |
+    $PY -c "import json,sys; m=json.load(sys.stdin)['metrics']; print(m['mean_samples_per_sec'], m['test_accuracy'])"
+  kill "$sp" "${w[@]}"; wait 2>/dev/null || true
+  pids=()
+}
+
+printf "%-5s %14s %14s %8s %10s %10s\n" model tally_sps ddp_sps ratio tally_acc ddp_acc
+for model in mlp cnn; do
+  sed -e 's/epochs: 2/epochs: 1/' "examples/fashion-mnist-$model.yaml" > "$tmp/$model.yaml"
+  : > "$tmp/t"; : > "$tmp/d"
+  for ((i = 0; i < repeats; i++)); do
+    read -r sps acc < <(tally_run "$tmp/$model.yaml")
+    echo "$sps" >> "$tmp/t"; tacc=$acc
+    (cd bench && $PY pytorch_ddp.py --model "$model" --procs 2 --port $((29500 + i))) > "$tmp/d.json"
+    $PY -c "import json; print(json.load(open('$tmp/d.json'))['samples_per_sec'])" >> "$tmp/d"
+    dacc=$($PY -c "import json; print(json.load(open('$tmp/d.json'))['test_accuracy'])")
+  done
+  t=$(median < "$tmp/t"); d=$(median < "$tmp/d")
+  printf "%-5s %14.0f %14.0f %8.2f %10.4f %10.4f\n" "$model" "$t" "$d" \
+    "$(awk -v a="$t" -v b="$d" 'BEGIN {print a / b}')" "$tacc" "$dacc"
+done

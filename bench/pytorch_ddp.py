@@ -1,0 +1,72 @@
+#!/usr/bin/python3
+"""Reference: PyTorch DistributedDataParallel (gloo), N processes on this
+machine, one thread each, batch 64 per process, SGD(lr 0.02, momentum 0.9),
+one epoch of normalised Fashion-MNIST split across the processes. Prints a
+JSON summary with the training loop's samples/s (all processes together).
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from pytorch_train import load_idx, model_for, normalize
+
+
+def run(rank, args, port, queue):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=args.procs)
+    root = args.root
+    xtr = normalize(load_idx(f"{root}/train-images-idx3-ubyte.gz", 0x803))
+    ytr = load_idx(f"{root}/train-labels-idx1-ubyte.gz", 0x801)
+    torch.manual_seed(args.seed)
+    model = nn.parallel.DistributedDataParallel(model_for(args.model))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    g = torch.Generator()
+    g.manual_seed(args.seed)
+    perm = torch.randperm(xtr.shape[0], generator=g)[rank::args.procs]
+    dist.barrier()
+    start = time.perf_counter()
+    for b in range(0, perm.shape[0], args.batch_size):
+        idx = perm[b:b + args.batch_size]
+        opt.zero_grad()
+        loss = loss_fn(model(xtr[idx]), ytr[idx])
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        xte = normalize(load_idx(f"{root}/t10k-images-idx3-ubyte.gz", 0x803))
+        yte = load_idx(f"{root}/t10k-labels-idx1-ubyte.gz", 0x801)
+        with torch.no_grad():
+            acc = (model(xte).argmax(1) == yte).float().mean().item()
+        queue.put({"samples_per_sec": xtr.shape[0] / elapsed, "train_seconds": elapsed,
+                   "test_accuracy": acc})
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["mlp", "cnn"], required=True)
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--batch_size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.02)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--port", type=int, default=29533)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.spawn(run, args=(args, args.port, queue), nprocs=args.procs, join=True)
+    print(json.dumps(queue.get()))
+
+
+if __name__ == "__main__":
+    main()

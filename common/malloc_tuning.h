@@ -1,0 +1,26 @@
+// Process-wide allocator settings for programs that move megabytes per step.
+//
+// gRPC allocates a buffer per message; glibc serves buffers over its mmap
+// threshold with fresh mappings and returns freed memory to the kernel, so
+// every 1 MiB tensor chunk costs page faults on each step. Raising the
+// thresholds keeps that memory in the heap for reuse (measured: push+pull of
+// a 67 MB model on loopback went from 0.59 to 0.86 GB/s). Call once at the
+// start of main(), before any threads.
+#ifndef TALLY_COMMON_MALLOC_TUNING_H_
+#define TALLY_COMMON_MALLOC_TUNING_H_
+
+#include <malloc.h>
+
+namespace tally {
+
+inline void TuneMallocForBulkTransfers() {
+#ifdef M_MMAP_THRESHOLD
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 << 20);
+#endif
+}
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_MALLOC_TUNING_H_
