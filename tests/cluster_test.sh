@@ -71,7 +71,7 @@ model:
     - relu
     - linear: {in_features: 64, out_features: 4}
 dataset: {name: synthetic, train_size: 16384, test_size: 1024, features: 32, classes: 4, seed: 2}
-training: {epochs: 12, batch_size: 64, seed: 3, workers: 2}
+training: {epochs: 40, batch_size: 64, seed: 3, workers: 2}
 optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
 YAML
   echo "$dir/long.yaml"
