@@ -2,6 +2,7 @@
 """Loads Tally's exported weights into PyTorch and compares test accuracy.
 
 usage: check_pytorch_load.py mlp|cnn WEIGHTS.safetensors SUMMARY.json
+(SUMMARY: tally-worker's --summary_json, or `tally status JOB --json`)
 Reads the safetensors file by hand (Debian has no safetensors package), the
 way safetensors.torch.load_file would, then load_state_dict(strict=True).
 """
@@ -41,7 +42,9 @@ def main():
     y = load_idx(f"{root}/t10k-labels-idx1-ubyte.gz", 0x801)
     with torch.no_grad():
         acc = (model(x).argmax(1) == y).float().mean().item()
-    want = json.load(open(summary))["test_accuracy"]
+    doc = json.load(open(summary))
+    # A tally-worker --summary_json file, or `tally status --json` output.
+    want = doc["test_accuracy"] if "test_accuracy" in doc else doc["metrics"]["test_accuracy"]
     print(f"{kind}: PyTorch accuracy {acc:.4f}, Tally reported {want:.4f}")
     if abs(acc - want) > 0.002:
         sys.exit(f"{kind}: accuracies differ")
