@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-process tests of a real cluster on localhost: tally-server, tally-worker
 # daemons and the tally client as separate processes.
-#   cluster_test.sh BUILD_DIR CASE     CASE: train | kill | restart | cli
+#   cluster_test.sh BUILD_DIR CASE     CASE: train | kill | restart | reconnect | cli
 set -euo pipefail
 build=$1
 case_name=$2
@@ -127,6 +127,23 @@ case $case_name in
     wait_state "$id" SUCCEEDED 120
     grep -q "finished at step" "$dir/w2b.log" || fail "the restarted worker did not train to the end"
     echo "restart: the new worker rejoined and finished"
+    ;;
+  reconnect)
+    # The server goes away and comes back (empty): the workers notice, back
+    # off, register again by themselves, and run the next job.
+    start_server
+    start_worker w1
+    start_worker w2
+    for _ in $(seq 100); do grep -q registered "$dir/w2.log" && break; sleep 0.1; done
+    kill -9 "${pids[0]}"
+    sleep 1.5
+    start_server
+    for _ in $(seq 150); do
+      (( $(grep -c registered "$dir/w1.log") >= 2 && $(grep -c registered "$dir/w2.log") >= 2 )) && break
+      sleep 0.1
+    done
+    out=$(tally submit examples/synthetic-2workers.yaml --wait) || fail "job after the restart: $out"
+    echo "reconnect: workers re-registered and trained"
     ;;
   cli)
     # Unreachable server: exit code 3 and a clear message.
