@@ -10,6 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/internal/cpu_kernels.h"
+#ifdef TALLY_HAVE_CUDA
+#include "common/cuda/cuda_device.h"
+#endif
 
 namespace tally {
 
@@ -72,8 +75,41 @@ absl::StatusOr<std::vector<DeviceId>> ParseDevices(absl::string_view spec) {
         ": this build of Tally has no CUDA backend (nvcc was not found when "
         "it was built); use --devices=cpu:N"));
   }
-  return absl::UnimplementedError("CUDA device discovery is not built yet");
+#ifdef TALLY_HAVE_CUDA
+  auto count = cuda::DeviceCount();
+  if (!count.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--devices=", spec, ": no usable GPU: ", count.status().message()));
+  }
+  if (*count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--devices=", spec, ": no usable GPU: cudaGetDeviceCount reported 0 devices"));
+  }
+  if (rest == "all") {
+    for (int i = 0; i < *count; ++i) out.push_back({DeviceType::kCuda, i});
+    return out;
+  }
+  for (int idx : wanted) {
+    if (idx >= *count) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--devices=", spec, ": there is no GPU ", idx, " (cudaGetDeviceCount reported ",
+          *count, ")"));
+    }
+    out.push_back({DeviceType::kCuda, idx});
+  }
+  return out;
+#else
+  return absl::FailedPreconditionError("no CUDA backend");
+#endif
 }
+
+absl::StatusOr<void*> Device::AllocateHost(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  if (p == nullptr) return absl::ResourceExhaustedError("host allocation failed");
+  return p;
+}
+
+void Device::FreeHost(void* ptr) { std::free(ptr); }
 
 namespace {
 
@@ -126,8 +162,23 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(DeviceId id) {
     openblas_set_num_threads(1);
     return std::unique_ptr<Device>(new CpuDevice(id));
   }
+#ifdef TALLY_HAVE_CUDA
+  return cuda::OpenDevice(id.index);
+#else
   return absl::FailedPreconditionError(absl::StrCat(
       "cannot open ", id.ToString(), ": no CUDA backend in this build"));
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
+    const std::vector<Device*>& devices) {
+#ifdef TALLY_HAVE_CUDA
+  bool all_cuda = devices.size() > 1;
+  for (Device* d : devices) all_cuda = all_cuda && d->id().type == DeviceType::kCuda;
+  if (all_cuda) return cuda::CreateNcclCollective(devices);
+#endif
+  (void)devices;
+  return absl::UnimplementedError("no device collective for these devices");
 }
 
 }  // namespace tally

@@ -66,7 +66,31 @@ class Device {
                                   size_t bytes) = 0;
   // Waits for all enqueued work; returns the first error it hit, if any.
   virtual absl::Status Synchronize() = 0;
+
+  // Host memory for buffers that travel to and from this device often
+  // (page-locked on GPUs, so copies run at full speed; plain on CPUs).
+  virtual absl::StatusOr<void*> AllocateHost(size_t bytes);
+  virtual void FreeHost(void* ptr);
+
+  // Lets matrix products use TF32 tensor cores (GPUs that have them); a
+  // no-op elsewhere. Off by default: results then match FP32.
+  virtual void SetAllowTf32(bool /*allow*/) {}
 };
+
+// Sums a float buffer across a group of devices in place, every member
+// getting the sum (NCCL on GPUs). Each member's driving thread calls
+// AllReduceSum for its own rank; the calls meet, so they must be concurrent.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual absl::Status AllReduceSum(int rank, float* buffer, int64_t count) = 0;
+};
+
+// A collective over `devices` (borrowed). kUnimplemented when the devices
+// have none (CPU replicas, or a build without NCCL): callers then reduce
+// through host memory.
+absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
+    const std::vector<Device*>& devices);
 
 // Opens a device. CPU devices always open; each pins BLAS to one thread so
 // that N replicas use N cores.

@@ -9,21 +9,28 @@
 
 #include <cstdint>
 
+// Geometry helpers are also called from CUDA kernels.
+#if defined(__CUDACC__)
+#define TALLY_HOST_DEVICE __host__ __device__
+#else
+#define TALLY_HOST_DEVICE
+#endif
+
 namespace tally {
 
 struct Conv2dGeometry {
   int batch = 0;
   int in_channels = 0, in_h = 0, in_w = 0;
   int out_channels = 0, kernel = 0, stride = 1, padding = 0;
-  int out_h() const { return (in_h + 2 * padding - kernel) / stride + 1; }
-  int out_w() const { return (in_w + 2 * padding - kernel) / stride + 1; }
+  TALLY_HOST_DEVICE int out_h() const { return (in_h + 2 * padding - kernel) / stride + 1; }
+  TALLY_HOST_DEVICE int out_w() const { return (in_w + 2 * padding - kernel) / stride + 1; }
 };
 
 struct Pool2dGeometry {
   int batch = 0, channels = 0, in_h = 0, in_w = 0;
   int kernel = 2, stride = 2, padding = 0;
-  int out_h() const { return (in_h + 2 * padding - kernel) / stride + 1; }
-  int out_w() const { return (in_w + 2 * padding - kernel) / stride + 1; }
+  TALLY_HOST_DEVICE int out_h() const { return (in_h + 2 * padding - kernel) / stride + 1; }
+  TALLY_HOST_DEVICE int out_w() const { return (in_w + 2 * padding - kernel) / stride + 1; }
 };
 
 class Kernels {

@@ -382,6 +382,7 @@ class WorkerDaemon::Impl {
     const TrainTest& tt = **data;
     EngineOptions eo;
     eo.devices = options_.devices;
+    eo.allow_tf32 = spec->training.tf32;
     auto engine = Engine::Create(spec->layers, spec->input_shape, eo);
     if (!engine.ok()) return fail(engine.status());
     Engine& e = **engine;

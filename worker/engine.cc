@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "common/kernels.h"
 #include "common/nn/loss.h"
 #include "common/nn/sequential.h"
 #include "common/status_macros.h"
@@ -11,6 +12,16 @@
 #include "worker/thread_group.h"
 
 namespace tally {
+
+// Host memory from a device's AllocateHost (page-locked for GPUs).
+struct Engine::HostBuffer {
+  Device* device = nullptr;  // borrowed
+  void* ptr = nullptr;
+  ~HostBuffer() {
+    if (ptr != nullptr) device->FreeHost(ptr);
+  }
+  float* data() const { return static_cast<float*>(ptr); }
+};
 
 namespace internal {
 
@@ -96,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   for (const DeviceId& id : options.devices) {
     auto r = std::make_unique<internal::Replica>();
     TALLY_ASSIGN_OR_RETURN(r->device, OpenDevice(id));
+    r->device->SetAllowTf32(options.allow_tf32);
     TALLY_ASSIGN_OR_RETURN(r->model,
                            Sequential::Create(layers, input_shape, r->device.get()));
     r->loss = std::make_unique<CrossEntropyLoss>(r->device.get());
@@ -109,11 +121,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     e->params_ = first.model->params();
     e->grads_ = first.model->grads();
   } else {
-    e->host_params_.resize(e->num_params_);
-    e->host_grads_.resize(e->num_params_);
-    e->params_ = e->host_params_.data();
-    e->grads_ = e->host_grads_.data();
+    for (auto* buf : {&e->host_params_, &e->host_grads_}) {
+      *buf = std::make_unique<HostBuffer>();
+      (*buf)->device = first.device.get();
+      TALLY_ASSIGN_OR_RETURN((*buf)->ptr,
+                             first.device->AllocateHost(e->num_params_ * sizeof(float)));
+      std::fill((*buf)->data(), (*buf)->data() + e->num_params_, 0.0f);
+    }
+    e->params_ = e->host_params_->data();
+    e->grads_ = e->host_grads_->data();
   }
+  // GPUs reduce among themselves (NCCL) when they can; otherwise gradients
+  // meet in host memory.
+  std::vector<Device*> devices;
+  for (auto& r : e->replicas_) devices.push_back(r->device.get());
+  auto collective = CreateCollective(devices);
+  if (collective.ok()) e->collective_ = *std::move(collective);
   e->threads_ = std::make_unique<ThreadGroup>(e->num_replicas());
   return e;
 }
@@ -134,31 +157,49 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   const int64_t feat = NumElements(input_shape_);
   const float grad_scale = 1.0f / batch.size;
 
-  // Phase 1: broadcast, scatter, forward, loss, backward.
+  // Broadcast, scatter, forward, loss and backward of replica r's part.
+  auto compute = [&](internal::Replica& rep, int r) -> absl::Status {
+    Device* dev = rep.device.get();
+    TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
+                                            num_params_ * sizeof(float)));
+    const float* x;
+    const int32_t* y;
+    TALLY_RETURN_IF_ERROR(Stage(rep, batch.x, batch.y, feat, offsets[r], sizes[r], &x, &y));
+    TALLY_ASSIGN_OR_RETURN(Tensor logits,
+                           rep.model->Forward(x, sizes[r], true, seed, offsets[r]));
+    TALLY_ASSIGN_OR_RETURN(LossStats ls, rep.loss->Compute(logits, y, grad_scale));
+    if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
+    TALLY_RETURN_IF_ERROR(rep.model->Backward(rep.loss->dlogits()));
+    rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
+    return absl::OkStatus();
+  };
+
+  // Phase 1: compute; GPUs with a collective also reduce here (every replica
+  // takes part in the all-reduce, an unused one with zero gradients).
   TALLY_RETURN_IF_ERROR(threads_->Run(
       [&](int r) -> absl::Status {
         internal::Replica& rep = *replicas_[r];
         rep.used = r < used;
         rep.stats = StepStats{};
-        if (!rep.used) return absl::OkStatus();
         Device* dev = rep.device.get();
-        TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
-                                                num_params_ * sizeof(float)));
-        const float* x;
-        const int32_t* y;
-        TALLY_RETURN_IF_ERROR(
-            Stage(rep, batch.x, batch.y, feat, offsets[r], sizes[r], &x, &y));
-        TALLY_ASSIGN_OR_RETURN(
-            Tensor logits, rep.model->Forward(x, sizes[r], true, seed, offsets[r]));
-        TALLY_ASSIGN_OR_RETURN(LossStats ls, rep.loss->Compute(logits, y, grad_scale));
-        if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
-        TALLY_RETURN_IF_ERROR(rep.model->Backward(rep.loss->dlogits()));
+        if (collective_ != nullptr) {
+          absl::Status s = rep.used ? compute(rep, r) : absl::OkStatus();
+          // A failed replica still joins the all-reduce, or the others hang.
+          if (!rep.used || !s.ok()) dev->kernels().Fill(rep.model->grads(), num_params_, 0.0f);
+          TALLY_RETURN_IF_ERROR(collective_->AllReduceSum(r, rep.model->grads(), num_params_));
+          TALLY_RETURN_IF_ERROR(s);
+          if (r == 0) {
+            TALLY_RETURN_IF_ERROR(dev->CopyToHost(grads_, rep.model->grads(),
+                                                  num_params_ * sizeof(float)));
+          }
+          return absl::OkStatus();
+        }
+        if (!rep.used) return absl::OkStatus();
+        TALLY_RETURN_IF_ERROR(compute(rep, r));
         if (!dev->host_accessible()) {
-          TALLY_RETURN_IF_ERROR(dev->CopyToHost(rep.grads_on_host.data(),
-                                                rep.model->grads(),
+          TALLY_RETURN_IF_ERROR(dev->CopyToHost(rep.grads_on_host.data(), rep.model->grads(),
                                                 num_params_ * sizeof(float)));
         }
-        rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
         return absl::OkStatus();
       },
       options_.step_timeout));
@@ -169,7 +210,7 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
       [&](int r) -> absl::Status {
         const auto [begin, end] = Slice(num_params_, r, k);
         const int64_t n = end - begin;
-        for (int s = 0; s < used; ++s) {
+        for (int s = 0; s < used && collective_ == nullptr; ++s) {
           internal::Replica& rep = *replicas_[s];
           const float* g = rep.device->host_accessible() ? rep.model->grads()
                                                          : rep.grads_on_host.data();

@@ -46,6 +46,8 @@ struct EngineOptions {
   std::vector<DeviceId> devices = {DeviceId{DeviceType::kCpu, 0}};
   // Bound on one round of the device threads.
   absl::Duration step_timeout = absl::Minutes(10);
+  // GPUs: let cuBLAS use TF32 tensor cores (job spec training.tf32).
+  bool allow_tf32 = false;
   // Test seam: runs on replica `r`'s thread between its forward and backward
   // passes; a non-OK status fails that replica's part of the step.
   std::function<absl::Status(int replica)> fault_hook;
@@ -107,8 +109,11 @@ class Engine {
   Shape input_shape_;
   int64_t num_params_ = 0;
   std::vector<std::unique_ptr<internal::Replica>> replicas_;
+  std::unique_ptr<Collective> collective_;  // NCCL across GPUs, if any
   std::unique_ptr<ThreadGroup> threads_;
-  std::vector<float> host_params_, host_grads_;  // when replica 0 is not host memory
+  // Pinned host master copies when replica 0 is not host memory.
+  struct HostBuffer;
+  std::unique_ptr<HostBuffer> host_params_, host_grads_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
 };

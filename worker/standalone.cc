@@ -33,6 +33,7 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
   }
   EngineOptions engine_options;
   engine_options.devices = options.devices;
+  engine_options.allow_tf32 = spec.training.tf32;
   TALLY_ASSIGN_OR_RETURN(
       std::unique_ptr<Engine> engine,
       Engine::Create(spec.layers, spec.input_shape, engine_options));

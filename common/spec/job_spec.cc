@@ -202,7 +202,8 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   const std::string p = "training";
   if (!n) return absl::OkStatus();
   TALLY_RETURN_IF_ERROR(
-      CheckKeys(n, p, {"epochs", "batch_size", "max_steps", "seed", "workers"}));
+      CheckKeys(n, p, {"epochs", "batch_size", "max_steps", "seed", "workers", "tf32"}));
+  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "tf32", &t->tf32));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "workers", 1, 1024, &t->workers));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "batch_size", 1, 1 << 20, &t->batch_size));

@@ -47,6 +47,7 @@ struct TrainingSpec {
   int64_t max_steps = 0;    // 0: no limit; otherwise stop after this many
   uint64_t seed = 0;        // initial weights, shuffling, dropout
   int64_t workers = 1;      // workers a cluster job trains on (sync mode)
+  bool tf32 = false;        // let GPU matrix products use TF32 tensor cores
 };
 
 struct JobSpec {
