@@ -1,6 +1,7 @@
 // tally-server: parameter server and coordinator.
 //
 //   tally-server [--port=7070] [--lease_timeout_ms=3000]
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -19,8 +20,11 @@ ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
           "A worker that sends no heartbeat for this long leaves its job");
 
 namespace {
-volatile std::sig_atomic_t g_signal = 0;
-void OnSignal(int sig) { g_signal = sig; }
+// The one global: a signal handler can reach nothing else. A lock-free
+// atomic is safe to store from a handler and to read from another thread.
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+void OnSignal(int sig) { g_signal.store(sig); }
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,7 +51,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)));
   std::fflush(stdout);
   while (g_signal == 0) absl::SleepFor(absl::Milliseconds(100));
-  std::printf("tally-server: signal %d, shutting down\n", static_cast<int>(g_signal));
+  std::printf("tally-server: signal %d, shutting down\n", g_signal.load());
   (*server)->Shutdown(absl::Seconds(2));
   return 0;
 }

@@ -32,6 +32,8 @@ inline constexpr int kTcpReadChunkBytes = 1024 * 1024;
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   explicit JobServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}
+  JobServiceImpl(const JobServiceImpl&) = delete;
+  JobServiceImpl& operator=(const JobServiceImpl&) = delete;
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* req,
                                       v1::SubmitJobResponse* resp) override;
@@ -55,6 +57,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
   explicit WorkerServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}
+  WorkerServiceImpl(const WorkerServiceImpl&) = delete;
+  WorkerServiceImpl& operator=(const WorkerServiceImpl&) = delete;
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* req,
                                            v1::RegisterWorkerResponse* resp) override;
@@ -72,6 +76,8 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
 class ParameterServiceImpl final : public v1::ParameterService::CallbackService {
  public:
   explicit ParameterServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}
+  ParameterServiceImpl(const ParameterServiceImpl&) = delete;
+  ParameterServiceImpl& operator=(const ParameterServiceImpl&) = delete;
   grpc::ServerReadReactor<v1::PushRequest>* PushGradients(
       grpc::CallbackServerContext* ctx, v1::PushResponse* resp) override;
   grpc::ServerWriteReactor<v1::PullResponse>* PullWeights(
@@ -87,6 +93,8 @@ class TallyServer {
   // Listens on `address` ("0.0.0.0:7070"; port 0 picks a free one).
   static absl::StatusOr<std::unique_ptr<TallyServer>> Start(
       const std::string& address, const CoordinatorOptions& options);
+  TallyServer(const TallyServer&) = delete;
+  TallyServer& operator=(const TallyServer&) = delete;
   ~TallyServer();
 
   int port() const { return port_; }

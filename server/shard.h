@@ -59,6 +59,8 @@ class ParameterShard {
   // `weights` are the initial weights (the shard owns them from now on).
   ParameterShard(std::vector<float> weights, std::unique_ptr<Optimizer> optimizer,
                  const Clock* clock);
+  ParameterShard(const ParameterShard&) = delete;
+  ParameterShard& operator=(const ParameterShard&) = delete;
 
   int64_t num_params() const { return num_params_; }
 

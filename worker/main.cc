@@ -6,6 +6,7 @@
 //                [--output=model.safetensors] [--summary_json=PATH]
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -47,8 +48,11 @@ ABSL_FLAG(int, health_port, 0,
 
 namespace {
 
-volatile std::sig_atomic_t g_signal = 0;
-void OnSignal(int sig) { g_signal = sig; }
+// The one global: a signal handler can reach nothing else. A lock-free
+// atomic is safe to store from a handler and to read from another thread.
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+void OnSignal(int sig) { g_signal.store(sig); }
 
 int Fail(const absl::Status& s) {
   std::cerr << "tally-worker: " << s.message() << "\n";
@@ -122,7 +126,8 @@ int RunDaemon() {
     daemon.Stop();
   });
   absl::Status s = daemon.Run();
-  g_signal = g_signal == 0 ? SIGTERM : g_signal;
+  int none = 0;
+  g_signal.compare_exchange_strong(none, SIGTERM);  // ends the watcher
   watcher.join();
   if (health != nullptr) health->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (!s.ok()) return Fail(s);
