@@ -340,7 +340,10 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
   }
   if (job.shard != nullptr) {
     std::shared_ptr<ParameterShard> shard = job.shard;
-    notes->push_back([shard] { shard->CancelWaiters(); });
+    notes->push_back([shard] {
+      shard->CancelWaiters();
+      shard->Retire();
+    });
   }
   NotifyLocked(job.proto.id(), notes);
 }

@@ -87,6 +87,7 @@ absl::Status ParameterShard::SetSchedule(int64_t total_steps,
 absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
                                              bool* duplicate) const {
   *duplicate = false;
+  if (retired_) return absl::FailedPreconditionError("the job has ended");
   auto it = members_.find(meta.worker_id);
   if (it == members_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -176,7 +177,7 @@ void ParameterShard::Reject(const PushMeta& meta) {
 }
 
 void ParameterShard::MaybeCloseLocked(Ready* ready) {
-  if (total_steps_ > 0 && version_ >= total_steps_) return;
+  if (retired_ || (total_steps_ > 0 && version_ >= total_steps_)) return;
   int required = 0;
   for (const auto& [id, m] : members_) {
     if (m.join_step > version_) continue;
@@ -247,6 +248,7 @@ std::unique_ptr<std::vector<float>> ParameterShard::AcquireStaging() {
 void ParameterShard::ReleaseStaging(std::unique_ptr<std::vector<float>> buffer) {
   if (buffer == nullptr) return;
   absl::MutexLock lock(&mu_);
+  if (retired_) return;
   if (staging_pool_.size() < 8) staging_pool_.push_back(std::move(buffer));
 }
 
@@ -316,6 +318,18 @@ void ParameterShard::ExpireWaiters() {
     }
   }
   RunReady(ready);
+}
+
+void ParameterShard::Retire() {
+  absl::MutexLock lock(&mu_);
+  retired_ = true;
+  members_.clear();
+  optimizer_.reset();
+  std::vector<float>().swap(sum_);
+  std::vector<float>().swap(mean_);
+  std::vector<float>().swap(weights_);  // snapshot_ holds the final weights
+  snapshot_pool_.clear();
+  staging_pool_.clear();
 }
 
 void ParameterShard::CancelWaiters() {

@@ -110,6 +110,10 @@ class ParameterShard {
   // Releases every waiter with kCancelled (the job ended).
   void CancelWaiters();
 
+  // The job ended: frees aggregation and optimizer memory, keeping only the
+  // final weights (for fetching); later pushes get kFailedPrecondition.
+  void Retire();
+
  private:
   struct Member {
     int64_t incarnation = 0;
@@ -160,6 +164,7 @@ class ParameterShard {
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tally

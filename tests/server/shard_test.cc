@@ -163,5 +163,17 @@ TEST_F(ShardTest, WaitersAreReleasedByTheStepOrTheirDeadline) {
   TALLY_EXPECT_OK(now);  // already there: called at once
 }
 
+TEST_F(ShardTest, RetiredShardKeepsTheFinalWeightsAndRefusesPushes) {
+  bool dup;
+  std::vector<float> g = {1, 1, 1};
+  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  shard_->Retire();
+  EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
+  EXPECT_THAT(shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ended")));
+  shard_->ReleaseStaging(shard_->AcquireStaging());  // harmless after retiring
+}
+
 }  // namespace
 }  // namespace tally
