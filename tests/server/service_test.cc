@@ -9,6 +9,7 @@
 
 #include "common/grpc_status.h"
 #include "common/io/safetensors.h"
+#include "common/random.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -281,6 +282,46 @@ TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {
   }
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(seen.state(), v1::CANCELLED);
+}
+
+TEST_F(ServiceTest, RandomGarbagePushesNeverCrashOrWedgeTheServer) {
+  StartJob();
+  auto before = Pull(0);
+  ASSERT_TRUE(before.ok());
+  Rng rng(2024);
+  int errors = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<v1::PushRequest> msgs;
+    const int n = static_cast<int>(rng.Below(4));
+    for (int m = 0; m < n; ++m) {
+      v1::PushRequest r;
+      if (rng.Below(2) == 0) {
+        r = Header(static_cast<int64_t>(rng.Below(5)) - 2,
+                   static_cast<int64_t>(rng.Below(8)) - 2);
+        if (rng.Below(4) == 0) r.mutable_header()->set_job_id("job-x");
+        if (rng.Below(4) == 0) r.mutable_header()->set_incarnation(rng.Below(9));
+        if (rng.Below(8) == 0) r.mutable_header()->set_loss_sum(NAN);
+      }
+      if (rng.Below(3) != 0) {
+        v1::TensorChunk* c = r.mutable_chunk();
+        c->set_offset(static_cast<int64_t>(rng.Below(30)) - 10);
+        c->set_count(static_cast<int64_t>(rng.Below(25)) - 5);
+        std::string bytes(rng.Below(60), '\0');
+        for (char& b : bytes) b = static_cast<char>(rng.Below(256));
+        c->set_data(bytes);
+      }
+      msgs.push_back(r);
+    }
+    if (!Push(msgs).ok()) ++errors;
+  }
+  EXPECT_GT(errors, 250);  // almost all of it is refused
+  // The server still answers, and a well-formed step still works.
+  v1::Job j = Job();
+  EXPECT_EQ(j.state(), v1::RUNNING);
+  auto now = Pull(0);
+  ASSERT_TRUE(now.ok()) << now.status();
+  auto ok = Push(FullPush(now->first, 0.25f));
+  EXPECT_TRUE(ok.ok() || absl::IsAborted(ok.status())) << ok.status();
 }
 
 }  // namespace
