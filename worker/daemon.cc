@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -402,10 +403,12 @@ class WorkerDaemon::Impl {
     int64_t version = 0;
     // The pull of the next version is posted before the push of the current
     // step, so it is already waiting on the server when the step closes.
-    Background puller;
+    // Declared before the thread that uses them, so that on any return the
+    // thread is joined (after the cleanup below cancels its pull) first.
     std::unique_ptr<grpc::ClientContext> pull_ctx;
     absl::StatusOr<int64_t> prefetched = absl::UnknownError("none");
     bool have_prefetch = false;
+    Background puller;
     auto post_pull = [&](int64_t min_version) {
       pull_ctx = Context(absl::Seconds(5) + options_.rpc_timeout);
       grpc::ClientContext* ctx = pull_ctx.get();
@@ -429,6 +432,7 @@ class WorkerDaemon::Impl {
       puller.Wait(absl::Minutes(1));
       have_prefetch = false;
     };
+    absl::Cleanup no_pull_left = [&] { cancel_pull(); };
     while (true) {
       if (!StillAssigned(a.job_id(), lease.incarnation)) {
         cancel_pull();
