@@ -56,6 +56,7 @@ class Kernels {
   // db[c] = sum over r of dy[r, c].
   virtual void SumRows(const float* dy, int rows, int cols, float* db) = 0;
 
+  // x and y may be the same buffer.
   virtual void ReluForward(const float* x, float* y, int64_t n) = 0;
   // dx = dy where y > 0, else 0.
   virtual void ReluBackward(const float* y, const float* dy, float* dx,

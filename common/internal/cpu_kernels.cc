@@ -30,8 +30,8 @@ TALLY_VECTORIZE void AddRowLoop(int cols, const float* __restrict row,
   for (int c = 0; c < cols; ++c) acc[c] += row[c];
 }
 
-TALLY_VECTORIZE void ReluLoop(const float* __restrict x, float* __restrict y,
-                              int64_t n) {
+// x and y may be the same buffer (ReLU in place).
+TALLY_VECTORIZE void ReluLoop(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 

@@ -93,6 +93,12 @@ absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
     const Shape& s = layout_.activation_shapes[i];
     out.shape.insert(out.shape.end(), s.begin(), s.end());
     out.data = acts_[i].data();
+    // ReLU over an activation of ours (not the caller's input) whose layer
+    // does not need its output for backward: run in place, one pass less.
+    if (i > 0 && layers_[i]->CanRunInPlace() && !layers_[i - 1]->BackwardNeedsOutput() &&
+        !layers_[i - 1]->IsView(training)) {
+      out.data = cur.data;
+    }
     // Each layer gets its own dropout stream.
     internal::ForwardContext ctx{training, seed * 1000003ULL + i, sample_offset};
     layers_[i]->Forward(k, cur, &out, ctx);

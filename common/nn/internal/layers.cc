@@ -143,6 +143,8 @@ class MaxPool2d final : public Layer {
 
 class ReLU final : public Layer {
  public:
+  bool CanRunInPlace() const override { return true; }
+  bool BackwardNeedsOutput() const override { return true; }
   void Forward(Kernels& k, const Tensor& x, Tensor* y,
                const ForwardContext&) override {
     k.ReluForward(x.data, y->data, x.numel());

@@ -43,6 +43,12 @@ class Layer {
                         const Tensor& dy, Tensor* dx) = 0;
   // True when Forward only re-labels its input (no output buffer needed).
   virtual bool IsView(bool /*training*/) const { return false; }
+  // True when Forward may write its output over its input and Backward
+  // needs only the output (ReLU): the model then saves a buffer pass.
+  virtual bool CanRunInPlace() const { return false; }
+  // True when Backward reads only x, never y (so y may be overwritten by a
+  // following in-place layer).
+  virtual bool BackwardNeedsOutput() const { return false; }
 };
 
 std::unique_ptr<Layer> MakeLayer(const LayerConfig& config);
