@@ -14,6 +14,8 @@
 //   4. reduce: thread r sums slice r of the flat gradient over the used
 //      replicas into grads(), then calls the caller's `apply` for that slice
 //      (the standalone trainer runs the optimizer there, in parallel).
+//      Several GPUs instead all-reduce on the devices (NCCL) and replica 0
+//      copies the sum into grads().
 // The result equals one device running the whole batch, up to float
 // summation order.
 //
