@@ -51,6 +51,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
 
 v1::Job Coordinator::Render(const JobEntry& job) const {
   v1::Job j = job.proto;
+  j.mutable_metrics();  // present, zeros included, before the job starts too
   if (job.shard != nullptr) {
     const ShardMetrics m = job.shard->Metrics();
     v1::JobMetrics* out = j.mutable_metrics();

@@ -121,7 +121,11 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
         Finish(grpc::Status::OK);
         return absl::OkStatus();
       }
-      if (meta_.samples > 0) staging_ = shard_->AcquireStaging();
+      if (meta_.samples > 0) {
+        auto staging = shard_->AcquireStaging();
+        if (!staging.ok()) return staging.status();
+        staging_ = *std::move(staging);
+      }
     } else if (req_.has_header()) {
       return absl::InvalidArgumentError("only the first push message may carry a header");
     }

@@ -233,9 +233,15 @@ void ParameterShard::RunReady(Ready& ready) {
   for (auto& [fn, status] : ready) fn(status);
 }
 
-std::unique_ptr<std::vector<float>> ParameterShard::AcquireStaging() {
+absl::StatusOr<std::unique_ptr<std::vector<float>>> ParameterShard::AcquireStaging() {
   {
     absl::MutexLock lock(&mu_);
+    const int limit = 2 * static_cast<int>(members_.size()) + 4;
+    if (staging_out_ >= limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          staging_out_, " pushes already in flight for this job (limit ", limit, ")"));
+    }
+    ++staging_out_;
     if (!staging_pool_.empty()) {
       auto b = std::move(staging_pool_.back());
       staging_pool_.pop_back();
@@ -248,6 +254,7 @@ std::unique_ptr<std::vector<float>> ParameterShard::AcquireStaging() {
 void ParameterShard::ReleaseStaging(std::unique_ptr<std::vector<float>> buffer) {
   if (buffer == nullptr) return;
   absl::MutexLock lock(&mu_);
+  --staging_out_;
   if (retired_) return;
   if (staging_pool_.size() < 8) staging_pool_.push_back(std::move(buffer));
 }

@@ -98,8 +98,10 @@ class ParameterShard {
   ShardMetrics Metrics() const;
 
   // Staging buffers of num_params() floats for pushes in flight, recycled:
-  // allocating megabytes per push costs page faults on every step.
-  std::unique_ptr<std::vector<float>> AcquireStaging();
+  // allocating megabytes per push costs page faults on every step. At most
+  // 2 * members + 4 are out at once, so that a flood of open push streams
+  // cannot exhaust the server's memory (kResourceExhausted beyond that).
+  absl::StatusOr<std::unique_ptr<std::vector<float>>> AcquireStaging();
   void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
 
   // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
@@ -144,6 +146,7 @@ class ParameterShard {
   // Earlier snapshots, reused once no pull holds them any more.
   std::vector<std::shared_ptr<std::vector<float>>> snapshot_pool_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<std::vector<float>>> staging_pool_ ABSL_GUARDED_BY(mu_);
+  int staging_out_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -44,7 +44,8 @@ submit() {  # spec -> prints the job id
   echo "${out%%$'\n'*}"
 }
 job_field() {  # job field
-  tally status "$1" --json | python3 -c "import json,sys; j=json.load(sys.stdin); print(eval('j' + sys.argv[1]))" "$2"
+  tally status "$1" --json |
+    python3 -c "import json,sys; j=json.load(sys.stdin); print(eval('j' + sys.argv[1]))" "$2" 2>/dev/null || echo 0
 }
 wait_state() {  # job state timeout_s
   local deadline=$((SECONDS + $3))

@@ -172,7 +172,24 @@ TEST_F(ShardTest, RetiredShardKeepsTheFinalWeightsAndRefusesPushes) {
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
   EXPECT_THAT(shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ended")));
-  shard_->ReleaseStaging(shard_->AcquireStaging());  // harmless after retiring
+  shard_->ReleaseStaging(*shard_->AcquireStaging());  // harmless after retiring
+}
+
+TEST_F(ShardTest, StagingBuffersAreBoundedAndRecycled) {
+  std::vector<std::unique_ptr<std::vector<float>>> out;
+  for (int i = 0; i < 8; ++i) {  // 2 members: limit 2 * 2 + 4
+    auto b = shard_->AcquireStaging();
+    ASSERT_TRUE(b.ok()) << i;
+    EXPECT_EQ((*b)->size(), 3u);
+    out.push_back(*std::move(b));
+  }
+  EXPECT_THAT(shard_->AcquireStaging(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("in flight")));
+  float* first = out[0]->data();
+  shard_->ReleaseStaging(std::move(out[0]));
+  auto again = shard_->AcquireStaging();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->data(), first);  // the same buffer, reused
 }
 
 }  // namespace
