@@ -74,6 +74,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     }
     absl::Status s = Consume();
     if (!s.ok()) {
+      ReturnStaging();
       Finish(ToGrpc(s));
       return;
     }
@@ -82,11 +83,17 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   }
 
   void OnDone() override {
-    if (shard_ != nullptr) shard_->ReleaseStaging(std::move(staging_));
+    ReturnStaging();
     delete this;
   }
 
  private:
+  // The staging buffer goes back as soon as the push is decided, not when
+  // gRPC finally retires the call.
+  void ReturnStaging() {
+    if (shard_ != nullptr && staging_ != nullptr) shard_->ReleaseStaging(std::move(staging_));
+  }
+
   absl::Status Consume() {
     if (!has_header_) {
       if (!req_.has_header()) {
@@ -161,6 +168,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
       return;
     }
     if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
+      ReturnStaging();
       Finish(ToGrpc(absl::InvalidArgumentError(absl::StrCat(
           "the push covers ", coverage_.covered(), " of ", shard_->num_params(),
           " gradient elements"))));
@@ -169,6 +177,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     bool duplicate = false;
     absl::Status s = shard_->Commit(meta_, meta_.samples > 0 ? staging_->data() : nullptr,
                                     &duplicate);
+    ReturnStaging();
     resp_->set_duplicate(duplicate);
     resp_->set_version(shard_->version());
     Finish(ToGrpc(s));
