@@ -36,7 +36,8 @@ int Fail(const absl::Status& s) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const int steps = absl::GetFlag(FLAGS_steps), batch = absl::GetFlag(FLAGS_batch);
+  const int steps = absl::GetFlag(FLAGS_steps),
+            batch = absl::GetFlag(FLAGS_batch);
   const int w = absl::GetFlag(FLAGS_width);
   const bool tf32 = absl::GetFlag(FLAGS_tf32);
   auto ids = tally::ParseDevices("cuda:0");
@@ -61,7 +62,9 @@ int main(int argc, char** argv) {
   if (!model.ok()) return Fail(model.status());
   auto layout = tally::ComputeLayout(layers, {w});
   std::vector<float> init = tally::InitParams(layers, *layout, 1);
-  if (auto s = (*dev)->CopyFromHost((*model)->params(), init.data(), init.size() * 4); !s.ok()) {
+  if (auto s = (*dev)->CopyFromHost((*model)->params(), init.data(),
+                                    init.size() * 4);
+      !s.ok()) {
     return Fail(s);
   }
   tally::Rng rng(2);
@@ -102,13 +105,16 @@ int main(int argc, char** argv) {
   const float one = 1.0f, zero = 0.0f;
   auto gemms = [&] {
     for (int l = 0; l < 4; ++l) {  // forward: [B, w] x [w, w]^T
-      cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, w, batch, w, &one, b, w, a, w, &zero, c, w);
+      cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, w, batch, w, &one, b, w, a, w,
+                  &zero, c, w);
     }
     for (int l = 0; l < 4; ++l) {  // weight gradient: [w, B] x [B, w]
-      cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, w, w, batch, &one, a, w, a, w, &zero, c, w);
+      cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, w, w, batch, &one, a, w, a, w,
+                  &zero, c, w);
     }
     for (int l = 0; l < 3; ++l) {  // input gradient: [B, w] x [w, w]
-      cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, w, batch, w, &one, b, w, a, w, &zero, c, w);
+      cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, w, batch, w, &one, b, w, a, w,
+                  &zero, c, w);
     }
   };
   for (int i = 0; i < 3; ++i) gemms();
@@ -120,10 +126,11 @@ int main(int argc, char** argv) {
   const double flops = 11.0 * 2.0 * batch * static_cast<double>(w) * w;
   std::printf(
       "{\"batch\": %d, \"width\": %d, \"tf32\": %s, \"tally_step_ms\": %.3f, "
-      "\"cublas_gemms_ms\": %.3f, \"tally_over_cublas\": %.3f, \"tally_tflops\": %.2f, "
+      "\"cublas_gemms_ms\": %.3f, \"tally_over_cublas\": %.3f, "
+      "\"tally_tflops\": %.2f, "
       "\"cublas_tflops\": %.2f}\n",
-      batch, w, tf32 ? "true" : "false", tally_ms, cublas_ms, tally_ms / cublas_ms,
-      flops / tally_ms / 1e9, flops / cublas_ms / 1e9);
+      batch, w, tf32 ? "true" : "false", tally_ms, cublas_ms,
+      tally_ms / cublas_ms, flops / tally_ms / 1e9, flops / cublas_ms / 1e9);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);

@@ -4,12 +4,13 @@
 // (default 4096 x 4096: 16.8 M parameters, 67 MB), registers as its worker,
 // and then runs STEPS sync steps of: push a full gradient, pull the new
 // weights. Prints the bytes moved per second (push + pull) as JSON.
-//   tally-bench-pushpull --server=HOST:PORT [--steps=10] [--in=4096] [--out=4096]
+//   tally-bench-pushpull --server=HOST:PORT [--steps=10] [--in=4096]
+//   [--out=4096]
+#include <grpcpp/grpcpp.h>
+
 #include <cstdio>
 #include <cstring>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -58,10 +59,11 @@ int main(int argc, char** argv) {
   const int steps = absl::GetFlag(FLAGS_steps);
   v1::SubmitJobRequest sub;
   sub.set_spec(absl::StrCat(
-      "name: pushpull\nmodel: {layers: [{linear: {in_features: ", in, ", out_features: ", out,
+      "name: pushpull\nmodel: {layers: [{linear: {in_features: ", in,
+      ", out_features: ", out,
       "}}]}\ndataset: {name: synthetic, features: ", in, ", classes: ", out,
-      ", train_size: 1, test_size: 0}\ntraining: {workers: 1, max_steps: ", steps + 1,
-      "}\noptimizer: {type: sgd, lr: 0.0}\n"));
+      ", train_size: 1, test_size: 0}\ntraining: {workers: 1, max_steps: ",
+      steps + 1, "}\noptimizer: {type: sgd, lr: 0.0}\n"));
   v1::SubmitJobResponse job;
   Check(jobs->SubmitJob(Ctx().get(), sub, &job), "submit");
   v1::RegisterWorkerRequest reg;
@@ -84,8 +86,8 @@ int main(int argc, char** argv) {
     auto r = params->PullWeights(ctx.get(), req);
     v1::PullResponse resp;
     while (r->Read(&resp)) {
-      std::memcpy(weights.data() + resp.chunk().offset(), resp.chunk().data().data(),
-                  resp.chunk().data().size());
+      std::memcpy(weights.data() + resp.chunk().offset(),
+                  resp.chunk().data().data(), resp.chunk().data().size());
     }
     Check(r->Finish(), "pull");
   };
@@ -105,7 +107,8 @@ int main(int argc, char** argv) {
       const int64_t c = std::min(kChunk, n - off);
       m.mutable_chunk()->set_offset(off);
       m.mutable_chunk()->set_count(c);
-      m.mutable_chunk()->set_data(reinterpret_cast<const char*>(grads.data() + off), c * 4);
+      m.mutable_chunk()->set_data(
+          reinterpret_cast<const char*>(grads.data() + off), c * 4);
       w->Write(m);
       m.clear_header();
     }
@@ -121,9 +124,12 @@ int main(int argc, char** argv) {
   }
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   const double bytes = 2.0 * 4.0 * n * steps;
-  std::printf("{\"params\": %lld, \"model_mb\": %.1f, \"steps\": %d, \"seconds\": %.3f, "
-              "\"gb_per_sec\": %.3f}\n",
-              static_cast<long long>(n), 4.0 * n / 1e6, steps, secs, bytes / secs / 1e9);
+  std::printf(
+      "{\"params\": %lld, \"model_mb\": %.1f, \"steps\": %d, \"seconds\": "
+      "%.3f, "
+      "\"gb_per_sec\": %.3f}\n",
+      static_cast<long long>(n), 4.0 * n / 1e6, steps, secs,
+      bytes / secs / 1e9);
   v1::CancelJobRequest cancel;
   cancel.set_job_id(job.job().id());
   v1::Job j;

@@ -10,15 +10,14 @@
 //
 // Exit codes: 0 success, 1 the request failed (or the job did not succeed,
 // for submit --wait and watch), 2 bad usage, 3 server unreachable.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -30,11 +29,14 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/tally.grpc.pb.h"
 
-ABSL_FLAG(std::string, server, "localhost:7070", "tally-server address HOST:PORT");
+ABSL_FLAG(std::string, server, "localhost:7070",
+          "tally-server address HOST:PORT");
 ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status: print the job as JSON");
-ABSL_FLAG(std::string, output, "", "fetch: where to write the .safetensors file");
-ABSL_FLAG(std::string, service, "", "health: service name to check ('' = server)");
+ABSL_FLAG(std::string, output, "",
+          "fetch: where to write the .safetensors file");
+ABSL_FLAG(std::string, service, "",
+          "health: service name to check ('' = server)");
 ABSL_FLAG(int, timeout_s, 10, "Deadline of each request, in seconds");
 
 namespace {
@@ -53,7 +55,8 @@ constexpr char kUsage[] =
 
 std::unique_ptr<grpc::ClientContext> Context() {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
+  ctx->set_deadline(absl::ToChronoTime(
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
   return ctx;
 }
 
@@ -61,23 +64,27 @@ int Report(const grpc::Status& s) {
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
        s.error_message().find("onnect") != std::string::npos)) {
-    std::cerr << "tally: cannot reach tally-server at " << absl::GetFlag(FLAGS_server)
-              << ": " << s.error_message() << "\n";
+    std::cerr << "tally: cannot reach tally-server at "
+              << absl::GetFlag(FLAGS_server) << ": " << s.error_message()
+              << "\n";
     return 3;
   }
   std::cerr << "tally: " << s.error_message() << "\n";
   return 1;
 }
 
-std::string StateName(tally::v1::JobState s) { return tally::v1::JobState_Name(s); }
+std::string StateName(tally::v1::JobState s) {
+  return tally::v1::JobState_Name(s);
+}
 
 std::string Line(const Job& j) {
   const auto& m = j.metrics();
-  std::string s = absl::StrFormat("%-8s %-10s %-24s step %lld/%lld", j.id(), StateName(j.state()),
-                                  j.name().empty() ? "-" : j.name(),
-                                  static_cast<long long>(m.step()),
-                                  static_cast<long long>(m.total_steps()));
-  if (m.step() > 0) absl::StrAppendFormat(&s, "  loss %.4f  acc %.3f", m.loss(), m.accuracy());
+  std::string s = absl::StrFormat(
+      "%-8s %-10s %-24s step %lld/%lld", j.id(), StateName(j.state()),
+      j.name().empty() ? "-" : j.name(), static_cast<long long>(m.step()),
+      static_cast<long long>(m.total_steps()));
+  if (m.step() > 0)
+    absl::StrAppendFormat(&s, "  loss %.4f  acc %.3f", m.loss(), m.accuracy());
   if (j.state() == tally::v1::SUCCEEDED) {
     absl::StrAppendFormat(&s, "  test accuracy %.4f", m.test_accuracy());
   }
@@ -87,14 +94,17 @@ std::string Line(const Job& j) {
 
 std::string Progress(const Job& j) {
   const auto& m = j.metrics();
-  const double frac = m.total_steps() > 0 ? static_cast<double>(m.step()) / m.total_steps() : 0.0;
+  const double frac = m.total_steps() > 0
+                          ? static_cast<double>(m.step()) / m.total_steps()
+                          : 0.0;
   constexpr int kWidth = 24;
   std::string bar(static_cast<int>(frac * kWidth), '#');
   bar.resize(kWidth, '.');
   return absl::StrFormat(
-      "%s %s [%s] step %d/%d  epoch %d  loss %.4f  acc %.3f  %.0f samples/s  workers %d",
-      j.id(), StateName(j.state()), bar, m.step(), m.total_steps(), m.epoch() + 1, m.loss(),
-      m.accuracy(), m.samples_per_sec(), m.workers());
+      "%s %s [%s] step %d/%d  epoch %d  loss %.4f  acc %.3f  %.0f samples/s  "
+      "workers %d",
+      j.id(), StateName(j.state()), bar, m.step(), m.total_steps(),
+      m.epoch() + 1, m.loss(), m.accuracy(), m.samples_per_sec(), m.workers());
 }
 
 // Streams the job until it ends; returns the exit code (0 iff SUCCEEDED).
@@ -155,7 +165,8 @@ int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
     return 2;
   }
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s) * 30)));
+  ctx.set_deadline(absl::ToChronoTime(
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s) * 30)));
   tally::v1::FetchWeightsRequest req;
   req.set_job_id(id);
   auto reader = stub.FetchWeights(&ctx, req);
@@ -181,8 +192,11 @@ int Health(const std::shared_ptr<grpc::Channel>& channel) {
   auto ctx = Context();
   grpc::Status s = stub->Check(ctx.get(), req, &resp);
   if (!s.ok()) return Report(s);
-  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
-  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                          resp.status())
+                          .c_str());
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0
+                                                                         : 1;
 }
 
 }  // namespace
@@ -202,7 +216,8 @@ int main(int argc, char** argv) {
     }
     return true;
   };
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
+                                     grpc::InsecureChannelCredentials());
   auto stub = tally::v1::JobService::NewStub(channel);
   if (cmd == "submit") return need(3) ? Submit(*stub, args[2]) : 2;
   if (cmd == "watch") return need(3) ? Watch(*stub, args[2]) : 2;

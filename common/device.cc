@@ -31,9 +31,9 @@ bool CudaBackendCompiled() {
 absl::StatusOr<std::vector<DeviceId>> ParseDevices(absl::string_view spec) {
   const auto colon = spec.find(':');
   if (colon == absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--devices: '", spec,
-        "' is not of the form cpu:N, cuda:I[,J...] or cuda:all"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--devices: '", spec,
+                     "' is not of the form cpu:N, cuda:I[,J...] or cuda:all"));
   }
   const absl::string_view kind = spec.substr(0, colon);
   const absl::string_view rest = spec.substr(colon + 1);
@@ -42,8 +42,8 @@ absl::StatusOr<std::vector<DeviceId>> ParseDevices(absl::string_view spec) {
     int n = 0;
     if (!absl::SimpleAtoi(rest, &n) || n < 1 || n > 1024) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--devices: cpu:N needs a replica count N in [1, 1024], got '",
-          rest, "'"));
+          "--devices: cpu:N needs a replica count N in [1, 1024], got '", rest,
+          "'"));
     }
     for (int i = 0; i < n; ++i) out.push_back({DeviceType::kCpu, i});
     return out;
@@ -78,12 +78,13 @@ absl::StatusOr<std::vector<DeviceId>> ParseDevices(absl::string_view spec) {
 #ifdef TALLY_HAVE_CUDA
   auto count = cuda::DeviceCount();
   if (!count.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--devices=", spec, ": no usable GPU: ", count.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--devices=", spec, ": no usable GPU: ", count.status().message()));
   }
   if (*count == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--devices=", spec, ": no usable GPU: cudaGetDeviceCount reported 0 devices"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--devices=", spec,
+                     ": no usable GPU: cudaGetDeviceCount reported 0 devices"));
   }
   if (rest == "all") {
     for (int i = 0; i < *count; ++i) out.push_back({DeviceType::kCuda, i});
@@ -91,9 +92,9 @@ absl::StatusOr<std::vector<DeviceId>> ParseDevices(absl::string_view spec) {
   }
   for (int idx : wanted) {
     if (idx >= *count) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--devices=", spec, ": there is no GPU ", idx, " (cudaGetDeviceCount reported ",
-          *count, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--devices=", spec, ": there is no GPU ", idx,
+                       " (cudaGetDeviceCount reported ", *count, ")"));
     }
     out.push_back({DeviceType::kCuda, idx});
   }
@@ -105,7 +106,8 @@ absl::StatusOr<std::vector<DeviceId>> ParseDevices(absl::string_view spec) {
 
 absl::StatusOr<void*> Device::AllocateHost(size_t bytes) {
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-  if (p == nullptr) return absl::ResourceExhaustedError("host allocation failed");
+  if (p == nullptr)
+    return absl::ResourceExhaustedError("host allocation failed");
   return p;
 }
 
@@ -174,7 +176,8 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const std::vector<Device*>& devices) {
 #ifdef TALLY_HAVE_CUDA
   bool all_cuda = devices.size() > 1;
-  for (Device* d : devices) all_cuda = all_cuda && d->id().type == DeviceType::kCuda;
+  for (Device* d : devices)
+    all_cuda = all_cuda && d->id().type == DeviceType::kCuda;
   if (all_cuda) return cuda::CreateNcclCollective(devices);
 #endif
   (void)devices;

@@ -17,11 +17,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tally {
 
@@ -62,8 +62,7 @@ class Device {
 
   virtual absl::Status CopyFromHost(void* dst, const void* src,
                                     size_t bytes) = 0;
-  virtual absl::Status CopyToHost(void* dst, const void* src,
-                                  size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   // Waits for all enqueued work; returns the first error it hit, if any.
   virtual absl::Status Synchronize() = 0;
 

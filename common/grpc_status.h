@@ -3,9 +3,9 @@
 #ifndef TALLY_COMMON_GRPC_STATUS_H_
 #define TALLY_COMMON_GRPC_STATUS_H_
 
-#include <string>
-
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -13,12 +13,14 @@ namespace tally {
 
 inline grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
 }
 
 inline absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
 }
 
 }  // namespace tally

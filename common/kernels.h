@@ -22,15 +22,23 @@ struct Conv2dGeometry {
   int batch = 0;
   int in_channels = 0, in_h = 0, in_w = 0;
   int out_channels = 0, kernel = 0, stride = 1, padding = 0;
-  TALLY_HOST_DEVICE int out_h() const { return (in_h + 2 * padding - kernel) / stride + 1; }
-  TALLY_HOST_DEVICE int out_w() const { return (in_w + 2 * padding - kernel) / stride + 1; }
+  TALLY_HOST_DEVICE int out_h() const {
+    return (in_h + 2 * padding - kernel) / stride + 1;
+  }
+  TALLY_HOST_DEVICE int out_w() const {
+    return (in_w + 2 * padding - kernel) / stride + 1;
+  }
 };
 
 struct Pool2dGeometry {
   int batch = 0, channels = 0, in_h = 0, in_w = 0;
   int kernel = 2, stride = 2, padding = 0;
-  TALLY_HOST_DEVICE int out_h() const { return (in_h + 2 * padding - kernel) / stride + 1; }
-  TALLY_HOST_DEVICE int out_w() const { return (in_w + 2 * padding - kernel) / stride + 1; }
+  TALLY_HOST_DEVICE int out_h() const {
+    return (in_h + 2 * padding - kernel) / stride + 1;
+  }
+  TALLY_HOST_DEVICE int out_w() const {
+    return (in_w + 2 * padding - kernel) / stride + 1;
+  }
 };
 
 class Kernels {
@@ -66,8 +74,7 @@ class Kernels {
   // HashUniform(seed, index_offset + i) so every backend, and every split of
   // a batch across devices, draws the same mask for the same element.
   virtual void DropoutForward(const float* x, float* y, float* mask, int64_t n,
-                              float p, uint64_t seed,
-                              int64_t index_offset) = 0;
+                              float p, uint64_t seed, int64_t index_offset) = 0;
   // Elementwise dx = dy * mask.
   virtual void Multiply(const float* a, const float* b, float* out,
                         int64_t n) = 0;

@@ -39,7 +39,9 @@ float Rng::UniformFloat() {
   return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f);
 }
 
-float Rng::Uniform(float lo, float hi) { return lo + (hi - lo) * UniformFloat(); }
+float Rng::Uniform(float lo, float hi) {
+  return lo + (hi - lo) * UniformFloat();
+}
 
 float Rng::Normal() {
   // Box-Muller on doubles; 1 - u keeps the log argument in (0, 1].

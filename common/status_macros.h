@@ -10,10 +10,10 @@
 
 // Evaluates `expr` (an absl::Status); returns it from the enclosing function
 // when it is not OK.
-#define TALLY_RETURN_IF_ERROR(expr)                 \
-  do {                                              \
-    ::absl::Status tally_status_ = (expr);          \
-    if (!tally_status_.ok()) return tally_status_;  \
+#define TALLY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::absl::Status tally_status_ = (expr);         \
+    if (!tally_status_.ok()) return tally_status_; \
   } while (0)
 
 #define TALLY_CONCAT_INNER_(a, b) a##b
@@ -21,8 +21,9 @@
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status,
 // otherwise moves the value into `lhs` (which may be a declaration).
-#define TALLY_ASSIGN_OR_RETURN(lhs, rexpr) \
-  TALLY_ASSIGN_OR_RETURN_IMPL_(TALLY_CONCAT_(tally_statusor_, __LINE__), lhs, rexpr)
+#define TALLY_ASSIGN_OR_RETURN(lhs, rexpr)                                    \
+  TALLY_ASSIGN_OR_RETURN_IMPL_(TALLY_CONCAT_(tally_statusor_, __LINE__), lhs, \
+                               rexpr)
 
 #define TALLY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                 \

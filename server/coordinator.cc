@@ -16,11 +16,14 @@ bool Terminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
 }
 
-double UnixSeconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
+double UnixSeconds(absl::Time t) {
+  return absl::ToDoubleSeconds(t - absl::UnixEpoch());
+}
 
 }  // namespace
 
-Coordinator::Coordinator(const CoordinatorOptions& options) : options_(options) {
+Coordinator::Coordinator(const CoordinatorOptions& options)
+    : options_(options) {
   if (options_.clock == nullptr) options_.clock = &real_clock_;
 }
 
@@ -38,7 +41,8 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
     job.proto.set_state(v1::PENDING);
     job.proto.set_spec(spec_text);
     job.proto.set_num_params(job.spec.layout.num_params);
-    job.proto.set_workers_wanted(static_cast<int32_t>(job.spec.training.workers));
+    job.proto.set_workers_wanted(
+        static_cast<int32_t>(job.spec.training.workers));
     job.proto.set_created_unix(UnixSeconds(Now()));
     job.slots.assign(job.spec.training.workers, "");
     job_order_.push_back(id);
@@ -57,13 +61,17 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
     v1::JobMetrics* out = j.mutable_metrics();
     out->set_step(m.version);
     out->set_total_steps(m.total_steps);
-    out->set_epoch(m.steps_per_epoch > 0 ? std::max<int64_t>(0, m.version - 1) / m.steps_per_epoch : 0);
+    out->set_epoch(m.steps_per_epoch > 0
+                       ? std::max<int64_t>(0, m.version - 1) / m.steps_per_epoch
+                       : 0);
     out->set_loss(m.loss);
     out->set_accuracy(m.accuracy);
-    out->set_samples_per_sec(Terminal(job.proto.state()) ? 0.0 : m.samples_per_sec);
+    out->set_samples_per_sec(Terminal(job.proto.state()) ? 0.0
+                                                         : m.samples_per_sec);
     out->set_samples(m.samples);
     out->set_train_seconds(m.train_seconds);
-    out->set_mean_samples_per_sec(m.train_seconds > 0 ? m.samples / m.train_seconds : 0.0);
+    out->set_mean_samples_per_sec(
+        m.train_seconds > 0 ? m.samples / m.train_seconds : 0.0);
     out->set_rejected_pushes(m.rejected_pushes);
     out->set_workers(Terminal(job.proto.state()) ? 0 : m.members);
   }
@@ -96,8 +104,9 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
       return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
     }
     if (Terminal(it->second.proto.state())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          job_id, " already ended (", v1::JobState_Name(it->second.proto.state()), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(job_id, " already ended (",
+                       v1::JobState_Name(it->second.proto.state()), ")"));
     }
     FinishLocked(it->second, v1::CANCELLED, "cancelled by a client", &notes);
     ScheduleLocked(&notes);
@@ -107,7 +116,8 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
   return out;
 }
 
-absl::StatusOr<std::string> Coordinator::WeightsFile(const std::string& job_id) const {
+absl::StatusOr<std::string> Coordinator::WeightsFile(
+    const std::string& job_id) const {
   std::shared_ptr<ParameterShard> shard;
   ModelLayout layout;
   std::string name;
@@ -134,7 +144,8 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(const std::string& job_id) 
                             {"version", absl::StrCat(version)}});
 }
 
-v1::RegisterWorkerResponse Coordinator::Register(const v1::RegisterWorkerRequest& req) {
+v1::RegisterWorkerResponse Coordinator::Register(
+    const v1::RegisterWorkerRequest& req) {
   Notes notes;
   v1::RegisterWorkerResponse out;
   {
@@ -164,12 +175,14 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     auto it = workers_.find(req.worker_id());
     if (it == workers_.end()) {
       return absl::NotFoundError(absl::StrCat(
-          "unknown worker '", req.worker_id(), "' (lease expired or server restarted): register again"));
+          "unknown worker '", req.worker_id(),
+          "' (lease expired or server restarted): register again"));
     }
     WorkerEntry& w = it->second;
     if (w.incarnation != req.incarnation()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "stale incarnation ", req.incarnation(), " of ", req.worker_id(), ": register again"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("stale incarnation ", req.incarnation(), " of ",
+                       req.worker_id(), ": register again"));
     }
     w.lease_expiry = Now() + options_.lease_timeout;
     ScheduleLocked(&notes);
@@ -195,8 +208,8 @@ absl::Status Coordinator::CheckWorker(const std::string& worker_id,
         absl::StrCat("unknown worker '", worker_id, "': register again"));
   }
   if (it->second.incarnation != incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale incarnation ", incarnation, " of ", worker_id));
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale incarnation ", incarnation, " of ", worker_id));
   }
   return absl::OkStatus();
 }
@@ -218,16 +231,18 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     // Another worker's report may have ended the job already.
     if (Terminal(job.proto.state())) return absl::OkStatus();
     if (wit->second.job_id != req.job_id()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          req.worker_id(), " is not assigned to ", req.job_id()));
+      return absl::FailedPreconditionError(
+          absl::StrCat(req.worker_id(), " is not assigned to ", req.job_id()));
     }
     if (!req.ok()) {
       FinishLocked(job, v1::FAILED,
-                   absl::StrCat(req.worker_id(), " (", wit->second.name, "): ", req.message()),
+                   absl::StrCat(req.worker_id(), " (", wit->second.name,
+                                "): ", req.message()),
                    &notes);
     } else {
       const ShardMetrics m = job.shard->Metrics();
-      if (m.total_steps == 0 || m.version < m.total_steps || req.steps() != m.total_steps) {
+      if (m.total_steps == 0 || m.version < m.total_steps ||
+          req.steps() != m.total_steps) {
         return absl::FailedPreconditionError(absl::StrCat(
             "a result must evaluate the final weights (version ", m.total_steps,
             "); got version ", req.steps(), " at step ", m.version));
@@ -250,13 +265,14 @@ absl::StatusOr<std::shared_ptr<ParameterShard>> Coordinator::Shard(
     return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   }
   if (it->second.shard == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(job_id, " has not started"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(job_id, " has not started"));
   }
   return it->second.shard;
 }
 
-absl::StatusOr<int64_t> Coordinator::Subscribe(const std::string& job_id,
-                                               std::function<void()> on_change) {
+absl::StatusOr<int64_t> Coordinator::Subscribe(
+    const std::string& job_id, std::function<void()> on_change) {
   absl::MutexLock lock(&mu_);
   if (!jobs_.count(job_id)) {
     return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
@@ -277,7 +293,8 @@ void Coordinator::NotifyLocked(const std::string& job_id, Notes* notes) {
   }
 }
 
-void Coordinator::AssignLocked(JobEntry& job, int rank, const std::string& worker_id) {
+void Coordinator::AssignLocked(JobEntry& job, int rank,
+                               const std::string& worker_id) {
   WorkerEntry& w = workers_.at(worker_id);
   w.job_id = job.proto.id();
   w.rank = rank;
@@ -308,13 +325,14 @@ void Coordinator::ScheduleLocked(Notes* notes) {
     if (idle.size() < job.slots.size()) break;  // first come, first served
     std::vector<float> init =
         InitParams(job.spec.layers, job.spec.layout, job.spec.training.seed);
-    auto opt = Optimizer::Create(job.spec.optimizer, job.spec.layout.num_params);
+    auto opt =
+        Optimizer::Create(job.spec.optimizer, job.spec.layout.num_params);
     if (!opt.ok()) {
       FinishLocked(job, v1::FAILED, std::string(opt.status().message()), notes);
       continue;
     }
-    job.shard = std::make_shared<ParameterShard>(std::move(init), *std::move(opt),
-                                                 options_.clock);
+    job.shard = std::make_shared<ParameterShard>(
+        std::move(init), *std::move(opt), options_.clock);
     for (size_t r = 0; r < job.slots.size(); ++r) {
       AssignLocked(job, static_cast<int>(r), idle.back());
       idle.pop_back();

@@ -51,14 +51,17 @@ class Coordinator {
 
   // Workers.
   v1::RegisterWorkerResponse Register(const v1::RegisterWorkerRequest& req);
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& req);
   absl::Status ReportResult(const v1::ReportResultRequest& req);
 
   // The shard of a running (or finished) job, for the parameter service.
   // kNotFound for an unknown job, kFailedPrecondition while it is PENDING.
-  absl::StatusOr<std::shared_ptr<ParameterShard>> Shard(const std::string& job_id) const;
+  absl::StatusOr<std::shared_ptr<ParameterShard>> Shard(
+      const std::string& job_id) const;
   // kFailedPrecondition unless (worker, incarnation) is the live registration.
-  absl::Status CheckWorker(const std::string& worker_id, int64_t incarnation) const;
+  absl::Status CheckWorker(const std::string& worker_id,
+                           int64_t incarnation) const;
 
   // Calls `on_change` after every change of the job (state, a closed step);
   // returns an id for Unsubscribe. kNotFound for an unknown job.
@@ -93,8 +96,9 @@ class Coordinator {
   void ScheduleLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AssignLocked(JobEntry& job, int rank, const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishLocked(JobEntry& job, v1::JobState state, const std::string& message,
-                    Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(JobEntry& job, v1::JobState state,
+                    const std::string& message, Notes* notes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropWorkerLocked(const std::string& worker_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLocked(const std::string& job_id, Notes* notes)

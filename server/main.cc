@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Tally parameter server and coordinator.");
   absl::ParseCommandLine(argc, argv);
   tally::CoordinatorOptions options;
-  options.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
+  options.lease_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   if (options.lease_timeout <= absl::ZeroDuration()) {
     std::cerr << "tally-server: --lease_timeout_ms must be positive\n";
     return 2;

@@ -1,12 +1,12 @@
 #include "server/service.h"
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -91,13 +91,15 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   // The staging buffer goes back as soon as the push is decided, not when
   // gRPC finally retires the call.
   void ReturnStaging() {
-    if (shard_ != nullptr && staging_ != nullptr) shard_->ReleaseStaging(std::move(staging_));
+    if (shard_ != nullptr && staging_ != nullptr)
+      shard_->ReleaseStaging(std::move(staging_));
   }
 
   absl::Status Consume() {
     if (!has_header_) {
       if (!req_.has_header()) {
-        return absl::InvalidArgumentError("the first push message must carry the header");
+        return absl::InvalidArgumentError(
+            "the first push message must carry the header");
       }
       const v1::PushHeader& h = req_.header();
       meta_.worker_id = h.worker_id();
@@ -111,14 +113,18 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
       auto shard = coord_->Shard(h.job_id());
       if (!shard.ok()) return shard.status();
       shard_ = *std::move(shard);
-      if (absl::Status s = coord_->CheckWorker(meta_.worker_id, meta_.incarnation); !s.ok()) {
+      if (absl::Status s =
+              coord_->CheckWorker(meta_.worker_id, meta_.incarnation);
+          !s.ok()) {
         return s;
       }
       bool duplicate = false;
-      if (absl::Status s = shard_->CheckPush(meta_, &duplicate); !s.ok()) return s;
+      if (absl::Status s = shard_->CheckPush(meta_, &duplicate); !s.ok())
+        return s;
       if (!std::isfinite(meta_.loss_sum)) {
         shard_->Reject(meta_);
-        return absl::InvalidArgumentError("non-finite loss_sum; push rejected and counted");
+        return absl::InvalidArgumentError(
+            "non-finite loss_sum; push rejected and counted");
       }
       if (duplicate) {
         // Already counted: acknowledge without reading the rest.
@@ -134,29 +140,32 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
         staging_ = *std::move(staging);
       }
     } else if (req_.has_header()) {
-      return absl::InvalidArgumentError("only the first push message may carry a header");
+      return absl::InvalidArgumentError(
+          "only the first push message may carry a header");
     }
     if (!req_.has_chunk()) return absl::OkStatus();
     const v1::TensorChunk& c = req_.chunk();
     const int64_t n = shard_->num_params();
-    if (c.offset() < 0 || c.count() <= 0 || c.count() > n || c.offset() > n - c.count()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk [", c.offset(), ", +", c.count(), ") is outside the ", n,
-          "-element parameter vector"));
+    if (c.offset() < 0 || c.count() <= 0 || c.count() > n ||
+        c.offset() > n - c.count()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk [", c.offset(), ", +", c.count(),
+                       ") is outside the ", n, "-element parameter vector"));
     }
     if (static_cast<int64_t>(c.data().size()) != 4 * c.count()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk at ", c.offset(), " says ", c.count(), " elements but carries ",
-          c.data().size(), " bytes (want ", 4 * c.count(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk at ", c.offset(), " says ", c.count(),
+                       " elements but carries ", c.data().size(),
+                       " bytes (want ", 4 * c.count(), ")"));
     }
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
     float* dst = staging_->data() + c.offset();
     std::memcpy(dst, c.data().data(), c.data().size());
     if (int64_t bad = FirstNonFinite(dst, c.count()); bad >= 0) {
       shard_->Reject(meta_);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "non-finite gradient value (", dst[bad], ") at element ", c.offset() + bad,
-          "; push rejected and counted"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("non-finite gradient value (", dst[bad], ") at element ",
+                       c.offset() + bad, "; push rejected and counted"));
     }
     coverage_.Add(c.offset(), c.offset() + c.count());
     return absl::OkStatus();
@@ -169,14 +178,14 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     }
     if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
       ReturnStaging();
-      Finish(ToGrpc(absl::InvalidArgumentError(absl::StrCat(
-          "the push covers ", coverage_.covered(), " of ", shard_->num_params(),
-          " gradient elements"))));
+      Finish(ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("the push covers ", coverage_.covered(), " of ",
+                       shard_->num_params(), " gradient elements"))));
       return;
     }
     bool duplicate = false;
-    absl::Status s = shard_->Commit(meta_, meta_.samples > 0 ? staging_->data() : nullptr,
-                                    &duplicate);
+    absl::Status s = shard_->Commit(
+        meta_, meta_.samples > 0 ? staging_->data() : nullptr, &duplicate);
     ReturnStaging();
     resp_->set_duplicate(duplicate);
     resp_->set_version(shard_->version());
@@ -209,9 +218,10 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
       absl::MutexLock lock(&ctl_->mu);
       ctl_->reactor = this;
     }
-    chunk_ = req->chunk_elements() > 0
-                 ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
-                 : kDefaultChunkElements;
+    chunk_ =
+        req->chunk_elements() > 0
+            ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
+            : kDefaultChunkElements;
     auto shard = coord->Shard(req->job_id());
     absl::Status s = shard.status();
     if (s.ok()) s = coord->CheckWorker(req->worker_id(), req->incarnation());
@@ -223,10 +233,12 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
       return;
     }
     shard_ = *std::move(shard);
-    const int64_t wait_ms = req->max_wait_ms() > 0 ? std::min<int64_t>(req->max_wait_ms(), 600000)
-                                                   : 30000;
+    const int64_t wait_ms = req->max_wait_ms() > 0
+                                ? std::min<int64_t>(req->max_wait_ms(), 600000)
+                                : 30000;
     std::shared_ptr<Ctl> ctl = ctl_;
-    shard_->WhenVersion(req->min_version(), absl::Now() + absl::Milliseconds(wait_ms),
+    shard_->WhenVersion(req->min_version(),
+                        absl::Now() + absl::Milliseconds(wait_ms),
                         [ctl](absl::Status st) {
                           absl::MutexLock lock(&ctl->mu);
                           if (ctl->reactor != nullptr) ctl->reactor->Ready(st);
@@ -237,7 +249,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
     absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
-      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      FinishOnceLocked(
+          grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
       return;
     }
     WriteNextLocked();
@@ -245,7 +258,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
 
   void OnCancel() override {
     absl::MutexLock lock(&mu_);
-    if (!writing_) FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    if (!writing_)
+      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
   }
 
   void OnDone() override {
@@ -282,7 +296,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
     v1::TensorChunk* c = resp_.mutable_chunk();
     c->set_offset(next_);
     c->set_count(count);
-    c->set_data(reinterpret_cast<const char*>(weights_->data() + next_), count * 4);
+    c->set_data(reinterpret_cast<const char*>(weights_->data() + next_),
+                count * 4);
     next_ += std::max<int64_t>(count, 1);
     writing_ = true;
     StartWrite(&resp_);
@@ -292,7 +307,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
     absl::MutexLock lock(&mu_);
     FinishOnceLocked(s);
   }
-  void FinishOnceLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void FinishOnceLocked(const grpc::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
     Finish(s);
@@ -344,7 +360,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
     absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
-      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      FinishOnceLocked(
+          grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
     } else if (sent_terminal_) {
       FinishOnceLocked(grpc::Status::OK);
     } else if (pending_) {
@@ -354,7 +371,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
 
   void OnCancel() override {
     absl::MutexLock lock(&mu_);
-    if (!writing_) FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    if (!writing_)
+      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
   }
 
   void OnDone() override {
@@ -387,7 +405,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
     StartWrite(&job_);
   }
 
-  void FinishOnceLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void FinishOnceLocked(const grpc::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
     Finish(s);
@@ -449,36 +468,37 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
 
 // ------------------------------------------------------------ services --
 
-grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
-                                                    const v1::SubmitJobRequest* req,
-                                                    v1::SubmitJobResponse* resp) {
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
+    grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
+    v1::SubmitJobResponse* resp) {
   auto job = coord_->Submit(req->spec());
   if (job.ok()) *resp->mutable_job() = *std::move(job);
   return Reply(ctx, job.status());
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
-                                                 const v1::GetJobRequest* req, v1::Job* resp) {
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
+    grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+    v1::Job* resp) {
   auto job = coord_->Get(req->job_id());
   if (job.ok()) *resp = *std::move(job);
   return Reply(ctx, job.status());
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
-                                                   const v1::ListJobsRequest*,
-                                                   v1::ListJobsResponse* resp) {
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
+    grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
+    v1::ListJobsResponse* resp) {
   for (v1::Job& j : coord_->List()) *resp->add_jobs() = std::move(j);
   return Reply(ctx, absl::OkStatus());
 }
 
-grpc::ServerWriteReactor<v1::Job>* JobServiceImpl::WatchJob(grpc::CallbackServerContext*,
-                                                           const v1::WatchJobRequest* req) {
+grpc::ServerWriteReactor<v1::Job>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext*, const v1::WatchJobRequest* req) {
   return new WatchReactor(coord_, req->job_id());
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx,
-                                                    const v1::CancelJobRequest* req,
-                                                    v1::Job* resp) {
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
+    grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
+    v1::Job* resp) {
   auto job = coord_->Cancel(req->job_id());
   if (job.ok()) *resp = *std::move(job);
   return Reply(ctx, job.status());
@@ -496,9 +516,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
   return Reply(ctx, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
-                                                       const v1::HeartbeatRequest* req,
-                                                       v1::HeartbeatResponse* resp) {
+grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
+    grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+    v1::HeartbeatResponse* resp) {
   auto r = coord_->Heartbeat(*req);
   if (r.ok()) *resp = *std::move(r);
   return Reply(ctx, r.status());
@@ -531,7 +551,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   s->params_ = std::make_unique<ParameterServiceImpl>(s->coordinator_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           &s->port_);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->workers_.get());
   builder.RegisterService(s->params_.get());
@@ -540,10 +561,13 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   // large flow-control window keep the link busy (the defaults, 16 KiB frames
   // and a 64 KiB initial window, cap loopback at a fraction of TCP's speed).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             kHttp2WindowBytes);
   builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, kTcpReadChunkBytes);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kTcpReadChunkBytes);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kHttp2FrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE,
+                             kTcpReadChunkBytes);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE,
+                             kHttp2FrameBytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
@@ -556,7 +580,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
 void TallyServer::TickLoop() {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(100))) {
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopped),
+                               absl::Milliseconds(100))) {
     mu_.Unlock();
     coordinator_->Tick();
     mu_.Lock();
@@ -569,7 +594,8 @@ void TallyServer::Shutdown(absl::Duration grace) {
     stop_ = true;
   }
   if (ticker_.joinable()) ticker_.join();
-  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (server_ != nullptr)
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }
 
 TallyServer::~TallyServer() { Shutdown(absl::Seconds(1)); }

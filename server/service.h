@@ -9,9 +9,8 @@
 #include <string>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
-
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/tally.grpc.pb.h"
 #include "server/coordinator.h"
 
@@ -38,17 +37,20 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
                                       const v1::SubmitJobRequest* req,
                                       v1::SubmitJobResponse* resp) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
-                                   const v1::GetJobRequest* req, v1::Job* resp) override;
+                                   const v1::GetJobRequest* req,
+                                   v1::Job* resp) override;
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override;
-  grpc::ServerWriteReactor<v1::Job>* WatchJob(grpc::CallbackServerContext* ctx,
-                                              const v1::WatchJobRequest* req) override;
+  grpc::ServerWriteReactor<v1::Job>* WatchJob(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchJobRequest* req) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req,
                                       v1::Job* resp) override;
   grpc::ServerWriteReactor<v1::FileChunk>* FetchWeights(
-      grpc::CallbackServerContext* ctx, const v1::FetchWeightsRequest* req) override;
+      grpc::CallbackServerContext* ctx,
+      const v1::FetchWeightsRequest* req) override;
 
  private:
   Coordinator* coord_;  // borrowed
@@ -59,23 +61,25 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   explicit WorkerServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}
   WorkerServiceImpl(const WorkerServiceImpl&) = delete;
   WorkerServiceImpl& operator=(const WorkerServiceImpl&) = delete;
-  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
-                                           const v1::RegisterWorkerRequest* req,
-                                           v1::RegisterWorkerResponse* resp) override;
+  grpc::ServerUnaryReactor* RegisterWorker(
+      grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
+      v1::RegisterWorkerResponse* resp) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override;
-  grpc::ServerUnaryReactor* ReportResult(grpc::CallbackServerContext* ctx,
-                                         const v1::ReportResultRequest* req,
-                                         v1::ReportResultResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportResult(
+      grpc::CallbackServerContext* ctx, const v1::ReportResultRequest* req,
+      v1::ReportResultResponse* resp) override;
 
  private:
   Coordinator* coord_;  // borrowed
 };
 
-class ParameterServiceImpl final : public v1::ParameterService::CallbackService {
+class ParameterServiceImpl final
+    : public v1::ParameterService::CallbackService {
  public:
-  explicit ParameterServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}
+  explicit ParameterServiceImpl(Coordinator* coordinator)
+      : coord_(coordinator) {}
   ParameterServiceImpl(const ParameterServiceImpl&) = delete;
   ParameterServiceImpl& operator=(const ParameterServiceImpl&) = delete;
   grpc::ServerReadReactor<v1::PushRequest>* PushGradients(

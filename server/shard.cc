@@ -15,8 +15,9 @@ TALLY_VECTORIZE void AddScaled(float* __restrict sum, const float* __restrict g,
   for (int64_t i = 0; i < n; ++i) sum[i] += w * g[i];
 }
 
-TALLY_VECTORIZE void ScaleInto(float* __restrict out, const float* __restrict sum,
-                               float inv, int64_t n) {
+TALLY_VECTORIZE void ScaleInto(float* __restrict out,
+                               const float* __restrict sum, float inv,
+                               int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = sum[i] * inv;
 }
 
@@ -34,7 +35,8 @@ ParameterShard::ParameterShard(std::vector<float> weights,
   mean_.assign(num_params_, 0.0f);
 }
 
-void ParameterShard::AddMember(const std::string& worker_id, int64_t incarnation) {
+void ParameterShard::AddMember(const std::string& worker_id,
+                               int64_t incarnation) {
   absl::MutexLock lock(&mu_);
   Member m;
   m.incarnation = incarnation;
@@ -64,9 +66,9 @@ bool ParameterShard::IsMember(const std::string& worker_id,
 absl::Status ParameterShard::SetSchedule(int64_t total_steps,
                                          int64_t steps_per_epoch) {
   if (total_steps <= 0 || steps_per_epoch <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "total_steps and steps_per_epoch must be positive, got ", total_steps,
-        " and ", steps_per_epoch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("total_steps and steps_per_epoch must be positive, got ",
+                     total_steps, " and ", steps_per_epoch));
   }
   absl::MutexLock lock(&mu_);
   if (total_steps_ == 0) {
@@ -90,21 +92,22 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
   if (retired_) return absl::FailedPreconditionError("the job has ended");
   auto it = members_.find(meta.worker_id);
   if (it == members_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", meta.worker_id, " is not a member of this job (lease lost?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", meta.worker_id,
+                     " is not a member of this job (lease lost?)"));
   }
   const Member& m = it->second;
   if (m.incarnation != meta.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale incarnation ", meta.incarnation, " of worker ", meta.worker_id,
-        " (current ", m.incarnation, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale incarnation ", meta.incarnation, " of worker ",
+                     meta.worker_id, " (current ", m.incarnation, ")"));
   }
   if (meta.samples < 0) {
     return absl::InvalidArgumentError("samples must not be negative");
   }
   if (total_steps_ > 0 && version_ >= total_steps_) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "training finished at step ", total_steps_, "; push ignored"));
+    return absl::OutOfRangeError(absl::StrCat("training finished at step ",
+                                              total_steps_, "; push ignored"));
   }
   if (meta.step < version_) {
     if (m.pushed_step >= meta.step) {
@@ -120,20 +123,22 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
         "step ", meta.step, " is not open yet (current step ", version_, ")"));
   }
   if (meta.base_version != meta.step) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sync mode: a push for step ", meta.step, " must be computed from version ",
-        meta.step, ", not ", meta.base_version));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sync mode: a push for step ", meta.step,
+                     " must be computed from version ", meta.step, ", not ",
+                     meta.base_version));
   }
   if (m.join_step > version_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", meta.worker_id, " joins at step ", m.join_step,
-        "; pull that version first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", meta.worker_id, " joins at step ", m.join_step,
+                     "; pull that version first"));
   }
   if (m.pushed_step >= meta.step) *duplicate = true;
   return absl::OkStatus();
 }
 
-absl::Status ParameterShard::CheckPush(const PushMeta& meta, bool* duplicate) const {
+absl::Status ParameterShard::CheckPush(const PushMeta& meta,
+                                       bool* duplicate) const {
   absl::MutexLock lock(&mu_);
   return CheckPushLocked(meta, duplicate);
 }
@@ -149,7 +154,8 @@ absl::Status ParameterShard::Commit(const PushMeta& meta, const float* grads,
       return absl::InvalidArgumentError("a push with samples needs a gradient");
     }
     if (meta.samples > 0) {
-      AddScaled(sum_.data(), grads, static_cast<float>(meta.samples), num_params_);
+      AddScaled(sum_.data(), grads, static_cast<float>(meta.samples),
+                num_params_);
       step_samples_ += meta.samples;
       step_loss_ += meta.loss_sum;
       step_correct_ += meta.correct;
@@ -233,13 +239,15 @@ void ParameterShard::RunReady(Ready& ready) {
   for (auto& [fn, status] : ready) fn(status);
 }
 
-absl::StatusOr<std::unique_ptr<std::vector<float>>> ParameterShard::AcquireStaging() {
+absl::StatusOr<std::unique_ptr<std::vector<float>>>
+ParameterShard::AcquireStaging() {
   {
     absl::MutexLock lock(&mu_);
     const int limit = 2 * static_cast<int>(members_.size()) + 4;
     if (staging_out_ >= limit) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          staging_out_, " pushes already in flight for this job (limit ", limit, ")"));
+          staging_out_, " pushes already in flight for this job (limit ", limit,
+          ")"));
     }
     ++staging_out_;
     if (!staging_pool_.empty()) {
@@ -251,7 +259,8 @@ absl::StatusOr<std::unique_ptr<std::vector<float>>> ParameterShard::AcquireStagi
   return std::make_unique<std::vector<float>>(num_params_);
 }
 
-void ParameterShard::ReleaseStaging(std::unique_ptr<std::vector<float>> buffer) {
+void ParameterShard::ReleaseStaging(
+    std::unique_ptr<std::vector<float>> buffer) {
   if (buffer == nullptr) return;
   absl::MutexLock lock(&mu_);
   --staging_out_;
@@ -283,11 +292,13 @@ ShardMetrics ParameterShard::Metrics() const {
   m.rejected_pushes = rejected_;
   m.members = static_cast<int>(members_.size());
   if (started_ != absl::InfinitePast()) {
-    const absl::Time end = finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
+    const absl::Time end =
+        finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
     m.train_seconds = absl::ToDoubleSeconds(end - started_);
   }
   if (closes_.size() >= 2) {
-    const double dt = absl::ToDoubleSeconds(closes_.back().first - closes_.front().first);
+    const double dt =
+        absl::ToDoubleSeconds(closes_.back().first - closes_.front().first);
     if (dt > 0) {
       m.samples_per_sec = (closes_.back().second - closes_.front().second) / dt;
     }
@@ -316,8 +327,8 @@ void ParameterShard::ExpireWaiters() {
       if (it->deadline <= now) {
         ready.emplace_back(std::move(it->done),
                            absl::DeadlineExceededError(absl::StrCat(
-                               "version ", it->version, " not reached in time (at ",
-                               version_, ")")));
+                               "version ", it->version,
+                               " not reached in time (at ", version_, ")")));
         it = waiters_.erase(it);
       } else {
         ++it;
@@ -344,7 +355,8 @@ void ParameterShard::CancelWaiters() {
   {
     absl::MutexLock lock(&mu_);
     for (Waiter& w : waiters_) {
-      ready.emplace_back(std::move(w.done), absl::CancelledError("the job ended"));
+      ready.emplace_back(std::move(w.done),
+                         absl::CancelledError("the job ended"));
     }
     waiters_.clear();
   }

@@ -57,8 +57,8 @@ struct ShardMetrics {
 class ParameterShard {
  public:
   // `weights` are the initial weights (the shard owns them from now on).
-  ParameterShard(std::vector<float> weights, std::unique_ptr<Optimizer> optimizer,
-                 const Clock* clock);
+  ParameterShard(std::vector<float> weights,
+                 std::unique_ptr<Optimizer> optimizer, const Clock* clock);
   ParameterShard(const ParameterShard&) = delete;
   ParameterShard& operator=(const ParameterShard&) = delete;
 
@@ -85,7 +85,8 @@ class ParameterShard {
   // Adds a complete, validated push (grads: num_params floats, or null when
   // meta.samples == 0, a member with nothing to contribute). Re-checks as
   // CheckPush; a duplicate is acknowledged (*duplicate = true) and ignored.
-  absl::Status Commit(const PushMeta& meta, const float* grads, bool* duplicate);
+  absl::Status Commit(const PushMeta& meta, const float* grads,
+                      bool* duplicate);
 
   // Counts a refused push (non-finite values, ...). When the pusher is a
   // required member of the open step, it is marked as having contributed
@@ -127,7 +128,8 @@ class ParameterShard {
     absl::Time deadline;
     std::function<void(absl::Status)> done;
   };
-  using Ready = std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
+  using Ready =
+      std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
 
   absl::Status CheckPushLocked(const PushMeta& meta, bool* duplicate) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -144,8 +146,10 @@ class ParameterShard {
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const std::vector<float>> snapshot_ ABSL_GUARDED_BY(mu_);
   // Earlier snapshots, reused once no pull holds them any more.
-  std::vector<std::shared_ptr<std::vector<float>>> snapshot_pool_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<std::vector<float>>> staging_pool_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<std::vector<float>>> snapshot_pool_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<std::vector<float>>> staging_pool_
+      ABSL_GUARDED_BY(mu_);
   int staging_out_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;

@@ -36,8 +36,8 @@ void BatchLoader::Produce() {
     const std::vector<int64_t> order = EpochOrder(
         data_->size(), options_.seed, e, options_.rank, options_.world);
     const int64_t skip = e == options_.first_epoch ? options_.first_batch : 0;
-    for (int64_t b = skip; b * options_.batch_size < static_cast<int64_t>(order.size());
-         ++b) {
+    for (int64_t b = skip;
+         b * options_.batch_size < static_cast<int64_t>(order.size()); ++b) {
       if (options_.max_batches > 0 && produced >= options_.max_batches) break;
       std::unique_ptr<HostBatch> batch;
       {
@@ -45,7 +45,8 @@ void BatchLoader::Produce() {
         auto can_fill = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || !free_.empty();
         };
-        while (!mu_.AwaitWithTimeout(absl::Condition(&can_fill), absl::Seconds(1))) {
+        while (!mu_.AwaitWithTimeout(absl::Condition(&can_fill),
+                                     absl::Seconds(1))) {
         }
         if (stop_) return;
         batch = std::move(free_.back());

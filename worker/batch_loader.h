@@ -30,7 +30,7 @@ struct LoaderOptions {
   int rank = 0;
   int world = 1;
   int64_t first_epoch = 0;
-  int64_t epochs = 1;     // epochs [first_epoch, first_epoch + epochs)
+  int64_t epochs = 1;       // epochs [first_epoch, first_epoch + epochs)
   int64_t first_batch = 0;  // batches of first_epoch to skip
   int64_t max_batches = 0;  // 0: no limit
   int depth = 3;

@@ -1,11 +1,11 @@
 #include "worker/daemon.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -39,10 +39,12 @@ struct Schedule {
 Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
   const int64_t largest_shard = (train_size + world - 1) / world;
   Schedule s;
-  s.steps_per_epoch = std::max<int64_t>(
-      1, (largest_shard + spec.training.batch_size - 1) / spec.training.batch_size);
+  s.steps_per_epoch =
+      std::max<int64_t>(1, (largest_shard + spec.training.batch_size - 1) /
+                               spec.training.batch_size);
   s.total_steps = s.steps_per_epoch * spec.training.epochs;
-  if (spec.training.max_steps > 0) s.total_steps = std::min(s.total_steps, spec.training.max_steps);
+  if (spec.training.max_steps > 0)
+    s.total_steps = std::min(s.total_steps, spec.training.max_steps);
   return s;
 }
 
@@ -79,7 +81,8 @@ class Background {
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || task_ != nullptr;
         };
-        while (!mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1))) {
+        while (
+            !mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1))) {
         }
         if (stop_) return;
         task = std::move(task_);
@@ -113,7 +116,8 @@ class WorkerDaemon::Impl {
     args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 1024 * 1024);
     args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 1024 * 1024);
     args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 * 1024 * 1024);
-    channel_ = grpc::CreateCustomChannel(o.server, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(
+        o.server, grpc::InsecureChannelCredentials(), args);
     workers_ = v1::WorkerService::NewStub(channel_);
     params_ = v1::ParameterService::NewStub(channel_);
   }
@@ -131,9 +135,11 @@ class WorkerDaemon::Impl {
   absl::Status Run() {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     while (!Stopped()) {
-      std::optional<v1::Assignment> a = WaitForAssignment(absl::Milliseconds(500));
+      std::optional<v1::Assignment> a =
+          WaitForAssignment(absl::Milliseconds(500));
       if (!a.has_value()) continue;
-      Log(absl::StrCat("assigned ", a->job_id(), " as rank ", a->rank(), " of ", a->world()));
+      Log(absl::StrCat("assigned ", a->job_id(), " as rank ", a->rank(), " of ",
+                       a->world()));
       absl::Status s = RunJob(*a);
       if (!s.ok()) Log(absl::StrCat(a->job_id(), ": ", s.ToString()));
       // Do not pick the same assignment up again until the coordinator
@@ -154,7 +160,8 @@ class WorkerDaemon::Impl {
   void Log(const std::string& line) {
     if (!options_.verbose) return;
     std::fprintf(stderr, "tally-worker[%s]: %s\n",
-                 options_.name.empty() ? "" : options_.name.c_str(), line.c_str());
+                 options_.name.empty() ? "" : options_.name.c_str(),
+                 line.c_str());
   }
 
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
@@ -172,7 +179,8 @@ class WorkerDaemon::Impl {
     req.set_address(options_.address);
     v1::RegisterWorkerResponse resp;
     auto ctx = Context(absl::Seconds(5));
-    TALLY_RETURN_IF_ERROR(FromGrpc(workers_->RegisterWorker(ctx.get(), req, &resp)));
+    TALLY_RETURN_IF_ERROR(
+        FromGrpc(workers_->RegisterWorker(ctx.get(), req, &resp)));
     absl::MutexLock lock(&mu_);
     lease_.worker_id = resp.worker_id();
     lease_.incarnation = resp.incarnation();
@@ -191,11 +199,13 @@ class WorkerDaemon::Impl {
           registered = true;
           backoff = absl::Milliseconds(100);
           absl::MutexLock lock(&mu_);
-          Log(absl::StrCat("registered with ", options_.server, " as ", lease_.worker_id,
-                           " (incarnation ", lease_.incarnation, ")"));
+          Log(absl::StrCat("registered with ", options_.server, " as ",
+                           lease_.worker_id, " (incarnation ",
+                           lease_.incarnation, ")"));
         } else {
-          Log(absl::StrCat("cannot register with ", options_.server, ": ", s.message(),
-                           "; retrying in ", absl::FormatDuration(backoff)));
+          Log(absl::StrCat("cannot register with ", options_.server, ": ",
+                           s.message(), "; retrying in ",
+                           absl::FormatDuration(backoff)));
           SleepUnlessStopped(backoff);
           backoff = std::min(backoff * 2, options_.max_backoff);
           continue;
@@ -211,7 +221,8 @@ class WorkerDaemon::Impl {
         lease_ms = lease_ms_;
       }
       v1::HeartbeatResponse resp;
-      auto ctx = Context(absl::Milliseconds(std::max<int64_t>(lease_ms / 2, 200)));
+      auto ctx =
+          Context(absl::Milliseconds(std::max<int64_t>(lease_ms / 2, 200)));
       absl::Status s = FromGrpc(workers_->Heartbeat(ctx.get(), req, &resp));
       if (s.ok()) {
         absl::MutexLock lock(&mu_);
@@ -227,13 +238,15 @@ class WorkerDaemon::Impl {
       } else {
         Log(absl::StrCat("heartbeat failed: ", s.message()));
       }
-      SleepUnlessStopped(absl::Milliseconds(std::max<int64_t>(lease_ms / 4, 50)));
+      SleepUnlessStopped(
+          absl::Milliseconds(std::max<int64_t>(lease_ms / 4, 50)));
     }
   }
 
   void SleepUnlessStopped(absl::Duration d) {
     absl::MutexLock lock(&mu_);
-    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    auto stopped = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&stopped), d);
   }
 
@@ -253,8 +266,8 @@ class WorkerDaemon::Impl {
   // False once the job was taken from us (cancelled, lease lost) or we stop.
   bool StillAssigned(const std::string& job_id, int64_t incarnation) {
     absl::MutexLock lock(&mu_);
-    return !stop_ && assignment_.has_value() && assignment_->job_id() == job_id &&
-           lease_.incarnation == incarnation;
+    return !stop_ && assignment_.has_value() &&
+           assignment_->job_id() == job_id && lease_.incarnation == incarnation;
   }
 
   Lease CurrentLease() {
@@ -265,9 +278,10 @@ class WorkerDaemon::Impl {
   // ---- parameters ----
 
   // Pulls version >= min_version into `params`; returns its version.
-  absl::StatusOr<int64_t> Pull(grpc::ClientContext* ctx, const std::string& job_id,
-                               const Lease& lease, int64_t min_version,
-                               const Schedule& sched, float* params, int64_t num_params) {
+  absl::StatusOr<int64_t> Pull(grpc::ClientContext* ctx,
+                               const std::string& job_id, const Lease& lease,
+                               int64_t min_version, const Schedule& sched,
+                               float* params, int64_t num_params) {
     v1::PullRequest req;
     req.set_job_id(job_id);
     req.set_worker_id(lease.worker_id);
@@ -281,7 +295,8 @@ class WorkerDaemon::Impl {
     int64_t version = -1, received = 0;
     while (reader->Read(&resp)) {
       const v1::TensorChunk& c = resp.chunk();
-      if (c.offset() < 0 || c.count() < 0 || c.offset() + c.count() > num_params ||
+      if (c.offset() < 0 || c.count() < 0 ||
+          c.offset() + c.count() > num_params ||
           static_cast<int64_t>(c.data().size()) != 4 * c.count()) {
         ctx->TryCancel();
         reader->Finish();
@@ -293,14 +308,15 @@ class WorkerDaemon::Impl {
     }
     TALLY_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
     if (received != num_params) {
-      return absl::DataLossError(absl::StrCat("pulled ", received, " of ", num_params,
-                                              " weights"));
+      return absl::DataLossError(
+          absl::StrCat("pulled ", received, " of ", num_params, " weights"));
     }
     return version;
   }
 
   absl::Status Push(const std::string& job_id, const Lease& lease, int64_t step,
-                    const StepStats& st, const float* grads, int64_t num_params) {
+                    const StepStats& st, const float* grads,
+                    int64_t num_params) {
     auto ctx = Context(options_.rpc_timeout);
     v1::PushResponse resp;
     auto writer = params_->PushGradients(ctx.get(), &resp);
@@ -318,7 +334,8 @@ class WorkerDaemon::Impl {
     if (st.samples == 0) {
       ok = writer->Write(msg);
     } else {
-      for (int64_t off = 0; off < num_params && ok; off += options_.chunk_elements) {
+      for (int64_t off = 0; off < num_params && ok;
+           off += options_.chunk_elements) {
         const int64_t n = std::min(options_.chunk_elements, num_params - off);
         v1::TensorChunk* c = msg.mutable_chunk();
         c->set_offset(off);
@@ -332,9 +349,9 @@ class WorkerDaemon::Impl {
     return FromGrpc(writer->Finish());
   }
 
-  absl::Status ReportResult(const std::string& job_id, const Lease& lease, bool ok,
-                            const std::string& message, const StepStats& test,
-                            int64_t steps) {
+  absl::Status ReportResult(const std::string& job_id, const Lease& lease,
+                            bool ok, const std::string& message,
+                            const StepStats& test, int64_t steps) {
     v1::ReportResultRequest req;
     req.set_worker_id(lease.worker_id);
     req.set_incarnation(lease.incarnation);
@@ -354,13 +371,12 @@ class WorkerDaemon::Impl {
   // ---- a job ----
 
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
-    const std::string key = absl::StrCat(spec.dataset.name, "|", spec.dataset.root, "|",
-                                         spec.dataset.normalize, "|",
-                                         spec.dataset.synthetic.train_size, "|",
-                                         spec.dataset.synthetic.test_size, "|",
-                                         spec.dataset.synthetic.features, "|",
-                                         spec.dataset.synthetic.num_classes, "|",
-                                         spec.dataset.synthetic.seed);
+    const std::string key = absl::StrCat(
+        spec.dataset.name, "|", spec.dataset.root, "|", spec.dataset.normalize,
+        "|", spec.dataset.synthetic.train_size, "|",
+        spec.dataset.synthetic.test_size, "|", spec.dataset.synthetic.features,
+        "|", spec.dataset.synthetic.num_classes, "|",
+        spec.dataset.synthetic.seed);
     if (data_key_ != key || data_ == nullptr) {
       TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDataset(spec.dataset));
       data_ = std::make_unique<TrainTest>(std::move(d));
@@ -373,7 +389,8 @@ class WorkerDaemon::Impl {
     const Lease lease = CurrentLease();
     auto fail = [&](const absl::Status& s) {
       // Report what keeps this worker from running the job, then give up.
-      ReportResult(a.job_id(), lease, false, std::string(s.message()), {}, 0).IgnoreError();
+      ReportResult(a.job_id(), lease, false, std::string(s.message()), {}, 0)
+          .IgnoreError();
       return s;
     };
     auto spec = ParseJobSpec(a.spec());
@@ -391,9 +408,11 @@ class WorkerDaemon::Impl {
     const Schedule sched = MakeSchedule(*spec, tt.train.size(), world);
     const int64_t n = e.num_params();
     const int64_t train_size = tt.train.size();
-    const int64_t rank_samples = train_size / world + (a.rank() < train_size % world ? 1 : 0);
+    const int64_t rank_samples =
+        train_size / world + (a.rank() < train_size % world ? 1 : 0);
     const int64_t rank_batches =
-        (rank_samples + spec->training.batch_size - 1) / spec->training.batch_size;
+        (rank_samples + spec->training.batch_size - 1) /
+        spec->training.batch_size;
 
     std::unique_ptr<BatchLoader> loader;
     int64_t loader_next = -1;  // global step the loader's next batch is for
@@ -412,9 +431,11 @@ class WorkerDaemon::Impl {
     auto post_pull = [&](int64_t min_version) {
       pull_ctx = Context(absl::Seconds(5) + options_.rpc_timeout);
       grpc::ClientContext* ctx = pull_ctx.get();
-      puller.Post([this, ctx, &a, &lease, min_version, &sched, &e, n, &prefetched] {
-        prefetched = Pull(ctx, a.job_id(), lease, min_version, sched, e.params(), n);
-      });
+      puller.Post(
+          [this, ctx, &a, &lease, min_version, &sched, &e, n, &prefetched] {
+            prefetched =
+                Pull(ctx, a.job_id(), lease, min_version, sched, e.params(), n);
+          });
       have_prefetch = true;
     };
     auto finish_pull = [&]() -> absl::StatusOr<int64_t> {
@@ -484,20 +505,24 @@ class WorkerDaemon::Impl {
         loader->Recycle(std::move(batch));
         if (!r.ok()) return fail(r.status());
         st = *r;
-        loader_next = index + 1 < rank_batches ? step + 1 : (epoch + 1) * sched.steps_per_epoch;
+        loader_next = index + 1 < rank_batches
+                          ? step + 1
+                          : (epoch + 1) * sched.steps_per_epoch;
       }
       // The weights were consumed by the step: the next pull may land.
       post_pull(step + 1);
       absl::Status s = Push(a.job_id(), lease, step, st, e.grads(), n);
       if (s.ok() || absl::IsAborted(s) || absl::IsInvalidArgument(s) ||
-          (absl::IsFailedPrecondition(s) && absl::StrContains(s.message(), "joins at"))) {
+          (absl::IsFailedPrecondition(s) &&
+           absl::StrContains(s.message(), "joins at"))) {
         if (!s.ok()) Log(absl::StrCat("step ", step, ": ", s.message()));
         next = step + 1;
       } else if (absl::IsOutOfRange(s)) {
         cancel_pull();
         next = sched.total_steps;
       } else if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
-        Log(absl::StrCat("step ", step, ": push failed (", s.message(), "); retrying"));
+        Log(absl::StrCat("step ", step, ": push failed (", s.message(),
+                         "); retrying"));
         cancel_pull();
         SleepUnlessStopped(backoff);
         next = step;  // pull again; a closed step will move us on
@@ -514,9 +539,10 @@ class WorkerDaemon::Impl {
     }
     auto test = e.Evaluate(tt.test);
     if (!test.ok()) return fail(test.status());
-    Log(absl::StrFormat("%s finished at step %d: test accuracy %.4f", a.job_id(), version,
-                        test->samples > 0 ? static_cast<double>(test->correct) / test->samples
-                                          : 0.0));
+    Log(absl::StrFormat(
+        "%s finished at step %d: test accuracy %.4f", a.job_id(), version,
+        test->samples > 0 ? static_cast<double>(test->correct) / test->samples
+                          : 0.0));
     return ReportResult(a.job_id(), lease, true, "", *test, version);
   }
 

@@ -30,7 +30,7 @@ struct Replica {
   std::unique_ptr<Device> device;
   std::unique_ptr<Sequential> model;
   std::unique_ptr<CrossEntropyLoss> loss;
-  DeviceBuffer<float> x;        // device inputs (unused on host devices)
+  DeviceBuffer<float> x;  // device inputs (unused on host devices)
   DeviceBuffer<int32_t> y;
   std::vector<float> grads_on_host;  // staging for non-host devices
   StepStats stats;                   // this replica's part of the step
@@ -47,14 +47,17 @@ TALLY_VECTORIZE void AddInto(float* __restrict acc, const float* __restrict x,
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-absl::Status EnsureCapacity(internal::Replica& r, int64_t floats, int64_t labels) {
+absl::Status EnsureCapacity(internal::Replica& r, int64_t floats,
+                            int64_t labels) {
   if (r.x.size() < static_cast<size_t>(floats)) {
     r.x.Reset();
-    TALLY_ASSIGN_OR_RETURN(r.x, DeviceBuffer<float>::Create(r.device.get(), floats));
+    TALLY_ASSIGN_OR_RETURN(r.x,
+                           DeviceBuffer<float>::Create(r.device.get(), floats));
   }
   if (r.y.size() < static_cast<size_t>(labels)) {
     r.y.Reset();
-    TALLY_ASSIGN_OR_RETURN(r.y, DeviceBuffer<int32_t>::Create(r.device.get(), labels));
+    TALLY_ASSIGN_OR_RETURN(
+        r.y, DeviceBuffer<int32_t>::Create(r.device.get(), labels));
   }
   return absl::OkStatus();
 }
@@ -108,8 +111,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     auto r = std::make_unique<internal::Replica>();
     TALLY_ASSIGN_OR_RETURN(r->device, OpenDevice(id));
     r->device->SetAllowTf32(options.allow_tf32);
-    TALLY_ASSIGN_OR_RETURN(r->model,
-                           Sequential::Create(layers, input_shape, r->device.get()));
+    TALLY_ASSIGN_OR_RETURN(
+        r->model, Sequential::Create(layers, input_shape, r->device.get()));
     r->loss = std::make_unique<CrossEntropyLoss>(r->device.get());
     if (!r->device->host_accessible()) r->grads_on_host.resize(e->num_params_);
     e->replicas_.push_back(std::move(r));
@@ -124,8 +127,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     for (auto* buf : {&e->host_params_, &e->host_grads_}) {
       *buf = std::make_unique<HostBuffer>();
       (*buf)->device = first.device.get();
-      TALLY_ASSIGN_OR_RETURN((*buf)->ptr,
-                             first.device->AllocateHost(e->num_params_ * sizeof(float)));
+      TALLY_ASSIGN_OR_RETURN((*buf)->ptr, first.device->AllocateHost(
+                                              e->num_params_ * sizeof(float)));
       std::fill((*buf)->data(), (*buf)->data() + e->num_params_, 0.0f);
     }
     e->params_ = e->host_params_->data();
@@ -152,7 +155,8 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   }
   const std::vector<int> sizes = Split(batch.size, num_replicas());
   std::vector<int64_t> offsets(sizes.size());
-  for (size_t r = 1; r < sizes.size(); ++r) offsets[r] = offsets[r - 1] + sizes[r - 1];
+  for (size_t r = 1; r < sizes.size(); ++r)
+    offsets[r] = offsets[r - 1] + sizes[r - 1];
   const int used = static_cast<int>(sizes.size());
   const int64_t feat = NumElements(input_shape_);
   const float grad_scale = 1.0f / batch.size;
@@ -164,10 +168,12 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
                                             num_params_ * sizeof(float)));
     const float* x;
     const int32_t* y;
-    TALLY_RETURN_IF_ERROR(Stage(rep, batch.x, batch.y, feat, offsets[r], sizes[r], &x, &y));
-    TALLY_ASSIGN_OR_RETURN(Tensor logits,
-                           rep.model->Forward(x, sizes[r], true, seed, offsets[r]));
-    TALLY_ASSIGN_OR_RETURN(LossStats ls, rep.loss->Compute(logits, y, grad_scale));
+    TALLY_RETURN_IF_ERROR(
+        Stage(rep, batch.x, batch.y, feat, offsets[r], sizes[r], &x, &y));
+    TALLY_ASSIGN_OR_RETURN(
+        Tensor logits, rep.model->Forward(x, sizes[r], true, seed, offsets[r]));
+    TALLY_ASSIGN_OR_RETURN(LossStats ls,
+                           rep.loss->Compute(logits, y, grad_scale));
     if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
     TALLY_RETURN_IF_ERROR(rep.model->Backward(rep.loss->dlogits()));
     rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
@@ -185,8 +191,10 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
         if (collective_ != nullptr) {
           absl::Status s = rep.used ? compute(rep, r) : absl::OkStatus();
           // A failed replica still joins the all-reduce, or the others hang.
-          if (!rep.used || !s.ok()) dev->kernels().Fill(rep.model->grads(), num_params_, 0.0f);
-          TALLY_RETURN_IF_ERROR(collective_->AllReduceSum(r, rep.model->grads(), num_params_));
+          if (!rep.used || !s.ok())
+            dev->kernels().Fill(rep.model->grads(), num_params_, 0.0f);
+          TALLY_RETURN_IF_ERROR(
+              collective_->AllReduceSum(r, rep.model->grads(), num_params_));
           TALLY_RETURN_IF_ERROR(s);
           if (r == 0) {
             TALLY_RETURN_IF_ERROR(dev->CopyToHost(grads_, rep.model->grads(),
@@ -197,7 +205,8 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
         if (!rep.used) return absl::OkStatus();
         TALLY_RETURN_IF_ERROR(compute(rep, r));
         if (!dev->host_accessible()) {
-          TALLY_RETURN_IF_ERROR(dev->CopyToHost(rep.grads_on_host.data(), rep.model->grads(),
+          TALLY_RETURN_IF_ERROR(dev->CopyToHost(rep.grads_on_host.data(),
+                                                rep.model->grads(),
                                                 num_params_ * sizeof(float)));
         }
         return absl::OkStatus();
@@ -212,8 +221,9 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
         const int64_t n = end - begin;
         for (int s = 0; s < used && collective_ == nullptr; ++s) {
           internal::Replica& rep = *replicas_[s];
-          const float* g = rep.device->host_accessible() ? rep.model->grads()
-                                                         : rep.grads_on_host.data();
+          const float* g = rep.device->host_accessible()
+                               ? rep.model->grads()
+                               : rep.grads_on_host.data();
           if (g == grads_) continue;  // replica 0 already is the sum's base
           if (s == 0) {
             std::copy(g + begin, g + end, grads_ + begin);
@@ -250,12 +260,14 @@ absl::StatusOr<StepStats> Engine::Evaluate(const Dataset& data) {
         TALLY_RETURN_IF_ERROR(rep.device->CopyFromHost(
             rep.model->params(), params_, num_params_ * sizeof(float)));
         for (int64_t s = begin; s < end; s += kEvalBatch) {
-          const int b = static_cast<int>(std::min<int64_t>(kEvalBatch, end - s));
+          const int b =
+              static_cast<int>(std::min<int64_t>(kEvalBatch, end - s));
           const float* x;
           const int32_t* y;
-          TALLY_RETURN_IF_ERROR(Stage(rep, data.features.data(), data.labels.data(),
-                                      feat, s, b, &x, &y));
-          TALLY_ASSIGN_OR_RETURN(Tensor logits, rep.model->Forward(x, b, false));
+          TALLY_RETURN_IF_ERROR(Stage(rep, data.features.data(),
+                                      data.labels.data(), feat, s, b, &x, &y));
+          TALLY_ASSIGN_OR_RETURN(Tensor logits,
+                                 rep.model->Forward(x, b, false));
           TALLY_ASSIGN_OR_RETURN(LossStats ls, rep.loss->Evaluate(logits, y));
           parts[r].loss_sum += ls.loss_sum;
           parts[r].correct += ls.correct;

@@ -9,7 +9,8 @@ namespace {
 using grpc::health::v1::HealthCheckResponse;
 
 // Sends SERVING once, then holds the stream open until the client leaves.
-class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse> {
+class WatchReactor final
+    : public grpc::ServerWriteReactor<HealthCheckResponse> {
  public:
   WatchReactor() {
     resp_.set_status(HealthCheckResponse::SERVING);
@@ -42,9 +43,10 @@ class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse> 
 
 }  // namespace
 
-grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx,
-                                               const grpc::health::v1::HealthCheckRequest* req,
-                                               HealthCheckResponse* resp) {
+grpc::ServerUnaryReactor* HealthService::Check(
+    grpc::CallbackServerContext* ctx,
+    const grpc::health::v1::HealthCheckRequest* req,
+    HealthCheckResponse* resp) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   if (!req->service().empty() && req->service() != "tally.worker") {
     r->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service"));

@@ -10,9 +10,10 @@ namespace tally {
 
 class HealthService final : public grpc::health::v1::Health::CallbackService {
  public:
-  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
-                                  const grpc::health::v1::HealthCheckRequest* req,
-                                  grpc::health::v1::HealthCheckResponse* resp) override;
+  grpc::ServerUnaryReactor* Check(
+      grpc::CallbackServerContext* ctx,
+      const grpc::health::v1::HealthCheckRequest* req,
+      grpc::health::v1::HealthCheckResponse* resp) override;
   grpc::ServerWriteReactor<grpc::health::v1::HealthCheckResponse>* Watch(
       grpc::CallbackServerContext* ctx,
       const grpc::health::v1::HealthCheckRequest* req) override;

@@ -4,16 +4,17 @@
 //                [--health_port=0]
 //   tally-worker --standalone --job=FILE [--devices=cpu:1]
 //                [--output=model.safetensors] [--summary_json=PATH]
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <thread>
 #include <iostream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -21,8 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include "common/device.h"
 #include "common/io/safetensors.h"
 #include "common/malloc_tuning.h"
@@ -41,8 +40,10 @@ ABSL_FLAG(std::string, output, "",
 ABSL_FLAG(std::string, summary_json, "",
           "Write {test_accuracy, samples_per_sec, steps, final_loss} here");
 ABSL_FLAG(bool, quiet, false, "Print no progress, only the result");
-ABSL_FLAG(std::string, server, "", "Coordinator address HOST:PORT (daemon mode)");
-ABSL_FLAG(std::string, name, "", "Worker name shown by the server (default: hostname)");
+ABSL_FLAG(std::string, server, "",
+          "Coordinator address HOST:PORT (daemon mode)");
+ABSL_FLAG(std::string, name, "",
+          "Worker name shown by the server (default: hostname)");
 ABSL_FLAG(int, health_port, 0,
           "Serve grpc.health.v1 on this port (0: any free port, -1: none)");
 
@@ -80,7 +81,8 @@ void PrintProgress(const tally::ProgressReport& r, bool tty) {
 int RunDaemon() {
   const std::string server = absl::GetFlag(FLAGS_server);
   if (server.empty()) {
-    std::cerr << "tally-worker: give --server=HOST:PORT, or --standalone --job=FILE\n";
+    std::cerr << "tally-worker: give --server=HOST:PORT, or --standalone "
+                 "--job=FILE\n";
     return 2;
   }
   auto devices = tally::ParseDevices(absl::GetFlag(FLAGS_devices));
@@ -111,7 +113,8 @@ int RunDaemon() {
                              grpc::InsecureServerCredentials(), &bound);
     health = builder.BuildAndStart();
     if (health == nullptr || bound == 0) {
-      std::cerr << "tally-worker: cannot serve health checks on port " << port << "\n";
+      std::cerr << "tally-worker: cannot serve health checks on port " << port
+                << "\n";
       return 1;
     }
     options.address = absl::StrCat(options.name, ":", bound);
@@ -129,7 +132,8 @@ int RunDaemon() {
   int none = 0;
   g_signal.compare_exchange_strong(none, SIGTERM);  // ends the watcher
   watcher.join();
-  if (health != nullptr) health->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (health != nullptr)
+    health->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (!s.ok()) return Fail(s);
   return 0;
 }
@@ -171,18 +175,20 @@ int main(int argc, char** argv) {
   if (tty && !quiet) std::fprintf(stderr, "\n");
   if (!summary.ok()) return Fail(summary.status());
 
-  std::printf("steps %lld  final loss %.4f  %.0f samples/s  test accuracy %.4f\n",
-              static_cast<long long>(summary->steps), summary->final_loss,
-              summary->samples_per_sec, summary->test_accuracy);
+  std::printf(
+      "steps %lld  final loss %.4f  %.0f samples/s  test accuracy %.4f\n",
+      static_cast<long long>(summary->steps), summary->final_loss,
+      summary->samples_per_sec, summary->test_accuracy);
 
   if (const std::string out = absl::GetFlag(FLAGS_output); !out.empty()) {
-    absl::Status s = tally::SaveSafetensors(
-        out, spec->layout.params, summary->params.data(),
-        {{"job", spec->name}, {"format", "pt"}});
+    absl::Status s =
+        tally::SaveSafetensors(out, spec->layout.params, summary->params.data(),
+                               {{"job", spec->name}, {"format", "pt"}});
     if (!s.ok()) return Fail(s);
     if (!quiet) std::fprintf(stderr, "weights written to %s\n", out.c_str());
   }
-  if (const std::string path = absl::GetFlag(FLAGS_summary_json); !path.empty()) {
+  if (const std::string path = absl::GetFlag(FLAGS_summary_json);
+      !path.empty()) {
     nlohmann::json j = {{"test_accuracy", summary->test_accuracy},
                         {"test_loss", summary->test_loss},
                         {"samples_per_sec", summary->samples_per_sec},

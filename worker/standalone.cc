@@ -47,7 +47,8 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
   // the same as one optimizer over the whole vector.
   std::vector<std::unique_ptr<Optimizer>> optimizers;
   for (int r = 0; r < engine->num_replicas(); ++r) {
-    const auto [begin, end] = Engine::Slice(num_params, r, engine->num_replicas());
+    const auto [begin, end] =
+        Engine::Slice(num_params, r, engine->num_replicas());
     TALLY_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
                            Optimizer::Create(spec.optimizer, end - begin));
     optimizers.push_back(std::move(opt));
@@ -93,7 +94,8 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
                        ? static_cast<double>(window_correct) / window_samples
                        : 0.0;
       const double dt = Seconds(last_report, now);
-      r.samples_per_sec = dt > 0 ? (summary.samples - samples_at_report) / dt : 0.0;
+      r.samples_per_sec =
+          dt > 0 ? (summary.samples - samples_at_report) / dt : 0.0;
       options.on_progress(r);
     }
     window_loss = 0.0;
@@ -113,8 +115,8 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
       epoch = batch->epoch;
     }
     BatchView view{batch->x.data(), batch->y.data(), batch->size};
-    TALLY_ASSIGN_OR_RETURN(StepStats st,
-                           engine->Step(view, spec.training.seed + step, apply));
+    TALLY_ASSIGN_OR_RETURN(
+        StepStats st, engine->Step(view, spec.training.seed + step, apply));
     loader.Recycle(std::move(batch));
     ++step;
     summary.samples += st.samples;

@@ -17,7 +17,7 @@ namespace tally {
 struct ProgressReport {
   int64_t epoch = 0;  // 0-based
   int64_t epochs = 0;
-  int64_t step = 0;   // steps done so far
+  int64_t step = 0;  // steps done so far
   int64_t total_steps = 0;
   double loss = 0.0;      // mean over the steps since the last report
   double accuracy = 0.0;  // same window

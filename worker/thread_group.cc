@@ -23,7 +23,8 @@ bool SpinUntil(F done) {
   int n = 0;
   while (!done()) {
     CpuRelax();
-    if ((++n & 63) == 0 && std::chrono::steady_clock::now() > until) return false;
+    if ((++n & 63) == 0 && std::chrono::steady_clock::now() > until)
+      return false;
   }
   return true;
 }
@@ -93,7 +94,8 @@ absl::Status ThreadGroup::Run(Task task, absl::Duration timeout,
   SpinUntil([&] { return remaining_.load(std::memory_order_acquire) == 0; });
   mu_.Lock();
   results_[0] = std::move(own);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+  auto done = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
     broken_ = true;
     return absl::DeadlineExceededError(absl::StrCat(

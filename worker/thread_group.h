@@ -35,8 +35,9 @@ class ThreadGroup {
 
   // Runs task(i) for every i in [0, size()): index 0 on the calling thread
   // (which would otherwise only wait), the others on their own threads, and
-  // waits for all of them. Returns the first non-OK status in thread order (others are logged
-  // into `statuses` when given), or kDeadlineExceeded after `timeout`.
+  // waits for all of them. Returns the first non-OK status in thread order
+  // (others are logged into `statuses` when given), or kDeadlineExceeded after
+  // `timeout`.
   absl::Status Run(Task task, absl::Duration timeout,
                    std::vector<absl::Status>* statuses = nullptr);
 
@@ -46,8 +47,8 @@ class ThreadGroup {
   // Rounds are typically a millisecond apart. Waking a halted virtual CPU
   // can take as long, so both sides first poll these atomics for a short
   // while (kSpin) before blocking on the mutex.
-  std::atomic<uint64_t> posted_{0};   // mirrors generation_
-  std::atomic<int> remaining_{0};     // mirrors pending_
+  std::atomic<uint64_t> posted_{0};  // mirrors generation_
+  std::atomic<int> remaining_{0};    // mirrors pending_
 
   absl::Mutex mu_;
   std::shared_ptr<const Task> task_ ABSL_GUARDED_BY(mu_);

@@ -29,8 +29,8 @@ absl::Status CudaStatus(cudaError_t e, const char* call, int device) {
 
 absl::Status CublasStatus(cublasStatus_t s, const char* call, int device) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " on cuda:", device, ": cuBLAS status ",
-                                          static_cast<int>(s)));
+  return absl::InternalError(absl::StrCat(
+      call, " on cuda:", device, ": cuBLAS status ", static_cast<int>(s)));
 }
 
 class CudaDevice;
@@ -39,14 +39,19 @@ class CudaKernels final : public Kernels {
  public:
   explicit CudaKernels(CudaDevice* device) : device_(device) {}
 
-  void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-            const float* b, int ldb, float beta, float* c, int ldc) override;
-  void Fill(float* x, int64_t n, float v) override { cuda::Fill(x, n, v, stream()); }
+  void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+            int lda, const float* b, int ldb, float beta, float* c,
+            int ldc) override;
+  void Fill(float* x, int64_t n, float v) override {
+    cuda::Fill(x, n, v, stream());
+  }
   void Copy(const float* src, float* dst, int64_t n) override;
   void Axpy(int64_t n, float a, const float* x, float* y) override {
     cuda::Axpy(n, a, x, y, stream());
   }
-  void Scale(int64_t n, float a, float* x) override { cuda::Scale(n, a, x, stream()); }
+  void Scale(int64_t n, float a, float* x) override {
+    cuda::Scale(n, a, x, stream());
+  }
   void BroadcastRows(const float* b, int rows, int cols, float* y) override {
     cuda::BroadcastRows(b, rows, cols, y, stream());
   }
@@ -56,36 +61,41 @@ class CudaKernels final : public Kernels {
   void ReluForward(const float* x, float* y, int64_t n) override {
     cuda::ReluForward(x, y, n, stream());
   }
-  void ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
+  void ReluBackward(const float* y, const float* dy, float* dx,
+                    int64_t n) override {
     cuda::ReluBackward(y, dy, dx, n, stream());
   }
   void DropoutForward(const float* x, float* y, float* mask, int64_t n, float p,
                       uint64_t seed, int64_t offset) override {
     cuda::DropoutForward(x, y, mask, n, p, seed, offset, stream());
   }
-  void Multiply(const float* a, const float* b, float* out, int64_t n) override {
+  void Multiply(const float* a, const float* b, float* out,
+                int64_t n) override {
     cuda::Multiply(a, b, out, n, stream());
   }
-  void Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
-                     float* y) override;
-  void Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w, const float* dy,
-                      float* dw, float* db, float* dx) override;
+  void Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
+                     const float* b, float* y) override;
+  void Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                      const float* dy, float* dw, float* db,
+                      float* dx) override;
   void MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                         int32_t* argmax) override {
     cuda::MaxPoolForward(g, x, y, argmax, stream());
   }
-  void MaxPool2dBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
-                         float* dx) override {
+  void MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
+                         const int32_t* argmax, float* dx) override {
     cuda::MaxPoolBackward(g, dy, argmax, dx, stream());
   }
-  void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch, int classes,
-                           float scale, float* dlogits, float* stats) override;
-  void SoftmaxCrossEntropyStats(const float* logits, const int32_t* labels, int batch,
-                                int classes, float* stats) override;
+  void SoftmaxCrossEntropy(const float* logits, const int32_t* labels,
+                           int batch, int classes, float scale, float* dlogits,
+                           float* stats) override;
+  void SoftmaxCrossEntropyStats(const float* logits, const int32_t* labels,
+                                int batch, int classes, float* stats) override;
 
  private:
   Stream stream() const;
-  float* Scratch(size_t floats);  // grows, never shrinks: no per-step cudaMalloc
+  float* Scratch(
+      size_t floats);  // grows, never shrinks: no per-step cudaMalloc
 
   CudaDevice* device_;  // owner
   float* scratch_ = nullptr;
@@ -97,19 +107,25 @@ class CudaDevice final : public Device {
  public:
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int index) {
     std::unique_ptr<CudaDevice> d(new CudaDevice(index));
-    if (auto s = CudaStatus(cudaSetDevice(index), "cudaSetDevice", index); !s.ok()) return s;
-    if (auto s = CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
-                            "cudaStreamCreate", index);
+    if (auto s = CudaStatus(cudaSetDevice(index), "cudaSetDevice", index);
+        !s.ok())
+      return s;
+    if (auto s = CudaStatus(
+            cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
+            "cudaStreamCreate", index);
         !s.ok()) {
       return s;
     }
-    if (auto s = CublasStatus(cublasCreate(&d->cublas_), "cublasCreate", index); !s.ok()) {
+    if (auto s = CublasStatus(cublasCreate(&d->cublas_), "cublasCreate", index);
+        !s.ok()) {
       return s;
     }
     cublasSetStream(d->cublas_, d->stream_);
     cublasSetMathMode(d->cublas_, CUBLAS_DEFAULT_MATH);
     void* flag = nullptr;
-    if (auto s = CudaStatus(cudaMalloc(&flag, sizeof(int)), "cudaMalloc", index); !s.ok()) {
+    if (auto s =
+            CudaStatus(cudaMalloc(&flag, sizeof(int)), "cudaMalloc", index);
+        !s.ok()) {
       return s;
     }
     d->error_flag_ = static_cast<int*>(flag);
@@ -136,7 +152,8 @@ class CudaDevice final : public Device {
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     cudaSetDevice(index_);
     void* p = nullptr;
-    if (auto s = CudaStatus(cudaMalloc(&p, bytes == 0 ? 4 : bytes), "cudaMalloc", index_);
+    if (auto s = CudaStatus(cudaMalloc(&p, bytes == 0 ? 4 : bytes),
+                            "cudaMalloc", index_);
         !s.ok()) {
       return s;
     }
@@ -148,8 +165,8 @@ class CudaDevice final : public Device {
   }
   absl::StatusOr<void*> AllocateHost(size_t bytes) override {
     void* p = nullptr;
-    if (auto s = CudaStatus(cudaMallocHost(&p, bytes == 0 ? 4 : bytes), "cudaMallocHost",
-                            index_);
+    if (auto s = CudaStatus(cudaMallocHost(&p, bytes == 0 ? 4 : bytes),
+                            "cudaMallocHost", index_);
         !s.ok()) {
       return s;
     }
@@ -159,35 +176,40 @@ class CudaDevice final : public Device {
 
   absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
     cudaSetDevice(index_);
-    Note(CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
-                    "cudaMemcpyAsync(host to device)", index_));
+    Note(CudaStatus(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync(host to device)", index_));
     // The caller may reuse `src` at once: wait for the copy.
     return Synchronize();
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
     cudaSetDevice(index_);
-    Note(CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
-                    "cudaMemcpyAsync(device to host)", index_));
+    Note(CudaStatus(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(device to host)", index_));
     return Synchronize();
   }
   absl::Status Synchronize() override {
     cudaSetDevice(index_);
-    Note(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", index_));
+    Note(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize",
+                    index_));
     Note(CudaStatus(cudaGetLastError(), "kernel launch", index_));
     int flag = 0;
     if (error_.ok() &&
-        cudaMemcpy(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost) ==
+            cudaSuccess &&
         flag != 0) {
       cudaMemset(error_flag_, 0, sizeof(int));
-      Note(absl::InvalidArgumentError(
-          absl::StrCat("a label is outside the class range (cuda:", index_, ")")));
+      Note(absl::InvalidArgumentError(absl::StrCat(
+          "a label is outside the class range (cuda:", index_, ")")));
     }
     absl::Status s = std::move(error_);
     error_ = absl::OkStatus();
     return s;
   }
   void SetAllowTf32(bool allow) override {
-    cublasSetMathMode(cublas_, allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+    cublasSetMathMode(cublas_,
+                      allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
   }
 
   void Note(absl::Status s) {
@@ -218,8 +240,8 @@ float* CudaKernels::Scratch(size_t floats) {
     scratch_ = nullptr;
     scratch_size_ = 0;
     void* p = nullptr;
-    absl::Status s =
-        CudaStatus(cudaMalloc(&p, floats * sizeof(float)), "cudaMalloc(scratch)", device_->index());
+    absl::Status s = CudaStatus(cudaMalloc(&p, floats * sizeof(float)),
+                                "cudaMalloc(scratch)", device_->index());
     if (!s.ok()) {
       device_->Note(std::move(s));
       return nullptr;
@@ -230,12 +252,14 @@ float* CudaKernels::Scratch(size_t floats) {
   return scratch_;
 }
 
-void CudaKernels::Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
-                       int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+void CudaKernels::Gemm(bool ta, bool tb, int m, int n, int k, float alpha,
+                       const float* a, int lda, const float* b, int ldb,
+                       float beta, float* c, int ldc) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   device_->Note(CublasStatus(
       cublasSgemm(device_->cublas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc),
+                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a,
+                  lda, &beta, c, ldc),
       "cublasSgemm", device_->index()));
 }
 
@@ -243,11 +267,12 @@ void CudaKernels::Copy(const float* src, float* dst, int64_t n) {
   if (src == dst) return;
   device_->Note(CudaStatus(cudaMemcpyAsync(dst, src, n * sizeof(float),
                                            cudaMemcpyDeviceToDevice, stream()),
-                           "cudaMemcpyAsync(device to device)", device_->index()));
+                           "cudaMemcpyAsync(device to device)",
+                           device_->index()));
 }
 
-void CudaKernels::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
-                                const float* b, float* y) {
+void CudaKernels::Conv2dForward(const Conv2dGeometry& g, const float* x,
+                                const float* w, const float* b, float* y) {
   const int ckk = g.in_channels * g.kernel * g.kernel;
   const int p = g.out_h() * g.out_w();
   float* col = Scratch(static_cast<size_t>(g.batch) * ckk * p);
@@ -257,16 +282,18 @@ void CudaKernels::Conv2dForward(const Conv2dGeometry& g, const float* x, const f
   // is y_n^T[P, Cout] = col_n^T[P, CKK] W^T[CKK, Cout].
   const float one = 1.0f, zero = 0.0f;
   device_->Note(CublasStatus(
-      cublasSgemmStridedBatched(device_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, p, g.out_channels,
-                                ckk, &one, col, p, static_cast<long long>(ckk) * p, w, ckk, 0,
-                                &zero, y, p, static_cast<long long>(g.out_channels) * p,
-                                g.batch),
+      cublasSgemmStridedBatched(
+          device_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, p, g.out_channels, ckk,
+          &one, col, p, static_cast<long long>(ckk) * p, w, ckk, 0, &zero, y, p,
+          static_cast<long long>(g.out_channels) * p, g.batch),
       "cublasSgemmStridedBatched(conv forward)", device_->index()));
-  if (b != nullptr) cuda::AddChannelBias(b, g.batch, g.out_channels, p, y, stream());
+  if (b != nullptr)
+    cuda::AddChannelBias(b, g.batch, g.out_channels, p, y, stream());
 }
 
-void CudaKernels::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
-                                 const float* dy, float* dw, float* db, float* dx) {
+void CudaKernels::Conv2dBackward(const Conv2dGeometry& g, const float* x,
+                                 const float* w, const float* dy, float* dw,
+                                 float* db, float* dx) {
   const int ckk = g.in_channels * g.kernel * g.kernel;
   const int p = g.out_h() * g.out_w();
   const size_t col_size = static_cast<size_t>(g.batch) * ckk * p;
@@ -278,44 +305,51 @@ void CudaKernels::Conv2dBackward(const Conv2dGeometry& g, const float* x, const 
   const float one = 1.0f, zero = 0.0f;
   for (int n = 0; n < g.batch; ++n) {
     device_->Note(CublasStatus(
-        cublasSgemm(device_->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, ckk, g.out_channels, p, &one,
+        cublasSgemm(device_->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, ckk,
+                    g.out_channels, p, &one,
                     col + static_cast<size_t>(n) * ckk * p, p,
-                    dy + static_cast<size_t>(n) * g.out_channels * p, p, n == 0 ? &zero : &one,
-                    dw, ckk),
+                    dy + static_cast<size_t>(n) * g.out_channels * p, p,
+                    n == 0 ? &zero : &one, dw, ckk),
         "cublasSgemm(conv weight gradient)", device_->index()));
   }
-  if (g.batch == 0) cuda::Fill(dw, static_cast<int64_t>(g.out_channels) * ckk, 0.0f, stream());
-  if (db != nullptr) cuda::ChannelSum(dy, g.batch, g.out_channels, p, db, stream());
+  if (g.batch == 0)
+    cuda::Fill(dw, static_cast<int64_t>(g.out_channels) * ckk, 0.0f, stream());
+  if (db != nullptr)
+    cuda::ChannelSum(dy, g.batch, g.out_channels, p, db, stream());
   if (dx != nullptr) {
     float* dcol = col + col_size;
     // dcol_n[CKK, P] = W^T[CKK, Cout] dy_n[Cout, P]; column-major:
     // dcol_n^T[P, CKK] = dy_n^T[P, Cout] W[Cout, CKK].
     device_->Note(CublasStatus(
-        cublasSgemmStridedBatched(device_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, p, ckk,
-                                  g.out_channels, &one, dy, p,
-                                  static_cast<long long>(g.out_channels) * p, w, ckk, 0, &zero,
-                                  dcol, p, static_cast<long long>(ckk) * p, g.batch),
+        cublasSgemmStridedBatched(
+            device_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, p, ckk, g.out_channels,
+            &one, dy, p, static_cast<long long>(g.out_channels) * p, w, ckk, 0,
+            &zero, dcol, p, static_cast<long long>(ckk) * p, g.batch),
         "cublasSgemmStridedBatched(conv input gradient)", device_->index()));
     cuda::Col2ImBatch(g, dcol, dx, stream());
   }
 }
 
-void CudaKernels::SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch,
-                                      int classes, float scale, float* dlogits, float* stats) {
-  cuda::SoftmaxCrossEntropy(logits, labels, batch, classes, scale, dlogits, stats,
-                            device_->error_flag(), stream());
+void CudaKernels::SoftmaxCrossEntropy(const float* logits,
+                                      const int32_t* labels, int batch,
+                                      int classes, float scale, float* dlogits,
+                                      float* stats) {
+  cuda::SoftmaxCrossEntropy(logits, labels, batch, classes, scale, dlogits,
+                            stats, device_->error_flag(), stream());
 }
 
-void CudaKernels::SoftmaxCrossEntropyStats(const float* logits, const int32_t* labels,
-                                           int batch, int classes, float* stats) {
-  cuda::SoftmaxCrossEntropy(logits, labels, batch, classes, 0.0f, nullptr, stats,
-                            device_->error_flag(), stream());
+void CudaKernels::SoftmaxCrossEntropyStats(const float* logits,
+                                           const int32_t* labels, int batch,
+                                           int classes, float* stats) {
+  cuda::SoftmaxCrossEntropy(logits, labels, batch, classes, 0.0f, nullptr,
+                            stats, device_->error_flag(), stream());
 }
 
 #ifdef TALLY_HAVE_NCCL
 class NcclCollective final : public Collective {
  public:
-  explicit NcclCollective(std::vector<CudaDevice*> devices) : devices_(std::move(devices)) {}
+  explicit NcclCollective(std::vector<CudaDevice*> devices)
+      : devices_(std::move(devices)) {}
   ~NcclCollective() override {
     for (ncclComm_t c : comms_) ncclCommDestroy(c);
   }
@@ -323,21 +357,24 @@ class NcclCollective final : public Collective {
     std::vector<int> ids;
     for (CudaDevice* d : devices_) ids.push_back(d->index());
     comms_.resize(ids.size());
-    ncclResult_t r = ncclCommInitAll(comms_.data(), static_cast<int>(ids.size()), ids.data());
+    ncclResult_t r = ncclCommInitAll(comms_.data(),
+                                     static_cast<int>(ids.size()), ids.data());
     if (r != ncclSuccess) {
       comms_.clear();
-      return absl::InternalError(absl::StrCat("ncclCommInitAll: ", ncclGetErrorString(r)));
+      return absl::InternalError(
+          absl::StrCat("ncclCommInitAll: ", ncclGetErrorString(r)));
     }
     return absl::OkStatus();
   }
   absl::Status AllReduceSum(int rank, float* buffer, int64_t count) override {
     CudaDevice* d = devices_[rank];
     cudaSetDevice(d->index());
-    ncclResult_t r = ncclAllReduce(buffer, buffer, static_cast<size_t>(count), ncclFloat,
-                                   ncclSum, comms_[rank], d->stream());
+    ncclResult_t r =
+        ncclAllReduce(buffer, buffer, static_cast<size_t>(count), ncclFloat,
+                      ncclSum, comms_[rank], d->stream());
     if (r != ncclSuccess) {
-      return absl::InternalError(absl::StrCat("ncclAllReduce on cuda:", d->index(), ": ",
-                                              ncclGetErrorString(r)));
+      return absl::InternalError(absl::StrCat(
+          "ncclAllReduce on cuda:", d->index(), ": ", ncclGetErrorString(r)));
     }
     return d->Synchronize();
   }
@@ -363,12 +400,13 @@ absl::StatusOr<int> DeviceCount() {
 absl::StatusOr<std::unique_ptr<Device>> OpenDevice(int index) {
   auto count = DeviceCount();
   if (!count.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open cuda:", index, ": ", count.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open cuda:", index, ": ", count.status().message()));
   }
   if (index < 0 || index >= *count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "there is no GPU cuda:", index, " (cudaGetDeviceCount reported ", *count, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("there is no GPU cuda:", index,
+                     " (cudaGetDeviceCount reported ", *count, ")"));
   }
   auto d = CudaDevice::Create(index);
   if (!d.ok()) return d.status();
@@ -381,7 +419,8 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateNcclCollective(
   std::vector<CudaDevice*> cuda;
   for (Device* d : devices) {
     auto* c = dynamic_cast<CudaDevice*>(d);
-    if (c == nullptr) return absl::InvalidArgumentError("NCCL needs CUDA devices");
+    if (c == nullptr)
+      return absl::InvalidArgumentError("NCCL needs CUDA devices");
     cuda.push_back(c);
   }
   auto group = std::make_unique<NcclCollective>(std::move(cuda));

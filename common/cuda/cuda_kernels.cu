@@ -1,8 +1,8 @@
-#include "common/cuda/cuda_kernels.h"
-
 #include <cuda_runtime.h>
 
 #include <cfloat>
+
+#include "common/cuda/cuda_kernels.h"
 
 namespace tally::cuda {
 
@@ -15,8 +15,9 @@ inline int Blocks(int64_t n) {
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
 }
 
-#define TALLY_GRID_LOOP(i, n)                                              \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
+#define TALLY_GRID_LOOP(i, n)                                           \
+  for (int64_t i =                                                      \
+           blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
        i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 // The same SplitMix64 hash as common/random.cc, so CPU and GPU draw the
@@ -42,7 +43,8 @@ __global__ void AxpyKernel(int64_t n, float a, const float* x, float* y) {
 __global__ void ScaleKernel(int64_t n, float a, float* x) {
   TALLY_GRID_LOOP(i, n) x[i] *= a;
 }
-__global__ void BroadcastRowsKernel(const float* b, int rows, int cols, float* y) {
+__global__ void BroadcastRowsKernel(const float* b, int rows, int cols,
+                                    float* y) {
   TALLY_GRID_LOOP(i, static_cast<int64_t>(rows) * cols) y[i] = b[i % cols];
 }
 __global__ void SumRowsKernel(const float* dy, int rows, int cols, float* db) {
@@ -55,18 +57,21 @@ __global__ void SumRowsKernel(const float* dy, int rows, int cols, float* db) {
 __global__ void ReluKernel(const float* x, float* y, int64_t n) {
   TALLY_GRID_LOOP(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
-__global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx, int64_t n) {
+__global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx,
+                                   int64_t n) {
   TALLY_GRID_LOOP(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
-__global__ void DropoutKernel(const float* x, float* y, float* mask, int64_t n, float p,
-                              float keep_scale, uint64_t seed, int64_t offset) {
+__global__ void DropoutKernel(const float* x, float* y, float* mask, int64_t n,
+                              float p, float keep_scale, uint64_t seed,
+                              int64_t offset) {
   TALLY_GRID_LOOP(i, n) {
     const float m = HashUniform(seed, offset + i) < p ? 0.0f : keep_scale;
     mask[i] = m;
     y[i] = x[i] * m;
   }
 }
-__global__ void MultiplyKernel(const float* a, const float* b, float* out, int64_t n) {
+__global__ void MultiplyKernel(const float* a, const float* b, float* out,
+                               int64_t n) {
   TALLY_GRID_LOOP(i, n) out[i] = a[i] * b[i];
 }
 
@@ -79,9 +84,11 @@ __global__ void Im2ColKernel(Conv2dGeometry g, const float* x, float* col) {
     const int64_t p = i % plane;
     const int64_t row = (i / plane) % rows;
     const int64_t n = i / (plane * rows);
-    const int kj = row % k, ki = (row / k) % k, c = static_cast<int>(row / (k * k));
+    const int kj = row % k, ki = (row / k) % k,
+              c = static_cast<int>(row / (k * k));
     const int y = static_cast<int>(p / ow), xo = static_cast<int>(p % ow);
-    const int ih = y * g.stride - g.padding + ki, iw = xo * g.stride - g.padding + kj;
+    const int ih = y * g.stride - g.padding + ki,
+              iw = xo * g.stride - g.padding + kj;
     float v = 0.0f;
     if (ih >= 0 && ih < g.in_h && iw >= 0 && iw < g.in_w) {
       v = x[((n * g.in_channels + c) * g.in_h + ih) * g.in_w + iw];
@@ -95,12 +102,15 @@ __global__ void Col2ImKernel(Conv2dGeometry g, const float* col, float* x) {
   const int oh = g.out_h(), ow = g.out_w(), k = g.kernel, s = g.stride;
   const int64_t plane = static_cast<int64_t>(oh) * ow;
   const int64_t rows = static_cast<int64_t>(g.in_channels) * k * k;
-  const int64_t total = static_cast<int64_t>(g.batch) * g.in_channels * g.in_h * g.in_w;
+  const int64_t total =
+      static_cast<int64_t>(g.batch) * g.in_channels * g.in_h * g.in_w;
   TALLY_GRID_LOOP(i, total) {
     const int iw = static_cast<int>(i % g.in_w);
     const int ih = static_cast<int>((i / g.in_w) % g.in_h);
-    const int c = static_cast<int>((i / (static_cast<int64_t>(g.in_w) * g.in_h)) % g.in_channels);
-    const int64_t n = i / (static_cast<int64_t>(g.in_w) * g.in_h * g.in_channels);
+    const int c = static_cast<int>(
+        (i / (static_cast<int64_t>(g.in_w) * g.in_h)) % g.in_channels);
+    const int64_t n =
+        i / (static_cast<int64_t>(g.in_w) * g.in_h * g.in_channels);
     float sum = 0.0f;
     for (int ki = 0; ki < k; ++ki) {
       const int yy = ih + g.padding - ki;
@@ -116,16 +126,16 @@ __global__ void Col2ImKernel(Conv2dGeometry g, const float* col, float* x) {
   }
 }
 
-__global__ void AddChannelBiasKernel(const float* b, int batch, int channels, int plane,
-                                     float* y) {
+__global__ void AddChannelBiasKernel(const float* b, int batch, int channels,
+                                     int plane, float* y) {
   TALLY_GRID_LOOP(i, static_cast<int64_t>(batch) * channels * plane) {
     y[i] += b[(i / plane) % channels];
   }
 }
 
 // One block per channel, a tree reduction over (n, p).
-__global__ void ChannelSumKernel(const float* dy, int batch, int channels, int plane,
-                                 float* db) {
+__global__ void ChannelSumKernel(const float* dy, int batch, int channels,
+                                 int plane, float* db) {
   __shared__ float part[kThreads];
   const int c = blockIdx.x;
   float s = 0.0f;
@@ -183,8 +193,9 @@ __global__ void MaxPoolBackwardKernel(Pool2dGeometry g, const float* dy,
   }
 }
 
-__global__ void SoftmaxXentKernel(const float* logits, const int32_t* labels, int batch,
-                                  int classes, float scale, float* dlogits, float* stats,
+__global__ void SoftmaxXentKernel(const float* logits, const int32_t* labels,
+                                  int batch, int classes, float scale,
+                                  float* dlogits, float* stats,
                                   int* error_flag) {
   TALLY_GRID_LOOP(r, batch) {
     const float* row = logits + r * classes;
@@ -202,7 +213,8 @@ __global__ void SoftmaxXentKernel(const float* logits, const int32_t* labels, in
       }
     }
     double sum = 0.0;
-    for (int c = 0; c < classes; ++c) sum += exp(static_cast<double>(row[c] - mx));
+    for (int c = 0; c < classes; ++c)
+      sum += exp(static_cast<double>(row[c] - mx));
     const double lse = mx + log(sum);
     atomicAdd(stats, static_cast<float>(lse - row[label]));
     if (arg == label) atomicAdd(stats + 1, 1.0f);
@@ -227,8 +239,8 @@ void Scale(int64_t n, float a, float* x, Stream s) {
   ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(n, a, x);
 }
 void BroadcastRows(const float* b, int rows, int cols, float* y, Stream s) {
-  BroadcastRowsKernel<<<Blocks(static_cast<int64_t>(rows) * cols), kThreads, 0, s>>>(b, rows,
-                                                                                     cols, y);
+  BroadcastRowsKernel<<<Blocks(static_cast<int64_t>(rows) * cols), kThreads, 0,
+                        s>>>(b, rows, cols, y);
 }
 void SumRows(const float* dy, int rows, int cols, float* db, Stream s) {
   SumRowsKernel<<<Blocks(cols), kThreads, 0, s>>>(dy, rows, cols, db);
@@ -236,50 +248,62 @@ void SumRows(const float* dy, int rows, int cols, float* db, Stream s) {
 void ReluForward(const float* x, float* y, int64_t n, Stream s) {
   ReluKernel<<<Blocks(n), kThreads, 0, s>>>(x, y, n);
 }
-void ReluBackward(const float* y, const float* dy, float* dx, int64_t n, Stream s) {
+void ReluBackward(const float* y, const float* dy, float* dx, int64_t n,
+                  Stream s) {
   ReluBackwardKernel<<<Blocks(n), kThreads, 0, s>>>(y, dy, dx, n);
 }
-void DropoutForward(const float* x, float* y, float* mask, int64_t n, float p, uint64_t seed,
-                    int64_t offset, Stream s) {
+void DropoutForward(const float* x, float* y, float* mask, int64_t n, float p,
+                    uint64_t seed, int64_t offset, Stream s) {
   const float keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  DropoutKernel<<<Blocks(n), kThreads, 0, s>>>(x, y, mask, n, p, keep, seed, offset);
+  DropoutKernel<<<Blocks(n), kThreads, 0, s>>>(x, y, mask, n, p, keep, seed,
+                                               offset);
 }
 void Multiply(const float* a, const float* b, float* out, int64_t n, Stream s) {
   MultiplyKernel<<<Blocks(n), kThreads, 0, s>>>(a, b, out, n);
 }
-void Im2ColBatch(const Conv2dGeometry& g, const float* x, float* col, Stream s) {
-  const int64_t total = static_cast<int64_t>(g.batch) * g.in_channels * g.kernel * g.kernel *
-                        g.out_h() * g.out_w();
+void Im2ColBatch(const Conv2dGeometry& g, const float* x, float* col,
+                 Stream s) {
+  const int64_t total = static_cast<int64_t>(g.batch) * g.in_channels *
+                        g.kernel * g.kernel * g.out_h() * g.out_w();
   Im2ColKernel<<<Blocks(total), kThreads, 0, s>>>(g, x, col);
 }
-void Col2ImBatch(const Conv2dGeometry& g, const float* col, float* x, Stream s) {
-  const int64_t total = static_cast<int64_t>(g.batch) * g.in_channels * g.in_h * g.in_w;
+void Col2ImBatch(const Conv2dGeometry& g, const float* col, float* x,
+                 Stream s) {
+  const int64_t total =
+      static_cast<int64_t>(g.batch) * g.in_channels * g.in_h * g.in_w;
   Col2ImKernel<<<Blocks(total), kThreads, 0, s>>>(g, col, x);
 }
-void AddChannelBias(const float* b, int batch, int channels, int plane, float* y, Stream s) {
-  AddChannelBiasKernel<<<Blocks(static_cast<int64_t>(batch) * channels * plane), kThreads, 0,
-                         s>>>(b, batch, channels, plane, y);
+void AddChannelBias(const float* b, int batch, int channels, int plane,
+                    float* y, Stream s) {
+  AddChannelBiasKernel<<<Blocks(static_cast<int64_t>(batch) * channels * plane),
+                         kThreads, 0, s>>>(b, batch, channels, plane, y);
 }
-void ChannelSum(const float* dy, int batch, int channels, int plane, float* db, Stream s) {
-  ChannelSumKernel<<<channels, kThreads, 0, s>>>(dy, batch, channels, plane, db);
+void ChannelSum(const float* dy, int batch, int channels, int plane, float* db,
+                Stream s) {
+  ChannelSumKernel<<<channels, kThreads, 0, s>>>(dy, batch, channels, plane,
+                                                 db);
 }
-void MaxPoolForward(const Pool2dGeometry& g, const float* x, float* y, int32_t* argmax,
-                    Stream s) {
-  const int64_t total = static_cast<int64_t>(g.batch) * g.channels * g.out_h() * g.out_w();
+void MaxPoolForward(const Pool2dGeometry& g, const float* x, float* y,
+                    int32_t* argmax, Stream s) {
+  const int64_t total =
+      static_cast<int64_t>(g.batch) * g.channels * g.out_h() * g.out_w();
   MaxPoolForwardKernel<<<Blocks(total), kThreads, 0, s>>>(g, x, y, argmax);
 }
-void MaxPoolBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax, float* dx,
-                     Stream s) {
-  const int64_t in_total = static_cast<int64_t>(g.batch) * g.channels * g.in_h * g.in_w;
+void MaxPoolBackward(const Pool2dGeometry& g, const float* dy,
+                     const int32_t* argmax, float* dx, Stream s) {
+  const int64_t in_total =
+      static_cast<int64_t>(g.batch) * g.channels * g.in_h * g.in_w;
   FillKernel<<<Blocks(in_total), kThreads, 0, s>>>(dx, in_total, 0.0f);
-  const int64_t total = static_cast<int64_t>(g.batch) * g.channels * g.out_h() * g.out_w();
+  const int64_t total =
+      static_cast<int64_t>(g.batch) * g.channels * g.out_h() * g.out_w();
   MaxPoolBackwardKernel<<<Blocks(total), kThreads, 0, s>>>(g, dy, argmax, dx);
 }
-void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch, int classes,
-                         float scale, float* dlogits, float* stats, int* error_flag, Stream s) {
+void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch,
+                         int classes, float scale, float* dlogits, float* stats,
+                         int* error_flag, Stream s) {
   cudaMemsetAsync(stats, 0, 2 * sizeof(float), s);
-  SoftmaxXentKernel<<<Blocks(batch), kThreads, 0, s>>>(logits, labels, batch, classes, scale,
-                                                        dlogits, stats, error_flag);
+  SoftmaxXentKernel<<<Blocks(batch), kThreads, 0, s>>>(
+      logits, labels, batch, classes, scale, dlogits, stats, error_flag);
 }
 
 }  // namespace tally::cuda

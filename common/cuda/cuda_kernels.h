@@ -21,7 +21,8 @@ void Scale(int64_t n, float alpha, float* x, Stream s);
 void BroadcastRows(const float* bias, int rows, int cols, float* y, Stream s);
 void SumRows(const float* dy, int rows, int cols, float* db, Stream s);
 void ReluForward(const float* x, float* y, int64_t n, Stream s);
-void ReluBackward(const float* y, const float* dy, float* dx, int64_t n, Stream s);
+void ReluBackward(const float* y, const float* dy, float* dx, int64_t n,
+                  Stream s);
 void DropoutForward(const float* x, float* y, float* mask, int64_t n, float p,
                     uint64_t seed, int64_t index_offset, Stream s);
 void Multiply(const float* a, const float* b, float* out, int64_t n, Stream s);
@@ -31,8 +32,8 @@ void Im2ColBatch(const Conv2dGeometry& g, const float* x, float* col, Stream s);
 // Overwrites x ([batch][c][h][w]) with the sum of the columns that read it.
 void Col2ImBatch(const Conv2dGeometry& g, const float* col, float* x, Stream s);
 // y[n][c][p] += b[c]
-void AddChannelBias(const float* b, int batch, int channels, int plane, float* y,
-                    Stream s);
+void AddChannelBias(const float* b, int batch, int channels, int plane,
+                    float* y, Stream s);
 // db[c] = sum over n, p of dy[n][c][p]
 void ChannelSum(const float* dy, int batch, int channels, int plane, float* db,
                 Stream s);

@@ -63,8 +63,8 @@ TALLY_VECTORIZE float SumLoop(const float* __restrict x, int64_t n) {
 
 // 2x2 max pooling with stride 2 and no padding, the common case. A NaN wins
 // as in PyTorch: `v > m || v != v`.
-TALLY_VECTORIZE void MaxPool2x2(const float* __restrict x, int in_w,
-                                int out_h, int out_w, float* __restrict y,
+TALLY_VECTORIZE void MaxPool2x2(const float* __restrict x, int in_w, int out_h,
+                                int out_w, float* __restrict y,
                                 int32_t* __restrict argmax) {
   for (int i = 0; i < out_h; ++i) {
     const float* r0 = x + static_cast<int64_t>(2 * i) * in_w;
@@ -77,11 +77,20 @@ TALLY_VECTORIZE void MaxPool2x2(const float* __restrict x, int in_w,
       float m = r0[2 * j];
       int32_t k = base;
       const float b = r0[2 * j + 1];
-      if (b > m || b != b) { m = b; k = base + 1; }
+      if (b > m || b != b) {
+        m = b;
+        k = base + 1;
+      }
       const float c = r1[2 * j];
-      if (c > m || c != c) { m = c; k = base + in_w; }
+      if (c > m || c != c) {
+        m = c;
+        k = base + in_w;
+      }
       const float d = r1[2 * j + 1];
-      if (d > m || d != d) { m = d; k = base + in_w + 1; }
+      if (d > m || d != d) {
+        m = d;
+        k = base + in_w + 1;
+      }
       yr[j] = m;
       ar[j] = k;
     }
@@ -165,11 +174,13 @@ void Im2Col(const Conv2dGeometry& g, const float* x, float* col) {
     const float* xc = x + static_cast<int64_t>(c) * g.in_h * g.in_w;
     for (int ki = 0; ki < k; ++ki) {
       for (int kj = 0; kj < k; ++kj) {
-        float* row = col + ((static_cast<int64_t>(c) * k + ki) * k + kj) * plane;
+        float* row =
+            col + ((static_cast<int64_t>(c) * k + ki) * k + kj) * plane;
         // Output columns whose input column iw = o*s - p + kj is in range.
         int ow_lo = 0, ow_hi = ow;
         while (ow_lo < ow && ow_lo * s - g.padding + kj < 0) ++ow_lo;
-        while (ow_hi > ow_lo && (ow_hi - 1) * s - g.padding + kj >= g.in_w) --ow_hi;
+        while (ow_hi > ow_lo && (ow_hi - 1) * s - g.padding + kj >= g.in_w)
+          --ow_hi;
         for (int y = 0; y < oh; ++y) {
           float* out = row + static_cast<int64_t>(y) * ow;
           const int ih = y * s - g.padding + ki;
@@ -182,7 +193,8 @@ void Im2Col(const Conv2dGeometry& g, const float* x, float* col) {
           if (s == 1) {
             CopyRow(in + ow_lo - g.padding + kj, out + ow_lo, ow_hi - ow_lo);
           } else {
-            for (int o = ow_lo; o < ow_hi; ++o) out[o] = in[o * s - g.padding + kj];
+            for (int o = ow_lo; o < ow_hi; ++o)
+              out[o] = in[o * s - g.padding + kj];
           }
           std::fill(out + ow_hi, out + ow, 0.0f);
         }
@@ -250,8 +262,8 @@ void CpuKernels::Conv2dBackward(const Conv2dGeometry& g, const float* x,
   for (int n = 0; n < g.batch; ++n) {
     const float* dyn = dy + n * out_size;
     Im2Col(g, x + n * in_size, col);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.out_channels, ckk,
-                p, 1.0f, dyn, p, col, p, n == 0 ? 0.0f : 1.0f, dw, ckk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.out_channels, ckk, p,
+                1.0f, dyn, p, col, p, n == 0 ? 0.0f : 1.0f, dw, ckk);
     if (db != nullptr) {
       for (int c = 0; c < g.out_channels; ++c) {
         db[c] += SumLoop(dyn + static_cast<int64_t>(c) * p, p);
@@ -263,7 +275,8 @@ void CpuKernels::Conv2dBackward(const Conv2dGeometry& g, const float* x,
       Col2Im(g, dcol, dx + n * in_size);
     }
   }
-  if (g.batch == 0) std::fill(dw, dw + static_cast<int64_t>(g.out_channels) * ckk, 0.0f);
+  if (g.batch == 0)
+    std::fill(dw, dw + static_cast<int64_t>(g.out_channels) * ckk, 0.0f);
 }
 
 void CpuKernels::MaxPool2dForward(const Pool2dGeometry& g, const float* x,
@@ -361,9 +374,8 @@ bool SoftmaxXent(const float* logits, const int32_t* labels, int batch,
 
 }  // namespace
 
-void CpuKernels::SoftmaxCrossEntropy(const float* logits,
-                                     const int32_t* labels, int batch,
-                                     int classes, float grad_scale,
+void CpuKernels::SoftmaxCrossEntropy(const float* logits, const int32_t* labels,
+                                     int batch, int classes, float grad_scale,
                                      float* dlogits, float* stats) {
   if (!SoftmaxXent<true>(logits, labels, batch, classes, grad_scale, dlogits,
                          stats)) {

@@ -29,10 +29,9 @@ class CpuKernels final : public Kernels {
   void ReluForward(const float* x, float* y, int64_t n) override;
   void ReluBackward(const float* y, const float* dy, float* dx,
                     int64_t n) override;
-  void DropoutForward(const float* x, float* y, float* mask, int64_t n,
-                      float p, uint64_t seed, int64_t index_offset) override;
-  void Multiply(const float* a, const float* b, float* out,
-                int64_t n) override;
+  void DropoutForward(const float* x, float* y, float* mask, int64_t n, float p,
+                      uint64_t seed, int64_t index_offset) override;
+  void Multiply(const float* a, const float* b, float* out, int64_t n) override;
   void Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
                      const float* b, float* y) override;
   void Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,

@@ -6,12 +6,11 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <string_view>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 
@@ -22,9 +21,9 @@ static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; add byte swapping");
 }  // namespace
 
-std::string EncodeSafetensors(const std::vector<ParamInfo>& layout,
-                              const float* params,
-                              const std::map<std::string, std::string>& metadata) {
+std::string EncodeSafetensors(
+    const std::vector<ParamInfo>& layout, const float* params,
+    const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   int64_t offset = 0;
@@ -52,26 +51,30 @@ std::string EncodeSafetensors(const std::vector<ParamInfo>& layout,
 
 absl::StatusOr<TensorMap> DecodeSafetensors(absl::string_view bytes) {
   if (bytes.size() < 8) {
-    return absl::InvalidArgumentError("safetensors: shorter than its 8-byte header length");
+    return absl::InvalidArgumentError(
+        "safetensors: shorter than its 8-byte header length");
   }
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   if (n > bytes.size() - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors: header length ", n, " exceeds the ", bytes.size(),
-        "-byte file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: header length ", n, " exceeds the ",
+                     bytes.size(), "-byte file"));
   }
-  nlohmann::json header = nlohmann::json::parse(std::string_view(bytes.data() + 8, n), nullptr,
-                                                /*allow_exceptions=*/false);
+  nlohmann::json header =
+      nlohmann::json::parse(std::string_view(bytes.data() + 8, n), nullptr,
+                            /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
-    return absl::InvalidArgumentError("safetensors: header is not a JSON object");
+    return absl::InvalidArgumentError(
+        "safetensors: header is not a JSON object");
   }
   const absl::string_view data = bytes.substr(8 + n);
   TensorMap out;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const nlohmann::json& t = it.value();
-    const std::string where = absl::StrCat("safetensors: tensor '", it.key(), "'");
+    const std::string where =
+        absl::StrCat("safetensors: tensor '", it.key(), "'");
     if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
         !t.contains("data_offsets") || !t["dtype"].is_string() ||
         !t["shape"].is_array() || !t["data_offsets"].is_array() ||
@@ -80,9 +83,9 @@ absl::StatusOr<TensorMap> DecodeSafetensors(absl::string_view bytes) {
           absl::StrCat(where, ": needs dtype, shape and data_offsets"));
     }
     if (t["dtype"] != "F32") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": dtype ", t["dtype"].get<std::string>(),
-          " is not supported (Tally reads F32)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": dtype ", t["dtype"].get<std::string>(),
+                       " is not supported (Tally reads F32)"));
     }
     HostTensor ht;
     int64_t numel = 1;
@@ -95,7 +98,8 @@ absl::StatusOr<TensorMap> DecodeSafetensors(absl::string_view bytes) {
     }
     const auto& off = t["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": bad data_offsets"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": bad data_offsets"));
     }
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data.size() || e - b != static_cast<uint64_t>(numel) * 4) {
@@ -134,8 +138,8 @@ absl::StatusOr<std::vector<float>> FlattenTensors(
       bool known = false;
       for (const ParamInfo& p : layout) known = known || p.name == name;
       if (!known) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("weights hold tensor '", name, "' the model does not have"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "weights hold tensor '", name, "' the model does not have"));
       }
     }
   }
@@ -150,8 +154,8 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat(path, ": cannot create ", tmp, ": ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat(path, ": cannot create ", tmp,
+                                               ": ", std::strerror(errno)));
   }
   size_t done = 0;
   while (done < bytes.size()) {
@@ -161,7 +165,8 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes) {
       const std::string err = std::strerror(errno);
       ::close(fd);
       ::unlink(tmp.c_str());
-      return absl::UnavailableError(absl::StrCat(path, ": write failed: ", err));
+      return absl::UnavailableError(
+          absl::StrCat(path, ": write failed: ", err));
     }
     done += static_cast<size_t>(w);
   }
@@ -186,18 +191,17 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes) {
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ",
-                                            std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
-absl::Status SaveSafetensors(const std::string& path,
-                             const std::vector<ParamInfo>& layout,
-                             const float* params,
-                             const std::map<std::string, std::string>& metadata) {
+absl::Status SaveSafetensors(
+    const std::string& path, const std::vector<ParamInfo>& layout,
+    const float* params, const std::map<std::string, std::string>& metadata) {
   return WriteFileAtomic(path, EncodeSafetensors(layout, params, metadata));
 }
 

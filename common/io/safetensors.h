@@ -11,11 +11,11 @@
 
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/nn/layer_config.h"
 #include "common/tensor.h"
 
@@ -30,9 +30,9 @@ using TensorMap = std::map<std::string, HostTensor>;
 
 // Encodes the flat vector `params` (layout.num_params floats) as named
 // tensors. `metadata` goes to the header's "__metadata__" (string values).
-std::string EncodeSafetensors(const std::vector<ParamInfo>& layout,
-                              const float* params,
-                              const std::map<std::string, std::string>& metadata = {});
+std::string EncodeSafetensors(
+    const std::vector<ParamInfo>& layout, const float* params,
+    const std::map<std::string, std::string>& metadata = {});
 
 // Decodes any float32 safetensors document. kInvalidArgument (with what is
 // wrong) for malformed input; other dtypes are rejected by name.
@@ -49,10 +49,10 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // Convenience: encode + atomic write, and read + decode + flatten.
-absl::Status SaveSafetensors(const std::string& path,
-                             const std::vector<ParamInfo>& layout,
-                             const float* params,
-                             const std::map<std::string, std::string>& metadata = {});
+absl::Status SaveSafetensors(
+    const std::string& path, const std::vector<ParamInfo>& layout,
+    const float* params,
+    const std::map<std::string, std::string>& metadata = {});
 absl::StatusOr<std::vector<float>> LoadSafetensors(
     const std::string& path, const std::vector<ParamInfo>& layout);
 

@@ -50,9 +50,9 @@ absl::StatusOr<Shape> InferOutputShape(const LayerConfig& l, const Shape& in) {
             ShapeString(in), "; add a flatten layer before it"));
       }
       if (in[0] != l.in_features) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "in_features is ", l.in_features, " but the input has ", in[0],
-            " features"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("in_features is ", l.in_features,
+                         " but the input has ", in[0], " features"));
       }
       return Shape{l.out_features};
     }
@@ -71,9 +71,9 @@ absl::StatusOr<Shape> InferOutputShape(const LayerConfig& l, const Shape& in) {
             "padding must be at most half of kernel_size");
       }
       if (in.size() != 3) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "expects a [channels, height, width] input but gets ",
-            ShapeString(in)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("expects a [channels, height, width] input but gets ",
+                         ShapeString(in)));
       }
       int64_t channels = in[0];
       if (conv) {
@@ -112,8 +112,8 @@ absl::StatusOr<Shape> InferOutputShape(const LayerConfig& l, const Shape& in) {
   return absl::InternalError("unhandled layer type");
 }
 
-absl::StatusOr<ModelLayout> ComputeLayout(const std::vector<LayerConfig>& layers,
-                                          const Shape& input_shape) {
+absl::StatusOr<ModelLayout> ComputeLayout(
+    const std::vector<LayerConfig>& layers, const Shape& input_shape) {
   if (layers.empty()) {
     return absl::InvalidArgumentError("a model needs at least one layer");
   }
@@ -123,9 +123,9 @@ absl::StatusOr<ModelLayout> ComputeLayout(const std::vector<LayerConfig>& layers
     const LayerConfig& l = layers[i];
     auto out = InferOutputShape(l, shape);
     if (!out.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layers[", i, "] (", LayerTypeName(l.type), "): ",
-          out.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers[", i, "] (", LayerTypeName(l.type),
+                       "): ", out.status().message()));
     }
     auto add = [&](std::string suffix, Shape s) {
       ParamInfo p;
@@ -140,7 +140,8 @@ absl::StatusOr<ModelLayout> ComputeLayout(const std::vector<LayerConfig>& layers
       add("weight", {l.out_features, l.in_features});
       if (l.bias) add("bias", {l.out_features});
     } else if (l.type == LayerType::kConv2d) {
-      add("weight", {l.out_channels, l.in_channels, l.kernel_size, l.kernel_size});
+      add("weight",
+          {l.out_channels, l.in_channels, l.kernel_size, l.kernel_size});
       if (l.bias) add("bias", {l.out_channels});
     }
     shape = *std::move(out);

@@ -10,15 +10,22 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/tensor.h"
 
 namespace tally {
 
-enum class LayerType { kLinear, kConv2d, kMaxPool2d, kReLU, kFlatten, kDropout };
+enum class LayerType {
+  kLinear,
+  kConv2d,
+  kMaxPool2d,
+  kReLU,
+  kFlatten,
+  kDropout
+};
 
 // "linear", "conv2d", "maxpool2d", "relu", "flatten", "dropout".
 absl::string_view LayerTypeName(LayerType type);
@@ -65,8 +72,8 @@ struct ModelLayout {
 
 // Runs shape inference through all layers. Errors are prefixed with
 // "layers[i] (type): ".
-absl::StatusOr<ModelLayout> ComputeLayout(const std::vector<LayerConfig>& layers,
-                                          const Shape& input_shape);
+absl::StatusOr<ModelLayout> ComputeLayout(
+    const std::vector<LayerConfig>& layers, const Shape& input_shape);
 
 // PyTorch's default initialisation (kaiming_uniform with a = sqrt(5) for
 // weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for biases), drawn from a

@@ -9,9 +9,9 @@ namespace tally {
 namespace {
 absl::Status CheckLogits(const Tensor& logits) {
   if (logits.rank() != 2 || logits.dim(0) <= 0 || logits.dim(1) <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cross-entropy needs logits [batch, classes], got ",
-        ShapeString(logits.shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross-entropy needs logits [batch, classes], got ",
+                     ShapeString(logits.shape)));
   }
   return absl::OkStatus();
 }
@@ -23,8 +23,8 @@ absl::StatusOr<LossStats> CrossEntropyLoss::Compute(const Tensor& logits,
   TALLY_RETURN_IF_ERROR(CheckLogits(logits));
   if (dlogits_.size() < static_cast<size_t>(logits.numel())) {
     dlogits_.Reset();
-    TALLY_ASSIGN_OR_RETURN(dlogits_,
-                           DeviceBuffer<float>::Create(device_, logits.numel()));
+    TALLY_ASSIGN_OR_RETURN(
+        dlogits_, DeviceBuffer<float>::Create(device_, logits.numel()));
   }
   if (stats_.data() == nullptr) {
     TALLY_ASSIGN_OR_RETURN(stats_, DeviceBuffer<float>::Create(device_, 2));

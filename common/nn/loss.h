@@ -26,8 +26,8 @@ class CrossEntropyLoss {
   // device. Writes dlogits = grad_scale * d(sum of losses)/dlogits into a
   // buffer owned here (see dlogits()). grad_scale = 1/batch gives PyTorch's
   // mean reduction. kInvalidArgument when a label is out of range.
-  absl::StatusOr<LossStats> Compute(const Tensor& logits,
-                                    const int32_t* labels, float grad_scale);
+  absl::StatusOr<LossStats> Compute(const Tensor& logits, const int32_t* labels,
+                                    float grad_scale);
   // Statistics only, no gradient.
   absl::StatusOr<LossStats> Evaluate(const Tensor& logits,
                                      const int32_t* labels);

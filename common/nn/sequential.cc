@@ -21,13 +21,14 @@ Sequential::~Sequential() = default;
 absl::StatusOr<std::unique_ptr<Sequential>> Sequential::Create(
     const std::vector<LayerConfig>& layers, const Shape& input_shape,
     Device* device) {
-  TALLY_ASSIGN_OR_RETURN(ModelLayout layout, ComputeLayout(layers, input_shape));
+  TALLY_ASSIGN_OR_RETURN(ModelLayout layout,
+                         ComputeLayout(layers, input_shape));
   std::unique_ptr<Sequential> m(
       new Sequential(layers, input_shape, std::move(layout), device));
-  TALLY_ASSIGN_OR_RETURN(m->params_, DeviceBuffer<float>::Create(
-                                         device, m->layout_.num_params));
-  TALLY_ASSIGN_OR_RETURN(m->grads_, DeviceBuffer<float>::Create(
-                                        device, m->layout_.num_params));
+  TALLY_ASSIGN_OR_RETURN(
+      m->params_, DeviceBuffer<float>::Create(device, m->layout_.num_params));
+  TALLY_ASSIGN_OR_RETURN(
+      m->grads_, DeviceBuffer<float>::Create(device, m->layout_.num_params));
   device->kernels().Fill(m->params_.data(), m->layout_.num_params, 0.0f);
   device->kernels().Fill(m->grads_.data(), m->layout_.num_params, 0.0f);
   // Bind each layer to its parameter slice; params of layer i are contiguous.
@@ -95,12 +96,14 @@ absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
     out.data = acts_[i].data();
     // ReLU over an activation of ours (not the caller's input) whose layer
     // does not need its output for backward: run in place, one pass less.
-    if (i > 0 && layers_[i]->CanRunInPlace() && !layers_[i - 1]->BackwardNeedsOutput() &&
+    if (i > 0 && layers_[i]->CanRunInPlace() &&
+        !layers_[i - 1]->BackwardNeedsOutput() &&
         !layers_[i - 1]->IsView(training)) {
       out.data = cur.data;
     }
     // Each layer gets its own dropout stream.
-    internal::ForwardContext ctx{training, seed * 1000003ULL + i, sample_offset};
+    internal::ForwardContext ctx{training, seed * 1000003ULL + i,
+                                 sample_offset};
     layers_[i]->Forward(k, cur, &out, ctx);
     inputs_[i] = cur;
     outputs_[i] = out;
@@ -137,7 +140,8 @@ absl::Status Sequential::Backward(const float* dout, float* dinput) {
     }
     Tensor dx;
     dx.shape = inputs_[j].shape;
-    dx.data = dy.data == grad_ping_.data() ? grad_pong_.data() : grad_ping_.data();
+    dx.data =
+        dy.data == grad_ping_.data() ? grad_pong_.data() : grad_ping_.data();
     layers_[j]->Backward(k, inputs_[j], outputs_[j], dy, &dx);
     dy = dx;
   }

@@ -73,10 +73,10 @@ class Sequential {
   std::vector<std::unique_ptr<internal::Layer>> layers_;
   DeviceBuffer<float> params_;
   DeviceBuffer<float> grads_;
-  int capacity_ = 0;                         // batch the buffers fit
-  std::vector<DeviceBuffer<float>> acts_;    // per layer output (or empty)
+  int capacity_ = 0;                       // batch the buffers fit
+  std::vector<DeviceBuffer<float>> acts_;  // per layer output (or empty)
   DeviceBuffer<float> grad_ping_, grad_pong_;
-  std::vector<Tensor> inputs_, outputs_;     // views of the last Forward
+  std::vector<Tensor> inputs_, outputs_;  // views of the last Forward
   bool last_forward_training_ = false;
 };
 

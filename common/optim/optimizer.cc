@@ -32,7 +32,8 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, " must be ", want, ", got ", v));
   };
-  if (!(c.lr >= 0.0) || !std::isfinite(c.lr)) return bad("lr", c.lr, "a finite number >= 0");
+  if (!(c.lr >= 0.0) || !std::isfinite(c.lr))
+    return bad("lr", c.lr, "a finite number >= 0");
   if (!(c.weight_decay >= 0.0) || !std::isfinite(c.weight_decay)) {
     return bad("weight_decay", c.weight_decay, "a finite number >= 0");
   }
@@ -48,9 +49,12 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
           "nesterov needs momentum > 0 and dampening = 0");
     }
   } else {
-    if (!(c.beta1 >= 0.0 && c.beta1 < 1.0)) return bad("beta1", c.beta1, "in [0, 1)");
-    if (!(c.beta2 >= 0.0 && c.beta2 < 1.0)) return bad("beta2", c.beta2, "in [0, 1)");
-    if (!(c.eps >= 0.0) || !std::isfinite(c.eps)) return bad("eps", c.eps, "a finite number >= 0");
+    if (!(c.beta1 >= 0.0 && c.beta1 < 1.0))
+      return bad("beta1", c.beta1, "in [0, 1)");
+    if (!(c.beta2 >= 0.0 && c.beta2 < 1.0))
+      return bad("beta2", c.beta2, "in [0, 1)");
+    if (!(c.eps >= 0.0) || !std::isfinite(c.eps))
+      return bad("eps", c.eps, "a finite number >= 0");
   }
   return absl::OkStatus();
 }
@@ -104,8 +108,8 @@ TALLY_VECTORIZE void SgdNesterov(int64_t n, float lr, float wd, float momentum,
 }
 
 TALLY_VECTORIZE void AdamUpdate(int64_t n, float step_size, float bc2_sqrt,
-                                float beta1, float beta2, float eps,
-                                float l2, float decay, float* __restrict p,
+                                float beta1, float beta2, float eps, float l2,
+                                float decay, float* __restrict p,
                                 const float* __restrict g, float* __restrict m,
                                 float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
@@ -212,7 +216,8 @@ class Adam final : public Optimizer {
   }
 
   absl::Status LoadState(const OptimizerState& s) override {
-    if (s.slots.size() != 2 || static_cast<int64_t>(s.slots[0].size()) != size_ ||
+    if (s.slots.size() != 2 ||
+        static_cast<int64_t>(s.slots[0].size()) != size_ ||
         static_cast<int64_t>(s.slots[1].size()) != size_) {
       return absl::InvalidArgumentError("Adam state does not match");
     }

@@ -49,11 +49,13 @@ absl::Status ReadInt(const YAML::Node& parent, const std::string& path,
   const std::string p = Join(path, key);
   int64_t v = 0;
   if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
-    return FieldError(p, absl::StrCat("must be an integer, got '",
-                                      n.IsScalar() ? n.Scalar() : "a non-scalar", "'"));
+    return FieldError(
+        p, absl::StrCat("must be an integer, got '",
+                        n.IsScalar() ? n.Scalar() : "a non-scalar", "'"));
   }
   if (v < min || v > max) {
-    return FieldError(p, absl::StrCat("must be in [", min, ", ", max, "], got ", v));
+    return FieldError(
+        p, absl::StrCat("must be in [", min, ", ", max, "], got ", v));
   }
   *out = v;
   return absl::OkStatus();
@@ -64,9 +66,12 @@ absl::Status ReadDouble(const YAML::Node& parent, const std::string& path,
   const YAML::Node n = parent[key];
   if (!n) return absl::OkStatus();
   double v = 0;
-  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v)) {
-    return FieldError(Join(path, key), absl::StrCat("must be a finite number, got '",
-                                                    n.IsScalar() ? n.Scalar() : "a non-scalar", "'"));
+  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) ||
+      !std::isfinite(v)) {
+    return FieldError(
+        Join(path, key),
+        absl::StrCat("must be a finite number, got '",
+                     n.IsScalar() ? n.Scalar() : "a non-scalar", "'"));
   }
   *out = v;
   return absl::OkStatus();
@@ -118,31 +123,42 @@ absl::StatusOr<LayerConfig> ParseLayer(const YAML::Node& n,
   if (!args || args.IsNull()) args = YAML::Node(YAML::NodeType::Map);
   switch (c.type) {
     case LayerType::kLinear:
-      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"in_features", "out_features", "bias"}));
+      TALLY_RETURN_IF_ERROR(
+          CheckKeys(args, p, {"in_features", "out_features", "bias"}));
       if (!args["in_features"] || !args["out_features"]) {
         return FieldError(p, "needs in_features and out_features");
       }
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "in_features", 1, kMaxDim, &c.in_features));
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "out_features", 1, kMaxDim, &c.out_features));
+      TALLY_RETURN_IF_ERROR(
+          ReadInt(args, p, "in_features", 1, kMaxDim, &c.in_features));
+      TALLY_RETURN_IF_ERROR(
+          ReadInt(args, p, "out_features", 1, kMaxDim, &c.out_features));
       TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c.bias));
       break;
     case LayerType::kConv2d:
-      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"in_channels", "out_channels", "kernel_size",
-                                                "stride", "padding", "bias"}));
-      if (!args["in_channels"] || !args["out_channels"] || !args["kernel_size"]) {
+      TALLY_RETURN_IF_ERROR(
+          CheckKeys(args, p,
+                    {"in_channels", "out_channels", "kernel_size", "stride",
+                     "padding", "bias"}));
+      if (!args["in_channels"] || !args["out_channels"] ||
+          !args["kernel_size"]) {
         return FieldError(p, "needs in_channels, out_channels and kernel_size");
       }
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "in_channels", 1, kMaxDim, &c.in_channels));
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "out_channels", 1, kMaxDim, &c.out_channels));
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "kernel_size", 1, 1024, &c.kernel_size));
+      TALLY_RETURN_IF_ERROR(
+          ReadInt(args, p, "in_channels", 1, kMaxDim, &c.in_channels));
+      TALLY_RETURN_IF_ERROR(
+          ReadInt(args, p, "out_channels", 1, kMaxDim, &c.out_channels));
+      TALLY_RETURN_IF_ERROR(
+          ReadInt(args, p, "kernel_size", 1, 1024, &c.kernel_size));
       TALLY_RETURN_IF_ERROR(ReadInt(args, p, "stride", 1, 1024, &c.stride));
       TALLY_RETURN_IF_ERROR(ReadInt(args, p, "padding", 0, 1024, &c.padding));
       TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c.bias));
       break;
     case LayerType::kMaxPool2d:
-      TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"kernel_size", "stride", "padding"}));
+      TALLY_RETURN_IF_ERROR(
+          CheckKeys(args, p, {"kernel_size", "stride", "padding"}));
       if (!args["kernel_size"]) return FieldError(p, "needs kernel_size");
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "kernel_size", 1, 1024, &c.kernel_size));
+      TALLY_RETURN_IF_ERROR(
+          ReadInt(args, p, "kernel_size", 1, 1024, &c.kernel_size));
       TALLY_RETURN_IF_ERROR(ReadInt(args, p, "stride", 1, 1024, &c.stride));
       TALLY_RETURN_IF_ERROR(ReadInt(args, p, "padding", 0, 1024, &c.padding));
       break;
@@ -150,7 +166,8 @@ absl::StatusOr<LayerConfig> ParseLayer(const YAML::Node& n,
       TALLY_RETURN_IF_ERROR(CheckKeys(args, p, {"p"}));
       TALLY_RETURN_IF_ERROR(ReadDouble(args, p, "p", &c.p));
       if (!(c.p >= 0.0 && c.p < 1.0)) {
-        return FieldError(Join(p, "p"), absl::StrCat("must be in [0, 1), got ", c.p));
+        return FieldError(Join(p, "p"),
+                          absl::StrCat("must be in [0, 1), got ", c.p));
       }
       break;
     case LayerType::kReLU:
@@ -172,28 +189,35 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
     TALLY_RETURN_IF_ERROR(ReadBool(n, p, "normalize", &d->normalize));
     if (d->root.empty()) return FieldError("dataset.root", "must not be empty");
   } else if (d->name == "synthetic") {
-    TALLY_RETURN_IF_ERROR(CheckKeys(
-        n, p, {"name", "train_size", "test_size", "features", "classes",
-               "teacher_hidden", "seed"}));
+    TALLY_RETURN_IF_ERROR(
+        CheckKeys(n, p,
+                  {"name", "train_size", "test_size", "features", "classes",
+                   "teacher_hidden", "seed"}));
     SyntheticOptions& s = d->synthetic;
-    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "train_size", 1, int64_t{1} << 28, &s.train_size));
-    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "test_size", 0, int64_t{1} << 28, &s.test_size));
+    TALLY_RETURN_IF_ERROR(
+        ReadInt(n, p, "train_size", 1, int64_t{1} << 28, &s.train_size));
+    TALLY_RETURN_IF_ERROR(
+        ReadInt(n, p, "test_size", 0, int64_t{1} << 28, &s.test_size));
     TALLY_RETURN_IF_ERROR(ReadInt(n, p, "features", 1, kMaxDim, &s.features));
     int64_t classes = s.num_classes;
     TALLY_RETURN_IF_ERROR(ReadInt(n, p, "classes", 2, 1 << 20, &classes));
     s.num_classes = static_cast<int>(classes);
-    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "teacher_hidden", 1, 4096, &s.teacher_hidden));
+    TALLY_RETURN_IF_ERROR(
+        ReadInt(n, p, "teacher_hidden", 1, 4096, &s.teacher_hidden));
     int64_t seed = static_cast<int64_t>(s.seed);
-    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+    TALLY_RETURN_IF_ERROR(
+        ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
     s.seed = static_cast<uint64_t>(seed);
     if (s.features * (s.train_size + s.test_size) > (int64_t{1} << 31)) {
       return FieldError(p, "synthetic dataset larger than 2^31 values");
     }
   } else if (d->name.empty()) {
-    return FieldError("dataset.name", "is required (fashion-mnist or synthetic)");
+    return FieldError("dataset.name",
+                      "is required (fashion-mnist or synthetic)");
   } else {
-    return FieldError("dataset.name", absl::StrCat("unknown dataset '", d->name,
-                                                   "' (known: fashion-mnist, synthetic)"));
+    return FieldError("dataset.name",
+                      absl::StrCat("unknown dataset '", d->name,
+                                   "' (known: fashion-mnist, synthetic)"));
   }
   return absl::OkStatus();
 }
@@ -201,15 +225,18 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
 absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   const std::string p = "training";
   if (!n) return absl::OkStatus();
-  TALLY_RETURN_IF_ERROR(
-      CheckKeys(n, p, {"epochs", "batch_size", "max_steps", "seed", "workers", "tf32"}));
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p, {"epochs", "batch_size", "max_steps", "seed", "workers", "tf32"}));
   TALLY_RETURN_IF_ERROR(ReadBool(n, p, "tf32", &t->tf32));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "workers", 1, 1024, &t->workers));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "batch_size", 1, 1 << 20, &t->batch_size));
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "max_steps", 0, int64_t{1} << 40, &t->max_steps));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "batch_size", 1, 1 << 20, &t->batch_size));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "max_steps", 0, int64_t{1} << 40, &t->max_steps));
   int64_t seed = static_cast<int64_t>(t->seed);
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
   t->seed = static_cast<uint64_t>(seed);
   return absl::OkStatus();
 }
@@ -224,11 +251,13 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   if (!t.ok()) return FieldError("optimizer.type", t.status().message());
   o->type = *t;
   if (o->type == OptimizerType::kSgd) {
-    TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"type", "lr", "momentum", "dampening",
-                                           "nesterov", "weight_decay"}));
+    TALLY_RETURN_IF_ERROR(CheckKeys(
+        n, p,
+        {"type", "lr", "momentum", "dampening", "nesterov", "weight_decay"}));
   } else {
-    TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"type", "lr", "betas", "beta1", "beta2",
-                                           "eps", "weight_decay"}));
+    TALLY_RETURN_IF_ERROR(CheckKeys(
+        n, p,
+        {"type", "lr", "betas", "beta1", "beta2", "eps", "weight_decay"}));
     // PyTorch's AdamW defaults to weight_decay 0.01.
     if (o->type == OptimizerType::kAdamW) o->weight_decay = 0.01;
     o->lr = 0.001;
@@ -248,8 +277,10 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
     YAML::Node pair(YAML::NodeType::Map);
     pair["beta1"] = betas[0];
     pair["beta2"] = betas[1];
-    TALLY_RETURN_IF_ERROR(ReadDouble(pair, "optimizer.betas", "beta1", &o->beta1));
-    TALLY_RETURN_IF_ERROR(ReadDouble(pair, "optimizer.betas", "beta2", &o->beta2));
+    TALLY_RETURN_IF_ERROR(
+        ReadDouble(pair, "optimizer.betas", "beta1", &o->beta1));
+    TALLY_RETURN_IF_ERROR(
+        ReadDouble(pair, "optimizer.betas", "beta2", &o->beta2));
   }
   if (absl::Status s = ValidateOptimizerConfig(*o); !s.ok()) {
     return FieldError(p, s.message());
@@ -259,7 +290,8 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
 
 absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
   TALLY_RETURN_IF_ERROR(CheckKeys(
-      root, "", {"version", "name", "model", "dataset", "training", "optimizer"}));
+      root, "",
+      {"version", "name", "model", "dataset", "training", "optimizer"}));
   JobSpec spec;
   int64_t version = 1;
   TALLY_RETURN_IF_ERROR(ReadInt(root, "", "version", 1, 1, &version));
@@ -277,19 +309,23 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
     return FieldError("model", "give either preset or layers, not both");
   }
   if (model["preset"]) {
-    TALLY_RETURN_IF_ERROR(ReadString(model, "model", "preset", &spec.model_preset));
+    TALLY_RETURN_IF_ERROR(
+        ReadString(model, "model", "preset", &spec.model_preset));
     auto layers =
         PresetLayers(spec.model_preset, spec.input_shape, spec.num_classes);
-    if (!layers.ok()) return FieldError("model.preset", layers.status().message());
+    if (!layers.ok())
+      return FieldError("model.preset", layers.status().message());
     spec.layers = *std::move(layers);
   } else {
     const YAML::Node layers = model["layers"];
     if (!layers || !layers.IsSequence() || layers.size() == 0) {
-      return FieldError("model", "needs a preset (mlp, cnn) or a non-empty list of layers");
+      return FieldError(
+          "model", "needs a preset (mlp, cnn) or a non-empty list of layers");
     }
     for (size_t i = 0; i < layers.size(); ++i) {
       TALLY_ASSIGN_OR_RETURN(
-          LayerConfig c, ParseLayer(layers[i], absl::StrCat("model.layers[", i, "]")));
+          LayerConfig c,
+          ParseLayer(layers[i], absl::StrCat("model.layers[", i, "]")));
       spec.layers.push_back(c);
     }
   }
@@ -301,10 +337,12 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
   }
   const Shape& out = layout->activation_shapes.back();
   if (out != Shape{spec.num_classes}) {
-    return FieldError("model", absl::StrCat(
-        "the last layer yields ", ShapeString(out), " per sample but the dataset has ",
-        spec.num_classes, " classes: end with a linear layer of out_features ",
-        spec.num_classes));
+    return FieldError(
+        "model",
+        absl::StrCat("the last layer yields ", ShapeString(out),
+                     " per sample but the dataset has ", spec.num_classes,
+                     " classes: end with a linear layer of out_features ",
+                     spec.num_classes));
   }
   spec.layout = *std::move(layout);
   return spec;
@@ -353,12 +391,10 @@ absl::StatusOr<std::vector<LayerConfig>> PresetLayers(absl::string_view preset,
     return c;
   };
   if (preset == "mlp") {
-    return std::vector<LayerConfig>{simple(LayerType::kFlatten),
-                                    linear(NumElements(in), 256),
-                                    simple(LayerType::kReLU),
-                                    linear(256, 128),
-                                    simple(LayerType::kReLU),
-                                    linear(128, num_classes)};
+    return std::vector<LayerConfig>{
+        simple(LayerType::kFlatten), linear(NumElements(in), 256),
+        simple(LayerType::kReLU),    linear(256, 128),
+        simple(LayerType::kReLU),    linear(128, num_classes)};
   }
   if (preset == "cnn") {
     if (in.size() != 3 || in[1] < 6 || in[2] < 6) {
@@ -393,7 +429,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text) {
         absl::StrCat("job spec is not valid YAML/JSON: ", e.what()));
   }
   if (!root.IsMap()) {
-    return absl::InvalidArgumentError("job spec must be a mapping at the top level");
+    return absl::InvalidArgumentError(
+        "job spec must be a mapping at the top level");
   }
   try {
     return ParseAndValidate(root);
@@ -404,7 +441,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text) {
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read job spec"));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read job spec"));
   std::stringstream ss;
   ss << in.rdbuf();
   auto spec = ParseJobSpec(ss.str());

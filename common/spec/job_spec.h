@@ -12,7 +12,8 @@
 // docs/job-spec.md describes every field. Validation runs shape inference
 // through the model for the dataset's sample shape, so a model that cannot
 // run is rejected at submission with the field named, e.g.
-//   model.layers[4] (linear): in_features is 784 but the input has 1440 features
+//   model.layers[4] (linear): in_features is 784 but the input has 1440
+//   features
 //
 // All functions are thread-safe.
 #ifndef TALLY_COMMON_SPEC_JOB_SPEC_H_
@@ -20,10 +21,10 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/data/dataset.h"
 #include "common/nn/layer_config.h"
 #include "common/optim/optimizer.h"
@@ -37,8 +38,8 @@ inline constexpr char kDefaultFashionMnistRoot[] =
 struct DatasetSpec {
   std::string name;  // "fashion-mnist" or "synthetic"
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
-  bool normalize = false;  // fashion-mnist: (x - 0.2860) / 0.3530
-  SyntheticOptions synthetic;                   // synthetic
+  bool normalize = false;      // fashion-mnist: (x - 0.2860) / 0.3530
+  SyntheticOptions synthetic;  // synthetic
 };
 
 struct TrainingSpec {

@@ -30,31 +30,36 @@ int GpuCount() {
   return d.ok() ? static_cast<int>(d->size()) : 0;
 }
 
-#define REQUIRE_GPUS(n)                                                        \
-  do {                                                                         \
-    if (!CudaBackendCompiled()) GTEST_SKIP() << "built without the CUDA backend"; \
-    if (GpuCount() < (n)) {                                                    \
-      GTEST_SKIP() << "needs " << (n) << " GPU(s): "                           \
-                   << ParseDevices("cuda:all").status().message();             \
-    }                                                                          \
+#define REQUIRE_GPUS(n)                                            \
+  do {                                                             \
+    if (!CudaBackendCompiled())                                    \
+      GTEST_SKIP() << "built without the CUDA backend";            \
+    if (GpuCount() < (n)) {                                        \
+      GTEST_SKIP() << "needs " << (n) << " GPU(s): "               \
+                   << ParseDevices("cuda:all").status().message(); \
+    }                                                              \
   } while (0)
 
 TEST(CudaStartupTest, NoUsableGpuIsAClearFailedPrecondition) {
   if (!CudaBackendCompiled()) GTEST_SKIP() << "built without the CUDA backend";
   if (GpuCount() > 0) GTEST_SKIP() << "a GPU is present";
   EXPECT_THAT(ParseDevices("cuda:all"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cudaGetDeviceCount")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("cudaGetDeviceCount")));
   EXPECT_THAT(ParseDevices("cuda:0"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no usable GPU")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no usable GPU")));
   EXPECT_THAT(OpenDevice({DeviceType::kCuda, 0}),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cannot open cuda:0")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("cannot open cuda:0")));
 }
 
 TEST(CudaStartupTest, DiscoveryListsEveryGpuAndRefusesMissingOnes) {
   REQUIRE_GPUS(1);
   const int n = GpuCount();
   EXPECT_THAT(ParseDevices(absl::StrCat("cuda:", n)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("there is no GPU")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("there is no GPU")));
   auto zero = ParseDevices("cuda:0");
   ASSERT_TRUE(zero.ok());
   EXPECT_EQ((*zero)[0], (DeviceId{DeviceType::kCuda, 0}));
@@ -116,11 +121,12 @@ TEST(CudaKernelsTest, GemmAllTransposes) {
       auto a = p.Make(Random(m * k, 1)), b = p.Make(Random(k * n, 2)),
            c = p.Make(Random(m * n, 3));
       const int lda = ta ? m : k, ldb = tb ? k : n;
-      p.cpu()->kernels().Gemm(ta, tb, m, n, k, 0.5f, a.c.data(), lda, b.c.data(), ldb, 0.25f,
-                              c.c.data(), n);
-      p.gpu()->kernels().Gemm(ta, tb, m, n, k, 0.5f, a.g.data(), lda, b.g.data(), ldb, 0.25f,
-                              c.g.data(), n);
-      p.ExpectSame(c, ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"));
+      p.cpu()->kernels().Gemm(ta, tb, m, n, k, 0.5f, a.c.data(), lda,
+                              b.c.data(), ldb, 0.25f, c.c.data(), n);
+      p.gpu()->kernels().Gemm(ta, tb, m, n, k, 0.5f, a.g.data(), lda,
+                              b.g.data(), ldb, 0.25f, c.g.data(), n);
+      p.ExpectSame(
+          c, ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"));
     }
   }
 }
@@ -130,13 +136,15 @@ TEST(CudaKernelsTest, ElementwiseAndRowOps) {
   Pair p;
   const int rows = 13, cols = 70;
   auto x = p.Make(Random(rows * cols, 4)), dy = p.Make(Random(rows * cols, 5));
-  auto y = p.Zeros(rows * cols), dx = p.Zeros(rows * cols), mask = p.Zeros(rows * cols);
+  auto y = p.Zeros(rows * cols), dx = p.Zeros(rows * cols),
+       mask = p.Zeros(rows * cols);
   auto bias = p.Make(Random(cols, 6)), db = p.Zeros(cols);
   for (Device* d : {p.cpu(), p.gpu()}) {
     const bool g = d == p.gpu();
     Kernels& k = d->kernels();
     k.ReluForward((g ? x.g : x.c).data(), (g ? y.g : y.c).data(), x.n);
-    k.ReluBackward((g ? y.g : y.c).data(), (g ? dy.g : dy.c).data(), (g ? dx.g : dx.c).data(), x.n);
+    k.ReluBackward((g ? y.g : y.c).data(), (g ? dy.g : dy.c).data(),
+                   (g ? dx.g : dx.c).data(), x.n);
     k.SumRows((g ? dy.g : dy.c).data(), rows, cols, (g ? db.g : db.c).data());
   }
   p.ExpectSame(y, "relu");
@@ -145,9 +153,10 @@ TEST(CudaKernelsTest, ElementwiseAndRowOps) {
   for (Device* d : {p.cpu(), p.gpu()}) {
     const bool g = d == p.gpu();
     Kernels& k = d->kernels();
-    k.DropoutForward((g ? x.g : x.c).data(), (g ? y.g : y.c).data(), (g ? mask.g : mask.c).data(),
-                     x.n, 0.3f, 99, 1000);
-    k.BroadcastRows((g ? bias.g : bias.c).data(), rows, cols, (g ? dx.g : dx.c).data());
+    k.DropoutForward((g ? x.g : x.c).data(), (g ? y.g : y.c).data(),
+                     (g ? mask.g : mask.c).data(), x.n, 0.3f, 99, 1000);
+    k.BroadcastRows((g ? bias.g : bias.c).data(), rows, cols,
+                    (g ? dx.g : dx.c).data());
     k.Axpy(x.n, 0.5f, (g ? x.g : x.c).data(), (g ? dx.g : dx.c).data());
     k.Scale(x.n, 3.0f, (g ? dx.g : dx.c).data());
   }
@@ -163,7 +172,8 @@ struct ConvCase {
 TEST(CudaKernelsTest, ConvolutionAndPoolingForwardAndBackward) {
   REQUIRE_GPUS(1);
   Pair p;
-  for (const ConvCase& c : {ConvCase{3, 1, 28, 28, 10, 5, 1, 0}, ConvCase{2, 3, 9, 7, 4, 3, 2, 1}}) {
+  for (const ConvCase& c : {ConvCase{3, 1, 28, 28, 10, 5, 1, 0},
+                            ConvCase{2, 3, 9, 7, 4, 3, 2, 1}}) {
     Conv2dGeometry g;
     g.batch = c.batch;
     g.in_channels = c.cin;
@@ -173,11 +183,14 @@ TEST(CudaKernelsTest, ConvolutionAndPoolingForwardAndBackward) {
     g.kernel = c.k;
     g.stride = c.stride;
     g.padding = c.pad;
-    const size_t xs = c.batch * c.cin * c.h * c.w, ws = c.cout * c.cin * c.k * c.k;
+    const size_t xs = c.batch * c.cin * c.h * c.w,
+                 ws = c.cout * c.cin * c.k * c.k;
     const size_t ys = c.batch * c.cout * g.out_h() * g.out_w();
-    auto x = p.Make(Random(xs, 7)), w = p.Make(Random(ws, 8)), b = p.Make(Random(c.cout, 9));
+    auto x = p.Make(Random(xs, 7)), w = p.Make(Random(ws, 8)),
+         b = p.Make(Random(c.cout, 9));
     auto dy = p.Make(Random(ys, 10));
-    auto y = p.Zeros(ys), dw = p.Zeros(ws), db = p.Zeros(c.cout), dx = p.Zeros(xs);
+    auto y = p.Zeros(ys), dw = p.Zeros(ws), db = p.Zeros(c.cout),
+         dx = p.Zeros(xs);
     for (Device* d : {p.cpu(), p.gpu()}) {
       const bool gp = d == p.gpu();
       Kernels& k = d->kernels();
@@ -204,10 +217,14 @@ TEST(CudaKernelsTest, ConvolutionAndPoolingForwardAndBackward) {
     auto py = p.Zeros(ps), pdy = p.Make(Random(ps, 11)), pdx = p.Zeros(xs);
     auto argc = *DeviceBuffer<int32_t>::Create(p.cpu(), ps);
     auto argg = *DeviceBuffer<int32_t>::Create(p.gpu(), ps);
-    p.cpu()->kernels().MaxPool2dForward(pg, x.c.data(), py.c.data(), argc.data());
-    p.gpu()->kernels().MaxPool2dForward(pg, x.g.data(), py.g.data(), argg.data());
-    p.cpu()->kernels().MaxPool2dBackward(pg, pdy.c.data(), argc.data(), pdx.c.data());
-    p.gpu()->kernels().MaxPool2dBackward(pg, pdy.g.data(), argg.data(), pdx.g.data());
+    p.cpu()->kernels().MaxPool2dForward(pg, x.c.data(), py.c.data(),
+                                        argc.data());
+    p.gpu()->kernels().MaxPool2dForward(pg, x.g.data(), py.g.data(),
+                                        argg.data());
+    p.cpu()->kernels().MaxPool2dBackward(pg, pdy.c.data(), argc.data(),
+                                         pdx.c.data());
+    p.gpu()->kernels().MaxPool2dBackward(pg, pdy.g.data(), argg.data(),
+                                         pdx.g.data());
     p.ExpectSame(py, "max pool");
     p.ExpectSame(pdx, "max pool backward");
   }
@@ -225,22 +242,28 @@ TEST(CudaKernelsTest, SoftmaxCrossEntropyAndBadLabels) {
   std::copy(labels.begin(), labels.end(), lc.data());
   TALLY_ASSERT_OK(p.gpu()->CopyFromHost(lg.data(), labels.data(), batch * 4));
   CrossEntropyLoss cl(p.cpu()), gl(p.gpu());
-  auto cs = cl.Compute(Tensor{logits.c.data(), {batch, classes}}, lc.data(), 1.0f / batch);
-  auto gs = gl.Compute(Tensor{logits.g.data(), {batch, classes}}, lg.data(), 1.0f / batch);
+  auto cs = cl.Compute(Tensor{logits.c.data(), {batch, classes}}, lc.data(),
+                       1.0f / batch);
+  auto gs = gl.Compute(Tensor{logits.g.data(), {batch, classes}}, lg.data(),
+                       1.0f / batch);
   ASSERT_TRUE(cs.ok() && gs.ok()) << gs.status();
   EXPECT_NEAR(cs->loss_sum, gs->loss_sum, 1e-3);
   EXPECT_EQ(cs->correct, gs->correct);
   std::vector<float> dg(batch * classes);
   TALLY_ASSERT_OK(p.gpu()->CopyToHost(dg.data(), gl.dlogits(), dg.size() * 4));
-  for (size_t i = 0; i < dg.size(); ++i) ASSERT_NEAR(dg[i], cl.dlogits()[i], 1e-6) << i;
+  for (size_t i = 0; i < dg.size(); ++i)
+    ASSERT_NEAR(dg[i], cl.dlogits()[i], 1e-6) << i;
   labels[3] = 12;
   TALLY_ASSERT_OK(p.gpu()->CopyFromHost(lg.data(), labels.data(), batch * 4));
-  EXPECT_THAT(gl.Compute(Tensor{logits.g.data(), {batch, classes}}, lg.data(), 1.0f),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label")));
+  EXPECT_THAT(
+      gl.Compute(Tensor{logits.g.data(), {batch, classes}}, lg.data(), 1.0f),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label")));
   // The error was reported once; the device works on.
   labels[3] = 1;
   TALLY_ASSERT_OK(p.gpu()->CopyFromHost(lg.data(), labels.data(), batch * 4));
-  EXPECT_TRUE(gl.Compute(Tensor{logits.g.data(), {batch, classes}}, lg.data(), 1.0f).ok());
+  EXPECT_TRUE(
+      gl.Compute(Tensor{logits.g.data(), {batch, classes}}, lg.data(), 1.0f)
+          .ok());
 }
 
 std::vector<LayerConfig> Cnn() {
@@ -284,7 +307,8 @@ void ExpectEngineMatchesCpu(const std::string& gpus) {
   ASSERT_TRUE(a.ok() && b.ok()) << b.status();
   EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-3 * (1 + a->loss_sum));
   for (int64_t i = 0; i < (*cpu)->num_params(); ++i) {
-    ASSERT_NEAR((*gpu)->grads()[i], (*cpu)->grads()[i], 1e-4f + 1e-3f * std::fabs((*cpu)->grads()[i]))
+    ASSERT_NEAR((*gpu)->grads()[i], (*cpu)->grads()[i],
+                1e-4f + 1e-3f * std::fabs((*cpu)->grads()[i]))
         << gpus << " gradient " << i;
   }
 }

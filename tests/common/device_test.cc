@@ -19,8 +19,8 @@ TEST(ParseDevicesTest, CpuReplicas) {
 }
 
 TEST(ParseDevicesTest, MalformedSpecsAreInvalidArgument) {
-  for (const char* bad : {"cpu", "cpu:0", "cpu:-1", "cpu:x", "tpu:1", "", "cuda:a",
-                          "cuda:0,0", "cuda:"}) {
+  for (const char* bad : {"cpu", "cpu:0", "cpu:-1", "cpu:x", "tpu:1", "",
+                          "cuda:a", "cuda:0,0", "cuda:"}) {
     EXPECT_THAT(ParseDevices(bad), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr("--devices")))
         << bad;
@@ -30,7 +30,8 @@ TEST(ParseDevicesTest, MalformedSpecsAreInvalidArgument) {
 TEST(ParseDevicesTest, CudaWithoutUsableGpuFailsClearly) {
   if (CudaBackendCompiled()) GTEST_SKIP() << "covered by the CUDA tests";
   EXPECT_THAT(ParseDevices("cuda:all"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no CUDA backend")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no CUDA backend")));
 }
 
 TEST(CpuDeviceTest, AllocatesCopiesAndReportsKernelErrorsOnSync) {
@@ -48,8 +49,8 @@ TEST(CpuDeviceTest, AllocatesCopiesAndReportsKernelErrorsOnSync) {
   int32_t label = 7;
   float stats[2];
   (*dev)->kernels().SoftmaxCrossEntropyStats(buf->data(), &label, 1, 4, stats);
-  EXPECT_THAT((*dev)->Synchronize(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                              HasSubstr("label")));
+  EXPECT_THAT((*dev)->Synchronize(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label")));
   TALLY_EXPECT_OK((*dev)->Synchronize());
 }
 

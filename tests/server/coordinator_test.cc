@@ -31,7 +31,8 @@ class CoordinatorTest : public ::testing::Test {
     r.set_name(name);
     return coord_.Register(r);
   }
-  absl::StatusOr<v1::HeartbeatResponse> Beat(const v1::RegisterWorkerResponse& w) {
+  absl::StatusOr<v1::HeartbeatResponse> Beat(
+      const v1::RegisterWorkerResponse& w) {
     v1::HeartbeatRequest r;
     r.set_worker_id(w.worker_id());
     r.set_incarnation(w.incarnation());
@@ -42,12 +43,16 @@ class CoordinatorTest : public ::testing::Test {
 };
 
 TEST_F(CoordinatorTest, BadSpecIsRejectedWithTheFieldAndNothingIsStored) {
-  EXPECT_THAT(coord_.Submit("model: {preset: mlp}\ndataset: {name: nope}\n"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dataset.name")));
+  EXPECT_THAT(
+      coord_.Submit("model: {preset: mlp}\ndataset: {name: nope}\n"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dataset.name")));
   EXPECT_TRUE(coord_.List().empty());
-  EXPECT_THAT(coord_.Get("job-9"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
-  EXPECT_THAT(coord_.Cancel("job-9"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
-  EXPECT_THAT(coord_.WeightsFile("job-9"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
+  EXPECT_THAT(coord_.Get("job-9"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
+  EXPECT_THAT(coord_.Cancel("job-9"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
+  EXPECT_THAT(coord_.WeightsFile("job-9"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-9")));
 }
 
 TEST_F(CoordinatorTest, JobWaitsForEnoughWorkersThenRunsWithRanks) {
@@ -55,7 +60,8 @@ TEST_F(CoordinatorTest, JobWaitsForEnoughWorkersThenRunsWithRanks) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::PENDING);
   EXPECT_THAT(coord_.WeightsFile(job->id()),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not started")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not started")));
   auto a = Register("a");
   EXPECT_EQ(coord_.Get(job->id())->state(), v1::PENDING);
   auto b = Register("b");
@@ -80,7 +86,8 @@ TEST_F(CoordinatorTest, ExpiredLeaseFreesTheSlotAndANewWorkerTakesIt) {
   clock_.Advance(absl::Seconds(2));
   coord_.Tick();
   EXPECT_EQ((*shard)->Metrics().members, 1);
-  EXPECT_THAT(Beat(b), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  EXPECT_THAT(Beat(b), StatusIs(absl::StatusCode::kNotFound,
+                                HasSubstr("register again")));
   auto b2 = Register("b");  // b comes back: a new incarnation
   EXPECT_NE(b2.incarnation(), b.incarnation());
   auto hb = Beat(b2);
@@ -104,7 +111,8 @@ TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
   r.set_test_accuracy(0.9);
   r.set_steps(0);
   EXPECT_THAT(coord_.ReportResult(r),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("final weights")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("final weights")));
   bool dup;
   std::vector<float> g(shard->num_params(), 0.1f);
   for (const auto& w : {a, b}) {
@@ -140,12 +148,14 @@ TEST_F(CoordinatorTest, WorkerFailureFailsTheJobAndCancelReleasesWorkers) {
   auto failed = coord_.Get(j1->id());
   EXPECT_EQ(failed->state(), v1::FAILED);
   EXPECT_THAT(failed->message(), HasSubstr("dataset not found"));
-  EXPECT_EQ(coord_.Get(j2->id())->state(), v1::RUNNING);  // took the freed workers
+  EXPECT_EQ(coord_.Get(j2->id())->state(),
+            v1::RUNNING);  // took the freed workers
   auto cancelled = coord_.Cancel(j2->id());
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), v1::CANCELLED);
   EXPECT_THAT(coord_.Cancel(j2->id()),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already ended")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("already ended")));
   EXPECT_FALSE(Beat(a)->has_assignment());
 }
 
@@ -155,7 +165,8 @@ TEST_F(CoordinatorTest, StaleIncarnationMustRegisterAgain) {
   r.set_worker_id(a.worker_id());
   r.set_incarnation(a.incarnation() + 100);
   EXPECT_THAT(coord_.Heartbeat(r),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale incarnation")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("stale incarnation")));
 }
 
 }  // namespace

@@ -2,10 +2,10 @@
 // kind of bad input gets its specific status and the server keeps serving.
 #include "server/service.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <cmath>
 #include <limits>
-
-#include <grpcpp/grpcpp.h>
 
 #include "common/grpc_status.h"
 #include "common/io/safetensors.h"
@@ -38,8 +38,9 @@ class ServiceTest : public ::testing::Test {
     server_ = *std::move(s);
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);
-    channel_ = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                         grpc::InsecureChannelCredentials(), args);
+    channel_ =
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                  grpc::InsecureChannelCredentials(), args);
     jobs_ = v1::JobService::NewStub(channel_);
     workers_ = v1::WorkerService::NewStub(channel_);
     params_ = v1::ParameterService::NewStub(channel_);
@@ -111,8 +112,8 @@ class ServiceTest : public ::testing::Test {
     return msgs;
   }
 
-  absl::StatusOr<std::pair<int64_t, std::vector<float>>> Pull(int64_t min_version,
-                                                              int64_t wait_ms = 2000) {
+  absl::StatusOr<std::pair<int64_t, std::vector<float>>> Pull(
+      int64_t min_version, int64_t wait_ms = 2000) {
     auto ctx = Ctx();
     v1::PullRequest req;
     req.set_job_id(job_);
@@ -156,17 +157,20 @@ TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
   v1::SubmitJobRequest req;
   req.set_spec("model: {layers: [bogus]}\ndataset: {name: synthetic}\n");
   v1::SubmitJobResponse resp;
-  EXPECT_THAT(FromGrpc(jobs_->SubmitJob(Ctx().get(), req, &resp)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("model.layers[0]: unknown layer type 'bogus'")));
+  EXPECT_THAT(
+      FromGrpc(jobs_->SubmitJob(Ctx().get(), req, &resp)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("model.layers[0]: unknown layer type 'bogus'")));
   v1::GetJobRequest g;
   g.set_job_id("job-42");
   v1::Job j;
   EXPECT_THAT(FromGrpc(jobs_->GetJob(Ctx().get(), g, &j)),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
   job_ = "job-42";
-  EXPECT_THAT(Push({Header(0)}), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
-  EXPECT_THAT(Pull(0), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
+  EXPECT_THAT(Push({Header(0)}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
+  EXPECT_THAT(Pull(0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
 }
 
 TEST_F(ServiceTest, ASyncStepOverTheWire) {
@@ -180,7 +184,8 @@ TEST_F(ServiceTest, ASyncStepOverTheWire) {
   EXPECT_EQ(pushed->version(), 1);
   auto w1 = Pull(1);
   ASSERT_TRUE(w1.ok());
-  for (int i = 0; i < kParams; ++i) EXPECT_FLOAT_EQ(w1->second[i], w0->second[i] - 0.5f);
+  for (int i = 0; i < kParams; ++i)
+    EXPECT_FLOAT_EQ(w1->second[i], w0->second[i] - 0.5f);
   // The same push again: acknowledged, ignored.
   auto again = Push(FullPush(0, 0.5f));
   ASSERT_TRUE(again.ok()) << again.status();
@@ -208,32 +213,40 @@ TEST_F(ServiceTest, BadPushesGetSpecificStatusesAndChangeNothing) {
   // No header.
   v1::PushRequest no_header;
   *no_header.mutable_chunk() = Chunk(0, {1});
-  EXPECT_THAT(Push({no_header}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header")));
+  EXPECT_THAT(Push({no_header}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("header")));
   // Empty stream.
-  EXPECT_THAT(Push({}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty push")));
+  EXPECT_THAT(Push({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("empty push")));
   // Offset outside the vector.
   auto m = Header(0);
   *m.mutable_chunk() = Chunk(8, {1, 1, 1});
-  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the 10-element")));
+  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("outside the 10-element")));
   // Count and bytes disagree.
   m = Header(0);
   *m.mutable_chunk() = Chunk(0, {1, 1, 1});
   m.mutable_chunk()->set_count(4);
-  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries 12 bytes")));
+  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("carries 12 bytes")));
   // Does not cover the whole vector.
   m = Header(0);
   *m.mutable_chunk() = Chunk(0, std::vector<float>(9, 1.0f));
-  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("covers 9 of 10")));
+  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("covers 9 of 10")));
   // Wrong step bookkeeping.
   EXPECT_THAT(Push(FullPush(5, 1.0f)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not open yet")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not open yet")));
   auto stale = FullPush(0, 1.0f);
   stale[0].mutable_header()->set_incarnation(worker_.incarnation() + 9);
-  EXPECT_THAT(Push(stale), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale incarnation")));
+  EXPECT_THAT(Push(stale), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                    HasSubstr("stale incarnation")));
   // An oversized message is refused by gRPC itself.
   m = Header(0);
   *m.mutable_chunk() = Chunk(0, std::vector<float>(2 << 20, 1.0f));  // 8 MiB
-  EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  EXPECT_THAT(Push({m}),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
   // None of that moved the weights or the step.
   auto after = Pull(0);
   ASSERT_TRUE(after.ok());
@@ -248,7 +261,10 @@ TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCountedAndTheStepGoesOn) {
   auto nan = FullPush(0, 1.0f);
   std::vector<float> bad = {1, 1, std::numeric_limits<float>::quiet_NaN(), 1};
   *nan[1].mutable_chunk() = Chunk(6, bad);
-  EXPECT_THAT(Push(nan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-finite gradient value (nan) at element 8")));
+  EXPECT_THAT(
+      Push(nan),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("non-finite gradient value (nan) at element 8")));
   EXPECT_EQ(Job().metrics().rejected_pushes(), 1);
   // The only member's step closed without its gradient: the weights stand.
   auto after = Pull(1);
@@ -263,7 +279,8 @@ TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCountedAndTheStepGoesOn) {
 
 TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {
   StartJob();
-  EXPECT_THAT(Pull(3, 200), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("version 3")));
+  EXPECT_THAT(Pull(3, 200), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                     HasSubstr("version 3")));
   v1::Job j = Job();
   EXPECT_EQ(j.state(), v1::RUNNING);
   // Watching streams the state; cancelling the job ends the stream.
@@ -299,7 +316,8 @@ TEST_F(ServiceTest, RandomGarbagePushesNeverCrashOrWedgeTheServer) {
         r = Header(static_cast<int64_t>(rng.Below(5)) - 2,
                    static_cast<int64_t>(rng.Below(8)) - 2);
         if (rng.Below(4) == 0) r.mutable_header()->set_job_id("job-x");
-        if (rng.Below(4) == 0) r.mutable_header()->set_incarnation(rng.Below(9));
+        if (rng.Below(4) == 0)
+          r.mutable_header()->set_incarnation(rng.Below(9));
         if (rng.Below(8) == 0) r.mutable_header()->set_loss_sum(NAN);
       }
       if (rng.Below(3) != 0) {

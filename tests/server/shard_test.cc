@@ -18,12 +18,13 @@ class ShardTest : public ::testing::Test {
   void SetUp() override {
     OptimizerConfig c;
     c.lr = 1.0;  // plain SGD, lr 1: new weights = old - mean gradient
-    shard_ = std::make_unique<ParameterShard>(std::vector<float>{10, 20, 30},
-                                              *Optimizer::Create(c, 3), &clock_);
+    shard_ = std::make_unique<ParameterShard>(
+        std::vector<float>{10, 20, 30}, *Optimizer::Create(c, 3), &clock_);
     shard_->AddMember("a", 1);
     shard_->AddMember("b", 1);
   }
-  PushMeta Meta(const std::string& w, int64_t step, int64_t samples, int64_t inc = 1) {
+  PushMeta Meta(const std::string& w, int64_t step, int64_t samples,
+                int64_t inc = 1) {
     PushMeta m;
     m.worker_id = w;
     m.incarnation = inc;
@@ -75,20 +76,25 @@ TEST_F(ShardTest, ClosedFutureAndStaleStepsGetSpecificCodes) {
   bool dup = false;
   std::vector<float> g = {0, 0, 0};
   EXPECT_THAT(shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not open yet")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not open yet")));
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
   TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
   shard_->AddMember("c", 5);
-  EXPECT_THAT(shard_->Commit(Meta("c", 0, 1, 5), g.data(), &dup),
-              StatusIs(absl::StatusCode::kAborted, HasSubstr("already closed")));
+  EXPECT_THAT(
+      shard_->Commit(Meta("c", 0, 1, 5), g.data(), &dup),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("already closed")));
   EXPECT_THAT(shard_->Commit(Meta("a", 1, 1, 7), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale incarnation")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("stale incarnation")));
   EXPECT_THAT(shard_->Commit(Meta("zed", 1, 1), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a member")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not a member")));
   PushMeta wrong_base = Meta("a", 1, 1);
   wrong_base.base_version = 0;
-  EXPECT_THAT(shard_->Commit(wrong_base, g.data(), &dup),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("version 1")));
+  EXPECT_THAT(
+      shard_->Commit(wrong_base, g.data(), &dup),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("version 1")));
 }
 
 TEST_F(ShardTest, RemovingAMemberClosesTheStepWithoutIt) {
@@ -106,7 +112,8 @@ TEST_F(ShardTest, AMemberJoiningAStartedStepIsRequiredFromTheNextOne) {
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
   shard_->AddMember("c", 3);
   EXPECT_THAT(shard_->Commit(Meta("c", 0, 1, 3), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("joins at step 1")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("joins at step 1")));
   TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
   EXPECT_EQ(shard_->version(), 1);  // closed without c
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 1, 1), g.data(), &dup));
@@ -131,7 +138,8 @@ TEST_F(ShardTest, RejectedPushIsCountedAndTheStepDoesNotWaitForIt) {
 TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
   TALLY_ASSERT_OK(shard_->SetSchedule(2, 1));
   EXPECT_THAT(shard_->SetSchedule(3, 1),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("different datasets")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("different datasets")));
   bool dup = false;
   std::vector<float> g = {1, 1, 1};
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 0), nullptr, &dup));
@@ -147,8 +155,10 @@ TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
 
 TEST_F(ShardTest, WaitersAreReleasedByTheStepOrTheirDeadline) {
   absl::Status first = absl::UnknownError("not called"), second = first;
-  shard_->WhenVersion(1, clock_.Now() + absl::Seconds(5), [&](absl::Status s) { first = s; });
-  shard_->WhenVersion(2, clock_.Now() + absl::Seconds(5), [&](absl::Status s) { second = s; });
+  shard_->WhenVersion(1, clock_.Now() + absl::Seconds(5),
+                      [&](absl::Status s) { first = s; });
+  shard_->WhenVersion(2, clock_.Now() + absl::Seconds(5),
+                      [&](absl::Status s) { second = s; });
   bool dup;
   std::vector<float> g = {1, 1, 1};
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
@@ -157,7 +167,8 @@ TEST_F(ShardTest, WaitersAreReleasedByTheStepOrTheirDeadline) {
   EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnknown, ::testing::_));
   clock_.Advance(absl::Seconds(6));
   shard_->ExpireWaiters();
-  EXPECT_THAT(second, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("version 2")));
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                               HasSubstr("version 2")));
   absl::Status now = absl::UnknownError("x");
   shard_->WhenVersion(1, clock_.Now(), [&](absl::Status s) { now = s; });
   TALLY_EXPECT_OK(now);  // already there: called at once
@@ -170,8 +181,9 @@ TEST_F(ShardTest, RetiredShardKeepsTheFinalWeightsAndRefusesPushes) {
   TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
   shard_->Retire();
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
-  EXPECT_THAT(shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ended")));
+  EXPECT_THAT(
+      shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ended")));
   shard_->ReleaseStaging(*shard_->AcquireStaging());  // harmless after retiring
 }
 
@@ -183,8 +195,9 @@ TEST_F(ShardTest, StagingBuffersAreBoundedAndRecycled) {
     EXPECT_EQ((*b)->size(), 3u);
     out.push_back(*std::move(b));
   }
-  EXPECT_THAT(shard_->AcquireStaging(),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("in flight")));
+  EXPECT_THAT(
+      shard_->AcquireStaging(),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("in flight")));
   float* first = out[0]->data();
   shard_->ReleaseStaging(std::move(out[0]));
   auto again = shard_->AcquireStaging();

@@ -49,7 +49,8 @@ TEST(BatchLoaderTest, YieldsTheShardInOrderWithAShortLastBatch) {
     }
     EXPECT_EQ(got, want);
   }
-  EXPECT_THAT(loader.Next(absl::Seconds(10)), StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  EXPECT_THAT(loader.Next(absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
 }
 
 TEST(BatchLoaderTest, MaxBatchesStopsEarlyAndDestructionWhileFullDoesNotHang) {
@@ -60,8 +61,10 @@ TEST(BatchLoaderTest, MaxBatchesStopsEarlyAndDestructionWhileFullDoesNotHang) {
   o.max_batches = 3;
   {
     BatchLoader loader(&d, o);
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.Next(absl::Seconds(10)).ok());
-    EXPECT_THAT(loader.Next(absl::Seconds(10)), StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+    for (int i = 0; i < 3; ++i)
+      ASSERT_TRUE(loader.Next(absl::Seconds(10)).ok());
+    EXPECT_THAT(loader.Next(absl::Seconds(10)),
+                StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
   }
   o.max_batches = 0;
   BatchLoader full(&d, o);  // fills its queue, then must stop on destruction

@@ -94,7 +94,8 @@ TEST(SplitTest, SizesDifferByAtMostOneAndNeverEmpty) {
   }
 }
 
-class EquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+class EquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int>> {
+};
 
 TEST_P(EquivalenceTest, NReplicasGiveTheGradientOfOneDevice) {
   const auto [replicas, batch] = GetParam();
@@ -110,18 +111,20 @@ TEST_P(EquivalenceTest, NReplicasGiveTheGradientOfOneDevice) {
   EXPECT_EQ(a->correct, b->correct);
   EXPECT_EQ(b->samples, batch);
   for (int64_t i = 0; i < one->num_params(); ++i) {
-    ASSERT_NEAR(one->grads()[i], many->grads()[i], 1e-6f + 1e-5f * std::fabs(one->grads()[i]))
+    ASSERT_NEAR(one->grads()[i], many->grads()[i],
+                1e-6f + 1e-5f * std::fabs(one->grads()[i]))
         << "param " << i;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Replicas, EquivalenceTest,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                       ::testing::Values(1, 2, 3, 7, 16, 33)),
-    [](const auto& info) {
-      return absl::StrCat("r", std::get<0>(info.param), "_b", std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Replicas, EquivalenceTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(1, 2, 3, 7, 16,
+                                                              33)),
+                         [](const auto& info) {
+                           return absl::StrCat("r", std::get<0>(info.param),
+                                               "_b", std::get<1>(info.param));
+                         });
 
 TEST(EngineTest, TwentySgdStepsGiveTheSameWeightsOnOneAndFourReplicas) {
   auto one = MakeEngine(1, true);
@@ -156,17 +159,20 @@ TEST(EngineTest, AFailingReplicaFailsTheStepWithoutHangingAndTheNextStepRuns) {
   o.step_timeout = absl::Seconds(30);
   o.fault_hook = [&](int replica) -> absl::Status {
     ++calls;
-    if (replica == 1 && fail) return absl::ResourceExhaustedError("replica 1: out of memory");
+    if (replica == 1 && fail)
+      return absl::ResourceExhaustedError("replica 1: out of memory");
     return absl::OkStatus();
   };
   auto e = MakeEngine(3, false, o);
   Data d = RandomBatch(9, 1);
   BatchView view{d.x.data(), d.y.data(), 9};
-  auto result = std::async(std::launch::async, [&] { return e->Step(view, 0); });
-  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+  auto result =
+      std::async(std::launch::async, [&] { return e->Step(view, 0); });
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)),
+            std::future_status::ready)
       << "the step hung";
-  EXPECT_THAT(result.get(),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("replica 1")));
+  EXPECT_THAT(result.get(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                     HasSubstr("replica 1")));
   EXPECT_EQ(calls, 3);  // the others ran their part to the end
   fail = false;
   auto next = e->Step(view, 1);
@@ -178,7 +184,8 @@ TEST(EngineTest, ABadLabelOnOneReplicaIsAnErrorNotACrash) {
   Data d = RandomBatch(6, 1);
   d.y[5] = 9;  // lands on replica 1
   BatchView view{d.x.data(), d.y.data(), 6};
-  EXPECT_THAT(e->Step(view, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label")));
+  EXPECT_THAT(e->Step(view, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label")));
   d.y[5] = 1;
   EXPECT_TRUE(e->Step(view, 0).ok());
 }
@@ -201,26 +208,31 @@ TEST(EngineTest, EvaluateSplitsTheDatasetAndMatchesOneDevice) {
   EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-3);
 }
 
-TEST(ThreadGroupTest, RoundThatOverrunsItsDeadlineIsReportedAndTheGroupRefusesMore) {
+TEST(ThreadGroupTest,
+     RoundThatOverrunsItsDeadlineIsReportedAndTheGroupRefusesMore) {
   ThreadGroup g(2);
   std::atomic<bool> release{false};
   absl::Status s = g.Run(
       [&](int i) {
-        while (i == 1 && !release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        while (i == 1 && !release)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         return absl::OkStatus();
       },
       absl::Milliseconds(50));
-  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2")));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2")));
   EXPECT_THAT(g.Run([](int) { return absl::OkStatus(); }, absl::Seconds(1)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("never finished")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("never finished")));
   release = true;  // lets the destructor join
 }
 
 TEST(EngineTest, UnknownDeviceFailsAtCreation) {
   EngineOptions o;
   o.devices = {{DeviceType::kCuda, 0}};
-  EXPECT_THAT(Engine::Create(SmallCnn(false), {1, 8, 8}, o),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda:0")));
+  EXPECT_THAT(
+      Engine::Create(SmallCnn(false), {1, 8, 8}, o),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda:0")));
 }
 
 }  // namespace

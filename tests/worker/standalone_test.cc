@@ -4,7 +4,6 @@
 #include <filesystem>
 
 #include "common/device.h"
-
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -23,7 +22,8 @@ model:
     - relu
     - dropout: {p: 0.1}
     - linear: {in_features: 32, out_features: 4}
-training: {epochs: )" + std::to_string(epochs) + R"(, batch_size: 32, seed: 9}
+training: {epochs: )" + std::to_string(epochs) +
+                           R"(, batch_size: 32, seed: 9}
 optimizer: )" + optimizer + "\n");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
@@ -42,7 +42,8 @@ TEST(StandaloneTest, SyntheticLossFallsAndAccuracyRisesWellAboveChance) {
   EXPECT_GT(summary->test_accuracy, 0.80);  // chance is 0.25
   EXPECT_EQ(summary->steps, 8 * 64);
   EXPECT_EQ(summary->samples, 8 * 2048);
-  EXPECT_EQ(static_cast<int64_t>(summary->params.size()), spec.layout.num_params);
+  EXPECT_EQ(static_cast<int64_t>(summary->params.size()),
+            spec.layout.num_params);
 }
 
 TEST(StandaloneTest, SameSeedSameWeightsAndMaxStepsStopsEarly) {
@@ -61,10 +62,12 @@ TEST(StandaloneTest, SameSeedSameWeightsAndMaxStepsStopsEarly) {
 
 TEST(StandaloneTest, MissingDatasetIsAClearError) {
   auto spec = ParseJobSpec(
-      "model: {preset: mlp}\ndataset: {name: fashion-mnist, root: /nonexistent}\n");
+      "model: {preset: mlp}\ndataset: {name: fashion-mnist, root: "
+      "/nonexistent}\n");
   ASSERT_TRUE(spec.ok());
   EXPECT_THAT(TrainStandalone(*spec, {}),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/train-images")));
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("/nonexistent/train-images")));
 }
 
 }  // namespace
@@ -76,11 +79,13 @@ namespace {
 TEST(StandaloneDevicesTest, OneAndThreeReplicasExportTheSameWeights) {
   // On the real example where the dataset is installed: MLP, max_steps 20,
   // same seed; cpu:1 and cpu:3 must export the same weights.
-  const bool have_data =
-      std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  const bool have_data = std::filesystem::exists(
+      "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
   absl::StatusOr<JobSpec> spec =
-      have_data ? LoadJobSpec(testing::SourcePath("examples/fashion-mnist-mlp.yaml"))
-                : absl::StatusOr<JobSpec>(SyntheticSpec("{type: sgd, lr: 0.01, momentum: 0.9}", 1));
+      have_data
+          ? LoadJobSpec(testing::SourcePath("examples/fashion-mnist-mlp.yaml"))
+          : absl::StatusOr<JobSpec>(
+                SyntheticSpec("{type: sgd, lr: 0.01, momentum: 0.9}", 1));
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->training.max_steps = 20;
   StandaloneOptions one, three;

@@ -15,8 +15,8 @@ namespace tally::internal {
 
 struct ForwardContext {
   bool training = false;
-  uint64_t seed = 0;           // dropout stream of this layer
-  int64_t sample_offset = 0;   // index of x's first sample in the whole batch
+  uint64_t seed = 0;          // dropout stream of this layer
+  int64_t sample_offset = 0;  // index of x's first sample in the whole batch
 };
 
 // One layer of a Sequential. Forward receives the input view and an output

@@ -24,7 +24,8 @@ std::string Be32(uint32_t v) {
 void WriteGz(const std::string& path, const std::string& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()), static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()),
+            static_cast<int>(bytes.size()));
   gzclose(f);
 }
 
@@ -34,7 +35,8 @@ void WritePlain(const std::string& path, const std::string& bytes) {
 
 std::string Images(uint32_t n, uint32_t r, uint32_t c, uint32_t magic = 0x803) {
   std::string s = Be32(magic) + Be32(n) + Be32(r) + Be32(c);
-  for (uint32_t i = 0; i < n * r * c; ++i) s.push_back(static_cast<char>(i * 51 % 256));
+  for (uint32_t i = 0; i < n * r * c; ++i)
+    s.push_back(static_cast<char>(i * 51 % 256));
   return s;
 }
 
@@ -87,9 +89,10 @@ TEST_F(IdxTest, TruncatedPayloadIsDataLoss) {
   std::string img = Images(4, 3, 3);
   WriteGz(Path("img.gz"), img.substr(0, img.size() - 5));
   WriteGz(Path("lab.gz"), Labels({1, 2, 3, 4}));
-  EXPECT_THAT(LoadIdx(Path("img.gz"), Path("lab.gz"), 10),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr("img.gz: truncated: header promises 36 bytes")));
+  EXPECT_THAT(
+      LoadIdx(Path("img.gz"), Path("lab.gz"), 10),
+      StatusIs(absl::StatusCode::kDataLoss,
+               HasSubstr("img.gz: truncated: header promises 36 bytes")));
 }
 
 TEST_F(IdxTest, WrongMagicIsInvalidArgument) {
@@ -104,7 +107,8 @@ TEST_F(IdxTest, MismatchedCountsAndBadLabelsAreReported) {
   WriteGz(Path("img.gz"), Images(2, 2, 2));
   WriteGz(Path("lab.gz"), Labels({1, 2, 3}));
   EXPECT_THAT(LoadIdx(Path("img.gz"), Path("lab.gz"), 10),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds 2 images")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("holds 2 images")));
   WriteGz(Path("lab2.gz"), Labels({1, 12}));
   EXPECT_THAT(LoadIdx(Path("img.gz"), Path("lab2.gz"), 10),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("label 12")));
@@ -146,7 +150,8 @@ TEST(SyntheticTest, DeterministicBySeedAndLabelsUseAllClasses) {
   for (int32_t l : a->train.labels) counts[l]++;
   for (int k = 0; k < 4; ++k) EXPECT_GT(counts[k], 100) << "class " << k;
   o.num_classes = 1;
-  EXPECT_THAT(MakeSynthetic(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("classes")));
+  EXPECT_THAT(MakeSynthetic(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("classes")));
 }
 
 TEST(EpochOrderTest, EverySampleOncePerEpochAcrossTheWorld) {

@@ -13,7 +13,9 @@ using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::vector<ParamInfo> Layout() {
-  return {{"0.weight", {2, 3}, 0, 6}, {"0.bias", {2}, 6, 2}, {"2.weight", {1, 2}, 8, 2}};
+  return {{"0.weight", {2, 3}, 0, 6},
+          {"0.bias", {2}, 6, 2},
+          {"2.weight", {1, 2}, 8, 2}};
 }
 
 TEST(SafetensorsTest, RoundTripThroughAFile) {
@@ -27,7 +29,8 @@ TEST(SafetensorsTest, RoundTripThroughAFile) {
   EXPECT_EQ(*back, flat);
   // No temporary file is left behind by the atomic write.
   int files = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    files += e.is_regular_file();
   EXPECT_EQ(files, 1);
 }
 
@@ -39,8 +42,9 @@ TEST(SafetensorsTest, HeaderIsAlignedAndNamesShapes) {
   EXPECT_EQ(n % 8, 0u);
   EXPECT_EQ(bytes.size(), 8 + n + 40);
   const std::string header = bytes.substr(8, n);
-  EXPECT_THAT(header, HasSubstr("\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],"
-                                "\"data_offsets\":[0,24]}"));
+  EXPECT_THAT(header,
+              HasSubstr("\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],"
+                        "\"data_offsets\":[0,24]}"));
 }
 
 TEST(SafetensorsTest, ReadsFilesWrittenByPython) {
@@ -51,13 +55,15 @@ TEST(SafetensorsTest, ReadsFilesWrittenByPython) {
 }
 
 TEST(SafetensorsTest, MalformedInputIsRejectedNotCrashed) {
-  EXPECT_THAT(DecodeSafetensors("abc"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shorter")));
+  EXPECT_THAT(
+      DecodeSafetensors("abc"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shorter")));
   std::string huge(16, '\0');
   huge[0] = '\xff';
   huge[7] = '\x7f';
-  EXPECT_THAT(DecodeSafetensors(huge),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceeds")));
+  EXPECT_THAT(
+      DecodeSafetensors(huge),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceeds")));
   auto with_header = [](const std::string& json, size_t data_bytes) {
     std::string s(8, '\0');
     uint64_t n = json.size();
@@ -66,12 +72,14 @@ TEST(SafetensorsTest, MalformedInputIsRejectedNotCrashed) {
   };
   EXPECT_THAT(DecodeSafetensors(with_header("{not json", 0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JSON")));
-  EXPECT_THAT(DecodeSafetensors(with_header(
-                  R"({"a":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})", 2)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F16")));
-  EXPECT_THAT(DecodeSafetensors(with_header(
-                  R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data_offsets")));
+  EXPECT_THAT(
+      DecodeSafetensors(with_header(
+          R"({"a":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})", 2)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F16")));
+  EXPECT_THAT(
+      DecodeSafetensors(with_header(
+          R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data_offsets")));
   EXPECT_THAT(DecodeSafetensors(with_header(R"({"a":{"dtype":"F32"}})", 0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs")));
 }
@@ -82,12 +90,14 @@ TEST(SafetensorsTest, FlattenChecksNamesAndShapes) {
   ASSERT_TRUE(map.ok());
   std::vector<ParamInfo> other = Layout();
   other[0].shape = {3, 2};
-  EXPECT_THAT(FlattenTensors(*map, other),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shape [2, 3]")));
+  EXPECT_THAT(
+      FlattenTensors(*map, other),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shape [2, 3]")));
   other = Layout();
   other[2].name = "3.weight";
   EXPECT_THAT(FlattenTensors(*map, other),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lack tensor '3.weight'")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("lack tensor '3.weight'")));
   EXPECT_THAT(LoadSafetensors("/nonexistent/x.safetensors", Layout()),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent")));
 }

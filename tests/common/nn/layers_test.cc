@@ -104,12 +104,14 @@ class Harness {
 };
 
 // Concatenates golden tensors in state_dict order.
-std::vector<float> Cat(const TensorMap& t, std::initializer_list<const char*> names) {
+std::vector<float> Cat(const TensorMap& t,
+                       std::initializer_list<const char*> names) {
   std::vector<float> out;
   for (const char* n : names) {
     auto it = t.find(n);
     EXPECT_NE(it, t.end()) << n;
-    if (it != t.end()) out.insert(out.end(), it->second.data.begin(), it->second.data.end());
+    if (it != t.end())
+      out.insert(out.end(), it->second.data.begin(), it->second.data.end());
   }
   return out;
 }
@@ -118,7 +120,9 @@ struct GoldenCase {
   const char* fixture;
   LayerConfig layer;
   bool has_params;
-  friend void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.fixture; }
+  friend void PrintTo(const GoldenCase& c, std::ostream* os) {
+    *os << c.fixture;
+  }
 };
 
 class GoldenLayerTest : public ::testing::TestWithParam<GoldenCase> {};
@@ -132,8 +136,10 @@ TEST_P(GoldenLayerTest, MatchesPyTorch) {
   if (c.has_params) h.SetParams(Cat(t, {"weight", "bias"}));
   const int batch = static_cast<int>(x.shape[0]);
   ExpectNear(h.Forward(x.data, batch), t.at("y").data, 1e-5f, "y");
-  ExpectNear(h.Backward(t.at("dy").data, x.data.size()), t.at("dx").data, 1e-5f, "dx");
-  if (c.has_params) ExpectNear(h.Grads(), Cat(t, {"dweight", "dbias"}), 1e-4f, "grads");
+  ExpectNear(h.Backward(t.at("dy").data, x.data.size()), t.at("dx").data, 1e-5f,
+             "dx");
+  if (c.has_params)
+    ExpectNear(h.Grads(), Cat(t, {"dweight", "dbias"}), 1e-4f, "grads");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -187,8 +193,9 @@ TEST(CrossEntropyTest, RejectsOutOfRangeLabel) {
 
 TEST(SequentialTest, WholeModelMatchesPyTorchIncludingLayout) {
   TensorMap t = LoadGolden("model_cnn");
-  std::vector<LayerConfig> layers = {Conv(1, 3, 3), Simple(LayerType::kReLU), Pool(2),
-                                     Simple(LayerType::kFlatten), Linear(27, 5)};
+  std::vector<LayerConfig> layers = {Conv(1, 3, 3), Simple(LayerType::kReLU),
+                                     Pool(2), Simple(LayerType::kFlatten),
+                                     Linear(27, 5)};
   Harness h(layers, {1, 8, 8});
   const auto& params = h.model().layout().params;
   ASSERT_EQ(params.size(), 4u);
@@ -205,7 +212,8 @@ TEST(SequentialTest, WholeModelMatchesPyTorchIncludingLayout) {
     want_grads.insert(want_grads.end(), g.data.begin(), g.data.end());
   }
   h.SetParams(flat);
-  ExpectNear(h.Forward(t.at("x").data, 4), t.at("logits").data, 1e-5f, "logits");
+  ExpectNear(h.Forward(t.at("x").data, 4), t.at("logits").data, 1e-5f,
+             "logits");
   auto logits = h.model().Forward(t.at("x").data.data(), 4, true);
   ASSERT_TRUE(logits.ok());
   auto dev = OpenDevice({DeviceType::kCpu, 0});
@@ -273,7 +281,8 @@ TEST_P(FiniteDifferenceTest, GradientsMatchNumericalDerivative) {
     xp[i] += eps;
     xm[i] -= eps;
     const double num = (objective(xp) - objective(xm)) / (2.0 * eps);
-    ASSERT_NEAR(dx[i], num, 2e-2 * (1.0 + std::fabs(num))) << c.name << " dx " << i;
+    ASSERT_NEAR(dx[i], num, 2e-2 * (1.0 + std::fabs(num)))
+        << c.name << " dx " << i;
   }
   for (size_t i = 0; i < params.size(); ++i) {
     std::vector<float> pp = params, pm = params;
@@ -284,7 +293,8 @@ TEST_P(FiniteDifferenceTest, GradientsMatchNumericalDerivative) {
     h.SetParams(pm);
     const double down = objective(x);
     const double num = (up - down) / (2.0 * eps);
-    ASSERT_NEAR(dparams[i], num, 2e-2 * (1.0 + std::fabs(num))) << c.name << " param " << i;
+    ASSERT_NEAR(dparams[i], num, 2e-2 * (1.0 + std::fabs(num)))
+        << c.name << " param " << i;
   }
   h.SetParams(params);
 }
@@ -299,16 +309,29 @@ INSTANTIATE_TEST_SUITE_P(
     Layers, FiniteDifferenceTest,
     ::testing::Values(
         FdCase{"linear", {Linear(6, 4)}, {6}, 3},
-        FdCase{"linear_nobias", {[] { auto c = Linear(5, 2); c.bias = false; return c; }()}, {5}, 2},
+        FdCase{"linear_nobias",
+               {[] {
+                 auto c = Linear(5, 2);
+                 c.bias = false;
+                 return c;
+               }()},
+               {5},
+               2},
         FdCase{"conv", {Conv(2, 3, 3)}, {2, 5, 5}, 2},
         FdCase{"conv_stride_pad", {Conv(2, 2, 3, 2, 1)}, {2, 6, 5}, 2},
         FdCase{"maxpool", {Pool(2)}, {2, 4, 4}, 2},
         FdCase{"maxpool_k3s2p1", {Pool(3, 2, 1)}, {1, 5, 5}, 2},
         FdCase{"relu", {Simple(LayerType::kReLU)}, {7}, 3},
         FdCase{"dropout", {DropoutConfig(0.3)}, {10}, 3},
-        FdCase{"flatten_linear", {Simple(LayerType::kFlatten), Linear(8, 3)}, {2, 2, 2}, 2},
-        FdCase{"cnn", {Conv(1, 2, 3), Simple(LayerType::kReLU), Pool(2),
-                       Simple(LayerType::kFlatten), Linear(8, 3)}, {1, 6, 6}, 2}),
+        FdCase{"flatten_linear",
+               {Simple(LayerType::kFlatten), Linear(8, 3)},
+               {2, 2, 2},
+               2},
+        FdCase{"cnn",
+               {Conv(1, 2, 3), Simple(LayerType::kReLU), Pool(2),
+                Simple(LayerType::kFlatten), Linear(8, 3)},
+               {1, 6, 6},
+               2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LossFiniteDifferenceTest, CrossEntropyGradient) {
@@ -324,7 +347,9 @@ TEST(LossFiniteDifferenceTest, CrossEntropyGradient) {
     auto s = loss.Evaluate(Tensor{copy.data(), {3, 4}}, labels.data());
     return s->loss_sum / 3.0;
   };
-  ASSERT_TRUE(loss.Compute(Tensor{logits.data(), {3, 4}}, labels.data(), 1.0f / 3).ok());
+  ASSERT_TRUE(
+      loss.Compute(Tensor{logits.data(), {3, 4}}, labels.data(), 1.0f / 3)
+          .ok());
   std::vector<float> d(loss.dlogits(), loss.dlogits() + 12);
   for (size_t i = 0; i < logits.size(); ++i) {
     std::vector<float> p = logits, m = logits;
@@ -363,22 +388,25 @@ TEST(SequentialTest, BuffersGrowWithBatchAndResultsDoNotDependOnIt) {
 TEST(SequentialTest, RejectsLayersThatDoNotChain) {
   auto dev = OpenDevice({DeviceType::kCpu, 0});
   ASSERT_TRUE(dev.ok());
-  EXPECT_THAT(Sequential::Create({Conv(1, 10, 5), Simple(LayerType::kFlatten), Linear(1440, 10)},
+  EXPECT_THAT(Sequential::Create({Conv(1, 10, 5), Simple(LayerType::kFlatten),
+                                  Linear(1440, 10)},
                                  {1, 28, 28}, dev->get()),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("layers[2] (linear): in_features is 1440 but the input has 5760")));
+                       HasSubstr("layers[2] (linear): in_features is 1440 but "
+                                 "the input has 5760")));
 }
 
 TEST(SequentialTest, BackwardWithoutForwardIsAnError) {
   Harness h({Linear(3, 2)}, {3});
   std::vector<float> dy(2);
-  EXPECT_THAT(h.model().Backward(dy.data()),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("Forward")));
+  EXPECT_THAT(
+      h.model().Backward(dy.data()),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("Forward")));
 }
 
 TEST(InitTest, MatchesPyTorchDefaultBoundsAndIsSeeded) {
-  std::vector<LayerConfig> layers = {Conv(1, 10, 5), Simple(LayerType::kFlatten),
-                                     Linear(5760, 10)};
+  std::vector<LayerConfig> layers = {
+      Conv(1, 10, 5), Simple(LayerType::kFlatten), Linear(5760, 10)};
   auto layout = ComputeLayout(layers, {1, 28, 28});
   ASSERT_TRUE(layout.ok());
   std::vector<float> a = InitParams(layers, *layout, 42);

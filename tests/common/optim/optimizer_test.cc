@@ -32,7 +32,8 @@ OptimizerConfig Sgd(double lr, double momentum = 0, double dampening = 0,
   return c;
 }
 
-OptimizerConfig Adam(OptimizerType t, double lr, double b1, double b2, double wd) {
+OptimizerConfig Adam(OptimizerType t, double lr, double b1, double b2,
+                     double wd) {
   OptimizerConfig c;
   c.type = t;
   c.lr = lr;
@@ -72,14 +73,18 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(OptimizerTest, RejectsBadHyperParametersNamingTheField) {
   EXPECT_THAT(Optimizer::Create(Sgd(-0.1), 4),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lr")));
-  EXPECT_THAT(Optimizer::Create(Sgd(0.1, -1), 4),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("momentum")));
-  EXPECT_THAT(Optimizer::Create(Sgd(0.1, 0, 0, true), 4),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nesterov")));
-  EXPECT_THAT(Optimizer::Create(Adam(OptimizerType::kAdam, 0.1, 1.0, 0.9, 0), 4),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beta1")));
-  EXPECT_THAT(ParseOptimizerType("rmsprop"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rmsprop")));
+  EXPECT_THAT(
+      Optimizer::Create(Sgd(0.1, -1), 4),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("momentum")));
+  EXPECT_THAT(
+      Optimizer::Create(Sgd(0.1, 0, 0, true), 4),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nesterov")));
+  EXPECT_THAT(
+      Optimizer::Create(Adam(OptimizerType::kAdam, 0.1, 1.0, 0.9, 0), 4),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beta1")));
+  EXPECT_THAT(
+      ParseOptimizerType("rmsprop"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rmsprop")));
 }
 
 TEST(OptimizerTest, StateRoundTripsSoAResumedRunMatches) {

@@ -19,7 +19,8 @@ std::string WithModel(const std::string& model, const std::string& extra = "") {
 }
 
 TEST(JobSpecTest, ExamplesParse) {
-  for (const char* f : {"examples/fashion-mnist-mlp.yaml", "examples/fashion-mnist-cnn.yaml"}) {
+  for (const char* f :
+       {"examples/fashion-mnist-mlp.yaml", "examples/fashion-mnist-cnn.yaml"}) {
     auto spec = LoadJobSpec(SourcePath(f));
     ASSERT_TRUE(spec.ok()) << f << ": " << spec.status();
     EXPECT_EQ(spec->input_shape, (Shape{1, 28, 28}));
@@ -29,12 +30,14 @@ TEST(JobSpecTest, ExamplesParse) {
   }
   auto mlp = LoadJobSpec(SourcePath("examples/fashion-mnist-mlp.yaml"));
   ASSERT_TRUE(mlp.ok());
-  EXPECT_EQ(mlp->layout.num_params, 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  EXPECT_EQ(mlp->layout.num_params,
+            784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
   EXPECT_EQ(mlp->layout.params[0].name, "1.weight");
 }
 
 TEST(JobSpecTest, PresetsExpandForTheDataset) {
-  auto cnn = ParseJobSpec("model: {preset: cnn}\ndataset: {name: fashion-mnist}\n");
+  auto cnn =
+      ParseJobSpec("model: {preset: cnn}\ndataset: {name: fashion-mnist}\n");
   ASSERT_TRUE(cnn.ok()) << cnn.status();
   ASSERT_EQ(cnn->layers.size(), 5u);
   EXPECT_EQ(cnn->layers[4].in_features, 1440);
@@ -42,10 +45,12 @@ TEST(JobSpecTest, PresetsExpandForTheDataset) {
   ASSERT_TRUE(mlp.ok()) << mlp.status();
   EXPECT_EQ(mlp->layers[1].in_features, 8);
   EXPECT_EQ(mlp->layers[5].out_features, 3);
-  EXPECT_THAT(ParseJobSpec(WithModel("  preset: cnn\n")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.preset")));
+  EXPECT_THAT(
+      ParseJobSpec(WithModel("  preset: cnn\n")),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.preset")));
   EXPECT_THAT(ParseJobSpec(WithModel("  preset: resnet\n")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown preset 'resnet'")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown preset 'resnet'")));
 }
 
 TEST(JobSpecTest, DefaultsAndJson) {
@@ -72,66 +77,91 @@ class BadSpecTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(BadSpecTest, RejectedWithTheFieldNamed) {
   EXPECT_THAT(ParseJobSpec(GetParam().text),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(GetParam().message)));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(GetParam().message)));
 }
 
-const char kLinear8x3[] = "  layers: [{linear: {in_features: 8, out_features: 3}}]\n";
+const char kLinear8x3[] =
+    "  layers: [{linear: {in_features: 8, out_features: 3}}]\n";
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, BadSpecTest,
     ::testing::Values(
         BadCase{"not_yaml", "model: [unclosed", "not valid YAML"},
         BadCase{"not_mapping", "- a\n- b\n", "mapping at the top level"},
-        BadCase{"unknown_top_field", WithModel(kLinear8x3, "trainig: {epochs: 2}\n"),
+        BadCase{"unknown_top_field",
+                WithModel(kLinear8x3, "trainig: {epochs: 2}\n"),
                 "trainig: unknown field"},
         BadCase{"no_dataset", "model: {preset: mlp}\n", "dataset: is required"},
-        BadCase{"unknown_dataset", "model: {preset: mlp}\ndataset: {name: cifar}\n",
+        BadCase{"unknown_dataset",
+                "model: {preset: mlp}\ndataset: {name: cifar}\n",
                 "dataset.name: unknown dataset 'cifar'"},
         BadCase{"no_model", kSynthetic, "model: is required"},
         BadCase{"unknown_layer", WithModel("  layers: [flatten, relux]\n"),
                 "model.layers[1]: unknown layer type 'relux'"},
-        BadCase{"layer_missing_arg", WithModel("  layers: [{linear: {in_features: 8}}]\n"),
+        BadCase{"layer_missing_arg",
+                WithModel("  layers: [{linear: {in_features: 8}}]\n"),
                 "model.layers[0].linear: needs in_features and out_features"},
         BadCase{"layer_unknown_arg",
-                WithModel("  layers: [{linear: {in_features: 8, out_features: 3, bais: true}}]\n"),
+                WithModel("  layers: [{linear: {in_features: 8, out_features: "
+                          "3, bais: true}}]\n"),
                 "model.layers[0].linear.bais: unknown field"},
-        BadCase{"chain_mismatch",
-                WithModel("  layers: [{linear: {in_features: 8, out_features: 256}}, relu,\n"
-                          "           {linear: {in_features: 128, out_features: 3}}]\n"),
-                "model.layers[2] (linear): in_features is 128 but the input has 256 features"},
-        // The classic mistake: view(-1, 1440) after a 5x5 conv needs the 2x2 pool.
-        BadCase{"cnn_without_pool",
-                "dataset: {name: fashion-mnist}\nmodel:\n  layers:\n"
-                "    - conv2d: {in_channels: 1, out_channels: 10, kernel_size: 5}\n"
-                "    - relu\n    - flatten\n"
-                "    - linear: {in_features: 1440, out_features: 10}\n",
-                "model.layers[3] (linear): in_features is 1440 but the input has 5760 features"},
+        BadCase{
+            "chain_mismatch",
+            WithModel(
+                "  layers: [{linear: {in_features: 8, out_features: 256}}, "
+                "relu,\n"
+                "           {linear: {in_features: 128, out_features: 3}}]\n"),
+            "model.layers[2] (linear): in_features is 128 but the input has "
+            "256 features"},
+        // The classic mistake: view(-1, 1440) after a 5x5 conv needs the 2x2
+        // pool.
+        BadCase{
+            "cnn_without_pool",
+            "dataset: {name: fashion-mnist}\nmodel:\n  layers:\n"
+            "    - conv2d: {in_channels: 1, out_channels: 10, kernel_size: 5}\n"
+            "    - relu\n    - flatten\n"
+            "    - linear: {in_features: 1440, out_features: 10}\n",
+            "model.layers[3] (linear): in_features is 1440 but the input has "
+            "5760 features"},
         BadCase{"linear_on_image",
                 "dataset: {name: fashion-mnist}\nmodel:\n  layers:\n"
                 "    - linear: {in_features: 784, out_features: 10}\n",
                 "add a flatten layer"},
         BadCase{"conv_channels",
                 "dataset: {name: fashion-mnist}\nmodel:\n  layers:\n"
-                "    - conv2d: {in_channels: 3, out_channels: 10, kernel_size: 5}\n",
-                "model.layers[0] (conv2d): in_channels is 3 but the input has 1 channels"},
+                "    - conv2d: {in_channels: 3, out_channels: 10, kernel_size: "
+                "5}\n",
+                "model.layers[0] (conv2d): in_channels is 3 but the input has "
+                "1 channels"},
         BadCase{"kernel_too_big",
                 "dataset: {name: fashion-mnist}\nmodel:\n  layers:\n"
                 "    - maxpool2d: {kernel_size: 40}\n",
                 "kernel_size 40 does not fit the 28x28 input"},
-        BadCase{"wrong_class_count",
-                WithModel("  layers: [{linear: {in_features: 8, out_features: 4}}]\n"),
-                "yields [4] per sample but the dataset has 3 classes"},
-        BadCase{"negative_lr", WithModel(kLinear8x3, "optimizer: {type: sgd, lr: -0.1}\n"),
+        BadCase{
+            "wrong_class_count",
+            WithModel(
+                "  layers: [{linear: {in_features: 8, out_features: 4}}]\n"),
+            "yields [4] per sample but the dataset has 3 classes"},
+        BadCase{"negative_lr",
+                WithModel(kLinear8x3, "optimizer: {type: sgd, lr: -0.1}\n"),
                 "optimizer: lr must be a finite number >= 0, got -0.1"},
-        BadCase{"unknown_optimizer", WithModel(kLinear8x3, "optimizer: {type: lbfgs}\n"),
+        BadCase{"unknown_optimizer",
+                WithModel(kLinear8x3, "optimizer: {type: lbfgs}\n"),
                 "optimizer.type: unknown optimizer type 'lbfgs'"},
-        BadCase{"sgd_with_betas", WithModel(kLinear8x3, "optimizer: {type: sgd, betas: [0.9, 0.9]}\n"),
+        BadCase{"sgd_with_betas",
+                WithModel(kLinear8x3,
+                          "optimizer: {type: sgd, betas: [0.9, 0.9]}\n"),
                 "optimizer.betas: unknown field"},
-        BadCase{"zero_batch", WithModel(kLinear8x3, "training: {batch_size: 0}\n"),
+        BadCase{"zero_batch",
+                WithModel(kLinear8x3, "training: {batch_size: 0}\n"),
                 "training.batch_size: must be in [1"},
-        BadCase{"epochs_not_int", WithModel(kLinear8x3, "training: {epochs: two}\n"),
+        BadCase{"epochs_not_int",
+                WithModel(kLinear8x3, "training: {epochs: two}\n"),
                 "training.epochs: must be an integer, got 'two'"},
-        BadCase{"dropout_p", WithModel("  layers: [{dropout: {p: 1.5}}, {linear: {in_features: 8, out_features: 3}}]\n"),
+        BadCase{"dropout_p",
+                WithModel("  layers: [{dropout: {p: 1.5}}, {linear: "
+                          "{in_features: 8, out_features: 3}}]\n"),
                 "model.layers[0].dropout.p: must be in [0, 1)"},
         BadCase{"both_preset_and_layers",
                 WithModel("  preset: mlp\n" + std::string(kLinear8x3)),
@@ -140,7 +170,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(JobSpecTest, MissingFileIsNotFound) {
   EXPECT_THAT(LoadJobSpec("/nonexistent/job.yaml"),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/job.yaml")));
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("/nonexistent/job.yaml")));
 }
 
 }  // namespace
