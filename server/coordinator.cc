@@ -123,17 +123,10 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
   std::string name;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-    }
-    if (it->second.shard == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(job_id, " has not started: it has no weights yet"));
-    }
-    shard = it->second.shard;
-    layout = it->second.spec.layout;
-    name = it->second.spec.name;
+    TALLY_ASSIGN_OR_RETURN(const JobEntry* job, StartedJobLocked(job_id));
+    shard = job->shard;
+    layout = job->spec.layout;
+    name = job->spec.name;
   }
   int64_t version = 0;
   auto weights = shard->Snapshot(&version);
@@ -257,18 +250,24 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<ParameterShard>> Coordinator::Shard(
+absl::StatusOr<const Coordinator::JobEntry*> Coordinator::StartedJobLocked(
     const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   }
   if (it->second.shard == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(job_id, " has not started"));
+        absl::StrCat(job_id, " has not started: it has no weights yet"));
   }
-  return it->second.shard;
+  return &it->second;
+}
+
+absl::StatusOr<std::shared_ptr<ParameterShard>> Coordinator::Shard(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  TALLY_ASSIGN_OR_RETURN(const JobEntry* job, StartedJobLocked(job_id));
+  return job->shard;
 }
 
 absl::StatusOr<int64_t> Coordinator::Subscribe(

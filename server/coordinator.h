@@ -93,6 +93,10 @@ class Coordinator {
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job, if it exists and has started (has a shard): kNotFound or
+  // kFailedPrecondition otherwise.
+  absl::StatusOr<const JobEntry*> StartedJobLocked(
+      const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AssignLocked(JobEntry& job, int rank, const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
