@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -113,6 +114,22 @@ absl::StatusOr<void*> Device::AllocateHost(size_t bytes) {
 
 void Device::FreeHost(void* ptr) { std::free(ptr); }
 
+absl::Status Device::CopyFromPeer(void* dst, Device& peer, const void* src,
+                                  size_t bytes) {
+  if (host_accessible() && peer.host_accessible()) {
+    // Earlier kernels on this device have run (CPU kernels are synchronous).
+    if (dst != src) std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  if (host_accessible()) return peer.CopyToHost(dst, src, bytes);
+  if (peer.host_accessible()) return CopyFromHost(dst, src, bytes);
+  // Two devices that cannot see each other: bounce through host memory.
+  std::vector<char> bounce(bytes);
+  if (absl::Status s = peer.CopyToHost(bounce.data(), src, bytes); !s.ok())
+    return s;
+  return CopyFromHost(dst, bounce.data(), bytes);
+}
+
 namespace {
 
 class CpuDevice final : public Device {
@@ -173,15 +190,21 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(DeviceId id) {
 }
 
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
-    const std::vector<Device*>& devices) {
-#ifdef TALLY_HAVE_CUDA
-  bool all_cuda = devices.size() > 1;
+    const std::vector<Device*>& devices, absl::Duration timeout) {
+  bool all_gpus = devices.size() > 1;
   for (Device* d : devices)
-    all_cuda = all_cuda && d->id().type == DeviceType::kCuda;
-  if (all_cuda) return cuda::CreateNcclCollective(devices);
+    all_gpus = all_gpus && d->id().type == DeviceType::kCuda;
+  if (!all_gpus) {
+    return absl::UnimplementedError(
+        "no device collective for these devices: reduce in host memory");
+  }
+#ifdef TALLY_HAVE_CUDA
+  // NCCL when the build has it and it takes these GPUs (it refuses one GPU
+  // listed twice, for instance); peer copies otherwise.
+  auto nccl = cuda::CreateNcclCollective(devices);
+  if (nccl.ok()) return nccl;
 #endif
-  (void)devices;
-  return absl::UnimplementedError("no device collective for these devices");
+  return CreatePeerCollective(devices, timeout);
 }
 
 }  // namespace tally

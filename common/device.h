@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace tally {
 
@@ -63,8 +64,37 @@ class Device {
   virtual absl::Status CopyFromHost(void* dst, const void* src,
                                     size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
-  // Waits for all enqueued work; returns the first error it hit, if any.
+  // Waits for all enqueued work, copies included; returns the first error it
+  // hit, if any.
   virtual absl::Status Synchronize() = 0;
+
+  // Copies that may run beside the kernels (a GPU's second stream), so that
+  // weights stream in and gradients stream out while layers compute. Errors
+  // are sticky and come back from Synchronize(); the default is the
+  // synchronous copy.
+  //
+  // CopyFromHostAsync: kernels enqueued after it see the data; kernels
+  // enqueued before it must not use `dst`. `src` must stay unchanged until
+  // Synchronize() (pinned memory from AllocateHost makes it truly async).
+  virtual absl::Status CopyFromHostAsync(void* dst, const void* src,
+                                         size_t bytes) {
+    return CopyFromHost(dst, src, bytes);
+  }
+  // CopyToHostAsync: copies what the kernels enqueued before it wrote, while
+  // later kernels run; kernels enqueued after it must not write `src`.
+  // `dst` holds the data once Synchronize() returns.
+  virtual absl::Status CopyToHostAsync(void* dst, const void* src,
+                                       size_t bytes) {
+    return CopyToHost(dst, src, bytes);
+  }
+
+  // Enqueues a copy of `bytes` at `src` on device `peer` (borrowed) into
+  // `dst` on this device, ordered after this device's earlier work. The
+  // caller makes sure `peer` has finished writing `src` (its Synchronize()
+  // returned) and does not write it until this device synchronises. GPUs use
+  // direct peer copies (NVLink/PCIe); the default goes through host memory.
+  virtual absl::Status CopyFromPeer(void* dst, Device& peer, const void* src,
+                                    size_t bytes);
 
   // Host memory for buffers that travel to and from this device often
   // (page-locked on GPUs, so copies run at full speed; plain on CPUs).
@@ -83,13 +113,26 @@ class Collective {
  public:
   virtual ~Collective() = default;
   virtual absl::Status AllReduceSum(int rank, float* buffer, int64_t count) = 0;
+  // "nccl" or "peer", for logs.
+  virtual const char* name() const = 0;
 };
 
-// A collective over `devices` (borrowed). kUnimplemented when the devices
-// have none (CPU replicas, or a build without NCCL): callers then reduce
-// through host memory.
+// A collective over several GPUs (borrowed): NCCL where the build has it and
+// it initialises, else the peer-copy collective below. kUnimplemented for
+// CPU replicas (and a single device): callers then reduce in host memory.
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
-    const std::vector<Device*>& devices);
+    const std::vector<Device*>& devices, absl::Duration timeout);
+
+// A collective built from CopyFromPeer and Kernels::Axpy alone, for any
+// devices: a reduce-scatter (rank r sums slice r of every member's buffer)
+// then an all-gather, three barriers in all. Each barrier waits at most
+// `timeout`; a member that misses it fails the call with kDeadlineExceeded
+// on the others and leaves the collective broken (every later call fails
+// with kFailedPrecondition). When any member's own work failed before the
+// reduction (its Synchronize()), all members return kAborted and no buffer
+// changes.
+std::unique_ptr<Collective> CreatePeerCollective(
+    const std::vector<Device*>& devices, absl::Duration timeout);
 
 // Opens a device. CPU devices always open; each pins BLAS to one thread so
 // that N replicas use N cores.

@@ -560,6 +560,10 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   // Weights and gradients are megabytes per step: large HTTP/2 frames and a
   // large flow-control window keep the link busy (the defaults, 16 KiB frames
   // and a 64 KiB initial window, cap loopback at a fraction of TCP's speed).
+  // gRPC lets servers share a port (SO_REUSEPORT) by default: a second
+  // tally-server on a busy port would start and silently take half of the
+  // connections. Refuse instead, so it fails with "cannot listen".
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              kHttp2WindowBytes);
@@ -570,7 +574,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
                              kHttp2FrameBytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, " (in use by another process?)"));
   }
   TallyServer* raw = s.get();
   s->ticker_ = std::thread([raw] { raw->TickLoop(); });

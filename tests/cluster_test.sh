@@ -30,7 +30,12 @@ tally() { "$bin_tally" --server="$addr" "$@"; }
 start_server() {
   "$bin_server" --listen=127.0.0.1 --port="$port" --lease_timeout_ms="${1:-3000}" > "$dir/server.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 100); do tally health > /dev/null 2>&1 && return 0; sleep 0.05; done
+  # Ours must be the one answering: another test may have taken the port
+  # while it was free (a restart), and then ours refuses to start.
+  for _ in $(seq 100); do
+    grep -q "listening on" "$dir/server.log" && tally health > /dev/null 2>&1 && return 0
+    sleep 0.05
+  done
   fail "server did not come up"
 }
 start_worker() {  # name
@@ -143,7 +148,7 @@ case $case_name in
       (( $(grep -c registered "$dir/w1.log") >= 2 && $(grep -c registered "$dir/w2.log") >= 2 )) && break
       sleep 0.1
     done
-    out=$(tally submit examples/synthetic-2workers.yaml --wait) || fail "job after the restart: $out"
+    out=$(timeout 120 "$bin_tally" --server="$addr" submit examples/synthetic-2workers.yaml --wait) || fail "job after the restart: $out"
     echo "reconnect: workers re-registered and trained"
     ;;
   cli)

@@ -404,6 +404,10 @@ class WorkerDaemon::Impl {
     auto engine = Engine::Create(spec->layers, spec->input_shape, eo);
     if (!engine.ok()) return fail(engine.status());
     Engine& e = **engine;
+    if (e.num_replicas() > 1) {
+      Log(absl::StrCat(a.job_id(), ": ", e.num_replicas(),
+                       " replicas, gradients reduced by ", e.reduction()));
+    }
     const int world = std::max(1, a.world());
     const Schedule sched = MakeSchedule(*spec, tt.train.size(), world);
     const int64_t n = e.num_params();

@@ -13,17 +13,27 @@
 
 namespace tally {
 
+namespace internal {
+
 // Host memory from a device's AllocateHost (page-locked for GPUs).
-struct Engine::HostBuffer {
+struct HostBuffer {
   Device* device = nullptr;  // borrowed
   void* ptr = nullptr;
   ~HostBuffer() {
     if (ptr != nullptr) device->FreeHost(ptr);
   }
   float* data() const { return static_cast<float*>(ptr); }
-};
 
-namespace internal {
+  static absl::StatusOr<std::unique_ptr<HostBuffer>> Create(Device* device,
+                                                            int64_t floats) {
+    auto b = std::make_unique<HostBuffer>();
+    b->device = device;
+    TALLY_ASSIGN_OR_RETURN(b->ptr,
+                           device->AllocateHost(floats * sizeof(float)));
+    std::fill(b->data(), b->data() + floats, 0.0f);
+    return b;
+  }
+};
 
 // One device's copy of the model and its per-step buffers.
 struct Replica {
@@ -32,9 +42,12 @@ struct Replica {
   std::unique_ptr<CrossEntropyLoss> loss;
   DeviceBuffer<float> x;  // device inputs (unused on host devices)
   DeviceBuffer<int32_t> y;
-  std::vector<float> grads_on_host;  // staging for non-host devices
-  StepStats stats;                   // this replica's part of the step
-  bool used = false;                 // got a micro-batch this step
+  // Where a non-host device's gradient lands in host memory: the engine's
+  // grads() for replica 0, its own pinned buffer for the others.
+  std::unique_ptr<HostBuffer> own_host_grads;
+  float* host_grads = nullptr;
+  StepStats stats;    // this replica's part of the step
+  bool used = false;  // got a micro-batch this step
 };
 
 }  // namespace internal
@@ -72,10 +85,11 @@ absl::Status Stage(internal::Replica& r, const float* x, const int32_t* y,
     return absl::OkStatus();
   }
   TALLY_RETURN_IF_ERROR(EnsureCapacity(r, count * feat, count));
-  TALLY_RETURN_IF_ERROR(r.device->CopyFromHost(r.x.data(), x + offset * feat,
-                                               count * feat * sizeof(float)));
-  TALLY_RETURN_IF_ERROR(
-      r.device->CopyFromHost(r.y.data(), y + offset, count * sizeof(int32_t)));
+  // The host batch stays put until the step or evaluation synchronises.
+  TALLY_RETURN_IF_ERROR(r.device->CopyFromHostAsync(
+      r.x.data(), x + offset * feat, count * feat * sizeof(float)));
+  TALLY_RETURN_IF_ERROR(r.device->CopyFromHostAsync(r.y.data(), y + offset,
+                                                    count * sizeof(int32_t)));
   *dx = r.x.data();
   *dy = r.y.data();
   return absl::OkStatus();
@@ -109,12 +123,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   e->num_params_ = e->layout_.num_params;
   for (const DeviceId& id : options.devices) {
     auto r = std::make_unique<internal::Replica>();
-    TALLY_ASSIGN_OR_RETURN(r->device, OpenDevice(id));
+    TALLY_ASSIGN_OR_RETURN(r->device, options.open_device
+                                          ? options.open_device(id)
+                                          : OpenDevice(id));
     r->device->SetAllowTf32(options.allow_tf32);
     TALLY_ASSIGN_OR_RETURN(
         r->model, Sequential::Create(layers, input_shape, r->device.get()));
     r->loss = std::make_unique<CrossEntropyLoss>(r->device.get());
-    if (!r->device->host_accessible()) r->grads_on_host.resize(e->num_params_);
     e->replicas_.push_back(std::move(r));
   }
   internal::Replica& first = *e->replicas_[0];
@@ -124,22 +139,38 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     e->params_ = first.model->params();
     e->grads_ = first.model->grads();
   } else {
-    for (auto* buf : {&e->host_params_, &e->host_grads_}) {
-      *buf = std::make_unique<HostBuffer>();
-      (*buf)->device = first.device.get();
-      TALLY_ASSIGN_OR_RETURN((*buf)->ptr, first.device->AllocateHost(
-                                              e->num_params_ * sizeof(float)));
-      std::fill((*buf)->data(), (*buf)->data() + e->num_params_, 0.0f);
-    }
+    TALLY_ASSIGN_OR_RETURN(
+        e->host_params_,
+        internal::HostBuffer::Create(first.device.get(), e->num_params_));
+    TALLY_ASSIGN_OR_RETURN(
+        e->host_grads_,
+        internal::HostBuffer::Create(first.device.get(), e->num_params_));
     e->params_ = e->host_params_->data();
     e->grads_ = e->host_grads_->data();
   }
-  // GPUs reduce among themselves (NCCL) when they can; otherwise gradients
-  // meet in host memory.
+  // GPUs reduce among themselves when they can; otherwise gradients meet in
+  // host memory, each landing in a pinned buffer.
   std::vector<Device*> devices;
   for (auto& r : e->replicas_) devices.push_back(r->device.get());
-  auto collective = CreateCollective(devices);
-  if (collective.ok()) e->collective_ = *std::move(collective);
+  if (options.force_peer_reduction && devices.size() > 1) {
+    e->collective_ = CreatePeerCollective(devices, options.step_timeout);
+  } else {
+    auto collective = CreateCollective(devices, options.step_timeout);
+    if (collective.ok()) e->collective_ = *std::move(collective);
+  }
+  for (size_t i = 0; i < e->replicas_.size() && e->collective_ == nullptr;
+       ++i) {
+    internal::Replica& r = *e->replicas_[i];
+    if (r.device->host_accessible()) continue;
+    if (i == 0) {
+      r.host_grads = e->grads_;
+      continue;
+    }
+    TALLY_ASSIGN_OR_RETURN(
+        r.own_host_grads,
+        internal::HostBuffer::Create(r.device.get(), e->num_params_));
+    r.host_grads = r.own_host_grads->data();
+  }
   e->threads_ = std::make_unique<ThreadGroup>(e->num_replicas());
   return e;
 }
@@ -162,20 +193,41 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   const float grad_scale = 1.0f / batch.size;
 
   // Broadcast, scatter, forward, loss and backward of replica r's part.
+  // Off-host devices stream each layer's weights in before its forward pass
+  // and (without a collective) its gradient out after its backward pass,
+  // beside the compute; Backward's Synchronize waits for both.
   auto compute = [&](internal::Replica& rep, int r) -> absl::Status {
     Device* dev = rep.device.get();
-    TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
-                                            num_params_ * sizeof(float)));
+    ParamHooks hooks;
+    if (dev->host_accessible()) {
+      TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
+                                              num_params_ * sizeof(float)));
+    } else {
+      hooks.before_forward = [&](int64_t begin, int64_t end) {
+        return dev->CopyFromHostAsync(rep.model->params() + begin,
+                                      params_ + begin,
+                                      (end - begin) * sizeof(float));
+      };
+      if (rep.host_grads != nullptr) {
+        hooks.after_backward = [&](int64_t begin, int64_t end) {
+          return dev->CopyToHostAsync(rep.host_grads + begin,
+                                      rep.model->grads() + begin,
+                                      (end - begin) * sizeof(float));
+        };
+      }
+    }
     const float* x;
     const int32_t* y;
     TALLY_RETURN_IF_ERROR(
         Stage(rep, batch.x, batch.y, feat, offsets[r], sizes[r], &x, &y));
     TALLY_ASSIGN_OR_RETURN(
-        Tensor logits, rep.model->Forward(x, sizes[r], true, seed, offsets[r]));
+        Tensor logits,
+        rep.model->Forward(x, sizes[r], true, seed, offsets[r], &hooks));
     TALLY_ASSIGN_OR_RETURN(LossStats ls,
                            rep.loss->Compute(logits, y, grad_scale));
     if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
-    TALLY_RETURN_IF_ERROR(rep.model->Backward(rep.loss->dlogits()));
+    TALLY_RETURN_IF_ERROR(
+        rep.model->Backward(rep.loss->dlogits(), nullptr, &hooks));
     rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
     return absl::OkStatus();
   };
@@ -203,13 +255,7 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
           return absl::OkStatus();
         }
         if (!rep.used) return absl::OkStatus();
-        TALLY_RETURN_IF_ERROR(compute(rep, r));
-        if (!dev->host_accessible()) {
-          TALLY_RETURN_IF_ERROR(dev->CopyToHost(rep.grads_on_host.data(),
-                                                rep.model->grads(),
-                                                num_params_ * sizeof(float)));
-        }
-        return absl::OkStatus();
+        return compute(rep, r);
       },
       options_.step_timeout));
 
@@ -221,9 +267,8 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
         const int64_t n = end - begin;
         for (int s = 0; s < used && collective_ == nullptr; ++s) {
           internal::Replica& rep = *replicas_[s];
-          const float* g = rep.device->host_accessible()
-                               ? rep.model->grads()
-                               : rep.grads_on_host.data();
+          const float* g = rep.device->host_accessible() ? rep.model->grads()
+                                                         : rep.host_grads;
           if (g == grads_) continue;  // replica 0 already is the sum's base
           if (s == 0) {
             std::copy(g + begin, g + end, grads_ + begin);

@@ -4,7 +4,9 @@
 // Replicas are built once per job, one per device, each driven by its own
 // persistent thread (ThreadGroup). A step:
 //   1. broadcast: every replica copies the host master weights (params());
-//      a CPU replica 0 *is* the master, so it copies nothing;
+//      a CPU replica 0 *is* the master, so it copies nothing; a GPU streams
+//      each layer's weights in on its copy stream just before that layer's
+//      forward pass, so the upload of later layers overlaps compute;
 //   2. scatter: the batch is cut along dimension 0 into contiguous
 //      micro-batches whose sizes differ by at most one (a batch smaller than
 //      the device count uses fewer replicas, never an empty micro-batch);
@@ -13,9 +15,11 @@
 //      backward on its own device;
 //   4. reduce: thread r sums slice r of the flat gradient over the used
 //      replicas into grads(), then calls the caller's `apply` for that slice
-//      (the standalone trainer runs the optimizer there, in parallel).
-//      Several GPUs instead all-reduce on the devices (NCCL) and replica 0
-//      copies the sum into grads().
+//      (the standalone trainer runs the optimizer there, in parallel). A
+//      GPU's gradients reach host memory layer by layer during backward, on
+//      the copy stream. Several GPUs instead all-reduce on the devices (NCCL,
+//      or peer copies and a kernel sum where NCCL is missing or refuses the
+//      devices) and replica 0 copies the sum into grads().
 // The result equals one device running the whole batch, up to float
 // summation order.
 //
@@ -42,7 +46,8 @@ namespace tally {
 class ThreadGroup;
 namespace internal {
 struct Replica;
-}
+struct HostBuffer;
+}  // namespace internal
 
 struct EngineOptions {
   std::vector<DeviceId> devices = {DeviceId{DeviceType::kCpu, 0}};
@@ -53,6 +58,12 @@ struct EngineOptions {
   // Test seam: runs on replica `r`'s thread between its forward and backward
   // passes; a non-OK status fails that replica's part of the step.
   std::function<absl::Status(int replica)> fault_hook;
+  // Test seam: opens the devices instead of OpenDevice (a test swaps in a
+  // device that behaves like a GPU without being one).
+  std::function<absl::StatusOr<std::unique_ptr<Device>>(DeviceId)> open_device;
+  // Reduce several replicas with the peer-copy collective even where NCCL or
+  // the host reduction would be chosen (tests; the fallback path on GPUs).
+  bool force_peer_reduction = false;
 };
 
 // A batch in host memory: `size` samples back to back, and their labels.
@@ -84,6 +95,10 @@ class Engine {
 
   int num_replicas() const { return static_cast<int>(replicas_.size()); }
   int64_t num_params() const { return num_params_; }
+  // How gradients of several replicas meet: "host", "nccl" or "peer".
+  const char* reduction() const {
+    return collective_ != nullptr ? collective_->name() : "host";
+  }
   const ModelLayout& layout() const { return layout_; }
 
   // Host master weights and the reduced gradient, num_params() floats each.
@@ -111,11 +126,10 @@ class Engine {
   Shape input_shape_;
   int64_t num_params_ = 0;
   std::vector<std::unique_ptr<internal::Replica>> replicas_;
-  std::unique_ptr<Collective> collective_;  // NCCL across GPUs, if any
+  std::unique_ptr<Collective> collective_;  // among devices, if any
   std::unique_ptr<ThreadGroup> threads_;
   // Pinned host master copies when replica 0 is not host memory.
-  struct HostBuffer;
-  std::unique_ptr<HostBuffer> host_params_, host_grads_;
+  std::unique_ptr<internal::HostBuffer> host_params_, host_grads_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
 };

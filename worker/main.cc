@@ -109,6 +109,7 @@ int RunDaemon() {
     grpc::ServerBuilder builder;
     builder.RegisterService(&health_service);
     int bound = 0;
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.AddListeningPort(absl::StrCat("0.0.0.0:", port),
                              grpc::InsecureServerCredentials(), &bound);
     health = builder.BuildAndStart();

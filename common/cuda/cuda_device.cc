@@ -7,6 +7,7 @@
 #endif
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_kernels.h"
@@ -116,6 +117,20 @@ class CudaDevice final : public Device {
         !s.ok()) {
       return s;
     }
+    if (auto s = CudaStatus(
+            cudaStreamCreateWithFlags(&d->copy_stream_, cudaStreamNonBlocking),
+            "cudaStreamCreate(copies)", index);
+        !s.ok()) {
+      return s;
+    }
+    for (cudaEvent_t* e : {&d->compute_done_, &d->copy_done_}) {
+      if (auto s =
+              CudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming),
+                         "cudaEventCreate", index);
+          !s.ok()) {
+        return s;
+      }
+    }
     if (auto s = CublasStatus(cublasCreate(&d->cublas_), "cublasCreate", index);
         !s.ok()) {
       return s;
@@ -136,9 +151,13 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     cudaSetDevice(index_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
     if (kernels_.scratch_ != nullptr) cudaFree(kernels_.scratch_);
     if (error_flag_ != nullptr) cudaFree(error_flag_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+    if (copy_done_ != nullptr) cudaEventDestroy(copy_done_);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -189,8 +208,52 @@ class CudaDevice final : public Device {
         "cudaMemcpyAsync(device to host)", index_));
     return Synchronize();
   }
+  // The copy stream runs beside the compute stream; events order the two
+  // (an event waited on is captured at the wait, so one event per direction
+  // serves every copy).
+  absl::Status CopyFromHostAsync(void* dst, const void* src,
+                                 size_t bytes) override {
+    cudaSetDevice(index_);
+    Note(CudaStatus(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_),
+        "cudaMemcpyAsync(host to device, async)", index_));
+    Note(CudaStatus(cudaEventRecord(copy_done_, copy_stream_),
+                    "cudaEventRecord", index_));
+    Note(CudaStatus(cudaStreamWaitEvent(stream_, copy_done_, 0),
+                    "cudaStreamWaitEvent", index_));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHostAsync(void* dst, const void* src,
+                               size_t bytes) override {
+    cudaSetDevice(index_);
+    Note(CudaStatus(cudaEventRecord(compute_done_, stream_), "cudaEventRecord",
+                    index_));
+    Note(CudaStatus(cudaStreamWaitEvent(copy_stream_, compute_done_, 0),
+                    "cudaStreamWaitEvent", index_));
+    Note(CudaStatus(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_),
+        "cudaMemcpyAsync(device to host, async)", index_));
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyFromPeer(void* dst, Device& peer, const void* src,
+                            size_t bytes) override {
+    auto* gpu = dynamic_cast<CudaDevice*>(&peer);
+    if (gpu == nullptr) return Device::CopyFromPeer(dst, peer, src, bytes);
+    cudaSetDevice(index_);
+    EnablePeerAccess(gpu->index());
+    // The peer's work on `src` is done (the caller's contract); ordering on
+    // this stream puts the copy after our own earlier kernels.
+    Note(CudaStatus(
+        cudaMemcpyPeerAsync(dst, index_, src, gpu->index(), bytes, stream_),
+        "cudaMemcpyPeerAsync", index_));
+    return absl::OkStatus();
+  }
+
   absl::Status Synchronize() override {
     cudaSetDevice(index_);
+    Note(CudaStatus(cudaStreamSynchronize(copy_stream_),
+                    "cudaStreamSynchronize(copies)", index_));
     Note(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize",
                     index_));
     Note(CudaStatus(cudaGetLastError(), "kernel launch", index_));
@@ -224,8 +287,26 @@ class CudaDevice final : public Device {
  private:
   explicit CudaDevice(int index) : index_(index), kernels_(this) {}
 
+  // Direct copies over NVLink/PCIe where the pair allows; otherwise
+  // cudaMemcpyPeerAsync stages through host memory by itself.
+  void EnablePeerAccess(int peer) {
+    if (peer == index_) return;
+    for (int p : peers_checked_)
+      if (p == peer) return;
+    peers_checked_.push_back(peer);
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, index_, peer) == cudaSuccess && can) {
+      const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    }
+  }
+
   int index_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // kernels, cuBLAS, synchronous copies
+  cudaStream_t copy_stream_ = nullptr;  // the *Async copies
+  cudaEvent_t compute_done_ = nullptr;  // compute -> copy ordering
+  cudaEvent_t copy_done_ = nullptr;     // copy -> compute ordering
+  std::vector<int> peers_checked_;
   cublasHandle_t cublas_ = nullptr;
   int* error_flag_ = nullptr;
   absl::Status error_;  // first failure since the last Synchronize
@@ -350,6 +431,7 @@ class NcclCollective final : public Collective {
  public:
   explicit NcclCollective(std::vector<CudaDevice*> devices)
       : devices_(std::move(devices)) {}
+  const char* name() const override { return "nccl"; }
   ~NcclCollective() override {
     for (ncclComm_t c : comms_) ncclCommDestroy(c);
   }

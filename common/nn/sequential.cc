@@ -35,15 +35,20 @@ absl::StatusOr<std::unique_ptr<Sequential>> Sequential::Create(
   size_t next_param = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     m->layers_.push_back(internal::MakeLayer(layers[i]));
+    m->param_ranges_.emplace_back(0, 0);
     const std::string prefix = absl::StrCat(i, ".");
     if (next_param < m->layout_.params.size() &&
         m->layout_.params[next_param].name.rfind(prefix, 0) == 0) {
       const int64_t off = m->layout_.params[next_param].offset;
       m->layers_.back()->Bind(m->params_.data() + off, m->grads_.data() + off);
+      int64_t end = off;
       while (next_param < m->layout_.params.size() &&
              m->layout_.params[next_param].name.rfind(prefix, 0) == 0) {
+        const ParamInfo& p = m->layout_.params[next_param];
+        end = p.offset + p.numel;
         ++next_param;
       }
+      m->param_ranges_.back() = {off, end};
     }
   }
   m->inputs_.resize(layers.size());
@@ -77,7 +82,8 @@ absl::Status Sequential::Reserve(int batch) {
 
 absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
                                            bool training, uint64_t seed,
-                                           int64_t sample_offset) {
+                                           int64_t sample_offset,
+                                           const ParamHooks* hooks) {
   if (batch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Forward needs a positive batch, got ", batch));
@@ -104,6 +110,9 @@ absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
     // Each layer gets its own dropout stream.
     internal::ForwardContext ctx{training, seed * 1000003ULL + i,
                                  sample_offset};
+    const auto [pb, pe] = param_ranges_[i];
+    if (hooks != nullptr && hooks->before_forward && pe > pb)
+      TALLY_RETURN_IF_ERROR(hooks->before_forward(pb, pe));
     layers_[i]->Forward(k, cur, &out, ctx);
     inputs_[i] = cur;
     outputs_[i] = out;
@@ -113,27 +122,37 @@ absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
   return cur;
 }
 
-absl::Status Sequential::Backward(const float* dout, float* dinput) {
+absl::Status Sequential::Backward(const float* dout, float* dinput,
+                                  const ParamHooks* hooks) {
   if (!last_forward_training_ || layers_.empty() ||
       outputs_.back().data == nullptr) {
     return absl::FailedPreconditionError(
         "Backward needs a preceding training Forward");
   }
   Kernels& k = device_->kernels();
+  auto gradient_done = [&](size_t j) -> absl::Status {
+    const auto [pb, pe] = param_ranges_[j];
+    if (hooks == nullptr || !hooks->after_backward || pe == pb)
+      return absl::OkStatus();
+    return hooks->after_backward(pb, pe);
+  };
   Tensor dy;
   dy.data = const_cast<float*>(dout);
   dy.shape = outputs_.back().shape;
-  for (size_t j = layers_.size(); j-- > 0;) {
+  absl::Status hook_status;
+  for (size_t j = layers_.size(); j-- > 0 && hook_status.ok();) {
     if (j == 0) {
       if (dinput == nullptr) {
         // Only parameter gradients are needed for the first layer.
         layers_[0]->Backward(k, inputs_[0], outputs_[0], dy, nullptr);
+        hook_status = gradient_done(0);
         break;
       }
       Tensor dx;
       dx.shape = inputs_[0].shape;
       dx.data = dinput;
       layers_[0]->Backward(k, inputs_[0], outputs_[0], dy, &dx);
+      hook_status = gradient_done(0);
       // A view layer (flatten) hands back dy itself.
       if (dx.data != dinput) k.Copy(dx.data, dinput, dx.numel());
       break;
@@ -143,9 +162,13 @@ absl::Status Sequential::Backward(const float* dout, float* dinput) {
     dx.data =
         dy.data == grad_ping_.data() ? grad_pong_.data() : grad_ping_.data();
     layers_[j]->Backward(k, inputs_[j], outputs_[j], dy, &dx);
+    hook_status = gradient_done(j);
     dy = dx;
   }
-  return device_->Synchronize();
+  // Wait for the device even when a hook failed: its work is in flight.
+  absl::Status sync = device_->Synchronize();
+  TALLY_RETURN_IF_ERROR(hook_status);
+  return sync;
 }
 
 }  // namespace tally

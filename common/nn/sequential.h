@@ -11,7 +11,9 @@
 #define TALLY_COMMON_NN_SEQUENTIAL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +27,18 @@ namespace tally {
 namespace internal {
 class Layer;
 }
+
+// Per-layer callbacks that let a caller move one layer's parameters while
+// other layers compute (Engine streams GPU weights in and gradients out this
+// way). Each gets the layer's range [begin, end) of the flat vectors.
+// before_forward runs just before the forward pass of a layer with
+// parameters is enqueued; after_backward just after its backward (which
+// writes that range of grads()) is. Layers without parameters get no call.
+// A non-OK status stops the pass and is returned. Either may be empty.
+struct ParamHooks {
+  std::function<absl::Status(int64_t begin, int64_t end)> before_forward;
+  std::function<absl::Status(int64_t begin, int64_t end)> after_backward;
+};
 
 class Sequential {
  public:
@@ -53,13 +67,15 @@ class Sequential {
   // sample in the whole batch when a batch is split across replicas, so that
   // every split draws the same masks.
   absl::StatusOr<Tensor> Forward(const float* x, int batch, bool training,
-                                 uint64_t seed = 0, int64_t sample_offset = 0);
+                                 uint64_t seed = 0, int64_t sample_offset = 0,
+                                 const ParamHooks* hooks = nullptr);
 
   // Back-propagates `dout` (device memory, shaped like Forward's output)
   // through the last training Forward; overwrites grads(). The input's
   // gradient is computed only when `dinput` (device memory, shaped like the
   // input batch) is given; training never needs it.
-  absl::Status Backward(const float* dout, float* dinput = nullptr);
+  absl::Status Backward(const float* dout, float* dinput = nullptr,
+                        const ParamHooks* hooks = nullptr);
 
  private:
   Sequential(std::vector<LayerConfig> configs, Shape input_shape,
@@ -71,6 +87,8 @@ class Sequential {
   ModelLayout layout_;
   Device* device_;  // borrowed
   std::vector<std::unique_ptr<internal::Layer>> layers_;
+  // Per layer, its range of the flat vectors (empty for parameterless ones).
+  std::vector<std::pair<int64_t, int64_t>> param_ranges_;
   DeviceBuffer<float> params_;
   DeviceBuffer<float> grads_;
   int capacity_ = 0;                       // batch the buffers fit

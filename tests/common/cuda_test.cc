@@ -2,8 +2,10 @@
 // step, within stated tolerances (as ggml's test-backend-ops does). Every
 // test skips, saying why, where no GPU can be used; the start-up error for
 // that case is tested here too.
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -284,8 +286,9 @@ std::vector<LayerConfig> Cnn() {
   return l;
 }
 
-// A whole data-parallel step on GPU replicas against cpu:1.
-void ExpectEngineMatchesCpu(const std::string& gpus) {
+// A whole data-parallel step on GPU replicas against cpu:1, then (weights
+// streamed in anew every step) ten SGD steps.
+void ExpectEngineMatchesCpu(EngineOptions go, const std::string& what) {
   Rng rng(13);
   const int batch = 50;
   std::vector<float> x(batch * 784);
@@ -294,8 +297,7 @@ void ExpectEngineMatchesCpu(const std::string& gpus) {
   for (int& v : y) v = static_cast<int>(rng.Below(10));
   auto layout = ComputeLayout(Cnn(), {1, 28, 28});
   std::vector<float> init = InitParams(Cnn(), *layout, 5);
-  EngineOptions co, go;
-  go.devices = *ParseDevices(gpus);
+  EngineOptions co;
   auto cpu = Engine::Create(Cnn(), {1, 28, 28}, co);
   auto gpu = Engine::Create(Cnn(), {1, 28, 28}, go);
   ASSERT_TRUE(cpu.ok() && gpu.ok()) << gpu.status();
@@ -309,18 +311,93 @@ void ExpectEngineMatchesCpu(const std::string& gpus) {
   for (int64_t i = 0; i < (*cpu)->num_params(); ++i) {
     ASSERT_NEAR((*gpu)->grads()[i], (*cpu)->grads()[i],
                 1e-4f + 1e-3f * std::fabs((*cpu)->grads()[i]))
-        << gpus << " gradient " << i;
+        << what << " gradient " << i;
   }
+  for (int step = 0; step < 10; ++step) {
+    for (Engine* e : {cpu->get(), gpu->get()}) {
+      auto s = e->Step(view, 10 + step, [&](int, int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+          e->params()[i] -= 0.05f * e->grads()[i];
+      });
+      ASSERT_TRUE(s.ok()) << what << ": " << s.status();
+    }
+  }
+  for (int64_t i = 0; i < (*cpu)->num_params(); ++i) {
+    ASSERT_NEAR((*gpu)->params()[i], (*cpu)->params()[i],
+                1e-4f + 1e-3f * std::fabs((*cpu)->params()[i]))
+        << what << " weight " << i << " after ten steps";
+  }
+}
+
+EngineOptions Gpus(const std::string& spec) {
+  EngineOptions o;
+  o.devices = *ParseDevices(spec);
+  return o;
 }
 
 TEST(CudaEngineTest, TrainingStepOnOneGpuMatchesCpu) {
   REQUIRE_GPUS(1);
-  ExpectEngineMatchesCpu("cuda:0");
+  ExpectEngineMatchesCpu(Gpus("cuda:0"), "cuda:0");
 }
 
 TEST(CudaEngineTest, MultiGpuReductionMatchesCpuSum) {
   REQUIRE_GPUS(2);
-  ExpectEngineMatchesCpu("cuda:all");
+  ExpectEngineMatchesCpu(Gpus("cuda:all"), "cuda:all");
+}
+
+// Two replicas on one GPU (two streams) exercise the peer-copy all-reduce
+// and the multi-replica path on a machine with a single GPU.
+TEST(CudaEngineTest, TwoReplicasOnOneGpuReduceByPeerCopies) {
+  REQUIRE_GPUS(1);
+  EngineOptions o;
+  o.devices = {{DeviceType::kCuda, 0}, {DeviceType::kCuda, 0}};
+  o.force_peer_reduction = true;
+  ExpectEngineMatchesCpu(o, "cuda:0 twice, peer copies");
+}
+
+TEST(CudaEngineTest, EveryGpuReducesByPeerCopiesWithoutNccl) {
+  REQUIRE_GPUS(2);
+  EngineOptions o = Gpus("cuda:all");
+  o.force_peer_reduction = true;
+  ExpectEngineMatchesCpu(o, "cuda:all, peer copies");
+}
+
+// The peer all-reduce alone: every GPU (or GPU 0 twice) against the CPU sum.
+TEST(CudaCollectiveTest, PeerAllReduceMatchesCpuSum) {
+  REQUIRE_GPUS(1);
+  const int k = std::max(2, GpuCount());
+  const int64_t n = 1 << 20;
+  std::vector<std::unique_ptr<Device>> devs;
+  std::vector<Device*> raw;
+  std::vector<DeviceBuffer<float>> bufs;
+  std::vector<float> want(n, 0.0f);
+  for (int r = 0; r < k; ++r) {
+    auto d = OpenDevice({DeviceType::kCuda, GpuCount() > 1 ? r : 0});
+    ASSERT_TRUE(d.ok()) << d.status();
+    devs.push_back(*std::move(d));
+    raw.push_back(devs.back().get());
+    std::vector<float> v = Random(n, 40 + r);
+    for (int64_t i = 0; i < n; ++i) want[i] += v[i];
+    bufs.push_back(*DeviceBuffer<float>::Create(raw.back(), n));
+    TALLY_ASSERT_OK(raw.back()->CopyFromHost(bufs.back().data(), v.data(),
+                                             n * sizeof(float)));
+  }
+  auto group = CreatePeerCollective(raw, absl::Seconds(60));
+  std::vector<absl::Status> status(k);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < k; ++r) {
+    threads.emplace_back(
+        [&, r] { status[r] = group->AllReduceSum(r, bufs[r].data(), n); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < k; ++r) {
+    TALLY_ASSERT_OK(status[r]);
+    std::vector<float> got(n);
+    TALLY_ASSERT_OK(
+        raw[r]->CopyToHost(got.data(), bufs[r].data(), n * sizeof(float)));
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5f) << "rank " << r << " at " << i;
+  }
 }
 
 }  // namespace

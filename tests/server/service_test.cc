@@ -153,6 +153,20 @@ class ServiceTest : public ::testing::Test {
   v1::RegisterWorkerResponse worker_;
 };
 
+TEST_F(ServiceTest, ASecondServerOnTheSamePortIsRefused) {
+  CoordinatorOptions o;
+  auto second =
+      TallyServer::Start(absl::StrCat("127.0.0.1:", server_->port()), o);
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnavailable,
+                               HasSubstr("cannot listen")));
+  // The first one serves on.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListJobsRequest req;
+  v1::ListJobsResponse resp;
+  EXPECT_TRUE(jobs_->ListJobs(&ctx, req, &resp).ok());
+}
+
 TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
   v1::SubmitJobRequest req;
   req.set_spec("model: {layers: [bogus]}\ndataset: {name: synthetic}\n");

@@ -10,6 +10,7 @@
 #include "common/optim/optimizer.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "tests/off_host_device.h"
 #include "tests/test_util.h"
 #include "worker/thread_group.h"
 
@@ -67,6 +68,8 @@ std::unique_ptr<Engine> MakeEngine(int replicas, bool dropout,
   EngineOptions o = Cpus(replicas);
   o.fault_hook = options.fault_hook;
   o.step_timeout = options.step_timeout;
+  o.open_device = options.open_device;
+  o.force_peer_reduction = options.force_peer_reduction;
   auto e = Engine::Create(SmallCnn(dropout), {1, 8, 8}, o);
   EXPECT_TRUE(e.ok()) << e.status();
   auto layout = ComputeLayout(SmallCnn(dropout), {1, 8, 8});
@@ -126,31 +129,144 @@ INSTANTIATE_TEST_SUITE_P(Replicas, EquivalenceTest,
                                                "_b", std::get<1>(info.param));
                          });
 
+// Twenty SGD (momentum) steps, the optimizer run per reduction slice.
+void TrainTwentySteps(Engine* e) {
+  std::vector<std::unique_ptr<Optimizer>> opts;
+  OptimizerConfig c;
+  c.lr = 0.05;
+  c.momentum = 0.9;
+  for (int r = 0; r < e->num_replicas(); ++r) {
+    auto [b, en] = Engine::Slice(e->num_params(), r, e->num_replicas());
+    opts.push_back(*Optimizer::Create(c, en - b));
+  }
+  for (int step = 0; step < 20; ++step) {
+    Data d = RandomBatch(13, 100 + step);
+    BatchView view{d.x.data(), d.y.data(), 13};
+    auto s = e->Step(view, step, [&](int slice, int64_t begin, int64_t) {
+      opts[slice]->Step(e->params() + begin, e->grads() + begin);
+    });
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+}
+
 TEST(EngineTest, TwentySgdStepsGiveTheSameWeightsOnOneAndFourReplicas) {
   auto one = MakeEngine(1, true);
   auto four = MakeEngine(4, true);
-  for (Engine* e : {one.get(), four.get()}) {
-    std::vector<std::unique_ptr<Optimizer>> opts;
-    OptimizerConfig c;
-    c.lr = 0.05;
-    c.momentum = 0.9;
-    for (int r = 0; r < e->num_replicas(); ++r) {
-      auto [b, en] = Engine::Slice(e->num_params(), r, e->num_replicas());
-      opts.push_back(*Optimizer::Create(c, en - b));
-    }
-    for (int step = 0; step < 20; ++step) {
-      Data d = RandomBatch(13, 100 + step);
-      BatchView view{d.x.data(), d.y.data(), 13};
-      auto s = e->Step(view, step, [&](int slice, int64_t begin, int64_t) {
-        opts[slice]->Step(e->params() + begin, e->grads() + begin);
-      });
-      ASSERT_TRUE(s.ok()) << s.status();
-    }
-  }
+  TrainTwentySteps(one.get());
+  TrainTwentySteps(four.get());
   for (int64_t i = 0; i < one->num_params(); ++i) {
     ASSERT_NEAR(one->params()[i], four->params()[i], 1e-5f) << i;
   }
 }
+
+// The paths GPUs take, run on devices with a GPU's memory model
+// (tests/off_host_device.h): pinned master copies, weights streamed in per
+// layer, gradients streamed out per layer, the peer-copy all-reduce.
+struct PathCase {
+  const char* name;
+  int replicas;
+  bool off_host;
+  bool force_peer;
+  const char* reduction;
+};
+
+void PrintTo(const PathCase& c, std::ostream* os) { *os << c.name; }
+
+class ReductionPathTest : public ::testing::TestWithParam<PathCase> {
+ protected:
+  std::unique_ptr<Engine> Make(std::vector<testing::OffHostDevice*>* opened,
+                               EngineOptions o = {}) {
+    const PathCase& c = GetParam();
+    if (c.off_host) {
+      o.open_device =
+          [opened](DeviceId id) -> absl::StatusOr<std::unique_ptr<Device>> {
+        auto d = std::make_unique<testing::OffHostDevice>(id);
+        opened->push_back(d.get());
+        return std::unique_ptr<Device>(std::move(d));
+      };
+    }
+    o.force_peer_reduction = c.force_peer;
+    return MakeEngine(c.replicas, true, o);
+  }
+};
+
+TEST_P(ReductionPathTest, MatchesOneCpuStepByStep) {
+  const PathCase& c = GetParam();
+  std::vector<testing::OffHostDevice*> opened;
+  auto e = Make(&opened);
+  EXPECT_STREQ(e->reduction(), c.reduction);
+  auto one = MakeEngine(1, true);
+  Data d = RandomBatch(11, 4);
+  BatchView view{d.x.data(), d.y.data(), 11};
+  auto a = one->Step(view, 2);
+  auto b = e->Step(view, 2);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+  EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-4 * (1 + std::fabs(a->loss_sum)));
+  for (int64_t i = 0; i < one->num_params(); ++i) {
+    ASSERT_NEAR(one->grads()[i], e->grads()[i],
+                1e-6f + 1e-5f * std::fabs(one->grads()[i]))
+        << "param " << i;
+  }
+  if (c.off_host) {
+    // Two parameterised layers: their weights went in one by one, besides
+    // the batch's inputs and labels, and (reducing on the host) their
+    // gradients came out one by one.
+    const int grads_out = std::string(c.reduction) == "host" ? 2 : 0;
+    for (const auto* dev : opened) {
+      EXPECT_EQ(dev->async_to_device(), 4) << dev->id().ToString();
+      EXPECT_EQ(dev->async_to_host(), grads_out) << dev->id().ToString();
+    }
+  }
+  // Weights changed between steps must reach every replica.
+  auto fresh = MakeEngine(1, true);
+  auto other = Make(&opened);
+  TrainTwentySteps(fresh.get());
+  TrainTwentySteps(other.get());
+  for (int64_t i = 0; i < fresh->num_params(); ++i) {
+    ASSERT_NEAR(fresh->params()[i], other->params()[i], 1e-5f) << i;
+  }
+}
+
+TEST_P(ReductionPathTest, AFailingReplicaFailsOnlyThatStep) {
+  const PathCase& c = GetParam();
+  if (c.replicas < 2) GTEST_SKIP() << "needs several replicas";
+  std::atomic<bool> fail{true};
+  EngineOptions o;
+  o.step_timeout = absl::Seconds(30);
+  o.fault_hook = [&](int replica) -> absl::Status {
+    if (replica == 1 && fail) return absl::InternalError("replica 1 broke");
+    return absl::OkStatus();
+  };
+  std::vector<testing::OffHostDevice*> opened;
+  auto e = Make(&opened, o);
+  Data d = RandomBatch(9, 1);
+  BatchView view{d.x.data(), d.y.data(), 9};
+  auto result =
+      std::async(std::launch::async, [&] { return e->Step(view, 0); });
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)),
+            std::future_status::ready)
+      << "the step hung";
+  EXPECT_THAT(result.get(),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("replica 1")));
+  fail = false;
+  auto one = MakeEngine(1, true);
+  auto a = one->Step(view, 1);
+  auto b = e->Step(view, 1);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+  for (int64_t i = 0; i < one->num_params(); ++i) {
+    ASSERT_NEAR(one->grads()[i], e->grads()[i],
+                1e-6f + 1e-5f * std::fabs(one->grads()[i]))
+        << "param " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, ReductionPathTest,
+    ::testing::Values(PathCase{"OffHostOne", 1, true, false, "host"},
+                      PathCase{"OffHostThreeOnHost", 3, true, false, "host"},
+                      PathCase{"OffHostThreePeer", 3, true, true, "peer"},
+                      PathCase{"CpuThreePeer", 3, false, true, "peer"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(EngineTest, AFailingReplicaFailsTheStepWithoutHangingAndTheNextStepRuns) {
   std::atomic<int> calls{0};

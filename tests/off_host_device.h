@@ -1,0 +1,66 @@
+// A CPU device with a GPU's memory model, so that the code paths Tally takes
+// for GPUs (staging, pinned host buffers, streamed copies, device
+// collectives) run and are checked on machines without one.
+//
+// host_accessible() is false. Synchronous copies happen at once. An async
+// copy to host lands only at Synchronize(), so a caller that reads it early
+// sees stale data; an async copy whose source changes before Synchronize()
+// (a race on a GPU, where the copy runs beside later kernels) makes
+// Synchronize() fail with kInternal. Kernels are the CPU's.
+#ifndef TALLY_TESTS_OFF_HOST_DEVICE_H_
+#define TALLY_TESTS_OFF_HOST_DEVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/device.h"
+
+namespace tally::testing {
+
+class OffHostDevice final : public Device {
+ public:
+  explicit OffHostDevice(DeviceId id);
+  ~OffHostDevice() override;
+
+  // Opens one for EngineOptions::open_device.
+  static absl::StatusOr<std::unique_ptr<Device>> Open(DeviceId id);
+
+  DeviceId id() const override { return id_; }
+  Kernels& kernels() override { return cpu_->kernels(); }
+  bool host_accessible() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    return cpu_->Allocate(bytes);
+  }
+  void Free(void* ptr) override { cpu_->Free(ptr); }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyFromHostAsync(void* dst, const void* src,
+                                 size_t bytes) override;
+  absl::Status CopyToHostAsync(void* dst, const void* src,
+                               size_t bytes) override;
+  absl::Status CopyFromPeer(void* dst, Device& peer, const void* src,
+                            size_t bytes) override;
+  absl::Status Synchronize() override;
+
+  // Async copies enqueued so far, each way.
+  int64_t async_to_device() const { return async_to_device_; }
+  int64_t async_to_host() const { return async_to_host_; }
+
+ private:
+  struct Pending {
+    void* dst;  // null for a host-to-device copy (already done)
+    const void* src;
+    std::vector<char> snapshot;  // src when the copy was enqueued
+  };
+
+  DeviceId id_;
+  std::unique_ptr<Device> cpu_;
+  std::vector<Pending> pending_;
+  int64_t async_to_device_ = 0;
+  int64_t async_to_host_ = 0;
+};
+
+}  // namespace tally::testing
+
+#endif  // TALLY_TESTS_OFF_HOST_DEVICE_H_
