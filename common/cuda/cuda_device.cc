@@ -183,6 +183,9 @@ class CudaDevice final : public Device {
     cudaFree(ptr);
   }
   absl::StatusOr<void*> AllocateHost(size_t bytes) override {
+    // Portable to every GPU under unified addressing; the current device only
+    // decides which context registers it.
+    cudaSetDevice(index_);
     void* p = nullptr;
     if (auto s = CudaStatus(cudaMallocHost(&p, bytes == 0 ? 4 : bytes),
                             "cudaMallocHost", index_);
