@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #ifdef TALLY_HAVE_NCCL
+#include <dlfcn.h>
 #include <nccl.h>
 #endif
 
@@ -430,24 +431,65 @@ void CudaKernels::SoftmaxCrossEntropyStats(const float* logits,
 }
 
 #ifdef TALLY_HAVE_NCCL
+// NCCL is loaded at run time (dlopen), not linked: a worker starts on a
+// machine without libnccl, and several GPUs then reduce by peer copies.
+// Only nccl.h's types are taken from the build.
+class NcclLibrary {
+ public:
+  static absl::StatusOr<std::unique_ptr<NcclLibrary>> Open() {
+    std::unique_ptr<NcclLibrary> lib(new NcclLibrary());
+    lib->handle_ = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (lib->handle_ == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("cannot load NCCL: ", dlerror()));
+    }
+    if (!lib->Bind(&lib->comm_init_all, "ncclCommInitAll") ||
+        !lib->Bind(&lib->all_reduce, "ncclAllReduce") ||
+        !lib->Bind(&lib->comm_destroy, "ncclCommDestroy") ||
+        !lib->Bind(&lib->error_string, "ncclGetErrorString")) {
+      return absl::UnimplementedError(
+          absl::StrCat("libnccl.so.2 lacks a symbol: ", dlerror()));
+    }
+    return lib;
+  }
+  ~NcclLibrary() {
+    if (handle_ != nullptr) dlclose(handle_);
+  }
+
+  decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+
+ private:
+  NcclLibrary() = default;
+  template <typename F>
+  bool Bind(F* f, const char* name) {
+    *f = reinterpret_cast<F>(dlsym(handle_, name));
+    return *f != nullptr;
+  }
+  void* handle_ = nullptr;
+};
+
 class NcclCollective final : public Collective {
  public:
-  explicit NcclCollective(std::vector<CudaDevice*> devices)
-      : devices_(std::move(devices)) {}
+  NcclCollective(std::unique_ptr<NcclLibrary> nccl,
+                 std::vector<CudaDevice*> devices)
+      : nccl_(std::move(nccl)), devices_(std::move(devices)) {}
   const char* name() const override { return "nccl"; }
   ~NcclCollective() override {
-    for (ncclComm_t c : comms_) ncclCommDestroy(c);
+    for (ncclComm_t c : comms_) nccl_->comm_destroy(c);
   }
   absl::Status Init() {
     std::vector<int> ids;
     for (CudaDevice* d : devices_) ids.push_back(d->index());
     comms_.resize(ids.size());
-    ncclResult_t r = ncclCommInitAll(comms_.data(),
-                                     static_cast<int>(ids.size()), ids.data());
+    ncclResult_t r = nccl_->comm_init_all(
+        comms_.data(), static_cast<int>(ids.size()), ids.data());
     if (r != ncclSuccess) {
       comms_.clear();
       return absl::InternalError(
-          absl::StrCat("ncclCommInitAll: ", ncclGetErrorString(r)));
+          absl::StrCat("ncclCommInitAll: ", nccl_->error_string(r)));
     }
     return absl::OkStatus();
   }
@@ -455,17 +497,18 @@ class NcclCollective final : public Collective {
     CudaDevice* d = devices_[rank];
     cudaSetDevice(d->index());
     ncclResult_t r =
-        ncclAllReduce(buffer, buffer, static_cast<size_t>(count), ncclFloat,
-                      ncclSum, comms_[rank], d->stream());
+        nccl_->all_reduce(buffer, buffer, static_cast<size_t>(count), ncclFloat,
+                          ncclSum, comms_[rank], d->stream());
     if (r != ncclSuccess) {
       return absl::InternalError(absl::StrCat(
-          "ncclAllReduce on cuda:", d->index(), ": ", ncclGetErrorString(r)));
+          "ncclAllReduce on cuda:", d->index(), ": ", nccl_->error_string(r)));
     }
     return d->Synchronize();
   }
 
  private:
-  std::vector<CudaDevice*> devices_;  // borrowed
+  std::unique_ptr<NcclLibrary> nccl_;  // outlives comms_
+  std::vector<CudaDevice*> devices_;   // borrowed
   std::vector<ncclComm_t> comms_;
 };
 #endif
@@ -498,6 +541,14 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(int index) {
   return std::unique_ptr<Device>(std::move(*d));
 }
 
+absl::Status LoadNccl() {
+#ifdef TALLY_HAVE_NCCL
+  return NcclLibrary::Open().status();
+#else
+  return absl::UnimplementedError("this build has no NCCL (nccl.h not found)");
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<Collective>> CreateNcclCollective(
     const std::vector<Device*>& devices) {
 #ifdef TALLY_HAVE_NCCL
@@ -508,7 +559,10 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateNcclCollective(
       return absl::InvalidArgumentError("NCCL needs CUDA devices");
     cuda.push_back(c);
   }
-  auto group = std::make_unique<NcclCollective>(std::move(cuda));
+  auto nccl = NcclLibrary::Open();
+  if (!nccl.ok()) return nccl.status();
+  auto group =
+      std::make_unique<NcclCollective>(*std::move(nccl), std::move(cuda));
   if (absl::Status s = group->Init(); !s.ok()) return s;
   return std::unique_ptr<Collective>(std::move(group));
 #else

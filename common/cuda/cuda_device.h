@@ -17,8 +17,13 @@ absl::StatusOr<int> DeviceCount();
 // One GPU: its own stream, cuBLAS handle and scratch memory.
 absl::StatusOr<std::unique_ptr<Device>> OpenDevice(int index);
 
-// An NCCL all-reduce group over CUDA devices opened by OpenDevice; without
-// NCCL in the build, kUnimplemented.
+// Whether NCCL can be used here: libnccl.so.2 is loaded at run time, not
+// linked. kUnimplemented, saying why, when the build had no nccl.h or the
+// library (or one of its entry points) cannot be loaded.
+absl::Status LoadNccl();
+
+// An NCCL all-reduce group over CUDA devices opened by OpenDevice;
+// kUnimplemented where LoadNccl fails.
 absl::StatusOr<std::unique_ptr<Collective>> CreateNcclCollective(
     const std::vector<Device*>& devices);
 

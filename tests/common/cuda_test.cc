@@ -10,6 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/device.h"
+#ifdef TALLY_HAVE_CUDA
+#include "common/cuda/cuda_device.h"
+#endif
 #include "common/kernels.h"
 #include "common/nn/loss.h"
 #include "common/nn/sequential.h"
@@ -65,6 +68,22 @@ TEST(CudaStartupTest, DiscoveryListsEveryGpuAndRefusesMissingOnes) {
   auto zero = ParseDevices("cuda:0");
   ASSERT_TRUE(zero.ok());
   EXPECT_EQ((*zero)[0], (DeviceId{DeviceType::kCuda, 0}));
+}
+
+// NCCL is loaded at run time; where the library is installed (as in CI,
+// with the CUDA toolkit) every entry point Tally uses must bind. No GPU is
+// needed for that.
+TEST(CudaStartupTest, NcclLoadsAtRunTimeWhereInstalled) {
+#ifdef TALLY_HAVE_CUDA
+  const absl::Status s = cuda::LoadNccl();
+  if (!s.ok()) {
+    EXPECT_THAT(s,
+                StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("NCCL")));
+    GTEST_SKIP() << "NCCL is not installed here: " << s.message();
+  }
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
 }
 
 // Runs the same kernel call on CPU and GPU buffers and compares outputs.
