@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything (PyTorch included, for the interop test), builds, and
-# runs every test with ctest in parallel. The last lines are ctest's summary.
+# runs every test with ctest in parallel. The last line is ctest's summary
+# ("N% tests passed, ..."), repeated after the list of skipped tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/build.sh --with-torch
 cd build
-ctest -j "$(nproc)" --output-on-failure --timeout 600
+status=0
+ctest -j "$(nproc)" --output-on-failure --timeout 600 | tee ctest-output.log || status=$?
+echo
+grep -E "tests passed" ctest-output.log | tail -n 1
+exit "$status"
