@@ -557,13 +557,13 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   builder.RegisterService(s->workers_.get());
   builder.RegisterService(s->params_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  // Weights and gradients are megabytes per step: large HTTP/2 frames and a
-  // large flow-control window keep the link busy (the defaults, 16 KiB frames
-  // and a 64 KiB initial window, cap loopback at a fraction of TCP's speed).
   // gRPC lets servers share a port (SO_REUSEPORT) by default: a second
   // tally-server on a busy port would start and silently take half of the
   // connections. Refuse instead, so it fails with "cannot listen".
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Weights and gradients are megabytes per step: large HTTP/2 frames and a
+  // large flow-control window keep the link busy (the defaults, 16 KiB frames
+  // and a 64 KiB initial window, cap loopback at a fraction of TCP's speed).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              kHttp2WindowBytes);
