@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -78,6 +79,27 @@ std::unique_ptr<Engine> MakeEngine(int replicas, bool dropout,
   return *std::move(e);
 }
 
+// Runs one step on another thread; fails the test if it hangs.
+absl::StatusOr<StepStats> StepOrHang(Engine* e, const BatchView& view,
+                                     uint64_t seed) {
+  auto result =
+      std::async(std::launch::async, [&] { return e->Step(view, seed); });
+  if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "the step hung";
+    std::abort();  // the engine's threads cannot be joined any more
+  }
+  return result.get();
+}
+
+void ExpectSameGradients(Engine& want, Engine& got) {
+  ASSERT_EQ(want.num_params(), got.num_params());
+  for (int64_t i = 0; i < want.num_params(); ++i) {
+    ASSERT_NEAR(want.grads()[i], got.grads()[i],
+                1e-6f + 1e-5f * std::fabs(want.grads()[i]))
+        << "param " << i;
+  }
+}
+
 TEST(SplitTest, SizesDifferByAtMostOneAndNeverEmpty) {
   EXPECT_EQ(Engine::Split(10, 3), (std::vector<int>{4, 3, 3}));
   EXPECT_EQ(Engine::Split(2, 4), (std::vector<int>{1, 1}));
@@ -113,11 +135,7 @@ TEST_P(EquivalenceTest, NReplicasGiveTheGradientOfOneDevice) {
   EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-4 * (1 + std::fabs(a->loss_sum)));
   EXPECT_EQ(a->correct, b->correct);
   EXPECT_EQ(b->samples, batch);
-  for (int64_t i = 0; i < one->num_params(); ++i) {
-    ASSERT_NEAR(one->grads()[i], many->grads()[i],
-                1e-6f + 1e-5f * std::fabs(one->grads()[i]))
-        << "param " << i;
-  }
+  ExpectSameGradients(*one, *many);
 }
 
 INSTANTIATE_TEST_SUITE_P(Replicas, EquivalenceTest,
@@ -202,11 +220,7 @@ TEST_P(ReductionPathTest, MatchesOneCpuStepByStep) {
   auto b = e->Step(view, 2);
   ASSERT_TRUE(a.ok() && b.ok()) << b.status();
   EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-4 * (1 + std::fabs(a->loss_sum)));
-  for (int64_t i = 0; i < one->num_params(); ++i) {
-    ASSERT_NEAR(one->grads()[i], e->grads()[i],
-                1e-6f + 1e-5f * std::fabs(one->grads()[i]))
-        << "param " << i;
-  }
+  ExpectSameGradients(*one, *e);
   if (c.off_host) {
     // Two parameterised layers: their weights went in one by one, besides
     // the batch's inputs and labels, and (reducing on the host) their
@@ -241,23 +255,14 @@ TEST_P(ReductionPathTest, AFailingReplicaFailsOnlyThatStep) {
   auto e = Make(&opened, o);
   Data d = RandomBatch(9, 1);
   BatchView view{d.x.data(), d.y.data(), 9};
-  auto result =
-      std::async(std::launch::async, [&] { return e->Step(view, 0); });
-  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)),
-            std::future_status::ready)
-      << "the step hung";
-  EXPECT_THAT(result.get(),
+  EXPECT_THAT(StepOrHang(e.get(), view, 0),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("replica 1")));
   fail = false;
   auto one = MakeEngine(1, true);
   auto a = one->Step(view, 1);
   auto b = e->Step(view, 1);
   ASSERT_TRUE(a.ok() && b.ok()) << b.status();
-  for (int64_t i = 0; i < one->num_params(); ++i) {
-    ASSERT_NEAR(one->grads()[i], e->grads()[i],
-                1e-6f + 1e-5f * std::fabs(one->grads()[i]))
-        << "param " << i;
-  }
+  ExpectSameGradients(*one, *e);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -282,13 +287,9 @@ TEST(EngineTest, AFailingReplicaFailsTheStepWithoutHangingAndTheNextStepRuns) {
   auto e = MakeEngine(3, false, o);
   Data d = RandomBatch(9, 1);
   BatchView view{d.x.data(), d.y.data(), 9};
-  auto result =
-      std::async(std::launch::async, [&] { return e->Step(view, 0); });
-  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)),
-            std::future_status::ready)
-      << "the step hung";
-  EXPECT_THAT(result.get(), StatusIs(absl::StatusCode::kResourceExhausted,
-                                     HasSubstr("replica 1")));
+  EXPECT_THAT(StepOrHang(e.get(), view, 0),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("replica 1")));
   EXPECT_EQ(calls, 3);  // the others ran their part to the end
   fail = false;
   auto next = e->Step(view, 1);
