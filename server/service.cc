@@ -203,21 +203,93 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   Coverage coverage_;
 };
 
+// ---------------------------------------------- event-driven streaming --
+
+// A server-streaming reactor woken by events from elsewhere (a shard reaching
+// a version, a job changing). The event sources hold a Handle, never the
+// reactor: once gRPC is done with the call the handle is cleared, so a late
+// event finds nothing instead of a deleted reactor. The base owns the
+// finish-once and cancel logic; Derived writes under mu_.
+template <typename Derived, typename Response>
+class EventWriteReactor : public grpc::ServerWriteReactor<Response> {
+ public:
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    if (!writing_)
+      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
+
+  void OnDone() override {
+    static_cast<Derived*>(this)->Release();
+    {
+      absl::MutexLock lock(&handle_->mu);
+      handle_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ protected:
+  EventWriteReactor() : handle_(std::make_shared<Handle>()) {
+    absl::MutexLock lock(&handle_->mu);
+    handle_->reactor = static_cast<Derived*>(this);
+  }
+
+  // A callable for an event source: runs fn(reactor, args...) while the call
+  // is live, and nothing after.
+  template <typename Fn>
+  auto WhileLive(Fn fn) {
+    return [handle = handle_, fn](auto&&... args) {
+      absl::MutexLock lock(&handle->mu);
+      if (handle->reactor != nullptr)
+        fn(handle->reactor, std::forward<decltype(args)>(args)...);
+    };
+  }
+
+  // Hook for OnDone, before the reactor goes (unsubscribe and the like).
+  void Release() {}
+
+  void StartWriteLocked(const Response* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writing_ = true;
+    this->StartWrite(r);
+  }
+  void FinishOnce(const grpc::Status& s) {
+    absl::MutexLock lock(&mu_);
+    FinishOnceLocked(s);
+  }
+  void FinishOnceLocked(const grpc::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    this->Finish(s);
+  }
+  // Called by Derived::OnWriteDone first: false when the stream is over.
+  bool WriteDoneLocked(bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writing_ = false;
+    if (!ok) {
+      FinishOnceLocked(
+          grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+    }
+    return ok && !finished_;
+  }
+
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+
+ private:
+  struct Handle {
+    absl::Mutex mu;
+    Derived* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<Handle> handle_;
+};
+
 // ----------------------------------------------------------------- pull --
 
-class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
+class PullReactor final
+    : public EventWriteReactor<PullReactor, v1::PullResponse> {
  public:
-  struct Ctl {
-    absl::Mutex mu;
-    PullReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  };
-
-  PullReactor(Coordinator* coord, const v1::PullRequest* req)
-      : ctl_(std::make_shared<Ctl>()) {
-    {
-      absl::MutexLock lock(&ctl_->mu);
-      ctl_->reactor = this;
-    }
+  PullReactor(Coordinator* coord, const v1::PullRequest* req) {
     chunk_ =
         req->chunk_elements() > 0
             ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
@@ -236,38 +308,14 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
     const int64_t wait_ms = req->max_wait_ms() > 0
                                 ? std::min<int64_t>(req->max_wait_ms(), 600000)
                                 : 30000;
-    std::shared_ptr<Ctl> ctl = ctl_;
-    shard_->WhenVersion(req->min_version(),
-                        absl::Now() + absl::Milliseconds(wait_ms),
-                        [ctl](absl::Status st) {
-                          absl::MutexLock lock(&ctl->mu);
-                          if (ctl->reactor != nullptr) ctl->reactor->Ready(st);
-                        });
+    shard_->WhenVersion(
+        req->min_version(), absl::Now() + absl::Milliseconds(wait_ms),
+        WhileLive([](PullReactor* r, absl::Status st) { r->Ready(st); }));
   }
 
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      FinishOnceLocked(
-          grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
-      return;
-    }
-    WriteNextLocked();
-  }
-
-  void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    if (!writing_)
-      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-  }
-
-  void OnDone() override {
-    {
-      absl::MutexLock lock(&ctl_->mu);
-      ctl_->reactor = nullptr;
-    }
-    delete this;
+    if (WriteDoneLocked(ok)) WriteNextLocked();
   }
 
  private:
@@ -278,8 +326,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
       FinishOnceLocked(ToGrpc(s));
       return;
     }
-    weights_ = shard_->Snapshot(&version_);
-    total_steps_ = shard_->Metrics().total_steps;
+    weights_ = shard_->Snapshot(&version_, &total_steps_);
     WriteNextLocked();
   }
 
@@ -299,27 +346,11 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
     c->set_data(reinterpret_cast<const char*>(weights_->data() + next_),
                 count * 4);
     next_ += std::max<int64_t>(count, 1);
-    writing_ = true;
-    StartWrite(&resp_);
+    StartWriteLocked(&resp_);
   }
 
-  void FinishOnce(const grpc::Status& s) {
-    absl::MutexLock lock(&mu_);
-    FinishOnceLocked(s);
-  }
-  void FinishOnceLocked(const grpc::Status& s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    finished_ = true;
-    Finish(s);
-  }
-
-  std::shared_ptr<Ctl> ctl_;
   std::shared_ptr<ParameterShard> shard_;
   int64_t chunk_ = kDefaultChunkElements;
-  absl::Mutex mu_;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
@@ -329,27 +360,14 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
 
 // ---------------------------------------------------------------- watch --
 
-class WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
+class WatchReactor final : public EventWriteReactor<WatchReactor, v1::Job> {
  public:
-  struct Ctl {
-    absl::Mutex mu;
-    WatchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  };
-
   WatchReactor(Coordinator* coord, const std::string& job_id)
-      : coord_(coord), job_id_(job_id), ctl_(std::make_shared<Ctl>()) {
-    {
-      absl::MutexLock lock(&ctl_->mu);
-      ctl_->reactor = this;
-    }
-    std::shared_ptr<Ctl> ctl = ctl_;
-    auto sub = coord_->Subscribe(job_id_, [ctl] {
-      absl::MutexLock lock(&ctl->mu);
-      if (ctl->reactor != nullptr) ctl->reactor->Changed();
-    });
+      : coord_(coord), job_id_(job_id) {
+    auto sub = coord_->Subscribe(
+        job_id_, WhileLive([](WatchReactor* r) { r->Changed(); }));
     if (!sub.ok()) {
-      absl::MutexLock lock(&mu_);
-      FinishOnceLocked(ToGrpc(sub.status()));
+      FinishOnce(ToGrpc(sub.status()));
       return;
     }
     subscription_ = *sub;
@@ -358,30 +376,16 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
 
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      FinishOnceLocked(
-          grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
-    } else if (sent_terminal_) {
+    if (!WriteDoneLocked(ok)) return;
+    if (sent_terminal_) {
       FinishOnceLocked(grpc::Status::OK);
     } else if (pending_) {
       SendLocked();
     }
   }
 
-  void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    if (!writing_)
-      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-  }
-
-  void OnDone() override {
+  void Release() {
     if (subscription_ != 0) coord_->Unsubscribe(subscription_);
-    {
-      absl::MutexLock lock(&ctl_->mu);
-      ctl_->reactor = nullptr;
-    }
-    delete this;
   }
 
  private:
@@ -401,24 +405,12 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
     }
     job_ = *std::move(job);
     sent_terminal_ = Terminal(job_.state());
-    writing_ = true;
-    StartWrite(&job_);
-  }
-
-  void FinishOnceLocked(const grpc::Status& s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    finished_ = true;
-    Finish(s);
+    StartWriteLocked(&job_);
   }
 
   Coordinator* coord_;
   const std::string job_id_;
-  std::shared_ptr<Ctl> ctl_;
   int64_t subscription_ = 0;
-  absl::Mutex mu_;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool pending_ ABSL_GUARDED_BY(mu_) = false;
   bool sent_terminal_ ABSL_GUARDED_BY(mu_) = false;
   v1::Job job_ ABSL_GUARDED_BY(mu_);

@@ -274,9 +274,10 @@ int64_t ParameterShard::version() const {
 }
 
 std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
-    int64_t* version) const {
+    int64_t* version, int64_t* total_steps) const {
   absl::MutexLock lock(&mu_);
   if (version != nullptr) *version = version_;
+  if (total_steps != nullptr) *total_steps = total_steps_;
   return snapshot_;
 }
 

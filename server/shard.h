@@ -94,8 +94,11 @@ class ParameterShard {
   void Reject(const PushMeta& meta);
 
   int64_t version() const;
-  // The current weights and their version (an immutable snapshot).
-  std::shared_ptr<const std::vector<float>> Snapshot(int64_t* version) const;
+  // The current weights and their version (an immutable snapshot), and the
+  // job's step count (0 until a worker set the schedule); either out
+  // pointer may be null.
+  std::shared_ptr<const std::vector<float>> Snapshot(
+      int64_t* version, int64_t* total_steps = nullptr) const;
   ShardMetrics Metrics() const;
 
   // Staging buffers of num_params() floats for pushes in flight, recycled:

@@ -315,6 +315,46 @@ TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {
   EXPECT_EQ(seen.state(), v1::CANCELLED);
 }
 
+// A client that gives up on a waiting pull or a watch: the call ends as
+// CANCELLED, and the event that would have woken it later (the next version,
+// the next job change) finds nothing to wake.
+TEST_F(ServiceTest, CancelledPullsAndWatchesEndCleanly) {
+  StartJob();
+  grpc::ClientContext pull_ctx;
+  v1::PullRequest req;
+  req.set_job_id(job_);
+  req.set_worker_id(worker_.worker_id());
+  req.set_incarnation(worker_.incarnation());
+  req.set_min_version(1);
+  req.set_max_wait_ms(60000);
+  auto pull = params_->PullWeights(&pull_ctx, req);
+  grpc::ClientContext watch_ctx;
+  v1::WatchJobRequest w;
+  w.set_job_id(job_);
+  auto watch = jobs_->WatchJob(&watch_ctx, w);
+  v1::Job seen;
+  ASSERT_TRUE(watch->Read(&seen));
+  absl::SleepFor(absl::Milliseconds(100));  // the pull is waiting
+  pull_ctx.TryCancel();
+  watch_ctx.TryCancel();
+  v1::PullResponse resp;
+  EXPECT_FALSE(pull->Read(&resp));
+  EXPECT_EQ(pull->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  while (watch->Read(&seen)) {
+  }
+  EXPECT_EQ(watch->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // Now the events come; the server serves on.
+  auto pushed = Push(FullPush(0, 0.25f));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  v1::CancelJobRequest c;
+  c.set_job_id(job_);
+  v1::Job cancelled;
+  ASSERT_TRUE(jobs_->CancelJob(Ctx().get(), c, &cancelled).ok());
+  auto w1 = Pull(1);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  EXPECT_EQ(w1->first, 1);
+}
+
 TEST_F(ServiceTest, RandomGarbagePushesNeverCrashOrWedgeTheServer) {
   StartJob();
   auto before = Pull(0);
