@@ -196,7 +196,8 @@ int main(int argc, char** argv) {
                         {"steps", summary->steps},
                         {"samples", summary->samples},
                         {"final_loss", summary->final_loss},
-                        {"train_seconds", summary->train_seconds}};
+                        {"train_seconds", summary->train_seconds},
+                        {"gradient_reduction", summary->reduction}};
     absl::Status s = tally::WriteFileAtomic(path, j.dump(2) + "\n");
     if (!s.ok()) return Fail(s);
   }

@@ -131,6 +131,7 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
   report();
   const Clock::time_point end = Clock::now();
   summary.steps = step;
+  summary.reduction = engine->reduction();
   summary.train_seconds = Seconds(start, end);
   summary.samples_per_sec =
       summary.train_seconds > 0 ? summary.samples / summary.train_seconds : 0.0;

@@ -41,6 +41,7 @@ struct TrainSummary {
   double final_loss = 0.0;  // mean training loss over the last epoch's
                             // final reporting window
   double train_seconds = 0.0;
+  std::string reduction;      // how replicas met: "host", "nccl" or "peer"
   std::vector<float> params;  // final weights, spec.layout order
 };
 

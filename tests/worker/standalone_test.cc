@@ -100,6 +100,7 @@ TEST(StandaloneDevicesTest, OneAndThreeReplicasExportTheSameWeights) {
   }
   EXPECT_LT(worst, 1e-4f);
   EXPECT_NEAR(a->test_accuracy, b->test_accuracy, 0.002);
+  EXPECT_EQ(b->reduction, "host");  // CPU replicas meet in host memory
 }
 
 TEST(StandaloneDevicesTest, TwoReplicasReachTheSameAccuracyBand) {
