@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/internal/finite.h"
 
 namespace tally {
 
@@ -24,16 +26,6 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(ToGrpc(s));
   return r;
-}
-
-// Index of the first non-finite float in data[0, n), or -1.
-int64_t FirstNonFinite(const float* data, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, data + i, 4);
-    if ((bits & 0x7f800000u) == 0x7f800000u) return i;
-  }
-  return -1;
 }
 
 // Merged set of covered [begin, end) element ranges.
@@ -160,8 +152,9 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     }
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
     float* dst = staging_->data() + c.offset();
-    std::memcpy(dst, c.data().data(), c.data().size());
-    if (int64_t bad = FirstNonFinite(dst, c.count()); bad >= 0) {
+    if (int64_t bad =
+            internal::CopyAndFindNonFinite(dst, c.data().data(), c.count());
+        bad >= 0) {
       shard_->Reject(meta_);
       return absl::InvalidArgumentError(
           absl::StrCat("non-finite gradient value (", dst[bad], ") at element ",

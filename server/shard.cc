@@ -15,6 +15,11 @@ TALLY_VECTORIZE void AddScaled(float* __restrict sum, const float* __restrict g,
   for (int64_t i = 0; i < n; ++i) sum[i] += w * g[i];
 }
 
+TALLY_VECTORIZE void SetScaled(float* __restrict sum, const float* __restrict g,
+                               float w, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) sum[i] = w * g[i];
+}
+
 TALLY_VECTORIZE void ScaleInto(float* __restrict out,
                                const float* __restrict sum, float inv,
                                int64_t n) {
@@ -154,8 +159,13 @@ absl::Status ParameterShard::Commit(const PushMeta& meta, const float* grads,
       return absl::InvalidArgumentError("a push with samples needs a gradient");
     }
     if (meta.samples > 0) {
-      AddScaled(sum_.data(), grads, static_cast<float>(meta.samples),
-                num_params_);
+      // The step's first gradient sets the sum: no zeroing pass per step.
+      const float w = static_cast<float>(meta.samples);
+      if (step_samples_ == 0) {
+        SetScaled(sum_.data(), grads, w, num_params_);
+      } else {
+        AddScaled(sum_.data(), grads, w, num_params_);
+      }
       step_samples_ += meta.samples;
       step_loss_ += meta.loss_sum;
       step_correct_ += meta.correct;
@@ -218,8 +228,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
   while (closes_.size() > 2 && now - closes_.front().first > absl::Seconds(5)) {
     closes_.erase(closes_.begin());
   }
-  std::fill(sum_.begin(), sum_.end(), 0.0f);
-  step_samples_ = 0;
+  step_samples_ = 0;  // the next step's first gradient overwrites sum_
   step_contributions_ = 0;
   step_loss_ = 0.0;
   step_correct_ = 0;
