@@ -301,9 +301,11 @@ class PullReactor final
     const int64_t wait_ms = req->max_wait_ms() > 0
                                 ? std::min<int64_t>(req->max_wait_ms(), 600000)
                                 : 30000;
-    shard_->WhenVersion(
-        req->min_version(), absl::Now() + absl::Milliseconds(wait_ms),
-        WhileLive([](PullReactor* r, absl::Status st) { r->Ready(st); }));
+    shard_->WhenVersion(req->min_version(),
+                        absl::Now() + absl::Milliseconds(wait_ms),
+                        WhileLive([](PullReactor* r, const absl::Status& st) {
+                          r->Ready(st);
+                        }));
   }
 
   void OnWriteDone(bool ok) override {
@@ -457,16 +459,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
     grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
     v1::SubmitJobResponse* resp) {
   auto job = coord_->Submit(req->spec());
-  if (job.ok()) *resp->mutable_job() = *std::move(job);
-  return Reply(ctx, job.status());
+  if (!job.ok()) return Reply(ctx, job.status());
+  *resp->mutable_job() = *std::move(job);
+  return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
     grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
     v1::Job* resp) {
   auto job = coord_->Get(req->job_id());
-  if (job.ok()) *resp = *std::move(job);
-  return Reply(ctx, job.status());
+  if (!job.ok()) return Reply(ctx, job.status());
+  *resp = *std::move(job);
+  return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
@@ -485,8 +489,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
     grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
     v1::Job* resp) {
   auto job = coord_->Cancel(req->job_id());
-  if (job.ok()) *resp = *std::move(job);
-  return Reply(ctx, job.status());
+  if (!job.ok()) return Reply(ctx, job.status());
+  *resp = *std::move(job);
+  return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerWriteReactor<v1::FileChunk>* JobServiceImpl::FetchWeights(
@@ -505,8 +510,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
     grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
     v1::HeartbeatResponse* resp) {
   auto r = coord_->Heartbeat(*req);
-  if (r.ok()) *resp = *std::move(r);
-  return Reply(ctx, r.status());
+  if (!r.ok()) return Reply(ctx, r.status());
+  *resp = *std::move(r);
+  return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(

@@ -100,6 +100,7 @@ absl::Status Stage(internal::Replica& r, const float* x, const int32_t* y,
 std::vector<int> Engine::Split(int batch, int replicas) {
   std::vector<int> sizes;
   const int used = std::min(batch, replicas);
+  sizes.reserve(std::max(used, 0));
   for (int r = 0; r < used; ++r) {
     sizes.push_back(batch / used + (r < batch % used ? 1 : 0));
   }
