@@ -65,7 +65,7 @@ Data RandomBatch(int n, uint64_t seed) {
 }
 
 std::unique_ptr<Engine> MakeEngine(int replicas, bool dropout,
-                                   EngineOptions options = {}) {
+                                   const EngineOptions& options = {}) {
   EngineOptions o = Cpus(replicas);
   o.fault_hook = options.fault_hook;
   o.step_timeout = options.step_timeout;
