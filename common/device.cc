@@ -190,7 +190,8 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(DeviceId id) {
 }
 
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
-    const std::vector<Device*>& devices, absl::Duration timeout) {
+    const std::vector<Device*>& devices, absl::Duration timeout,
+    std::string* why_not_nccl) {
   bool all_gpus = devices.size() > 1;
   for (Device* d : devices)
     all_gpus = all_gpus && d->id().type == DeviceType::kCuda;
@@ -203,6 +204,10 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
   // listed twice, for instance); peer copies otherwise.
   auto nccl = cuda::CreateNcclCollective(devices);
   if (nccl.ok()) return nccl;
+  if (why_not_nccl != nullptr)
+    *why_not_nccl = std::string(nccl.status().message());
+#else
+  if (why_not_nccl != nullptr) *why_not_nccl = "this build has no CUDA";
 #endif
   return CreatePeerCollective(devices, timeout);
 }

@@ -118,10 +118,12 @@ class Collective {
 };
 
 // A collective over several GPUs (borrowed): NCCL where the build has it and
-// it initialises, else the peer-copy collective below. kUnimplemented for
-// CPU replicas (and a single device): callers then reduce in host memory.
+// it initialises, else the peer-copy collective below, and then
+// `why_not_nccl` (if given) says why. kUnimplemented for CPU replicas (and a
+// single device): callers then reduce in host memory.
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
-    const std::vector<Device*>& devices, absl::Duration timeout);
+    const std::vector<Device*>& devices, absl::Duration timeout,
+    std::string* why_not_nccl = nullptr);
 
 // A collective built from CopyFromPeer and Kernels::Axpy alone, for any
 // devices: a reduce-scatter (rank r sums slice r of every member's buffer)

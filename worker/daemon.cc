@@ -405,8 +405,11 @@ class WorkerDaemon::Impl {
     if (!engine.ok()) return fail(engine.status());
     Engine& e = **engine;
     if (e.num_replicas() > 1) {
-      Log(absl::StrCat(a.job_id(), ": ", e.num_replicas(),
-                       " replicas, gradients reduced by ", e.reduction()));
+      Log(absl::StrCat(
+          a.job_id(), ": ", e.num_replicas(),
+          " replicas, gradients reduced by ", e.reduction(),
+          e.reduction_note().empty() ? "" : " (NCCL: ", e.reduction_note(),
+          e.reduction_note().empty() ? "" : ")"));
     }
     const int world = std::max(1, a.world());
     const Schedule sched = MakeSchedule(*spec, tt.train.size(), world);

@@ -156,7 +156,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   if (options.force_peer_reduction && devices.size() > 1) {
     e->collective_ = CreatePeerCollective(devices, options.step_timeout);
   } else {
-    auto collective = CreateCollective(devices, options.step_timeout);
+    auto collective =
+        CreateCollective(devices, options.step_timeout, &e->reduction_note_);
     if (collective.ok()) e->collective_ = *std::move(collective);
   }
   for (size_t i = 0; i < e->replicas_.size() && e->collective_ == nullptr;

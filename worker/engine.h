@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -99,6 +100,8 @@ class Engine {
   const char* reduction() const {
     return collective_ != nullptr ? collective_->name() : "host";
   }
+  // Why GPUs reduce by peer copies and not NCCL; empty otherwise.
+  const std::string& reduction_note() const { return reduction_note_; }
   const ModelLayout& layout() const { return layout_; }
 
   // Host master weights and the reduced gradient, num_params() floats each.
@@ -127,6 +130,7 @@ class Engine {
   int64_t num_params_ = 0;
   std::vector<std::unique_ptr<internal::Replica>> replicas_;
   std::unique_ptr<Collective> collective_;  // among devices, if any
+  std::string reduction_note_;
   std::unique_ptr<ThreadGroup> threads_;
   // Pinned host master copies when replica 0 is not host memory.
   std::unique_ptr<internal::HostBuffer> host_params_, host_grads_;

@@ -381,6 +381,21 @@ TEST(CudaEngineTest, EveryGpuReducesByPeerCopiesWithoutNccl) {
   ExpectEngineMatchesCpu(o, "cuda:all, peer copies");
 }
 
+// NCCL refuses one GPU listed twice ("Duplicate GPU detected"), and is
+// absent on some machines: either way CreateCollective falls back to peer
+// copies and says why.
+TEST(CudaCollectiveTest, OneGpuTwiceFallsBackToPeerCopiesAndSaysWhy) {
+  REQUIRE_GPUS(1);
+  auto a = OpenDevice({DeviceType::kCuda, 0});
+  auto b = OpenDevice({DeviceType::kCuda, 0});
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+  std::string why;
+  auto c = CreateCollective({a->get(), b->get()}, absl::Seconds(60), &why);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_STREQ((*c)->name(), "peer");
+  EXPECT_FALSE(why.empty());
+}
+
 // The peer all-reduce alone: every GPU (or GPU 0 twice) against the CPU sum.
 TEST(CudaCollectiveTest, PeerAllReduceMatchesCpuSum) {
   REQUIRE_GPUS(1);
