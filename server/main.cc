@@ -1,8 +1,6 @@
 // tally-server: parameter server and coordinator.
 //
 //   tally-server [--port=7070] [--lease_timeout_ms=3000]
-#include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/malloc_tuning.h"
+#include "common/stop_signal.h"
 #include "server/service.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0", "Address to listen on");
@@ -19,18 +18,13 @@ ABSL_FLAG(int, port, 7070, "Port to listen on (0 picks a free one)");
 ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
           "A worker that sends no heartbeat for this long leaves its job");
 
-namespace {
-// The one global: a signal handler can reach nothing else. A lock-free
-// atomic is safe to store from a handler and to read from another thread.
-std::atomic<int> g_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
-void OnSignal(int sig) { g_signal.store(sig); }
-}  // namespace
-
 int main(int argc, char** argv) {
   tally::TuneMallocForBulkTransfers();
   absl::SetProgramUsageMessage("Tally parameter server and coordinator.");
   absl::ParseCommandLine(argc, argv);
+  // Before anything slow: a signal during start-up then stops the server
+  // as soon as it is up, instead of being lost.
+  tally::InstallStopSignals();
   tally::CoordinatorOptions options;
   options.lease_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
@@ -45,14 +39,12 @@ int main(int argc, char** argv) {
     std::cerr << "tally-server: " << server.status().message() << "\n";
     return 1;
   }
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   std::printf("tally-server listening on %s:%d (lease %lld ms)\n",
               absl::GetFlag(FLAGS_listen).c_str(), (*server)->port(),
               static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)));
   std::fflush(stdout);
-  while (g_signal == 0) absl::SleepFor(absl::Milliseconds(100));
-  std::printf("tally-server: signal %d, shutting down\n", g_signal.load());
+  const int sig = tally::WaitForStopSignal();
+  std::printf("tally-server: signal %d, shutting down\n", sig);
   (*server)->Shutdown(absl::Seconds(2));
   return 0;
 }

@@ -8,7 +8,6 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -26,6 +25,7 @@
 #include "common/io/safetensors.h"
 #include "common/malloc_tuning.h"
 #include "common/spec/job_spec.h"
+#include "common/stop_signal.h"
 #include "worker/daemon.h"
 #include "worker/health.h"
 #include "worker/standalone.h"
@@ -48,12 +48,6 @@ ABSL_FLAG(int, health_port, 0,
           "Serve grpc.health.v1 on this port (0: any free port, -1: none)");
 
 namespace {
-
-// The one global: a signal handler can reach nothing else. A lock-free
-// atomic is safe to store from a handler and to read from another thread.
-std::atomic<int> g_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
-void OnSignal(int sig) { g_signal.store(sig); }
 
 int Fail(const absl::Status& s) {
   std::cerr << "tally-worker: " << s.message() << "\n";
@@ -123,15 +117,13 @@ int RunDaemon() {
                  options.name.c_str(), bound);
   }
   tally::WorkerDaemon daemon(options);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  tally::InstallStopSignals();
   std::thread watcher([&daemon] {
-    while (g_signal == 0) absl::SleepFor(absl::Milliseconds(100));
+    tally::WaitForStopSignal();
     daemon.Stop();
   });
   absl::Status s = daemon.Run();
-  int none = 0;
-  g_signal.compare_exchange_strong(none, SIGTERM);  // ends the watcher
+  tally::RequestStop(SIGTERM);  // ends the watcher
   watcher.join();
   if (health != nullptr)
     health->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
