@@ -1,12 +1,17 @@
 #include "server/coordinator.h"
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/io/safetensors.h"
 #include "common/nn/layer_config.h"
 #include "common/status_macros.h"
+#include "proto/checkpoint.pb.h"
 
 namespace tally {
 
@@ -20,11 +25,40 @@ double UnixSeconds(absl::Time t) {
   return absl::ToDoubleSeconds(t - absl::UnixEpoch());
 }
 
+constexpr uint32_t kCheckpointFormat = 1;
+
+std::string FloatBytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()),
+                     v.size() * sizeof(float));
+}
+
+bool BytesToFloats(const std::string& bytes, int64_t want,
+                   std::vector<float>* out) {
+  if (static_cast<int64_t>(bytes.size()) != want * 4) return false;
+  out->resize(want);
+  std::memcpy(out->data(), bytes.data(), bytes.size());
+  return true;
+}
+
+// "job-12" -> 12 (0 for anything else).
+int64_t JobNumber(const std::string& id) {
+  absl::string_view rest = id;
+  int64_t n = 0;
+  if (!absl::ConsumePrefix(&rest, "job-") || !absl::SimpleAtoi(rest, &n))
+    return 0;
+  return n;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(const CoordinatorOptions& options)
     : options_(options) {
   if (options_.clock == nullptr) options_.clock = &real_clock_;
+  // Incarnations must never repeat, across restarts of the server too: a
+  // worker that registered before a restart must not hold one a new
+  // registration gets. The clock in microseconds is past every earlier one.
+  absl::MutexLock lock(&mu_);
+  next_incarnation_ = std::max<int64_t>(1, absl::ToUnixMicros(Now()));
 }
 
 absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
@@ -384,6 +418,173 @@ void Coordinator::DropWorkerLocked(const std::string& worker_id, Notes* notes) {
     notes->push_back([shard, worker_id] { shard->RemoveMember(worker_id); });
   }
   NotifyLocked(job_id, notes);
+}
+
+absl::Status Coordinator::Restore() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(options_.state_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir ", options_.state_dir, ": ", ec.message()));
+  }
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(options_.state_dir, ec)) {
+    if (entry.path().extension() == ".ckpt")
+      files.push_back(entry.path().string());
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir ", options_.state_dir, ": ", ec.message()));
+  }
+  // Everything is read and checked before anything is installed.
+  std::map<std::string, JobEntry> restored;
+  for (const std::string& path : files) {
+    auto bad = [&path](absl::string_view why) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", path, ": ", why,
+                       " (move the file away to start without that job)"));
+    };
+    auto bytes = ReadFile(path);
+    if (!bytes.ok()) return bad(bytes.status().message());
+    v1::JobCheckpoint ck;
+    if (!ck.ParseFromString(*bytes)) return bad("not a job checkpoint");
+    if (ck.format() != kCheckpointFormat) {
+      return bad(absl::StrCat("format ", ck.format(), ", this server reads ",
+                              kCheckpointFormat));
+    }
+    auto spec = ParseJobSpec(ck.job().spec());
+    if (!spec.ok()) return bad(spec.status().message());
+    JobEntry job;
+    job.proto = ck.job();
+    job.spec = *std::move(spec);
+    job.slots.assign(job.spec.training.workers, "");
+    const int64_t n = job.spec.layout.num_params;
+    if (ck.has_shard()) {
+      ShardState st;
+      st.version = ck.version();
+      st.total_steps = ck.total_steps();
+      st.steps_per_epoch = ck.steps_per_epoch();
+      st.samples = ck.samples();
+      st.rejected_pushes = ck.rejected_pushes();
+      st.loss = ck.loss();
+      st.accuracy = ck.accuracy();
+      st.train_seconds = ck.train_seconds();
+      // A job that ended keeps only its final weights, whatever the moment
+      // of the write was.
+      st.retired = ck.retired() || Terminal(job.proto.state());
+      auto weights = std::make_shared<std::vector<float>>();
+      if (!BytesToFloats(ck.weights(), n, weights.get()))
+        return bad("the weights do not match the model's size");
+      st.weights = std::move(weights);
+      st.optimizer.step = ck.optimizer_step();
+      for (const std::string& slot : ck.optimizer_slots()) {
+        st.optimizer.slots.emplace_back();
+        if (!BytesToFloats(slot, n, &st.optimizer.slots.back()))
+          return bad("the optimizer state does not match the model's size");
+      }
+      std::unique_ptr<Optimizer> opt;
+      if (!st.retired) {
+        auto created = Optimizer::Create(job.spec.optimizer, n);
+        if (!created.ok()) return bad(created.status().message());
+        opt = *std::move(created);
+      }
+      auto shard = ParameterShard::Restore(st, std::move(opt), options_.clock);
+      if (!shard.ok()) return bad(shard.status().message());
+      job.shard = std::shared_ptr<ParameterShard>(*std::move(shard));
+      job.saved_version = st.version;
+    } else if (job.proto.state() == v1::RUNNING) {
+      job.proto.set_state(v1::PENDING);  // started without weights: again
+    }
+    job.saved_state = job.proto.state();
+    job.saved_at = Now();
+    const std::string id = job.proto.id();
+    if (id.empty() || restored.count(id)) return bad("missing or repeated id");
+    restored.emplace(id, std::move(job));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!jobs_.empty()) {
+    return absl::FailedPreconditionError(
+        "Restore must run before any job is submitted");
+  }
+  std::vector<std::string> order;
+  for (auto& [id, job] : restored) {
+    order.push_back(id);
+    next_job_ = std::max(next_job_, JobNumber(id) + 1);
+  }
+  std::sort(order.begin(), order.end(),
+            [](const std::string& a, const std::string& b) {
+              return JobNumber(a) < JobNumber(b);
+            });
+  jobs_ = std::move(restored);
+  job_order_ = std::move(order);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Checkpoint(bool force) {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  absl::MutexLock writing(&checkpoint_mu_);  // one writer at a time
+  struct Due {
+    v1::Job job;
+    std::shared_ptr<ParameterShard> shard;
+  };
+  std::vector<Due> due;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    for (const std::string& id : job_order_) {
+      const JobEntry& job = jobs_.at(id);
+      const int64_t version = job.shard != nullptr ? job.shard->version() : -1;
+      const bool state_changed = job.proto.state() != job.saved_state;
+      const bool progressed = version != job.saved_version;
+      const bool interval_passed =
+          now - job.saved_at >= options_.checkpoint_interval;
+      if (state_changed || (progressed && (force || interval_passed)))
+        due.push_back({Render(job), job.shard});
+    }
+  }
+  absl::Status first_error;
+  for (Due& d : due) {
+    v1::JobCheckpoint ck;
+    ck.set_format(kCheckpointFormat);
+    const v1::JobState state = d.job.state();
+    const std::string id = d.job.id();
+    *ck.mutable_job() = std::move(d.job);
+    int64_t version = -1;
+    if (d.shard != nullptr) {
+      const ShardState st = d.shard->Save();
+      version = st.version;
+      ck.set_has_shard(true);
+      ck.set_version(st.version);
+      ck.set_total_steps(st.total_steps);
+      ck.set_steps_per_epoch(st.steps_per_epoch);
+      ck.set_samples(st.samples);
+      ck.set_rejected_pushes(st.rejected_pushes);
+      ck.set_loss(st.loss);
+      ck.set_accuracy(st.accuracy);
+      ck.set_train_seconds(st.train_seconds);
+      ck.set_retired(st.retired);
+      ck.set_weights(FloatBytes(*st.weights));
+      ck.set_optimizer_step(st.optimizer.step);
+      for (const auto& slot : st.optimizer.slots)
+        ck.add_optimizer_slots(FloatBytes(slot));
+    }
+    const std::string path =
+        (std::filesystem::path(options_.state_dir) / (id + ".ckpt")).string();
+    absl::Status s = WriteFileAtomic(path, ck.SerializeAsString());
+    if (!s.ok()) {
+      if (first_error.ok()) first_error = s;
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    it->second.saved_state = state;
+    it->second.saved_version = version;
+    it->second.saved_at = Now();
+  }
+  return first_error;
 }
 
 void Coordinator::Tick() {

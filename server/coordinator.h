@@ -9,6 +9,12 @@
 // weights reach the schedule's last version; the job succeeds once a worker
 // has reported the test accuracy of the final weights.
 //
+// Persistence (options.state_dir): every job is kept in <state_dir>/<job
+// id>.ckpt, written atomically when its state changes and, while it trains,
+// at most every checkpoint_interval; Restore() at start-up brings the jobs
+// back. A job that was RUNNING resumes from its last checkpointed step with
+// all slots vacant; workers that register fill them and go on from there.
+//
 // Thread-safe. Subscriber callbacks run without the coordinator's lock.
 #ifndef TALLY_SERVER_COORDINATOR_H_
 #define TALLY_SERVER_COORDINATOR_H_
@@ -33,6 +39,11 @@ namespace tally {
 struct CoordinatorOptions {
   absl::Duration lease_timeout = absl::Seconds(3);
   const Clock* clock = nullptr;  // borrowed; null = real time
+  // Where jobs are kept across restarts; empty: in memory only.
+  std::string state_dir;
+  // How often a training job's weights are written (its state changes are
+  // written at the next Tick).
+  absl::Duration checkpoint_interval = absl::Seconds(30);
 };
 
 class Coordinator {
@@ -75,6 +86,15 @@ class Coordinator {
 
   absl::Duration lease_timeout() const { return options_.lease_timeout; }
 
+  // Reads every job back from options.state_dir (creating the directory if
+  // it is missing). Call once, before serving. kDataLoss names a file that
+  // cannot be read; nothing is half-restored then.
+  absl::Status Restore();
+  // Writes the jobs that changed (all of them with `force`) to
+  // options.state_dir; a no-op without one. Tick calls it; call it with
+  // `force` at shutdown. Errors name the file; the jobs go on in memory.
+  absl::Status Checkpoint(bool force);
+
  private:
   struct JobEntry {
     v1::Job proto;
@@ -82,6 +102,10 @@ class Coordinator {
     std::shared_ptr<ParameterShard> shard;
     std::vector<std::string> slots;  // worker id per rank; "" = vacant
     int64_t notified_version = -1;
+    // What the last checkpoint holds: state, shard version, and when.
+    v1::JobState saved_state = v1::JOB_STATE_UNSPECIFIED;
+    int64_t saved_version = -1;
+    absl::Time saved_at = absl::InfinitePast();
   };
   struct WorkerEntry {
     std::string name, devices, address;
@@ -112,6 +136,7 @@ class Coordinator {
   CoordinatorOptions options_;
   RealClock real_clock_;
 
+  absl::Mutex checkpoint_mu_;  // serialises Checkpoint calls (taken first)
   mutable absl::Mutex mu_;
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;

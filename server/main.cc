@@ -1,6 +1,7 @@
 // tally-server: parameter server and coordinator.
 //
 //   tally-server [--port=7070] [--lease_timeout_ms=3000]
+//                [--state_dir=DIR [--checkpoint_interval_s=30]]
 #include <cstdio>
 #include <iostream>
 
@@ -17,6 +18,12 @@ ABSL_FLAG(std::string, listen, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, port, 7070, "Port to listen on (0 picks a free one)");
 ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
           "A worker that sends no heartbeat for this long leaves its job");
+ABSL_FLAG(std::string, state_dir, "",
+          "Keep jobs (records, weights, optimizer state) in this directory "
+          "and resume them after a restart; empty: in memory only");
+ABSL_FLAG(double, checkpoint_interval_s, 30,
+          "With --state_dir: write a training job's weights at most this "
+          "often (state changes are written at once)");
 
 int main(int argc, char** argv) {
   tally::TuneMallocForBulkTransfers();
@@ -32,6 +39,13 @@ int main(int argc, char** argv) {
     std::cerr << "tally-server: --lease_timeout_ms must be positive\n";
     return 2;
   }
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.checkpoint_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
+  if (options.checkpoint_interval < absl::ZeroDuration()) {
+    std::cerr << "tally-server: --checkpoint_interval_s must not be negative\n";
+    return 2;
+  }
   const std::string address =
       absl::StrCat(absl::GetFlag(FLAGS_listen), ":", absl::GetFlag(FLAGS_port));
   auto server = tally::TallyServer::Start(address, options);
@@ -42,6 +56,11 @@ int main(int argc, char** argv) {
   std::printf("tally-server listening on %s:%d (lease %lld ms)\n",
               absl::GetFlag(FLAGS_listen).c_str(), (*server)->port(),
               static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)));
+  if (!options.state_dir.empty()) {
+    std::printf("tally-server: keeping jobs in %s (%zu restored)\n",
+                options.state_dir.c_str(),
+                (*server)->coordinator().List().size());
+  }
   std::fflush(stdout);
   const int sig = tally::WaitForStopSignal();
   std::printf("tally-server: signal %d, shutting down\n", sig);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -537,6 +538,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
     const std::string& address, const CoordinatorOptions& options) {
   std::unique_ptr<TallyServer> s(new TallyServer());
   s->coordinator_ = std::make_unique<Coordinator>(options);
+  // Jobs kept from an earlier run come back before anyone can connect.
+  if (absl::Status r = s->coordinator_->Restore(); !r.ok()) return r;
   s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get());
   s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
   s->params_ = std::make_unique<ParameterServiceImpl>(s->coordinator_.get());
@@ -576,10 +579,19 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
 void TallyServer::TickLoop() {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  bool checkpoint_failing = false;
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopped),
                                absl::Milliseconds(100))) {
     mu_.Unlock();
     coordinator_->Tick();
+    // A failing checkpoint (disk full, ...) is said once, and again once it
+    // works; the jobs go on in memory meanwhile.
+    const absl::Status s = coordinator_->Checkpoint(/*force=*/false);
+    if (s.ok() == checkpoint_failing) {
+      checkpoint_failing = !s.ok();
+      std::fprintf(stderr, "tally-server: checkpoint: %s\n",
+                   s.ok() ? "writing again" : std::string(s.message()).c_str());
+    }
     mu_.Lock();
   }
 }
@@ -592,6 +604,12 @@ void TallyServer::Shutdown(absl::Duration grace) {
   if (ticker_.joinable()) ticker_.join();
   if (server_ != nullptr)
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  // Nothing changes any more: keep every job's latest state.
+  if (coordinator_ != nullptr) {
+    if (absl::Status s = coordinator_->Checkpoint(/*force=*/true); !s.ok())
+      std::fprintf(stderr, "tally-server: checkpoint: %s\n",
+                   std::string(s.message()).c_str());
+  }
 }
 
 TallyServer::~TallyServer() { Shutdown(absl::Seconds(1)); }

@@ -40,6 +40,63 @@ ParameterShard::ParameterShard(std::vector<float> weights,
   mean_.assign(num_params_, 0.0f);
 }
 
+ShardState ParameterShard::Save() const {
+  absl::MutexLock lock(&mu_);
+  ShardState s;
+  s.version = version_;
+  s.total_steps = total_steps_;
+  s.steps_per_epoch = steps_per_epoch_;
+  s.samples = samples_total_;
+  s.rejected_pushes = rejected_;
+  s.loss = last_loss_;
+  s.accuracy = last_accuracy_;
+  if (started_ != absl::InfinitePast()) {
+    const absl::Time end =
+        finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
+    s.train_seconds = absl::ToDoubleSeconds(end - started_);
+  }
+  s.retired = retired_;
+  s.weights = snapshot_;
+  if (optimizer_ != nullptr) s.optimizer = optimizer_->SaveState();
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
+    const ShardState& state, std::unique_ptr<Optimizer> optimizer,
+    const Clock* clock) {
+  if (state.weights == nullptr) {
+    return absl::InvalidArgumentError("a shard state needs its weights");
+  }
+  if (!state.retired) {
+    if (optimizer == nullptr) {
+      return absl::InvalidArgumentError("a running shard needs an optimizer");
+    }
+    if (absl::Status s = optimizer->LoadState(state.optimizer); !s.ok()) {
+      return s;
+    }
+  }
+  auto shard = std::make_unique<ParameterShard>(*state.weights,
+                                                std::move(optimizer), clock);
+  {
+    absl::MutexLock lock(&shard->mu_);
+    shard->version_ = state.version;
+    shard->total_steps_ = state.total_steps;
+    shard->steps_per_epoch_ = state.steps_per_epoch;
+    shard->samples_total_ = state.samples;
+    shard->rejected_ = state.rejected_pushes;
+    shard->last_loss_ = state.loss;
+    shard->last_accuracy_ = state.accuracy;
+    if (state.total_steps > 0) {
+      // Training time goes on from where it was.
+      const absl::Time now = clock->Now();
+      shard->started_ = now - absl::Seconds(state.train_seconds);
+      if (state.version >= state.total_steps) shard->finished_ = now;
+    }
+  }
+  if (state.retired) shard->Retire();
+  return shard;
+}
+
 void ParameterShard::AddMember(const std::string& worker_id,
                                int64_t incarnation) {
   absl::MutexLock lock(&mu_);

@@ -54,6 +54,24 @@ struct ShardMetrics {
   double train_seconds = 0.0;  // first schedule (pull) to last close, or now
 };
 
+// What a checkpoint keeps of a shard: the weights of the last closed step
+// with the optimizer state that goes with them, the schedule and the
+// metrics. The open step's partial sum is not kept: after a restart that
+// step is computed again.
+struct ShardState {
+  int64_t version = 0;
+  int64_t total_steps = 0;
+  int64_t steps_per_epoch = 0;
+  int64_t samples = 0;
+  int64_t rejected_pushes = 0;
+  double loss = 0.0;
+  double accuracy = 0.0;
+  double train_seconds = 0.0;
+  bool retired = false;
+  std::shared_ptr<const std::vector<float>> weights;  // of `version`
+  OptimizerState optimizer;                           // empty once retired
+};
+
 class ParameterShard {
  public:
   // `weights` are the initial weights (the shard owns them from now on).
@@ -61,6 +79,16 @@ class ParameterShard {
                  std::unique_ptr<Optimizer> optimizer, const Clock* clock);
   ParameterShard(const ParameterShard&) = delete;
   ParameterShard& operator=(const ParameterShard&) = delete;
+
+  // A consistent copy for a checkpoint (the optimizer state is copied; the
+  // weights are the immutable snapshot).
+  ShardState Save() const;
+  // A shard that goes on from `state`, with no members yet. `optimizer` is
+  // a fresh one for the job; it takes state.optimizer (kInvalidArgument when
+  // that does not fit). A retired state gives a retired shard.
+  static absl::StatusOr<std::unique_ptr<ParameterShard>> Restore(
+      const ShardState& state, std::unique_ptr<Optimizer> optimizer,
+      const Clock* clock);
 
   int64_t num_params() const { return num_params_; }
 

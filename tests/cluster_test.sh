@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-process tests of a real cluster on localhost: tally-server, tally-worker
 # daemons and the tally client as separate processes.
-#   cluster_test.sh BUILD_DIR CASE     CASE: train | kill | restart | reconnect | cli
+#   cluster_test.sh BUILD_DIR CASE     CASE: train | kill | restart | reconnect | resume | cli
 set -euo pipefail
 build=$1
 case_name=$2
@@ -27,8 +27,8 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 addr=127.0.0.1:$port
 tally() { "$bin_tally" --server="$addr" "$@"; }
 
-start_server() {
-  "$bin_server" --listen=127.0.0.1 --port="$port" --lease_timeout_ms="${1:-3000}" > "$dir/server.log" 2>&1 &
+start_server() {  # [lease_ms [more flags]]
+  "$bin_server" --listen=127.0.0.1 --port="$port" --lease_timeout_ms="${1:-3000}" "${@:2}" > "$dir/server.log" 2>&1 &
   pids+=($!)
   # Ours must be the one answering: another test may have taken the port
   # while it was free (a restart), and then ours refuses to start.
@@ -150,6 +150,34 @@ case $case_name in
     done
     out=$(timeout 120 "$bin_tally" --server="$addr" submit examples/synthetic-2workers.yaml --wait) || fail "job after the restart: $out"
     echo "reconnect: workers re-registered and trained"
+    ;;
+  resume)
+    # The server is killed (SIGKILL) mid-job and started again on the same
+    # --state_dir: the job is back, RUNNING from its last checkpoint (not
+    # from step 0), the workers register again by themselves and finish it.
+    state=$dir/state
+    start_server 1000 --state_dir="$state" --checkpoint_interval_s=0.2
+    start_worker w1
+    start_worker w2
+    id=$(submit "$(long_job)")
+    done_id=$(submit examples/synthetic-2workers.yaml)  # queued behind it
+    wait_step "$id" 200 60
+    sleep 0.5  # a checkpoint after step 200
+    kill -9 "${pids[0]}"
+    [[ -s $state/$id.ckpt && -s $state/$done_id.ckpt ]] || fail "no checkpoint files in $state"
+    start_server 1000 --state_dir="$state" --checkpoint_interval_s=0.2
+    grep -q "2 restored" "$dir/server.log" || fail "the jobs were not restored: $(cat "$dir/server.log")"
+    step=$(job_field "$id" "['metrics']['step']")
+    (( step >= 200 )) || fail "resumed at step $step, not from the checkpoint"
+    [[ $(job_field "$done_id" "['state']") == PENDING ]] || fail "the queued job is not PENDING"
+    wait_state "$id" SUCCEEDED 120
+    acc=$(job_field "$id" "['metrics']['test_accuracy']")
+    python3 -c "import sys; sys.exit(0 if $acc > 0.80 else 1)" || fail "test accuracy $acc <= 0.80"
+    wait_state "$done_id" SUCCEEDED 120
+    # Job ids go on after the restored ones.
+    new_id=$(submit examples/synthetic-2workers.yaml)
+    [[ $new_id == job-3 ]] || fail "a new job after the restart got '$new_id'"
+    echo "resume: the server came back at step $step; test accuracy $acc"
     ;;
   cli)
     # Unreachable server: exit code 3 and a clear message.

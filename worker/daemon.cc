@@ -135,18 +135,20 @@ class WorkerDaemon::Impl {
   absl::Status Run() {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     while (!Stopped()) {
+      int64_t incarnation = 0;  // the registration the assignment came with
       std::optional<v1::Assignment> a =
-          WaitForAssignment(absl::Milliseconds(500));
+          WaitForAssignment(absl::Milliseconds(500), &incarnation);
       if (!a.has_value()) continue;
       Log(absl::StrCat("assigned ", a->job_id(), " as rank ", a->rank(), " of ",
                        a->world()));
       absl::Status s = RunJob(*a);
       if (!s.ok()) Log(absl::StrCat(a->job_id(), ": ", s.ToString()));
       // Do not pick the same assignment up again until the coordinator
-      // has moved on (or re-issued it after a re-registration).
+      // has moved on (or re-issued it after a re-registration: the lease
+      // may already be a newer one than this job ran under).
       absl::MutexLock lock(&mu_);
       finished_job_ = a->job_id();
-      finished_incarnation_ = lease_.incarnation;
+      finished_incarnation_ = incarnation;
     }
     return absl::OkStatus();
   }
@@ -250,7 +252,8 @@ class WorkerDaemon::Impl {
     mu_.AwaitWithTimeout(absl::Condition(&stopped), d);
   }
 
-  std::optional<v1::Assignment> WaitForAssignment(absl::Duration timeout) {
+  std::optional<v1::Assignment> WaitForAssignment(absl::Duration timeout,
+                                                  int64_t* incarnation) {
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop_ || (assignment_.has_value() &&
@@ -260,6 +263,7 @@ class WorkerDaemon::Impl {
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) || stop_) {
       return std::nullopt;
     }
+    *incarnation = lease_.incarnation;
     return assignment_;
   }
 

@@ -1,6 +1,9 @@
 // Job lifecycle, scheduling and leases, with a fake clock (no sleeping).
 #include "server/coordinator.h"
 
+#include <vector>
+
+#include "common/io/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -167,6 +170,111 @@ TEST_F(CoordinatorTest, StaleIncarnationMustRegisterAgain) {
   EXPECT_THAT(coord_.Heartbeat(r),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("stale incarnation")));
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// Jobs kept in a state directory come back in a new coordinator: records,
+// weights of the last checkpoint, schedule; running jobs take new workers.
+TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
+  FakeClock clock;
+  CoordinatorOptions o;
+  o.clock = &clock;
+  o.state_dir = testing::TempDir("coordinator_state") + "/jobs";
+  o.checkpoint_interval = absl::Seconds(1);
+  auto reg = [](Coordinator& c, const std::string& name) {
+    v1::RegisterWorkerRequest r;
+    r.set_name(name);
+    return c.Register(r);
+  };
+  std::vector<float> weights_at_3;
+  {
+    Coordinator a(o);
+    TALLY_ASSERT_OK(a.Restore());  // creates the directory
+    auto running = a.Submit(kSpec);
+    auto queued = a.Submit(kSpec);
+    auto cancelled = a.Submit(kSpec);
+    ASSERT_TRUE(running.ok() && queued.ok() && cancelled.ok());
+    TALLY_ASSERT_OK(a.Cancel(cancelled->id()).status());
+    auto w1 = reg(a, "a"), w2 = reg(a, "b");
+    ASSERT_EQ(a.Get(running->id())->state(), v1::RUNNING);
+    auto shard = a.Shard(running->id());
+    ASSERT_TRUE(shard.ok());
+    TALLY_ASSERT_OK((*shard)->SetSchedule(100, 10));
+    auto step = [&](int64_t t) {
+      for (const auto& w : {w1, w2}) {
+        PushMeta m;
+        m.worker_id = w.worker_id();
+        m.incarnation = w.incarnation();
+        m.step = t;
+        m.base_version = t;
+        m.samples = 4;
+        std::vector<float> g((*shard)->num_params(), 0.25f * (t + 1));
+        bool dup = false;
+        ASSERT_TRUE((*shard)->Commit(m, g.data(), &dup).ok());
+      }
+    };
+    step(0);
+    step(1);
+    TALLY_ASSERT_OK(a.Checkpoint(false));  // new jobs: written at once
+    step(2);
+    TALLY_ASSERT_OK(a.Checkpoint(false));  // progress only: not yet due
+    {
+      Coordinator peek(o);
+      TALLY_ASSERT_OK(peek.Restore());
+      EXPECT_EQ(peek.Get("job-1")->metrics().step(), 2);
+    }
+    clock.Advance(absl::Seconds(2));
+    TALLY_ASSERT_OK(a.Checkpoint(false));  // due now: version 3
+    int64_t v = 0;
+    weights_at_3 = *(*shard)->Snapshot(&v);
+    ASSERT_EQ(v, 3);
+    step(3);  // never checkpointed: redone after the restart
+  }
+  Coordinator b(o);
+  TALLY_ASSERT_OK(b.Restore());
+  std::vector<v1::Job> jobs = b.List();
+  ASSERT_EQ(jobs.size(), 3u);
+  EXPECT_EQ(jobs[0].id(), "job-1");
+  EXPECT_EQ(jobs[0].state(), v1::RUNNING);
+  EXPECT_EQ(jobs[0].metrics().step(), 3);
+  EXPECT_EQ(jobs[0].metrics().total_steps(), 100);
+  EXPECT_EQ(jobs[0].metrics().samples(), 24);
+  EXPECT_EQ(jobs[0].metrics().workers(), 0);
+  EXPECT_EQ(jobs[1].state(), v1::PENDING);
+  EXPECT_EQ(jobs[2].state(), v1::CANCELLED);
+  int64_t v = 0;
+  EXPECT_EQ(*(*b.Shard("job-1"))->Snapshot(&v), weights_at_3);
+  // New workers fill the running job's slots first.
+  auto n1 = reg(b, "c");
+  reg(b, "d");
+  EXPECT_EQ(b.Get("job-1")->metrics().workers(), 2);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(n1.worker_id());
+  hb.set_incarnation(n1.incarnation());
+  auto beat = b.Heartbeat(hb);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ(beat->assignment().job_id(), "job-1");
+  EXPECT_EQ(b.Get("job-2")->state(), v1::PENDING);
+  // Ids go on after the restored ones.
+  EXPECT_EQ(b.Submit(kSpec)->id(), "job-4");
+  // Restore runs once, before any job.
+  EXPECT_THAT(b.Restore(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                    HasSubstr("before any job")));
+}
+
+TEST(CoordinatorStateTest, AnUnreadableCheckpointStopsTheRestoreAndSaysWhich) {
+  CoordinatorOptions o;
+  o.state_dir = testing::TempDir("coordinator_bad_state");
+  TALLY_ASSERT_OK(WriteFileAtomic(o.state_dir + "/job-7.ckpt", "garbage"));
+  Coordinator c(o);
+  EXPECT_THAT(c.Restore(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job-7.ckpt")));
+  EXPECT_TRUE(c.List().empty());
 }
 
 }  // namespace

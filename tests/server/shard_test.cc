@@ -207,3 +207,69 @@ TEST_F(ShardTest, StagingBuffersAreBoundedAndRecycled) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// A restored shard goes on exactly as the original would: same weights,
+// same momentum, same schedule and metrics.
+TEST(ShardStateTest, ARestoredShardContinuesLikeTheOriginal) {
+  FakeClock clock;
+  OptimizerConfig c;
+  c.lr = 0.1;
+  c.momentum = 0.9;
+  auto make = [&] {
+    return std::make_unique<ParameterShard>(std::vector<float>{1, 2, 3, 4},
+                                            *Optimizer::Create(c, 4), &clock);
+  };
+  auto step = [](ParameterShard& s, int64_t t, float g) {
+    PushMeta m;
+    m.worker_id = "w";
+    m.incarnation = 1;
+    m.step = t;
+    m.base_version = t;
+    m.samples = 2;
+    m.loss_sum = 1.0;
+    std::vector<float> grad = {g, -g, 2 * g, 0.5f};
+    bool dup = false;
+    ASSERT_TRUE(s.Commit(m, grad.data(), &dup).ok());
+  };
+  auto original = make();
+  original->AddMember("w", 1);
+  TALLY_ASSERT_OK(original->SetSchedule(10, 5));
+  for (int t = 0; t < 3; ++t) step(*original, t, 0.5f + t);
+  clock.Advance(absl::Seconds(4));
+  const ShardState saved = original->Save();
+  EXPECT_EQ(saved.version, 3);
+  EXPECT_EQ(saved.optimizer.slots.size(), 1u);  // the momentum buffer
+
+  auto restored =
+      ParameterShard::Restore(saved, *Optimizer::Create(c, 4), &clock);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ParameterShard& r = **restored;
+  EXPECT_EQ(r.version(), 3);
+  EXPECT_EQ(r.Metrics().samples, 6);
+  EXPECT_NEAR(r.Metrics().train_seconds, 4.0, 1e-6);
+  EXPECT_THAT(r.SetSchedule(12, 5),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("differs")));  // the schedule came back
+  EXPECT_FALSE(r.IsMember("w", 1));             // members register again
+  r.AddMember("w", 1);
+  for (int t = 3; t < 5; ++t) {
+    step(*original, t, 0.5f + t);
+    step(r, t, 0.5f + t);
+  }
+  int64_t v1 = 0, v2 = 0;
+  EXPECT_EQ(*original->Snapshot(&v1), *r.Snapshot(&v2));
+  EXPECT_EQ(v1, 5);
+  EXPECT_EQ(v2, 5);
+
+  // A state that does not fit the optimizer is refused.
+  ShardState wrong = saved;
+  wrong.optimizer.slots.clear();
+  EXPECT_THAT(ParameterShard::Restore(wrong, *Optimizer::Create(c, 4), &clock),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SGD")));
+}
+
+}  // namespace
+}  // namespace tally
