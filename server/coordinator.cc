@@ -1,6 +1,12 @@
 #include "server/coordinator.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -420,6 +426,10 @@ void Coordinator::DropWorkerLocked(const std::string& worker_id, Notes* notes) {
   NotifyLocked(job_id, notes);
 }
 
+Coordinator::~Coordinator() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
 absl::Status Coordinator::Restore() {
   if (options_.state_dir.empty()) return absl::OkStatus();
   namespace fs = std::filesystem;
@@ -429,10 +439,33 @@ absl::Status Coordinator::Restore() {
     return absl::FailedPreconditionError(
         absl::StrCat("--state_dir ", options_.state_dir, ": ", ec.message()));
   }
+  // One server per directory: two writing the same files would lose work.
+  if (lock_fd_ < 0) {
+    const std::string lock_path =
+        (fs::path(options_.state_dir) / "LOCK").string();
+    const int fd =
+        ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--state_dir: cannot open ", lock_path, ": ", std::strerror(errno)));
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat("--state_dir ", options_.state_dir,
+                       " is in use by another tally-server"));
+    }
+    lock_fd_ = fd;
+  }
   std::vector<std::string> files;
   for (const auto& entry : fs::directory_iterator(options_.state_dir, ec)) {
-    if (entry.path().extension() == ".ckpt")
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() == ".ckpt") {
       files.push_back(entry.path().string());
+    } else if (name.find(".ckpt.tmp.") != std::string::npos) {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);  // a write cut short by a crash
+    }
   }
   if (ec) {
     return absl::FailedPreconditionError(
@@ -572,7 +605,14 @@ absl::Status Coordinator::Checkpoint(bool force) {
     }
     const std::string path =
         (std::filesystem::path(options_.state_dir) / (id + ".ckpt")).string();
-    absl::Status s = WriteFileAtomic(path, ck.SerializeAsString());
+    // Protocol buffers stop at 2 GiB: weights plus optimizer state of more
+    // than about 250M parameters do not fit one file.
+    absl::Status s = ck.ByteSizeLong() < static_cast<size_t>(INT_MAX)
+                         ? WriteFileAtomic(path, ck.SerializeAsString())
+                         : absl::ResourceExhaustedError(absl::StrCat(
+                               path,
+                               ": the job's state is over 2 GiB, too large to "
+                               "checkpoint; it goes on in memory"));
     if (!s.ok()) {
       if (first_error.ok()) first_error = s;
       continue;

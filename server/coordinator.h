@@ -51,6 +51,7 @@ class Coordinator {
   explicit Coordinator(const CoordinatorOptions& options);
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
+  ~Coordinator();
 
   // Jobs. Submit validates the spec (kInvalidArgument names the field).
   absl::StatusOr<v1::Job> Submit(const std::string& spec_text);
@@ -87,8 +88,10 @@ class Coordinator {
   absl::Duration lease_timeout() const { return options_.lease_timeout; }
 
   // Reads every job back from options.state_dir (creating the directory if
-  // it is missing). Call once, before serving. kDataLoss names a file that
-  // cannot be read; nothing is half-restored then.
+  // it is missing) and locks the directory for this coordinator: a second
+  // server on it gets kFailedPrecondition. Call once, before serving.
+  // kDataLoss names a file that cannot be read; nothing is half-restored
+  // then.
   absl::Status Restore();
   // Writes the jobs that changed (all of them with `force`) to
   // options.state_dir; a no-op without one. Tick calls it; call it with
@@ -137,6 +140,7 @@ class Coordinator {
   RealClock real_clock_;
 
   absl::Mutex checkpoint_mu_;  // serialises Checkpoint calls (taken first)
+  int lock_fd_ = -1;           // flock on <state_dir>/LOCK, after Restore
   mutable absl::Mutex mu_;
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;

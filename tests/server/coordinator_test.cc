@@ -5,6 +5,7 @@
 
 #include "common/io/safetensors.h"
 #include "gtest/gtest.h"
+#include "proto/checkpoint.pb.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -224,9 +225,14 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     step(2);
     TALLY_ASSERT_OK(a.Checkpoint(false));  // progress only: not yet due
     {
-      Coordinator peek(o);
-      TALLY_ASSERT_OK(peek.Restore());
-      EXPECT_EQ(peek.Get("job-1")->metrics().step(), 2);
+      v1::JobCheckpoint ck;
+      ASSERT_TRUE(ck.ParseFromString(*ReadFile(o.state_dir + "/job-1.ckpt")));
+      EXPECT_EQ(ck.version(), 2);
+      // The directory is this coordinator's while it lives.
+      Coordinator second(o);
+      EXPECT_THAT(second.Restore(),
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           HasSubstr("in use by another tally-server")));
     }
     clock.Advance(absl::Seconds(2));
     TALLY_ASSERT_OK(a.Checkpoint(false));  // due now: version 3
