@@ -573,22 +573,36 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   }
   TallyServer* raw = s.get();
   s->ticker_ = std::thread([raw] { raw->TickLoop(); });
+  if (!options.state_dir.empty())
+    s->checkpointer_ = std::thread([raw] { raw->CheckpointLoop(); });
   return s;
 }
 
 void TallyServer::TickLoop() {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-  bool checkpoint_failing = false;
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopped),
                                absl::Milliseconds(100))) {
     mu_.Unlock();
     coordinator_->Tick();
+    mu_.Lock();
+  }
+}
+
+// Its own thread: writing a large model's state takes a while, and leases
+// must not wait for it.
+void TallyServer::CheckpointLoop() {
+  absl::MutexLock lock(&mu_);
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  bool failing = false;
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopped),
+                               absl::Milliseconds(100))) {
+    mu_.Unlock();
     // A failing checkpoint (disk full, ...) is said once, and again once it
     // works; the jobs go on in memory meanwhile.
     const absl::Status s = coordinator_->Checkpoint(/*force=*/false);
-    if (s.ok() == checkpoint_failing) {
-      checkpoint_failing = !s.ok();
+    if (s.ok() == failing) {
+      failing = !s.ok();
       std::fprintf(stderr, "tally-server: checkpoint: %s\n",
                    s.ok() ? "writing again" : std::string(s.message()).c_str());
     }
@@ -602,6 +616,7 @@ void TallyServer::Shutdown(absl::Duration grace) {
     stop_ = true;
   }
   if (ticker_.joinable()) ticker_.join();
+  if (checkpointer_.joinable()) checkpointer_.join();
   if (server_ != nullptr)
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   // Nothing changes any more: keep every job's latest state.

@@ -109,6 +109,7 @@ class TallyServer {
  private:
   TallyServer() = default;
   void TickLoop();
+  void CheckpointLoop();
 
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> jobs_;
@@ -118,7 +119,8 @@ class TallyServer {
   int port_ = 0;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread ticker_;  // runs Coordinator::Tick every 100 ms
+  std::thread ticker_;        // runs Coordinator::Tick every 100 ms
+  std::thread checkpointer_;  // with a state_dir: Checkpoint every 100 ms
 };
 
 }  // namespace tally
