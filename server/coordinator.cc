@@ -33,9 +33,26 @@ double UnixSeconds(absl::Time t) {
 
 constexpr uint32_t kCheckpointFormat = 1;
 
-std::string FloatBytes(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()),
-                     v.size() * sizeof(float));
+absl::string_view FloatBytes(const std::vector<float>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()),
+                           v.size() * sizeof(float));
+}
+
+// The wire form of a length-delimited protobuf field's key and length, so
+// that large bytes fields are written from their own memory: a serialised
+// message followed by more fields parses as one message.
+std::string BytesFieldPrefix(int field, size_t size) {
+  std::string out;
+  uint64_t v = (static_cast<uint64_t>(field) << 3) | 2;  // wire type 2
+  for (int i = 0; i < 2; ++i) {
+    while (v >= 0x80) {
+      out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+      v >>= 7;
+    }
+    out.push_back(static_cast<char>(v));
+    v = size;
+  }
+  return out;
 }
 
 bool BytesToFloats(const std::string& bytes, int64_t want,
@@ -579,6 +596,11 @@ absl::Status Coordinator::Checkpoint(bool force) {
   }
   absl::Status first_error;
   for (Due& d : due) {
+    // The small fields are serialised; weights and optimizer slots follow
+    // as raw fields, straight from the shard's copies.
+    ShardState st;
+    std::vector<std::string> prefixes;
+    std::vector<absl::string_view> pieces(1);
     v1::JobCheckpoint ck;
     ck.set_format(kCheckpointFormat);
     const v1::JobState state = d.job.state();
@@ -586,7 +608,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
     *ck.mutable_job() = std::move(d.job);
     int64_t version = -1;
     if (d.shard != nullptr) {
-      const ShardState st = d.shard->Save();
+      st = d.shard->Save();
       version = st.version;
       ck.set_has_shard(true);
       ck.set_version(st.version);
@@ -598,17 +620,33 @@ absl::Status Coordinator::Checkpoint(bool force) {
       ck.set_accuracy(st.accuracy);
       ck.set_train_seconds(st.train_seconds);
       ck.set_retired(st.retired);
-      ck.set_weights(FloatBytes(*st.weights));
       ck.set_optimizer_step(st.optimizer.step);
-      for (const auto& slot : st.optimizer.slots)
-        ck.add_optimizer_slots(FloatBytes(slot));
+      prefixes.push_back(
+          BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
+                           FloatBytes(*st.weights).size()));
+      for (const auto& slot : st.optimizer.slots) {
+        prefixes.push_back(
+            BytesFieldPrefix(v1::JobCheckpoint::kOptimizerSlotsFieldNumber,
+                             FloatBytes(slot).size()));
+      }
+    }
+    const std::string head = ck.SerializeAsString();
+    pieces[0] = head;
+    size_t total = head.size();
+    for (size_t i = 0; i < prefixes.size(); ++i) {
+      const absl::string_view data =
+          i == 0 ? FloatBytes(*st.weights)
+                 : FloatBytes(st.optimizer.slots[i - 1]);
+      pieces.push_back(prefixes[i]);
+      pieces.push_back(data);
+      total += prefixes[i].size() + data.size();
     }
     const std::string path =
         (std::filesystem::path(options_.state_dir) / (id + ".ckpt")).string();
     // Protocol buffers stop at 2 GiB: weights plus optimizer state of more
     // than about 250M parameters do not fit one file.
-    absl::Status s = ck.ByteSizeLong() < static_cast<size_t>(INT_MAX)
-                         ? WriteFileAtomic(path, ck.SerializeAsString())
+    absl::Status s = total < static_cast<size_t>(INT_MAX)
+                         ? WriteFileAtomic(path, pieces)
                          : absl::ResourceExhaustedError(absl::StrCat(
                                path,
                                ": the job's state is over 2 GiB, too large to "

@@ -147,6 +147,11 @@ absl::StatusOr<std::vector<float>> FlattenTensors(
 }
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes) {
+  return WriteFileAtomic(path, std::vector<absl::string_view>{bytes});
+}
+
+absl::Status WriteFileAtomic(const std::string& path,
+                             const std::vector<absl::string_view>& pieces) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   fs::path dir = target.parent_path();
@@ -157,18 +162,20 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes) {
     return absl::UnavailableError(absl::StrCat(path, ": cannot create ", tmp,
                                                ": ", std::strerror(errno)));
   }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::UnavailableError(
-          absl::StrCat(path, ": write failed: ", err));
+  for (absl::string_view bytes : pieces) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        const std::string err = std::strerror(errno);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return absl::UnavailableError(
+            absl::StrCat(path, ": write failed: ", err));
+      }
+      done += static_cast<size_t>(w);
     }
-    done += static_cast<size_t>(w);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const std::string err = std::strerror(errno);

@@ -46,6 +46,9 @@ absl::StatusOr<std::vector<float>> FlattenTensors(
 // Atomically replaces `path`: write a temporary file, fsync, rename, fsync
 // the directory. A crash leaves either the old file or the new one.
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view bytes);
+// The same for a file made of `pieces` back to back (no joined copy).
+absl::Status WriteFileAtomic(const std::string& path,
+                             const std::vector<absl::string_view>& pieces);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // Convenience: encode + atomic write, and read + decode + flatten.

@@ -193,10 +193,14 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     return c.Register(r);
   };
   std::vector<float> weights_at_3;
+  OptimizerState optimizer_at_3;
+  // Adam: two state slots and a step count to carry over.
+  const std::string adam_spec =
+      std::string(kSpec) + "optimizer: {type: adam, lr: 0.01}\n";
   {
     Coordinator a(o);
     TALLY_ASSERT_OK(a.Restore());  // creates the directory
-    auto running = a.Submit(kSpec);
+    auto running = a.Submit(adam_spec);
     auto queued = a.Submit(kSpec);
     auto cancelled = a.Submit(kSpec);
     ASSERT_TRUE(running.ok() && queued.ok() && cancelled.ok());
@@ -239,6 +243,8 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     int64_t v = 0;
     weights_at_3 = *(*shard)->Snapshot(&v);
     ASSERT_EQ(v, 3);
+    optimizer_at_3 = (*shard)->Save().optimizer;
+    ASSERT_EQ(optimizer_at_3.slots.size(), 2u);
     step(3);  // never checkpointed: redone after the restart
   }
   Coordinator b(o);
@@ -255,6 +261,9 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   EXPECT_EQ(jobs[2].state(), v1::CANCELLED);
   int64_t v = 0;
   EXPECT_EQ(*(*b.Shard("job-1"))->Snapshot(&v), weights_at_3);
+  const OptimizerState restored = (*b.Shard("job-1"))->Save().optimizer;
+  EXPECT_EQ(restored.step, optimizer_at_3.step);
+  EXPECT_EQ(restored.slots, optimizer_at_3.slots);
   // New workers fill the running job's slots first.
   auto n1 = reg(b, "c");
   reg(b, "d");

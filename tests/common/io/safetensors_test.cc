@@ -34,6 +34,16 @@ TEST(SafetensorsTest, RoundTripThroughAFile) {
   EXPECT_EQ(files, 1);
 }
 
+TEST(WriteFileAtomicTest, PiecesLandBackToBackAndReplaceTheFile) {
+  const std::string path = testing::TempDir("atomic") + "/f";
+  TALLY_ASSERT_OK(WriteFileAtomic(path, "old contents"));
+  TALLY_ASSERT_OK(WriteFileAtomic(path, {"ab", "", "cd"}));
+  EXPECT_EQ(*ReadFile(path), "abcd");
+  EXPECT_THAT(WriteFileAtomic("/nonexistent-dir/f", "x"),
+              testing::StatusIs(absl::StatusCode::kUnavailable,
+                                ::testing::HasSubstr("cannot create")));
+}
+
 TEST(SafetensorsTest, HeaderIsAlignedAndNamesShapes) {
   std::vector<float> flat(10, 1.0f);
   std::string bytes = EncodeSafetensors(Layout(), flat.data());
