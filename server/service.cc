@@ -11,7 +11,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/bfloat16.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "server/internal/finite.h"
 
 namespace tally {
@@ -27,6 +29,20 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(ToGrpc(s));
   return r;
+}
+
+// Bytes per value of a wire dtype; kInvalidArgument for one this server
+// does not know (a newer client).
+absl::StatusOr<int> DTypeWidth(int dtype) {
+  switch (dtype) {
+    case v1::FLOAT32:
+      return 4;
+    case v1::BFLOAT16:
+      return 2;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown tensor dtype ", dtype));
+  }
 }
 
 // Merged set of covered [begin, end) element ranges.
@@ -145,17 +161,21 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
           absl::StrCat("chunk [", c.offset(), ", +", c.count(),
                        ") is outside the ", n, "-element parameter vector"));
     }
-    if (static_cast<int64_t>(c.data().size()) != 4 * c.count()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk at ", c.offset(), " says ", c.count(),
-                       " elements but carries ", c.data().size(),
-                       " bytes (want ", 4 * c.count(), ")"));
+    TALLY_ASSIGN_OR_RETURN(const int width, DTypeWidth(c.dtype()));
+    if (static_cast<int64_t>(c.data().size()) != width * c.count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk at ", c.offset(), " says ", c.count(), " ",
+          v1::DType_Name(c.dtype()), " elements but carries ", c.data().size(),
+          " bytes (want ", width * c.count(), ")"));
     }
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
     float* dst = staging_->data() + c.offset();
-    if (int64_t bad =
-            internal::CopyAndFindNonFinite(dst, c.data().data(), c.count());
-        bad >= 0) {
+    const int64_t bad =
+        c.dtype() == v1::BFLOAT16
+            ? internal::DecodeBfloat16AndFindNonFinite(dst, c.data().data(),
+                                                       c.count())
+            : internal::CopyAndFindNonFinite(dst, c.data().data(), c.count());
+    if (bad >= 0) {
       shard_->Reject(meta_);
       return absl::InvalidArgumentError(
           absl::StrCat("non-finite gradient value (", dst[bad], ") at element ",
@@ -290,6 +310,8 @@ class PullReactor final
             : kDefaultChunkElements;
     auto shard = coord->Shard(req->job_id());
     absl::Status s = shard.status();
+    if (s.ok()) s = DTypeWidth(req->dtype()).status();
+    dtype_ = req->dtype();
     if (s.ok()) s = coord->CheckWorker(req->worker_id(), req->incarnation());
     if (s.ok() && req->total_steps() > 0) {
       s = (*shard)->SetSchedule(req->total_steps(), req->steps_per_epoch());
@@ -339,14 +361,22 @@ class PullReactor final
     v1::TensorChunk* c = resp_.mutable_chunk();
     c->set_offset(next_);
     c->set_count(count);
-    c->set_data(reinterpret_cast<const char*>(weights_->data() + next_),
-                count * 4);
+    c->set_dtype(dtype_);
+    if (dtype_ == v1::BFLOAT16) {
+      std::string* data = c->mutable_data();
+      data->resize(2 * count);
+      FloatToBfloat16(weights_->data() + next_, data->data(), count);
+    } else {
+      c->set_data(reinterpret_cast<const char*>(weights_->data() + next_),
+                  count * 4);
+    }
     next_ += std::max<int64_t>(count, 1);
     StartWriteLocked(&resp_);
   }
 
   std::shared_ptr<ParameterShard> shard_;
   int64_t chunk_ = kDefaultChunkElements;
+  v1::DType dtype_ = v1::FLOAT32;
   std::shared_ptr<const std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;

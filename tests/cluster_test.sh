@@ -96,7 +96,14 @@ case $case_name in
     [[ $(job_field "$id" "['metrics']['step']") == 320 ]] || fail "expected 320 steps"
     tally fetch "$id" --output="$dir/w.safetensors" > /dev/null || fail "fetch"
     [[ -s $dir/w.safetensors ]] || fail "empty weights"
-    echo "train: test accuracy $acc"
+    # The same job with bfloat16 on the wire trains as well.
+    sed 's/workers: 2}/workers: 2, wire_dtype: bfloat16}/' examples/synthetic-2workers.yaml > "$dir/bf16.yaml"
+    grep -q "wire_dtype: bfloat16" "$dir/bf16.yaml" || fail "could not make the bfloat16 spec"
+    out=$(tally submit "$dir/bf16.yaml" --wait) || fail "bfloat16 job did not succeed: $out"
+    bid=${out%%$'\n'*}
+    bacc=$(job_field "$bid" "['metrics']['test_accuracy']")
+    python3 -c "import sys; sys.exit(0 if $bacc > 0.80 else 1)" || fail "bfloat16 test accuracy $bacc <= 0.80"
+    echo "train: test accuracy $acc (float32), $bacc (bfloat16 on the wire)"
     ;;
   kill)
     # One of two workers dies mid-job (SIGKILL): its lease expires, the open

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/bfloat16.h"
 #include "common/grpc_status.h"
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
@@ -285,7 +286,8 @@ class WorkerDaemon::Impl {
   absl::StatusOr<int64_t> Pull(grpc::ClientContext* ctx,
                                const std::string& job_id, const Lease& lease,
                                int64_t min_version, const Schedule& sched,
-                               float* params, int64_t num_params) {
+                               v1::DType dtype, float* params,
+                               int64_t num_params) {
     v1::PullRequest req;
     req.set_job_id(job_id);
     req.set_worker_id(lease.worker_id);
@@ -294,19 +296,26 @@ class WorkerDaemon::Impl {
     req.set_max_wait_ms(5000);
     req.set_total_steps(sched.total_steps);
     req.set_steps_per_epoch(sched.steps_per_epoch);
+    req.set_dtype(dtype);
     auto reader = params_->PullWeights(ctx, req);
     v1::PullResponse resp;
     int64_t version = -1, received = 0;
     while (reader->Read(&resp)) {
       const v1::TensorChunk& c = resp.chunk();
+      const int width = c.dtype() == v1::BFLOAT16 ? 2 : 4;
       if (c.offset() < 0 || c.count() < 0 ||
           c.offset() + c.count() > num_params ||
-          static_cast<int64_t>(c.data().size()) != 4 * c.count()) {
+          (c.dtype() != v1::FLOAT32 && c.dtype() != v1::BFLOAT16) ||
+          static_cast<int64_t>(c.data().size()) != width * c.count()) {
         ctx->TryCancel();
         reader->Finish();
         return absl::DataLossError("malformed weights chunk from the server");
       }
-      std::memcpy(params + c.offset(), c.data().data(), c.data().size());
+      if (c.dtype() == v1::BFLOAT16) {
+        Bfloat16ToFloat(c.data().data(), params + c.offset(), c.count());
+      } else {
+        std::memcpy(params + c.offset(), c.data().data(), c.data().size());
+      }
       received += c.count();
       version = resp.version();
     }
@@ -319,7 +328,7 @@ class WorkerDaemon::Impl {
   }
 
   absl::Status Push(const std::string& job_id, const Lease& lease, int64_t step,
-                    const StepStats& st, const float* grads,
+                    const StepStats& st, v1::DType dtype, const float* grads,
                     int64_t num_params) {
     auto ctx = Context(options_.rpc_timeout);
     v1::PushResponse resp;
@@ -344,7 +353,14 @@ class WorkerDaemon::Impl {
         v1::TensorChunk* c = msg.mutable_chunk();
         c->set_offset(off);
         c->set_count(n);
-        c->set_data(reinterpret_cast<const char*>(grads + off), n * 4);
+        c->set_dtype(dtype);
+        if (dtype == v1::BFLOAT16) {
+          std::string* data = c->mutable_data();
+          data->resize(2 * n);
+          FloatToBfloat16(grads + off, data->data(), n);
+        } else {
+          c->set_data(reinterpret_cast<const char*>(grads + off), n * 4);
+        }
         ok = writer->Write(msg);
         msg.clear_header();
       }
@@ -418,6 +434,9 @@ class WorkerDaemon::Impl {
     const int world = std::max(1, a.world());
     const Schedule sched = MakeSchedule(*spec, tt.train.size(), world);
     const int64_t n = e.num_params();
+    const v1::DType wire = spec->training.wire_dtype == WireDtype::kBfloat16
+                               ? v1::BFLOAT16
+                               : v1::FLOAT32;
     const int64_t train_size = tt.train.size();
     const int64_t rank_samples =
         train_size / world + (a.rank() < train_size % world ? 1 : 0);
@@ -442,11 +461,11 @@ class WorkerDaemon::Impl {
     auto post_pull = [&](int64_t min_version) {
       pull_ctx = Context(absl::Seconds(5) + options_.rpc_timeout);
       grpc::ClientContext* ctx = pull_ctx.get();
-      puller.Post(
-          [this, ctx, &a, &lease, min_version, &sched, &e, n, &prefetched] {
-            prefetched =
-                Pull(ctx, a.job_id(), lease, min_version, sched, e.params(), n);
-          });
+      puller.Post([this, ctx, &a, &lease, min_version, &sched, wire, &e, n,
+                   &prefetched] {
+        prefetched = Pull(ctx, a.job_id(), lease, min_version, sched, wire,
+                          e.params(), n);
+      });
       have_prefetch = true;
     };
     auto finish_pull = [&]() -> absl::StatusOr<int64_t> {
@@ -522,7 +541,7 @@ class WorkerDaemon::Impl {
       }
       // The weights were consumed by the step: the next pull may land.
       post_pull(step + 1);
-      absl::Status s = Push(a.job_id(), lease, step, st, e.grads(), n);
+      absl::Status s = Push(a.job_id(), lease, step, st, wire, e.grads(), n);
       if (s.ok() || absl::IsAborted(s) || absl::IsInvalidArgument(s) ||
           (absl::IsFailedPrecondition(s) &&
            absl::StrContains(s.message(), "joins at"))) {

@@ -225,9 +225,21 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
 absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   const std::string p = "training";
   if (!n) return absl::OkStatus();
-  TALLY_RETURN_IF_ERROR(CheckKeys(
-      n, p, {"epochs", "batch_size", "max_steps", "seed", "workers", "tf32"}));
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"epochs", "batch_size", "max_steps", "seed",
+                                   "workers", "tf32", "wire_dtype"}));
   TALLY_RETURN_IF_ERROR(ReadBool(n, p, "tf32", &t->tf32));
+  std::string wire = "float32";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "wire_dtype", &wire));
+  if (wire == "float32") {
+    t->wire_dtype = WireDtype::kFloat32;
+  } else if (wire == "bfloat16") {
+    t->wire_dtype = WireDtype::kBfloat16;
+  } else {
+    return FieldError(
+        "training.wire_dtype",
+        absl::StrCat("unknown dtype '", wire, "' (float32 or bfloat16)"));
+  }
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "workers", 1, 1024, &t->workers));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
   TALLY_RETURN_IF_ERROR(

@@ -42,6 +42,9 @@ struct DatasetSpec {
   SyntheticOptions synthetic;  // synthetic
 };
 
+// How gradients and weights travel between workers and the server.
+enum class WireDtype { kFloat32, kBfloat16 };
+
 struct TrainingSpec {
   int64_t epochs = 1;
   int64_t batch_size = 64;  // per worker
@@ -49,6 +52,9 @@ struct TrainingSpec {
   uint64_t seed = 0;        // initial weights, shuffling, dropout
   int64_t workers = 1;      // workers a cluster job trains on (sync mode)
   bool tf32 = false;        // let GPU matrix products use TF32 tensor cores
+  // bfloat16 halves the bytes of every push and pull; the server still
+  // averages, steps and keeps the weights in float32.
+  WireDtype wire_dtype = WireDtype::kFloat32;
 };
 
 struct JobSpec {

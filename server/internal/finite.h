@@ -11,6 +11,9 @@ namespace tally::internal {
 // none is found. Block by block, each block checked while still in cache.
 int64_t CopyAndFindNonFinite(float* dst, const char* src, int64_t n);
 
+// The same for n bfloat16 values (2 * n bytes at `src`), widened to float.
+int64_t DecodeBfloat16AndFindNonFinite(float* dst, const char* src, int64_t n);
+
 }  // namespace tally::internal
 
 #endif  // TALLY_SERVER_INTERNAL_FINITE_H_

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/bfloat16.h"
 #include "common/grpc_status.h"
 #include "common/io/safetensors.h"
 #include "common/random.h"
@@ -313,6 +314,96 @@ TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {
   }
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(seen.state(), v1::CANCELLED);
+}
+
+// bfloat16 on the wire: wrong sizes, unknown dtypes and NaNs are refused.
+TEST_F(ServiceTest, MalformedBfloat16PushesAreRefused) {
+  StartJob();
+  auto bf16 = [](int64_t offset, const std::vector<float>& values) {
+    v1::TensorChunk c;
+    c.set_offset(offset);
+    c.set_count(static_cast<int64_t>(values.size()));
+    c.set_dtype(v1::BFLOAT16);
+    c.mutable_data()->resize(2 * values.size());
+    FloatToBfloat16(values.data(), c.mutable_data()->data(),
+                    static_cast<int64_t>(values.size()));
+    return c;
+  };
+  // Wrong byte count for bfloat16 (float32-sized data), and an unknown dtype.
+  std::vector<v1::PushRequest> bad = {Header(0)};
+  *bad[0].mutable_chunk() = Chunk(0, std::vector<float>(kParams, 0.5f));
+  bad[0].mutable_chunk()->set_dtype(v1::BFLOAT16);
+  EXPECT_THAT(Push(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("BFLOAT16 elements but carries")));
+  bad[0].mutable_chunk()->set_dtype(static_cast<v1::DType>(7));
+  EXPECT_THAT(Push(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("unknown tensor dtype 7")));
+  // A NaN in bfloat16 is rejected and counted like a float32 one.
+  std::vector<float> nan(kParams, 0.5f);
+  nan[3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<v1::PushRequest> with_nan = {Header(0)};
+  *with_nan[0].mutable_chunk() = bf16(0, nan);
+  EXPECT_THAT(Push(with_nan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("non-finite")));
+  EXPECT_EQ(Job().metrics().rejected_pushes(), 1);
+}
+
+// A push in half the bytes moves the weights as the float32 push would (0.5
+// is exact in bfloat16); a pull in bfloat16 gives the weights rounded.
+TEST_F(ServiceTest, Bfloat16PushMovesTheWeightsLikeFloat32) {
+  StartJob();
+  auto w0 = Pull(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  std::vector<v1::PushRequest> msgs = {Header(0)};
+  std::vector<float> g(kParams, 0.5f);
+  v1::TensorChunk* c = msgs[0].mutable_chunk();
+  c->set_offset(0);
+  c->set_count(kParams);
+  c->set_dtype(v1::BFLOAT16);
+  c->mutable_data()->resize(2 * kParams);
+  FloatToBfloat16(g.data(), c->mutable_data()->data(), kParams);
+  EXPECT_EQ(c->data().size(), 2u * kParams);  // half the bytes
+  auto pushed = Push(msgs);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->version(), 1);
+  auto w1 = Pull(1);
+  ASSERT_TRUE(w1.ok());
+  for (int i = 0; i < kParams; ++i)
+    EXPECT_FLOAT_EQ(w1->second[i], w0->second[i] - 0.5f);
+  // The same weights pulled as bfloat16: each rounded, nothing else.
+  grpc::ClientContext ctx;
+  v1::PullRequest req;
+  req.set_job_id(job_);
+  req.set_worker_id(worker_.worker_id());
+  req.set_incarnation(worker_.incarnation());
+  req.set_min_version(1);
+  req.set_dtype(v1::BFLOAT16);
+  auto reader = params_->PullWeights(&ctx, req);
+  v1::PullResponse resp;
+  std::vector<float> got(kParams);
+  while (reader->Read(&resp)) {
+    ASSERT_EQ(resp.chunk().dtype(), v1::BFLOAT16);
+    ASSERT_EQ(resp.chunk().data().size(), 2u * resp.chunk().count());
+    Bfloat16ToFloat(resp.chunk().data().data(),
+                    got.data() + resp.chunk().offset(), resp.chunk().count());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  for (int i = 0; i < kParams; ++i) {
+    char b[2];
+    FloatToBfloat16(&w1->second[i], b, 1);
+    float want;
+    Bfloat16ToFloat(b, &want, 1);
+    EXPECT_EQ(got[i], want) << i;
+  }
+  // An unknown dtype for a pull is refused.
+  grpc::ClientContext ctx2;
+  req.set_dtype(static_cast<v1::DType>(9));
+  auto r2 = params_->PullWeights(&ctx2, req);
+  while (r2->Read(&resp)) {
+  }
+  const grpc::Status st = r2->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("unknown tensor dtype 9"));
 }
 
 // A client that gives up on a waiting pull or a watch: the call ends as

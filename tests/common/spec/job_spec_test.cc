@@ -64,6 +64,7 @@ TEST(JobSpecTest, DefaultsAndJson) {
   EXPECT_EQ(spec->optimizer.type, OptimizerType::kAdamW);
   EXPECT_DOUBLE_EQ(spec->optimizer.lr, 0.001);
   EXPECT_DOUBLE_EQ(spec->optimizer.weight_decay, 0.01);
+  EXPECT_EQ(spec->training.wire_dtype, WireDtype::kFloat32);
 }
 
 struct BadCase {
@@ -172,6 +173,17 @@ TEST(JobSpecTest, MissingFileIsNotFound) {
   EXPECT_THAT(LoadJobSpec("/nonexistent/job.yaml"),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("/nonexistent/job.yaml")));
+}
+
+TEST(JobSpecTest, WireDtype) {
+  auto spec =
+      ParseJobSpec(WithModel(kLinear8x3, "training: {wire_dtype: bfloat16}\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->training.wire_dtype, WireDtype::kBfloat16);
+  EXPECT_THAT(
+      ParseJobSpec(WithModel(kLinear8x3, "training: {wire_dtype: fp8}\n")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("training.wire_dtype: unknown dtype 'fp8'")));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/bfloat16.h"
 #include "gtest/gtest.h"
 
 namespace tally::internal {
@@ -47,6 +48,22 @@ TEST(CopyAndFindNonFiniteTest, FindsTheFirstBadValueInAnyBlock) {
                 at)
           << "bad value " << bad << " at " << at;
     }
+  }
+}
+
+TEST(DecodeBfloat16AndFindNonFiniteTest, WidensAndFindsTheFirstBadValue) {
+  const int64_t n = 9000;
+  std::vector<float> src = Ramp(n);
+  src[5000] = std::numeric_limits<float>::infinity();
+  std::vector<char> bytes(2 * n);
+  FloatToBfloat16(src.data(), bytes.data(), n);
+  std::vector<float> dst(n);
+  EXPECT_EQ(DecodeBfloat16AndFindNonFinite(dst.data(), bytes.data(), n), 5000);
+  src[5000] = 1.0f;
+  FloatToBfloat16(src.data(), bytes.data(), n);
+  EXPECT_EQ(DecodeBfloat16AndFindNonFinite(dst.data(), bytes.data(), n), -1);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(dst[i], src[i], std::fabs(src[i]) / 256 + 1e-30) << i;
   }
 }
 
