@@ -6,7 +6,9 @@
 # lr 0.02 momentum 0.9); the figure is the job's mean samples/s over its
 # training (first pull to last step). PyTorch: DistributedDataParallel with
 # gloo, two processes of one thread, the same model, batch, optimizer and
-# data (bench/pytorch_ddp.py). Medians of REPEATS (default 3) alternating runs.
+# data (bench/pytorch_ddp.py). Row mlp-bf16: Tally with bfloat16 on the wire
+# against DDP with its fp16 gradient compression hook. Medians of REPEATS
+# (default 3) alternating runs.
 #   bench/cluster_throughput.sh [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,18 +44,27 @@ tally_run() {  # spec -> samples/s and test accuracy
   pids=()
 }
 
-printf "%-5s %14s %14s %8s %10s %10s\n" model tally_sps ddp_sps ratio tally_acc ddp_acc
-for model in mlp cnn; do
-  sed -e 's/epochs: 2/epochs: 1/' "examples/fashion-mnist-$model.yaml" > "$tmp/$model.yaml"
+printf "%-9s %14s %14s %8s %10s %10s\n" model tally_sps ddp_sps ratio tally_acc ddp_acc
+# mlp-bf16: Tally with training.wire_dtype bfloat16 against DDP with its
+# fp16_compress_hook (each one's gradient compression).
+for row in mlp mlp-bf16 cnn; do
+  model=${row%%-*}
+  compress=none
+  sed -e 's/epochs: 2/epochs: 1/' "examples/fashion-mnist-$model.yaml" > "$tmp/$row.yaml"
+  if [[ $row == *-bf16 ]]; then
+    sed -i 's/^  workers: 2/  workers: 2\n  wire_dtype: bfloat16/' "$tmp/$row.yaml"
+    grep -q "wire_dtype: bfloat16" "$tmp/$row.yaml" || { echo "could not set wire_dtype" >&2; exit 1; }
+    compress=fp16
+  fi
   : > "$tmp/t"; : > "$tmp/d"
   for ((i = 0; i < repeats; i++)); do
-    read -r sps acc < <(tally_run "$tmp/$model.yaml")
+    read -r sps acc < <(tally_run "$tmp/$row.yaml")
     echo "$sps" >> "$tmp/t"; tacc=$acc
-    (cd bench && $PY pytorch_ddp.py --model "$model" --procs 2 --port $((29500 + i))) > "$tmp/d.json"
+    (cd bench && $PY pytorch_ddp.py --model "$model" --procs 2 --compress $compress --port $((29500 + i))) > "$tmp/d.json"
     $PY -c "import json; print(json.load(open('$tmp/d.json'))['samples_per_sec'])" >> "$tmp/d"
     dacc=$($PY -c "import json; print(json.load(open('$tmp/d.json'))['test_accuracy'])")
   done
   t=$(median < "$tmp/t"); d=$(median < "$tmp/d")
-  printf "%-5s %14.0f %14.0f %8.2f %10.4f %10.4f\n" "$model" "$t" "$d" \
+  printf "%-9s %14.0f %14.0f %8.2f %10.4f %10.4f\n" "$row" "$t" "$d" \
     "$(awk -v a="$t" -v b="$d" 'BEGIN {print a / b}')" "$tacc" "$dacc"
 done

@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/bfloat16.h"
 #include "common/malloc_tuning.h"
 #include "proto/tally.grpc.pb.h"
 
@@ -23,6 +24,8 @@ ABSL_FLAG(std::string, server, "localhost:7070", "tally-server");
 ABSL_FLAG(int, steps, 10, "push+pull rounds to time");
 ABSL_FLAG(int, in, 4096, "model input features");
 ABSL_FLAG(int, out, 4096, "model output features");
+ABSL_FLAG(std::string, dtype, "float32",
+          "float32 or bfloat16: how gradients and weights travel");
 
 namespace v1 = tally::v1;
 
@@ -57,6 +60,12 @@ int main(int argc, char** argv) {
   auto params = v1::ParameterService::NewStub(ch);
   const int in = absl::GetFlag(FLAGS_in), out = absl::GetFlag(FLAGS_out);
   const int steps = absl::GetFlag(FLAGS_steps);
+  const bool bf16 = absl::GetFlag(FLAGS_dtype) == "bfloat16";
+  if (!bf16 && absl::GetFlag(FLAGS_dtype) != "float32") {
+    std::fprintf(stderr, "--dtype: float32 or bfloat16\n");
+    return 2;
+  }
+  const v1::DType dtype = bf16 ? v1::BFLOAT16 : v1::FLOAT32;
   v1::SubmitJobRequest sub;
   sub.set_spec(absl::StrCat(
       "name: pushpull\nmodel: {layers: [{linear: {in_features: ", in,
@@ -82,12 +91,19 @@ int main(int argc, char** argv) {
     req.set_min_version(v);
     req.set_total_steps(steps + 1);
     req.set_steps_per_epoch(1);
+    req.set_dtype(dtype);
     auto ctx = Ctx();
     auto r = params->PullWeights(ctx.get(), req);
     v1::PullResponse resp;
     while (r->Read(&resp)) {
-      std::memcpy(weights.data() + resp.chunk().offset(),
-                  resp.chunk().data().data(), resp.chunk().data().size());
+      const v1::TensorChunk& c = resp.chunk();
+      if (c.dtype() == v1::BFLOAT16) {
+        tally::Bfloat16ToFloat(c.data().data(), weights.data() + c.offset(),
+                               c.count());
+      } else {
+        std::memcpy(weights.data() + c.offset(), c.data().data(),
+                    c.data().size());
+      }
     }
     Check(r->Finish(), "pull");
   };
@@ -107,8 +123,15 @@ int main(int argc, char** argv) {
       const int64_t c = std::min(kChunk, n - off);
       m.mutable_chunk()->set_offset(off);
       m.mutable_chunk()->set_count(c);
-      m.mutable_chunk()->set_data(
-          reinterpret_cast<const char*>(grads.data() + off), c * 4);
+      m.mutable_chunk()->set_dtype(dtype);
+      if (bf16) {
+        std::string* data = m.mutable_chunk()->mutable_data();
+        data->resize(2 * c);
+        tally::FloatToBfloat16(grads.data() + off, data->data(), c);
+      } else {
+        m.mutable_chunk()->set_data(
+            reinterpret_cast<const char*>(grads.data() + off), c * 4);
+      }
       w->Write(m);
       m.clear_header();
     }
@@ -123,13 +146,14 @@ int main(int argc, char** argv) {
     push(s);
   }
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  // float32 bytes of the model moved per second, whatever the wire dtype:
+  // the figure a training job sees.
   const double bytes = 2.0 * 4.0 * n * steps;
   std::printf(
-      "{\"params\": %lld, \"model_mb\": %.1f, \"steps\": %d, \"seconds\": "
-      "%.3f, "
-      "\"gb_per_sec\": %.3f}\n",
-      static_cast<long long>(n), 4.0 * n / 1e6, steps, secs,
-      bytes / secs / 1e9);
+      "{\"params\": %lld, \"model_mb\": %.1f, \"dtype\": \"%s\", "
+      "\"steps\": %d, \"seconds\": %.3f, \"gb_per_sec\": %.3f}\n",
+      static_cast<long long>(n), 4.0 * n / 1e6, bf16 ? "bfloat16" : "float32",
+      steps, secs, bytes / secs / 1e9);
   v1::CancelJobRequest cancel;
   cancel.set_job_id(job.job().id());
   v1::Job j;

@@ -27,6 +27,10 @@ def run(rank, args, port, queue):
     ytr = load_idx(f"{root}/train-labels-idx1-ubyte.gz", 0x801)
     torch.manual_seed(args.seed)
     model = nn.parallel.DistributedDataParallel(model_for(args.model))
+    if args.compress == "fp16":
+        # PyTorch's own gradient compression: all-reduce in float16.
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator()
@@ -60,6 +64,7 @@ def main():
     ap.add_argument("--batch_size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--compress", choices=["none", "fp16"], default="none")
     ap.add_argument("--port", type=int, default=29533)
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
