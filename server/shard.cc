@@ -40,6 +40,13 @@ ParameterShard::ParameterShard(std::vector<float> weights,
   mean_.assign(num_params_, 0.0f);
 }
 
+double ParameterShard::TrainSecondsLocked() const {
+  if (started_ == absl::InfinitePast()) return 0.0;
+  const absl::Time end =
+      finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
+  return absl::ToDoubleSeconds(end - started_);
+}
+
 ShardState ParameterShard::Save() const {
   absl::MutexLock lock(&mu_);
   ShardState s;
@@ -50,11 +57,7 @@ ShardState ParameterShard::Save() const {
   s.rejected_pushes = rejected_;
   s.loss = last_loss_;
   s.accuracy = last_accuracy_;
-  if (started_ != absl::InfinitePast()) {
-    const absl::Time end =
-        finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
-    s.train_seconds = absl::ToDoubleSeconds(end - started_);
-  }
+  s.train_seconds = TrainSecondsLocked();
   s.retired = retired_;
   s.weights = snapshot_;
   if (optimizer_ != nullptr) s.optimizer = optimizer_->SaveState();
@@ -358,11 +361,7 @@ ShardMetrics ParameterShard::Metrics() const {
   m.samples = samples_total_;
   m.rejected_pushes = rejected_;
   m.members = static_cast<int>(members_.size());
-  if (started_ != absl::InfinitePast()) {
-    const absl::Time end =
-        finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
-    m.train_seconds = absl::ToDoubleSeconds(end - started_);
-  }
+  m.train_seconds = TrainSecondsLocked();
   if (closes_.size() >= 2) {
     const double dt =
         absl::ToDoubleSeconds(closes_.back().first - closes_.front().first);

@@ -168,6 +168,8 @@ class ParameterShard {
   // waiters into `ready` (run them after unlocking).
   void MaybeCloseLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(Ready& ready);
+  // First schedule (pull) to the last step's close, or to now.
+  double TrainSecondsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t num_params_;
   const Clock* clock_;  // borrowed
