@@ -16,9 +16,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/bfloat16.h"
 #include "common/malloc_tuning.h"
 #include "proto/tally.grpc.pb.h"
+#include "proto/tensor_chunk.h"
 
 ABSL_FLAG(std::string, server, "localhost:7070", "tally-server");
 ABSL_FLAG(int, steps, 10, "push+pull rounds to time");
@@ -96,14 +96,11 @@ int main(int argc, char** argv) {
     auto r = params->PullWeights(ctx.get(), req);
     v1::PullResponse resp;
     while (r->Read(&resp)) {
-      const v1::TensorChunk& c = resp.chunk();
-      if (c.dtype() == v1::BFLOAT16) {
-        tally::Bfloat16ToFloat(c.data().data(), weights.data() + c.offset(),
-                               c.count());
-      } else {
-        std::memcpy(weights.data() + c.offset(), c.data().data(),
-                    c.data().size());
+      if (!tally::CheckChunk(resp.chunk(), n).ok()) {
+        std::fprintf(stderr, "pull: malformed chunk\n");
+        std::exit(1);
       }
+      tally::DecodeChunk(resp.chunk(), weights.data());
     }
     Check(r->Finish(), "pull");
   };
@@ -121,17 +118,7 @@ int main(int argc, char** argv) {
     h->set_samples(1);
     for (int64_t off = 0; off < n; off += kChunk) {
       const int64_t c = std::min(kChunk, n - off);
-      m.mutable_chunk()->set_offset(off);
-      m.mutable_chunk()->set_count(c);
-      m.mutable_chunk()->set_dtype(dtype);
-      if (bf16) {
-        std::string* data = m.mutable_chunk()->mutable_data();
-        data->resize(2 * c);
-        tally::FloatToBfloat16(grads.data() + off, data->data(), c);
-      } else {
-        m.mutable_chunk()->set_data(
-            reinterpret_cast<const char*>(grads.data() + off), c * 4);
-      }
+      tally::EncodeChunk(grads.data() + off, off, c, dtype, m.mutable_chunk());
       w->Write(m);
       m.clear_header();
     }

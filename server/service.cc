@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/bfloat16.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "proto/tensor_chunk.h"
 #include "server/internal/finite.h"
 
 namespace tally {
@@ -29,20 +29,6 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(ToGrpc(s));
   return r;
-}
-
-// Bytes per value of a wire dtype; kInvalidArgument for one this server
-// does not know (a newer client).
-absl::StatusOr<int> DTypeWidth(int dtype) {
-  switch (dtype) {
-    case v1::FLOAT32:
-      return 4;
-    case v1::BFLOAT16:
-      return 2;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown tensor dtype ", dtype));
-  }
 }
 
 // Merged set of covered [begin, end) element ranges.
@@ -154,20 +140,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     }
     if (!req_.has_chunk()) return absl::OkStatus();
     const v1::TensorChunk& c = req_.chunk();
-    const int64_t n = shard_->num_params();
-    if (c.offset() < 0 || c.count() <= 0 || c.count() > n ||
-        c.offset() > n - c.count()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk [", c.offset(), ", +", c.count(),
-                       ") is outside the ", n, "-element parameter vector"));
-    }
-    TALLY_ASSIGN_OR_RETURN(const int width, DTypeWidth(c.dtype()));
-    if (static_cast<int64_t>(c.data().size()) != width * c.count()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk at ", c.offset(), " says ", c.count(), " ",
-          v1::DType_Name(c.dtype()), " elements but carries ", c.data().size(),
-          " bytes (want ", width * c.count(), ")"));
-    }
+    TALLY_RETURN_IF_ERROR(CheckChunk(c, shard_->num_params()));
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
     float* dst = staging_->data() + c.offset();
     const int64_t bad =
@@ -358,18 +331,8 @@ class PullReactor final
     resp_.Clear();
     resp_.set_version(version_);
     resp_.set_total_steps(total_steps_);
-    v1::TensorChunk* c = resp_.mutable_chunk();
-    c->set_offset(next_);
-    c->set_count(count);
-    c->set_dtype(dtype_);
-    if (dtype_ == v1::BFLOAT16) {
-      std::string* data = c->mutable_data();
-      data->resize(2 * count);
-      FloatToBfloat16(weights_->data() + next_, data->data(), count);
-    } else {
-      c->set_data(reinterpret_cast<const char*>(weights_->data() + next_),
-                  count * 4);
-    }
+    EncodeChunk(weights_->data() + next_, next_, count, dtype_,
+                resp_.mutable_chunk());
     next_ += std::max<int64_t>(count, 1);
     StartWriteLocked(&resp_);
   }

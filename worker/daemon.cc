@@ -11,11 +11,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/bfloat16.h"
 #include "common/grpc_status.h"
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
 #include "proto/tally.grpc.pb.h"
+#include "proto/tensor_chunk.h"
 #include "worker/batch_loader.h"
 #include "worker/engine.h"
 
@@ -302,20 +302,13 @@ class WorkerDaemon::Impl {
     int64_t version = -1, received = 0;
     while (reader->Read(&resp)) {
       const v1::TensorChunk& c = resp.chunk();
-      const int width = c.dtype() == v1::BFLOAT16 ? 2 : 4;
-      if (c.offset() < 0 || c.count() < 0 ||
-          c.offset() + c.count() > num_params ||
-          (c.dtype() != v1::FLOAT32 && c.dtype() != v1::BFLOAT16) ||
-          static_cast<int64_t>(c.data().size()) != width * c.count()) {
+      if (absl::Status bad = CheckChunk(c, num_params); !bad.ok()) {
         ctx->TryCancel();
         reader->Finish();
-        return absl::DataLossError("malformed weights chunk from the server");
+        return absl::DataLossError(absl::StrCat(
+            "malformed weights chunk from the server: ", bad.message()));
       }
-      if (c.dtype() == v1::BFLOAT16) {
-        Bfloat16ToFloat(c.data().data(), params + c.offset(), c.count());
-      } else {
-        std::memcpy(params + c.offset(), c.data().data(), c.data().size());
-      }
+      DecodeChunk(c, params);
       received += c.count();
       version = resp.version();
     }
@@ -350,17 +343,7 @@ class WorkerDaemon::Impl {
       for (int64_t off = 0; off < num_params && ok;
            off += options_.chunk_elements) {
         const int64_t n = std::min(options_.chunk_elements, num_params - off);
-        v1::TensorChunk* c = msg.mutable_chunk();
-        c->set_offset(off);
-        c->set_count(n);
-        c->set_dtype(dtype);
-        if (dtype == v1::BFLOAT16) {
-          std::string* data = c->mutable_data();
-          data->resize(2 * n);
-          FloatToBfloat16(grads + off, data->data(), n);
-        } else {
-          c->set_data(reinterpret_cast<const char*>(grads + off), n * 4);
-        }
+        EncodeChunk(grads + off, off, n, dtype, msg.mutable_chunk());
         ok = writer->Write(msg);
         msg.clear_header();
       }

@@ -12,6 +12,7 @@
 #include "common/io/safetensors.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "proto/tensor_chunk.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -319,16 +320,6 @@ TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {
 // bfloat16 on the wire: wrong sizes, unknown dtypes and NaNs are refused.
 TEST_F(ServiceTest, MalformedBfloat16PushesAreRefused) {
   StartJob();
-  auto bf16 = [](int64_t offset, const std::vector<float>& values) {
-    v1::TensorChunk c;
-    c.set_offset(offset);
-    c.set_count(static_cast<int64_t>(values.size()));
-    c.set_dtype(v1::BFLOAT16);
-    c.mutable_data()->resize(2 * values.size());
-    FloatToBfloat16(values.data(), c.mutable_data()->data(),
-                    static_cast<int64_t>(values.size()));
-    return c;
-  };
   // Wrong byte count for bfloat16 (float32-sized data), and an unknown dtype.
   std::vector<v1::PushRequest> bad = {Header(0)};
   *bad[0].mutable_chunk() = Chunk(0, std::vector<float>(kParams, 0.5f));
@@ -342,7 +333,8 @@ TEST_F(ServiceTest, MalformedBfloat16PushesAreRefused) {
   std::vector<float> nan(kParams, 0.5f);
   nan[3] = std::numeric_limits<float>::quiet_NaN();
   std::vector<v1::PushRequest> with_nan = {Header(0)};
-  *with_nan[0].mutable_chunk() = bf16(0, nan);
+  EncodeChunk(nan.data(), 0, kParams, v1::BFLOAT16,
+              with_nan[0].mutable_chunk());
   EXPECT_THAT(Push(with_nan), StatusIs(absl::StatusCode::kInvalidArgument,
                                        HasSubstr("non-finite")));
   EXPECT_EQ(Job().metrics().rejected_pushes(), 1);
@@ -356,13 +348,8 @@ TEST_F(ServiceTest, Bfloat16PushMovesTheWeightsLikeFloat32) {
   ASSERT_TRUE(w0.ok()) << w0.status();
   std::vector<v1::PushRequest> msgs = {Header(0)};
   std::vector<float> g(kParams, 0.5f);
-  v1::TensorChunk* c = msgs[0].mutable_chunk();
-  c->set_offset(0);
-  c->set_count(kParams);
-  c->set_dtype(v1::BFLOAT16);
-  c->mutable_data()->resize(2 * kParams);
-  FloatToBfloat16(g.data(), c->mutable_data()->data(), kParams);
-  EXPECT_EQ(c->data().size(), 2u * kParams);  // half the bytes
+  EncodeChunk(g.data(), 0, kParams, v1::BFLOAT16, msgs[0].mutable_chunk());
+  EXPECT_EQ(msgs[0].chunk().data().size(), 2u * kParams);  // half the bytes
   auto pushed = Push(msgs);
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_EQ(pushed->version(), 1);
@@ -384,8 +371,7 @@ TEST_F(ServiceTest, Bfloat16PushMovesTheWeightsLikeFloat32) {
   while (reader->Read(&resp)) {
     ASSERT_EQ(resp.chunk().dtype(), v1::BFLOAT16);
     ASSERT_EQ(resp.chunk().data().size(), 2u * resp.chunk().count());
-    Bfloat16ToFloat(resp.chunk().data().data(),
-                    got.data() + resp.chunk().offset(), resp.chunk().count());
+    DecodeChunk(resp.chunk(), got.data());
   }
   ASSERT_TRUE(reader->Finish().ok());
   for (int i = 0; i < kParams; ++i) {
