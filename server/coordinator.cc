@@ -513,14 +513,14 @@ absl::Status Coordinator::Restore() {
     const int64_t n = job.spec.layout.num_params;
     if (ck.has_shard()) {
       ShardState st;
-      st.version = ck.version();
-      st.total_steps = ck.total_steps();
-      st.steps_per_epoch = ck.steps_per_epoch();
-      st.samples = ck.samples();
-      st.rejected_pushes = ck.rejected_pushes();
-      st.loss = ck.loss();
-      st.accuracy = ck.accuracy();
-      st.train_seconds = ck.train_seconds();
+      st.metrics.version = ck.version();
+      st.metrics.total_steps = ck.total_steps();
+      st.metrics.steps_per_epoch = ck.steps_per_epoch();
+      st.metrics.samples = ck.samples();
+      st.metrics.rejected_pushes = ck.rejected_pushes();
+      st.metrics.loss = ck.loss();
+      st.metrics.accuracy = ck.accuracy();
+      st.metrics.train_seconds = ck.train_seconds();
       // A job that ended keeps only its final weights, whatever the moment
       // of the write was.
       st.retired = ck.retired() || Terminal(job.proto.state());
@@ -543,7 +543,7 @@ absl::Status Coordinator::Restore() {
       auto shard = ParameterShard::Restore(st, std::move(opt), options_.clock);
       if (!shard.ok()) return bad(shard.status().message());
       job.shard = std::shared_ptr<ParameterShard>(*std::move(shard));
-      job.saved_version = st.version;
+      job.saved_version = st.metrics.version;
     } else if (job.proto.state() == v1::RUNNING) {
       job.proto.set_state(v1::PENDING);  // started without weights: again
     }
@@ -609,16 +609,16 @@ absl::Status Coordinator::Checkpoint(bool force) {
     int64_t version = -1;
     if (d.shard != nullptr) {
       st = d.shard->Save();
-      version = st.version;
+      version = st.metrics.version;
       ck.set_has_shard(true);
-      ck.set_version(st.version);
-      ck.set_total_steps(st.total_steps);
-      ck.set_steps_per_epoch(st.steps_per_epoch);
-      ck.set_samples(st.samples);
-      ck.set_rejected_pushes(st.rejected_pushes);
-      ck.set_loss(st.loss);
-      ck.set_accuracy(st.accuracy);
-      ck.set_train_seconds(st.train_seconds);
+      ck.set_version(st.metrics.version);
+      ck.set_total_steps(st.metrics.total_steps);
+      ck.set_steps_per_epoch(st.metrics.steps_per_epoch);
+      ck.set_samples(st.metrics.samples);
+      ck.set_rejected_pushes(st.metrics.rejected_pushes);
+      ck.set_loss(st.metrics.loss);
+      ck.set_accuracy(st.metrics.accuracy);
+      ck.set_train_seconds(st.metrics.train_seconds);
       ck.set_retired(st.retired);
       ck.set_optimizer_step(st.optimizer.step);
       prefixes.push_back(

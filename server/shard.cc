@@ -40,24 +40,10 @@ ParameterShard::ParameterShard(std::vector<float> weights,
   mean_.assign(num_params_, 0.0f);
 }
 
-double ParameterShard::TrainSecondsLocked() const {
-  if (started_ == absl::InfinitePast()) return 0.0;
-  const absl::Time end =
-      finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
-  return absl::ToDoubleSeconds(end - started_);
-}
-
 ShardState ParameterShard::Save() const {
   absl::MutexLock lock(&mu_);
   ShardState s;
-  s.version = version_;
-  s.total_steps = total_steps_;
-  s.steps_per_epoch = steps_per_epoch_;
-  s.samples = samples_total_;
-  s.rejected_pushes = rejected_;
-  s.loss = last_loss_;
-  s.accuracy = last_accuracy_;
-  s.train_seconds = TrainSecondsLocked();
+  s.metrics = MetricsLocked();
   s.retired = retired_;
   s.weights = snapshot_;
   if (optimizer_ != nullptr) s.optimizer = optimizer_->SaveState();
@@ -82,18 +68,19 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
                                                 std::move(optimizer), clock);
   {
     absl::MutexLock lock(&shard->mu_);
-    shard->version_ = state.version;
-    shard->total_steps_ = state.total_steps;
-    shard->steps_per_epoch_ = state.steps_per_epoch;
-    shard->samples_total_ = state.samples;
-    shard->rejected_ = state.rejected_pushes;
-    shard->last_loss_ = state.loss;
-    shard->last_accuracy_ = state.accuracy;
-    if (state.total_steps > 0) {
+    const ShardMetrics& m = state.metrics;
+    shard->version_ = m.version;
+    shard->total_steps_ = m.total_steps;
+    shard->steps_per_epoch_ = m.steps_per_epoch;
+    shard->samples_total_ = m.samples;
+    shard->rejected_ = m.rejected_pushes;
+    shard->last_loss_ = m.loss;
+    shard->last_accuracy_ = m.accuracy;
+    if (m.total_steps > 0) {
       // Training time goes on from where it was.
       const absl::Time now = clock->Now();
-      shard->started_ = now - absl::Seconds(state.train_seconds);
-      if (state.version >= state.total_steps) shard->finished_ = now;
+      shard->started_ = now - absl::Seconds(m.train_seconds);
+      if (m.version >= m.total_steps) shard->finished_ = now;
     }
   }
   if (state.retired) shard->Retire();
@@ -352,6 +339,10 @@ std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
 
 ShardMetrics ParameterShard::Metrics() const {
   absl::MutexLock lock(&mu_);
+  return MetricsLocked();
+}
+
+ShardMetrics ParameterShard::MetricsLocked() const {
   ShardMetrics m;
   m.version = version_;
   m.total_steps = total_steps_;
@@ -361,7 +352,11 @@ ShardMetrics ParameterShard::Metrics() const {
   m.samples = samples_total_;
   m.rejected_pushes = rejected_;
   m.members = static_cast<int>(members_.size());
-  m.train_seconds = TrainSecondsLocked();
+  if (started_ != absl::InfinitePast()) {
+    const absl::Time end =
+        finished_ != absl::InfinitePast() ? finished_ : clock_->Now();
+    m.train_seconds = absl::ToDoubleSeconds(end - started_);
+  }
   if (closes_.size() >= 2) {
     const double dt =
         absl::ToDoubleSeconds(closes_.back().first - closes_.front().first);

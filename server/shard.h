@@ -55,18 +55,12 @@ struct ShardMetrics {
 };
 
 // What a checkpoint keeps of a shard: the weights of the last closed step
-// with the optimizer state that goes with them, the schedule and the
-// metrics. The open step's partial sum is not kept: after a restart that
-// step is computed again.
+// with the optimizer state that goes with them, and the metrics (version,
+// schedule, counters; members and samples_per_sec are not restored). The
+// open step's partial sum is not kept: after a restart that step is
+// computed again.
 struct ShardState {
-  int64_t version = 0;
-  int64_t total_steps = 0;
-  int64_t steps_per_epoch = 0;
-  int64_t samples = 0;
-  int64_t rejected_pushes = 0;
-  double loss = 0.0;
-  double accuracy = 0.0;
-  double train_seconds = 0.0;
+  ShardMetrics metrics;  // metrics.version: the version of `weights`
   bool retired = false;
   std::shared_ptr<const std::vector<float>> weights;  // of `version`
   OptimizerState optimizer;                           // empty once retired
@@ -168,8 +162,7 @@ class ParameterShard {
   // waiters into `ready` (run them after unlocking).
   void MaybeCloseLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(Ready& ready);
-  // First schedule (pull) to the last step's close, or to now.
-  double TrainSecondsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ShardMetrics MetricsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t num_params_;
   const Clock* clock_;  // borrowed

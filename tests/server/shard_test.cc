@@ -240,7 +240,7 @@ TEST(ShardStateTest, ARestoredShardContinuesLikeTheOriginal) {
   for (int t = 0; t < 3; ++t) step(*original, t, 0.5f + t);
   clock.Advance(absl::Seconds(4));
   const ShardState saved = original->Save();
-  EXPECT_EQ(saved.version, 3);
+  EXPECT_EQ(saved.metrics.version, 3);
   EXPECT_EQ(saved.optimizer.slots.size(), 1u);  // the momentum buffer
 
   auto restored =
