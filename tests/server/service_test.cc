@@ -114,14 +114,20 @@ class ServiceTest : public ::testing::Test {
     return msgs;
   }
 
-  absl::StatusOr<std::pair<int64_t, std::vector<float>>> Pull(
-      int64_t min_version, int64_t wait_ms = 2000) {
-    auto ctx = Ctx();
+  // A pull of the job's weights as this test's worker.
+  v1::PullRequest PullRequest(int64_t min_version) {
     v1::PullRequest req;
     req.set_job_id(job_);
     req.set_worker_id(worker_.worker_id());
     req.set_incarnation(worker_.incarnation());
     req.set_min_version(min_version);
+    return req;
+  }
+
+  absl::StatusOr<std::pair<int64_t, std::vector<float>>> Pull(
+      int64_t min_version, int64_t wait_ms = 2000) {
+    auto ctx = Ctx();
+    v1::PullRequest req = PullRequest(min_version);
     req.set_max_wait_ms(wait_ms);
     req.set_chunk_elements(3);
     auto r = params_->PullWeights(ctx.get(), req);
@@ -359,11 +365,7 @@ TEST_F(ServiceTest, Bfloat16PushMovesTheWeightsLikeFloat32) {
     EXPECT_FLOAT_EQ(w1->second[i], w0->second[i] - 0.5f);
   // The same weights pulled as bfloat16: each rounded, nothing else.
   grpc::ClientContext ctx;
-  v1::PullRequest req;
-  req.set_job_id(job_);
-  req.set_worker_id(worker_.worker_id());
-  req.set_incarnation(worker_.incarnation());
-  req.set_min_version(1);
+  v1::PullRequest req = PullRequest(1);
   req.set_dtype(v1::BFLOAT16);
   auto reader = params_->PullWeights(&ctx, req);
   v1::PullResponse resp;
@@ -398,11 +400,7 @@ TEST_F(ServiceTest, Bfloat16PushMovesTheWeightsLikeFloat32) {
 TEST_F(ServiceTest, CancelledPullsAndWatchesEndCleanly) {
   StartJob();
   grpc::ClientContext pull_ctx;
-  v1::PullRequest req;
-  req.set_job_id(job_);
-  req.set_worker_id(worker_.worker_id());
-  req.set_incarnation(worker_.incarnation());
-  req.set_min_version(1);
+  v1::PullRequest req = PullRequest(1);
   req.set_max_wait_ms(60000);
   auto pull = params_->PullWeights(&pull_ctx, req);
   grpc::ClientContext watch_ctx;
