@@ -20,7 +20,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+. bench/lib.sh  # median, ratio, iperf_gbps
 port=7391
 
 tally_run() {  # spec -> samples/s and test accuracy
@@ -66,5 +66,5 @@ for row in mlp mlp-bf16 cnn; do
   done
   t=$(median < "$tmp/t"); d=$(median < "$tmp/d")
   printf "%-9s %14.0f %14.0f %8.2f %10.4f %10.4f\n" "$row" "$t" "$d" \
-    "$(awk -v a="$t" -v b="$d" 'BEGIN {print a / b}')" "$tacc" "$dacc"
+    "$(ratio "$t" "$d")" "$tacc" "$dacc"
 done

@@ -14,7 +14,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 command -v iperf3 >/dev/null || { echo "needs iperf3 (deploy/install-deps.sh --with-torch)" >&2; exit 1; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+. bench/lib.sh  # median, ratio, iperf_gbps
 : > "$tmp/t"; : > "$tmp/c"; : > "$tmp/i"
 # One push+pull run against a fresh server; extra flags go to the server.
 pushpull() {  # port outfile [server flags]
@@ -35,7 +35,7 @@ for ((r = 0; r < repeats; r++)); do
   pids=($!)
   sleep 0.5
   iperf3 -c 127.0.0.1 -p $((5301 + r)) -t 3 -J > "$tmp/i.json"
-  python3 -c "import json; print(json.load(open('$tmp/i.json'))['end']['sum_received']['bits_per_second'] / 8e9)" >> "$tmp/i"
+  iperf_gbps "$tmp/i.json" >> "$tmp/i"
   wait 2>/dev/null || true
 done
 t=$(median < "$tmp/t"); c=$(median < "$tmp/c"); i=$(median < "$tmp/i")
@@ -43,4 +43,4 @@ printf "%-52s %8s\n" "path" "GB/s"
 printf "%-52s %8.3f\n" "Tally push+pull, 67 MB model, loopback" "$t"
 printf "%-52s %8.3f\n" "  the same, checkpointed after every step" "$c"
 printf "%-52s %8.3f\n" "iperf3 one TCP stream, loopback" "$i"
-printf "%-52s %8.2f\n" "ratio (Tally / iperf3)" "$(awk -v a="$t" -v b="$i" 'BEGIN {print a / b}')"
+printf "%-52s %8.2f\n" "ratio (Tally / iperf3)" "$(ratio "$t" "$i")"

@@ -24,7 +24,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+. bench/lib.sh  # median, ratio, iperf_gbps
 field() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 
 printf "%-6s %-8s %12s %12s %12s %8s %10s %10s\n" model devices tally_sps torch_1t_sps torch_nt_sps ratio_1t tally_acc torch_acc
@@ -47,6 +47,6 @@ for model in mlp cnn; do
     p=$(median < "$tmp/p")
     if [[ $devices == cpu:1 ]]; then base_p=$p; fi
     printf "%-6s %-8s %12.0f %12.0f %12.0f %8.2f %10.4f %10.4f\n" "$model" "$devices" "$t" "$base_p" "$p" \
-      "$(awk -v a="$t" -v b="$base_p" 'BEGIN {print a / b}')" "$tacc" "$pacc"
+      "$(ratio "$t" "$base_p")" "$tacc" "$pacc"
   done
 done

@@ -28,7 +28,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+. bench/lib.sh  # median, ratio, iperf_gbps
 
 for h in "${hosts[@]}"; do ip netns add "$h"; done
 ip link add "vs-$tag" type veth peer name "vc-$tag"
@@ -68,7 +68,7 @@ for ((r = 0; r < repeats; r++)); do
   pids=($!)
   sleep 0.5
   in_cli iperf3 -c "${addrs[0]}" -p 5301 -t 3 -J > "$tmp/i.json"
-  python3 -c "import json; print(json.load(open('$tmp/i.json'))['end']['sum_received']['bits_per_second'] / 8e9)" >> "$tmp/iperf"
+  iperf_gbps "$tmp/i.json" >> "$tmp/iperf"
   wait 2> /dev/null || true
 done
 f32=$(median < "$tmp/f32"); bf16=$(median < "$tmp/bf16"); link=$(median < "$tmp/iperf")
@@ -76,4 +76,4 @@ printf "%-44s %8s\n" "path (link held to $rate)" "GB/s"
 printf "%-44s %8.3f\n" "Tally push+pull, float32 on the wire" "$f32"
 printf "%-44s %8.3f\n" "Tally push+pull, bfloat16 on the wire" "$bf16"
 printf "%-44s %8.3f\n" "iperf3 one TCP stream, same link" "$link"
-printf "%-44s %8.2f\n" "bfloat16 / float32" "$(awk -v a="$bf16" -v b="$f32" 'BEGIN {print a / b}')"
+printf "%-44s %8.2f\n" "bfloat16 / float32" "$(ratio "$bf16" "$f32")"
