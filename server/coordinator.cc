@@ -447,6 +447,70 @@ Coordinator::~Coordinator() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
 }
 
+absl::StatusOr<Coordinator::JobEntry> Coordinator::LoadJob(
+    const std::string& path) const {
+  auto bad = [&path](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": ", why,
+                     " (move the file away to start without that job)"));
+  };
+  auto bytes = ReadFile(path);
+  if (!bytes.ok()) return bad(bytes.status().message());
+  v1::JobCheckpoint ck;
+  if (!ck.ParseFromString(*bytes)) return bad("not a job checkpoint");
+  if (ck.format() != kCheckpointFormat) {
+    return bad(absl::StrCat("format ", ck.format(), ", this server reads ",
+                            kCheckpointFormat));
+  }
+  auto spec = ParseJobSpec(ck.job().spec());
+  if (!spec.ok()) return bad(spec.status().message());
+  JobEntry job;
+  job.proto = ck.job();
+  job.spec = *std::move(spec);
+  job.slots.assign(job.spec.training.workers, "");
+  const int64_t n = job.spec.layout.num_params;
+  if (ck.has_shard()) {
+    ShardState st;
+    st.metrics.version = ck.version();
+    st.metrics.total_steps = ck.total_steps();
+    st.metrics.steps_per_epoch = ck.steps_per_epoch();
+    st.metrics.samples = ck.samples();
+    st.metrics.rejected_pushes = ck.rejected_pushes();
+    st.metrics.loss = ck.loss();
+    st.metrics.accuracy = ck.accuracy();
+    st.metrics.train_seconds = ck.train_seconds();
+    // A job that ended keeps only its final weights, whatever the moment
+    // of the write was.
+    st.retired = ck.retired() || Terminal(job.proto.state());
+    auto weights = std::make_shared<std::vector<float>>();
+    if (!BytesToFloats(ck.weights(), n, weights.get()))
+      return bad("the weights do not match the model's size");
+    st.weights = std::move(weights);
+    st.optimizer.step = ck.optimizer_step();
+    for (const std::string& slot : ck.optimizer_slots()) {
+      st.optimizer.slots.emplace_back();
+      if (!BytesToFloats(slot, n, &st.optimizer.slots.back()))
+        return bad("the optimizer state does not match the model's size");
+    }
+    std::unique_ptr<Optimizer> opt;
+    if (!st.retired) {
+      auto created = Optimizer::Create(job.spec.optimizer, n);
+      if (!created.ok()) return bad(created.status().message());
+      opt = *std::move(created);
+    }
+    auto shard = ParameterShard::Restore(st, std::move(opt), options_.clock);
+    if (!shard.ok()) return bad(shard.status().message());
+    job.shard = std::shared_ptr<ParameterShard>(*std::move(shard));
+    job.saved_version = st.metrics.version;
+  } else if (job.proto.state() == v1::RUNNING) {
+    job.proto.set_state(v1::PENDING);  // started without weights: again
+  }
+  job.saved_state = job.proto.state();
+  job.saved_at = Now();
+  if (job.proto.id().empty()) return bad("the job has no id");
+  return job;
+}
+
 absl::Status Coordinator::Restore() {
   if (options_.state_dir.empty()) return absl::OkStatus();
   namespace fs = std::filesystem;
@@ -491,66 +555,12 @@ absl::Status Coordinator::Restore() {
   // Everything is read and checked before anything is installed.
   std::map<std::string, JobEntry> restored;
   for (const std::string& path : files) {
-    auto bad = [&path](absl::string_view why) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", path, ": ", why,
-                       " (move the file away to start without that job)"));
-    };
-    auto bytes = ReadFile(path);
-    if (!bytes.ok()) return bad(bytes.status().message());
-    v1::JobCheckpoint ck;
-    if (!ck.ParseFromString(*bytes)) return bad("not a job checkpoint");
-    if (ck.format() != kCheckpointFormat) {
-      return bad(absl::StrCat("format ", ck.format(), ", this server reads ",
-                              kCheckpointFormat));
-    }
-    auto spec = ParseJobSpec(ck.job().spec());
-    if (!spec.ok()) return bad(spec.status().message());
-    JobEntry job;
-    job.proto = ck.job();
-    job.spec = *std::move(spec);
-    job.slots.assign(job.spec.training.workers, "");
-    const int64_t n = job.spec.layout.num_params;
-    if (ck.has_shard()) {
-      ShardState st;
-      st.metrics.version = ck.version();
-      st.metrics.total_steps = ck.total_steps();
-      st.metrics.steps_per_epoch = ck.steps_per_epoch();
-      st.metrics.samples = ck.samples();
-      st.metrics.rejected_pushes = ck.rejected_pushes();
-      st.metrics.loss = ck.loss();
-      st.metrics.accuracy = ck.accuracy();
-      st.metrics.train_seconds = ck.train_seconds();
-      // A job that ended keeps only its final weights, whatever the moment
-      // of the write was.
-      st.retired = ck.retired() || Terminal(job.proto.state());
-      auto weights = std::make_shared<std::vector<float>>();
-      if (!BytesToFloats(ck.weights(), n, weights.get()))
-        return bad("the weights do not match the model's size");
-      st.weights = std::move(weights);
-      st.optimizer.step = ck.optimizer_step();
-      for (const std::string& slot : ck.optimizer_slots()) {
-        st.optimizer.slots.emplace_back();
-        if (!BytesToFloats(slot, n, &st.optimizer.slots.back()))
-          return bad("the optimizer state does not match the model's size");
-      }
-      std::unique_ptr<Optimizer> opt;
-      if (!st.retired) {
-        auto created = Optimizer::Create(job.spec.optimizer, n);
-        if (!created.ok()) return bad(created.status().message());
-        opt = *std::move(created);
-      }
-      auto shard = ParameterShard::Restore(st, std::move(opt), options_.clock);
-      if (!shard.ok()) return bad(shard.status().message());
-      job.shard = std::shared_ptr<ParameterShard>(*std::move(shard));
-      job.saved_version = st.metrics.version;
-    } else if (job.proto.state() == v1::RUNNING) {
-      job.proto.set_state(v1::PENDING);  // started without weights: again
-    }
-    job.saved_state = job.proto.state();
-    job.saved_at = Now();
+    TALLY_ASSIGN_OR_RETURN(JobEntry job, LoadJob(path));
     const std::string id = job.proto.id();
-    if (id.empty() || restored.count(id)) return bad("missing or repeated id");
+    if (restored.count(id)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path, ": job ", id,
+                                              " is in another file too"));
+    }
     restored.emplace(id, std::move(job));
   }
   absl::MutexLock lock(&mu_);

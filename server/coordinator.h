@@ -125,6 +125,8 @@ class Coordinator {
   absl::StatusOr<const JobEntry*> StartedJobLocked(
       const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One checkpoint file as a job, checked; kDataLoss naming the file.
+  absl::StatusOr<JobEntry> LoadJob(const std::string& path) const;
   void AssignLocked(JobEntry& job, int rank, const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(JobEntry& job, v1::JobState state,
