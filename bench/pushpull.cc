@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/malloc_tuning.h"
 #include "proto/tally.grpc.pb.h"
+#include "proto/transport.h"
 #include "proto/tensor_chunk.h"
 
 ABSL_FLAG(std::string, server, "localhost:7070", "tally-server");
@@ -49,12 +50,7 @@ void Check(const grpc::Status& s, const char* what) {
 int main(int argc, char** argv) {
   tally::TuneMallocForBulkTransfers();
   absl::ParseCommandLine(argc, argv);
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(8 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
-  auto ch = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server),
-                                      grpc::InsecureChannelCredentials(), args);
+  auto ch = tally::Dial(absl::GetFlag(FLAGS_server));
   auto jobs = v1::JobService::NewStub(ch);
   auto workers = v1::WorkerService::NewStub(ch);
   auto params = v1::ParameterService::NewStub(ch);
@@ -71,7 +67,7 @@ int main(int argc, char** argv) {
       "name: pushpull\nmodel: {layers: [{linear: {in_features: ", in,
       ", out_features: ", out,
       "}}]}\ndataset: {name: synthetic, features: ", in, ", classes: ", out,
-      ", train_size: 1, test_size: 0}\ntraining: {workers: 1, max_steps: ",
+      ", train_size: 1, test_size: 0}\ntraining: {workers: 1, epochs: ",
       steps + 1, "}\noptimizer: {type: sgd, lr: 0.0}\n"));
   v1::SubmitJobResponse job;
   Check(jobs->SubmitJob(Ctx().get(), sub, &job), "submit");

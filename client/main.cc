@@ -28,6 +28,7 @@
 #include "common/io/safetensors.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/tally.grpc.pb.h"
+#include "proto/transport.h"
 
 ABSL_FLAG(std::string, server, "localhost:7070",
           "tally-server address HOST:PORT");
@@ -216,8 +217,7 @@ int main(int argc, char** argv) {
     }
     return true;
   };
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
-                                     grpc::InsecureChannelCredentials());
+  auto channel = tally::Dial(absl::GetFlag(FLAGS_server));
   auto stub = tally::v1::JobService::NewStub(channel);
   if (cmd == "submit") return need(3) ? Submit(*stub, args[2]) : 2;
   if (cmd == "watch") return need(3) ? Watch(*stub, args[2]) : 2;

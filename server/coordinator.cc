@@ -18,6 +18,7 @@
 #include "common/nn/layer_config.h"
 #include "common/status_macros.h"
 #include "proto/checkpoint.pb.h"
+#include "proto/errors.h"
 
 namespace tally {
 
@@ -93,6 +94,8 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
     const std::string id = absl::StrCat("job-", next_job_++);
     JobEntry& job = jobs_[id];
     job.spec = std::move(spec);
+    job.schedule = MakeSchedule(job.spec, TrainSize(job.spec.dataset),
+                                static_cast<int>(job.spec.training.workers));
     job.proto.set_id(id);
     job.proto.set_name(job.spec.name);
     job.proto.set_state(v1::PENDING);
@@ -112,7 +115,8 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
 
 v1::Job Coordinator::Render(const JobEntry& job) const {
   v1::Job j = job.proto;
-  j.mutable_metrics();  // present, zeros included, before the job starts too
+  // Present, zeros included, before the job starts too.
+  j.mutable_metrics()->set_total_steps(job.schedule.total_steps);
   if (job.shard != nullptr) {
     const ShardMetrics m = job.shard->Metrics();
     v1::JobMetrics* out = j.mutable_metrics();
@@ -161,9 +165,10 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
       return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
     }
     if (Terminal(it->second.proto.state())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(job_id, " already ended (",
-                       v1::JobState_Name(it->second.proto.state()), ")"));
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            job_id, " already ended (",
+                            v1::JobState_Name(it->second.proto.state()), ")")),
+                        v1::JOB_ENDED);
     }
     FinishLocked(it->second, v1::CANCELLED, "cancelled by a client", &notes);
     ScheduleLocked(&notes);
@@ -224,15 +229,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     absl::MutexLock lock(&mu_);
     auto it = workers_.find(req.worker_id());
     if (it == workers_.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "unknown worker '", req.worker_id(),
-          "' (lease expired or server restarted): register again"));
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            "unknown worker '", req.worker_id(),
+                            "' (lease expired or server restarted): register "
+                            "again")),
+                        v1::REGISTER_AGAIN);
     }
     WorkerEntry& w = it->second;
     if (w.incarnation != req.incarnation()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("stale incarnation ", req.incarnation(), " of ",
-                       req.worker_id(), ": register again"));
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            "stale incarnation ", req.incarnation(), " of ",
+                            req.worker_id(), ": register again")),
+                        v1::REGISTER_AGAIN);
     }
     w.lease_expiry = Now() + options_.lease_timeout;
     ScheduleLocked(&notes);
@@ -243,6 +251,16 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       a->set_spec(job.proto.spec());
       a->set_rank(w.rank);
       a->set_world(static_cast<int32_t>(job.slots.size()));
+      v1::Schedule* sched = a->mutable_schedule();
+      sched->set_train_size(job.schedule.train_size);
+      sched->set_steps_per_epoch(job.schedule.steps_per_epoch);
+      sched->set_total_steps(job.schedule.total_steps);
+      // This server holds the whole vector.
+      v1::ShardMap* map = a->mutable_shard_map();
+      map->set_version(1);
+      v1::ShardMap::Entry* e = map->add_shards();
+      e->set_offset(0);
+      e->set_count(job.spec.layout.num_params);
     }
   }
   for (auto& n : notes) n();
@@ -254,12 +272,15 @@ absl::Status Coordinator::CheckWorker(const std::string& worker_id,
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("unknown worker '", worker_id, "': register again"));
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "unknown worker '", worker_id, "': register again")),
+                      v1::REGISTER_AGAIN);
   }
   if (it->second.incarnation != incarnation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stale incarnation ", incarnation, " of ", worker_id));
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "stale incarnation ", incarnation, " of ", worker_id,
+                          ": register again")),
+                      v1::REGISTER_AGAIN);
   }
   return absl::OkStatus();
 }
@@ -270,8 +291,10 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     absl::MutexLock lock(&mu_);
     auto wit = workers_.find(req.worker_id());
     if (wit == workers_.end() || wit->second.incarnation != req.incarnation()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("unknown or stale worker '", req.worker_id(), "'"));
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            "unknown or stale worker '", req.worker_id(),
+                            "': register again")),
+                        v1::REGISTER_AGAIN);
     }
     auto jit = jobs_.find(req.job_id());
     if (jit == jobs_.end()) {
@@ -281,21 +304,40 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     // Another worker's report may have ended the job already.
     if (Terminal(job.proto.state())) return absl::OkStatus();
     if (wit->second.job_id != req.job_id()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(req.worker_id(), " is not assigned to ", req.job_id()));
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              req.worker_id(), " is not assigned to ", req.job_id())),
+          v1::NOT_A_MEMBER);
     }
-    if (!req.ok()) {
-      FinishLocked(job, v1::FAILED,
-                   absl::StrCat(req.worker_id(), " (", wit->second.name,
-                                "): ", req.message()),
+    const std::string who =
+        absl::StrCat(req.worker_id(), " (", wit->second.name, ")");
+    if (!req.ok() && req.reason() == v1::SCHEDULE_MISMATCH) {
+      // This worker cannot train the job; others can. The job goes on
+      // without it and says why.
+      job.barred.insert(req.worker_id());
+      const std::string note =
+          absl::StrCat(who, " cannot train this job: ", req.message());
+      job.proto.set_message(job.proto.message().empty()
+                                ? note
+                                : absl::StrCat(job.proto.message(), "; ", note));
+      VacateLocked(job, req.worker_id(), &notes);
+    } else if (!req.ok()) {
+      FinishLocked(job, v1::FAILED, absl::StrCat(who, ": ", req.message()),
                    &notes);
     } else {
+      if (req.steps() != job.schedule.total_steps) {
+        return WithReason(
+            absl::FailedPreconditionError(absl::StrCat(
+                "a result must evaluate the final weights (version ",
+                job.schedule.total_steps, "), not version ", req.steps())),
+            v1::NOT_FINISHED, job.schedule.total_steps);
+      }
       const ShardMetrics m = job.shard->Metrics();
-      if (m.total_steps == 0 || m.version < m.total_steps ||
-          req.steps() != m.total_steps) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "a result must evaluate the final weights (version ", m.total_steps,
-            "); got version ", req.steps(), " at step ", m.version));
+      if (m.version < job.schedule.total_steps) {
+        return WithReason(absl::UnavailableError(absl::StrCat(
+                              "the weights are at version ", m.version, " of ",
+                              job.schedule.total_steps, ": not final yet")),
+                          v1::NOT_FINISHED, m.version);
       }
       job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
       job.proto.mutable_metrics()->set_test_loss(req.test_loss());
@@ -314,8 +356,9 @@ absl::StatusOr<const Coordinator::JobEntry*> Coordinator::StartedJobLocked(
     return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   }
   if (it->second.shard == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(job_id, " has not started: it has no weights yet"));
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          job_id, " has not started: it has no weights yet")),
+                      v1::JOB_NOT_STARTED);
   }
   return &it->second;
 }
@@ -363,22 +406,37 @@ void Coordinator::ScheduleLocked(Notes* notes) {
   for (const auto& [id, w] : workers_) {
     if (w.job_id.empty()) idle.push_back(id);
   }
+  // The idle workers a job may take (those it has not barred), newest
+  // registration last.
+  auto eligible = [&idle](const JobEntry& job) {
+    std::vector<std::string> out;
+    for (const std::string& id : idle) {
+      if (!job.barred.count(id)) out.push_back(id);
+    }
+    return out;
+  };
+  auto take = [&idle](const std::string& id) {
+    idle.erase(std::find(idle.begin(), idle.end(), id));
+  };
   // Refill vacated slots of running jobs first, then start pending jobs in
   // submission order once all their slots can be filled.
   for (const std::string& jid : job_order_) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::RUNNING) continue;
-    for (size_t r = 0; r < job.slots.size() && !idle.empty(); ++r) {
+    std::vector<std::string> free = eligible(job);
+    for (size_t r = 0; r < job.slots.size() && !free.empty(); ++r) {
       if (!job.slots[r].empty()) continue;
-      AssignLocked(job, static_cast<int>(r), idle.back());
-      idle.pop_back();
+      AssignLocked(job, static_cast<int>(r), free.back());
+      take(free.back());
+      free.pop_back();
       NotifyLocked(jid, notes);
     }
   }
   for (const std::string& jid : job_order_) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::PENDING) continue;
-    if (idle.size() < job.slots.size()) break;  // first come, first served
+    std::vector<std::string> free = eligible(job);
+    if (free.size() < job.slots.size()) break;  // first come, first served
     std::vector<float> init =
         InitParams(job.spec.layers, job.spec.layout, job.spec.training.seed);
     auto opt =
@@ -389,9 +447,14 @@ void Coordinator::ScheduleLocked(Notes* notes) {
     }
     job.shard = std::make_shared<ParameterShard>(
         std::move(init), *std::move(opt), options_.clock);
+    // Valid by construction (MakeSchedule gives positive counts).
+    job.shard
+        ->SetSchedule(job.schedule.total_steps, job.schedule.steps_per_epoch)
+        .IgnoreError();
     for (size_t r = 0; r < job.slots.size(); ++r) {
-      AssignLocked(job, static_cast<int>(r), idle.back());
-      idle.pop_back();
+      AssignLocked(job, static_cast<int>(r), free.back());
+      take(free.back());
+      free.pop_back();
     }
     job.proto.set_state(v1::RUNNING);
     NotifyLocked(jid, notes);
@@ -401,7 +464,8 @@ void Coordinator::ScheduleLocked(Notes* notes) {
 void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
                                const std::string& message, Notes* notes) {
   job.proto.set_state(state);
-  job.proto.set_message(message);
+  // A success keeps the notes gathered on the way (workers taken off).
+  if (!message.empty() || state != v1::SUCCEEDED) job.proto.set_message(message);
   job.proto.set_finished_unix(UnixSeconds(Now()));
   for (std::string& wid : job.slots) {
     if (wid.empty()) continue;
@@ -423,24 +487,30 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
   NotifyLocked(job.proto.id(), notes);
 }
 
-void Coordinator::DropWorkerLocked(const std::string& worker_id, Notes* notes) {
+void Coordinator::VacateLocked(JobEntry& job, const std::string& worker_id,
+                               Notes* notes) {
+  for (std::string& slot : job.slots) {
+    if (slot == worker_id) slot.clear();
+  }
   auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return;
-  const std::string job_id = it->second.job_id;
-  const int rank = it->second.rank;
-  workers_.erase(it);
-  if (job_id.empty()) return;
-  JobEntry& job = jobs_.at(job_id);
-  if (rank >= 0 && rank < static_cast<int>(job.slots.size()) &&
-      job.slots[rank] == worker_id) {
-    job.slots[rank].clear();
+  if (it != workers_.end() && it->second.job_id == job.proto.id()) {
+    it->second.job_id.clear();
+    it->second.rank = -1;
   }
   if (job.shard != nullptr) {
     std::shared_ptr<ParameterShard> shard = job.shard;
     // Removing a member may close the open step: do it outside our lock.
     notes->push_back([shard, worker_id] { shard->RemoveMember(worker_id); });
   }
-  NotifyLocked(job_id, notes);
+  NotifyLocked(job.proto.id(), notes);
+}
+
+void Coordinator::DropWorkerLocked(const std::string& worker_id, Notes* notes) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  const std::string job_id = it->second.job_id;
+  if (!job_id.empty()) VacateLocked(jobs_.at(job_id), worker_id, notes);
+  workers_.erase(worker_id);
 }
 
 Coordinator::~Coordinator() {
@@ -467,6 +537,8 @@ absl::StatusOr<Coordinator::JobEntry> Coordinator::LoadJob(
   JobEntry job;
   job.proto = ck.job();
   job.spec = *std::move(spec);
+  job.schedule = MakeSchedule(job.spec, TrainSize(job.spec.dataset),
+                              static_cast<int>(job.spec.training.workers));
   job.slots.assign(job.spec.training.workers, "");
   const int64_t n = job.spec.layout.num_params;
   if (ck.has_shard()) {
@@ -501,6 +573,16 @@ absl::StatusOr<Coordinator::JobEntry> Coordinator::LoadJob(
     auto shard = ParameterShard::Restore(st, std::move(opt), options_.clock);
     if (!shard.ok()) return bad(shard.status().message());
     job.shard = std::shared_ptr<ParameterShard>(*std::move(shard));
+    // A job kept before schedules were fixed at submission took its
+    // schedule from a worker: that one stands.
+    if (st.metrics.total_steps > 0) {
+      job.schedule.total_steps = st.metrics.total_steps;
+      job.schedule.steps_per_epoch = st.metrics.steps_per_epoch;
+    } else {
+      job.shard
+          ->SetSchedule(job.schedule.total_steps, job.schedule.steps_per_epoch)
+          .IgnoreError();
+    }
     job.saved_version = st.metrics.version;
   } else if (job.proto.state() == v1::RUNNING) {
     job.proto.set_state(v1::PENDING);  // started without weights: again

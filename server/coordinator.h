@@ -2,12 +2,18 @@
 // registration and leases, assignment of workers to jobs, and one
 // ParameterShard per running job.
 //
-// Lifecycle: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED. A job
-// starts when `training.workers` workers are idle (jobs start in submission
-// order); a slot vacated by a worker whose lease expired is refilled by the
-// next idle worker, which rejoins at the next step. Training ends when the
-// weights reach the schedule's last version; the job succeeds once a worker
-// has reported the test accuracy of the final weights.
+// Lifecycle: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED. The
+// job's schedule (steps per epoch, total steps) is fixed at submission from
+// the spec; workers follow it and one whose dataset disagrees is taken off
+// the job (never the job's schedule changed). A job starts when
+// `training.workers` workers are idle (jobs start in submission order); a
+// slot vacated by a worker whose lease expired is refilled by the next idle
+// worker, which rejoins at the next step. Training ends when the weights
+// reach the schedule's last version; the job succeeds once a worker has
+// reported the test accuracy of the final weights.
+//
+// Errors carry an ErrorReason (proto/errors.h) wherever a caller must tell
+// situations apart; proto/tally.proto lists them per RPC.
 //
 // Persistence (options.state_dir): every job is kept in <state_dir>/<job
 // id>.ckpt, written atomically when its state changes and, while it trains,
@@ -21,6 +27,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,8 +109,12 @@ class Coordinator {
   struct JobEntry {
     v1::Job proto;
     JobSpec spec;
+    Schedule schedule;  // fixed at submission, from the spec alone
     std::shared_ptr<ParameterShard> shard;
     std::vector<std::string> slots;  // worker id per rank; "" = vacant
+    // Workers that said they cannot train this job (another dataset): they
+    // are never given it again.
+    std::set<std::string> barred;
     int64_t notified_version = -1;
     // What the last checkpoint holds: state, shard version, and when.
     v1::JobState saved_state = v1::JOB_STATE_UNSPECIFIED;
@@ -133,6 +144,10 @@ class Coordinator {
                     const std::string& message, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropWorkerLocked(const std::string& worker_id, Notes* notes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a worker off its job's slot (the shard forgets it outside the
+  // lock, through `notes`); the worker stays registered and idle.
+  void VacateLocked(JobEntry& job, const std::string& worker_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLocked(const std::string& job_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -11,9 +11,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "proto/errors.h"
 #include "proto/tensor_chunk.h"
+#include "proto/transport.h"
 #include "server/internal/finite.h"
 
 namespace tally {
@@ -118,8 +119,9 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
         return s;
       if (!std::isfinite(meta_.loss_sum)) {
         shard_->Reject(meta_);
-        return absl::InvalidArgumentError(
-            "non-finite loss_sum; push rejected and counted");
+        return WithReason(absl::InvalidArgumentError(
+                              "non-finite loss_sum; push rejected and counted"),
+                          v1::NON_FINITE);
       }
       if (duplicate) {
         // Already counted: acknowledge without reading the rest.
@@ -150,9 +152,11 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
             : internal::CopyAndFindNonFinite(dst, c.data().data(), c.count());
     if (bad >= 0) {
       shard_->Reject(meta_);
-      return absl::InvalidArgumentError(
-          absl::StrCat("non-finite gradient value (", dst[bad], ") at element ",
-                       c.offset() + bad, "; push rejected and counted"));
+      return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                            "non-finite gradient value (", dst[bad],
+                            ") at element ", c.offset() + bad,
+                            "; push rejected and counted")),
+                        v1::NON_FINITE);
     }
     coverage_.Add(c.offset(), c.offset() + c.count());
     return absl::OkStatus();
@@ -286,6 +290,9 @@ class PullReactor final
     if (s.ok()) s = DTypeWidth(req->dtype()).status();
     dtype_ = req->dtype();
     if (s.ok()) s = coord->CheckWorker(req->worker_id(), req->incarnation());
+    // Only the job's members read its weights on the data path (clients
+    // fetch them through JobService).
+    if (s.ok()) s = (*shard)->CheckMember(req->worker_id(), req->incarnation());
     if (s.ok() && req->total_steps() > 0) {
       s = (*shard)->SetSchedule(req->total_steps(), req->steps_per_epoch());
     }
@@ -538,27 +545,10 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   s->params_ = std::make_unique<ParameterServiceImpl>(s->coordinator_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &s->port_);
+  ConfigureServer(address, &builder, &s->port_);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->workers_.get());
   builder.RegisterService(s->params_.get());
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  // gRPC lets servers share a port (SO_REUSEPORT) by default: a second
-  // tally-server on a busy port would start and silently take half of the
-  // connections. Refuse instead, so it fails with "cannot listen".
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Weights and gradients are megabytes per step: large HTTP/2 frames and a
-  // large flow-control window keep the link busy (the defaults, 16 KiB frames
-  // and a 64 KiB initial window, cap loopback at a fraction of TCP's speed).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
-                             kHttp2WindowBytes);
-  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, kTcpReadChunkBytes);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE,
-                             kTcpReadChunkBytes);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE,
-                             kHttp2FrameBytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(

@@ -20,14 +20,6 @@ class Server;
 
 namespace tally {
 
-// Largest message a server accepts; a push chunk is at most 1 MiB of data.
-inline constexpr int kMaxMessageBytes = 4 * 1024 * 1024;
-inline constexpr int64_t kDefaultChunkElements = 262144;  // 1 MiB
-// HTTP/2 tuning shared by servers and workers for bulk tensor traffic.
-inline constexpr int kHttp2FrameBytes = 4 * 1024 * 1024;
-inline constexpr int kHttp2WindowBytes = 16 * 1024 * 1024;
-inline constexpr int kTcpReadChunkBytes = 1024 * 1024;
-
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   explicit JobServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/vectorize.h"
+#include "proto/errors.h"
 
 namespace tally {
 
@@ -126,14 +127,45 @@ absl::Status ParameterShard::SetSchedule(int64_t total_steps,
   if (total_steps_ == 0) {
     total_steps_ = total_steps;
     steps_per_epoch_ = steps_per_epoch;
-    started_ = clock_->Now();
     return absl::OkStatus();
   }
   if (total_steps_ != total_steps || steps_per_epoch_ != steps_per_epoch) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this worker's schedule (", total_steps, " steps, ", steps_per_epoch,
-        " per epoch) differs from the job's (", total_steps_, ", ",
-        steps_per_epoch_, "): do the workers see different datasets?"));
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "this worker's schedule (", total_steps, " steps, ",
+            steps_per_epoch, " per epoch) differs from the job's (",
+            total_steps_, ", ", steps_per_epoch_,
+            "): does this worker see another dataset?")),
+        v1::SCHEDULE_MISMATCH);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckMember(const std::string& worker_id,
+                                         int64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  return CheckMemberLocked(worker_id, incarnation);
+}
+
+absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
+                                               int64_t incarnation) const {
+  if (retired_) {
+    return WithReason(absl::FailedPreconditionError("the job has ended"),
+                      v1::JOB_ENDED);
+  }
+  auto it = members_.find(worker_id);
+  if (it == members_.end()) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "worker ", worker_id,
+                          " is not a member of this job (lease lost?)")),
+                      v1::NOT_A_MEMBER);
+  }
+  if (it->second.incarnation != incarnation) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "stale incarnation ", incarnation, " of worker ", worker_id,
+            " (current ", it->second.incarnation, ")")),
+        v1::REGISTER_AGAIN);
   }
   return absl::OkStatus();
 }
@@ -141,38 +173,33 @@ absl::Status ParameterShard::SetSchedule(int64_t total_steps,
 absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
                                              bool* duplicate) const {
   *duplicate = false;
-  if (retired_) return absl::FailedPreconditionError("the job has ended");
-  auto it = members_.find(meta.worker_id);
-  if (it == members_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", meta.worker_id,
-                     " is not a member of this job (lease lost?)"));
+  if (absl::Status s = CheckMemberLocked(meta.worker_id, meta.incarnation);
+      !s.ok()) {
+    return s;
   }
-  const Member& m = it->second;
-  if (m.incarnation != meta.incarnation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stale incarnation ", meta.incarnation, " of worker ",
-                     meta.worker_id, " (current ", m.incarnation, ")"));
-  }
+  const Member& m = members_.at(meta.worker_id);
   if (meta.samples < 0) {
     return absl::InvalidArgumentError("samples must not be negative");
   }
-  if (total_steps_ > 0 && version_ >= total_steps_) {
-    return absl::OutOfRangeError(absl::StrCat("training finished at step ",
-                                              total_steps_, "; push ignored"));
+  if (meta.step < version_ && m.pushed_step >= meta.step) {
+    *duplicate = true;
+    return absl::OkStatus();
   }
-  if (meta.step < version_) {
-    if (m.pushed_step >= meta.step) {
-      *duplicate = true;
-      return absl::OkStatus();
-    }
-    return absl::AbortedError(absl::StrCat("step ", meta.step,
-                                           " already closed; current step is ",
-                                           version_, ": pull and go on"));
+  // A step that closed without this push, or one that will never open (the
+  // training is over): either way, the next thing to do is to pull.
+  if (meta.step < version_ || (total_steps_ > 0 && version_ >= total_steps_)) {
+    return WithReason(
+        absl::AbortedError(absl::StrCat("step ", meta.step,
+                                        " is closed; the weights are at "
+                                        "version ",
+                                        version_, ": pull and go on")),
+        v1::STEP_CLOSED, version_);
   }
   if (meta.step > version_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", meta.step, " is not open yet (current step ", version_, ")"));
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "step ", meta.step, " is not open yet (open: ",
+                          version_, ")")),
+                      v1::STEP_NOT_OPEN, version_);
   }
   if (meta.base_version != meta.step) {
     return absl::InvalidArgumentError(
@@ -181,9 +208,11 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
                      meta.base_version));
   }
   if (m.join_step > version_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", meta.worker_id, " joins at step ", m.join_step,
-                     "; pull that version first"));
+    return WithReason(
+        absl::FailedPreconditionError(
+            absl::StrCat("worker ", meta.worker_id, " joins at step ",
+                         m.join_step, "; pull that version first")),
+        v1::JOIN_LATER, m.join_step);
   }
   if (m.pushed_step >= meta.step) *duplicate = true;
   return absl::OkStatus();
@@ -371,6 +400,8 @@ void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
                                  std::function<void(absl::Status)> done) {
   {
     absl::MutexLock lock(&mu_);
+    // Training time counts from the first pull of the weights.
+    if (started_ == absl::InfinitePast() && !retired_) started_ = clock_->Now();
     if (version_ < v) {
       waiters_.push_back({v, deadline, std::move(done)});
       return;
@@ -416,8 +447,10 @@ void ParameterShard::CancelWaiters() {
   {
     absl::MutexLock lock(&mu_);
     for (Waiter& w : waiters_) {
-      ready.emplace_back(std::move(w.done),
-                         absl::CancelledError("the job ended"));
+      ready.emplace_back(
+          std::move(w.done),
+          WithReason(absl::FailedPreconditionError("the job ended"),
+                     v1::JOB_ENDED));
     }
     waiters_.clear();
   }

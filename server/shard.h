@@ -91,16 +91,27 @@ class ParameterShard {
   // Removing a member may close the open step.
   void RemoveMember(const std::string& worker_id);
   bool IsMember(const std::string& worker_id, int64_t incarnation) const;
+  // OK when (worker_id, incarnation) is a member; else kFailedPrecondition
+  // with JOB_ENDED (retired), NOT_A_MEMBER or REGISTER_AGAIN (another
+  // incarnation is the member).
+  absl::Status CheckMember(const std::string& worker_id,
+                           int64_t incarnation) const;
 
-  // Sets the schedule (total steps, steps per epoch) the first time; later
-  // calls must agree (kFailedPrecondition: workers disagree on the dataset).
+  // Sets the schedule (total steps, steps per epoch) the first time (the
+  // coordinator does, when the job starts); later calls must agree:
+  // kFailedPrecondition + SCHEDULE_MISMATCH otherwise, changing nothing.
   absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch);
 
-  // Checks a push before its data is read:
-  //   kFailedPrecondition  stale incarnation, not a member, step not open yet,
-  //                        or not yet required at this step
-  //   kAborted             the step already closed (re-pull and go on)
-  //   kOutOfRange          training has finished
+  // Checks a push before its data is read (codes and their ErrorReason,
+  // proto/errors.h):
+  //   kFailedPrecondition + JOB_ENDED      the job ended (retired)
+  //   kFailedPrecondition + NOT_A_MEMBER   not a member
+  //   kFailedPrecondition + REGISTER_AGAIN stale incarnation
+  //   kAborted + STEP_CLOSED(version)      the step closed without this push,
+  //                                        or training is over: pull, go on
+  //   kFailedPrecondition + STEP_NOT_OPEN(version)  a step beyond the open one
+  //   kFailedPrecondition + JOIN_LATER(join step)   required only from then
+  //   kInvalidArgument                     negative samples, wrong base
   // OK with *duplicate = true when this worker already counted this step.
   absl::Status CheckPush(const PushMeta& meta, bool* duplicate) const;
 
@@ -131,11 +142,12 @@ class ParameterShard {
   void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
 
   // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
-  // `deadline` (checked by ExpireWaiters), or `done(kCancelled)` on Cancel.
+  // `deadline` (checked by ExpireWaiters), or done(kFailedPrecondition +
+  // JOB_ENDED) on CancelWaiters. The first call starts the training clock.
   void WhenVersion(int64_t v, absl::Time deadline,
                    std::function<void(absl::Status)> done);
   void ExpireWaiters();
-  // Releases every waiter with kCancelled (the job ended).
+  // Releases every waiter with kFailedPrecondition + JOB_ENDED.
   void CancelWaiters();
 
   // The job ended: frees aggregation and optimizer memory, keeping only the
@@ -157,6 +169,9 @@ class ParameterShard {
       std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
 
   absl::Status CheckPushLocked(const PushMeta& meta, bool* duplicate) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckMemberLocked(const std::string& worker_id,
+                                 int64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the open step if nobody required is missing; collects released
   // waiters into `ready` (run them after unlocking).

@@ -9,6 +9,7 @@
 #include "common/io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/errors.h"
 
 namespace tally::testing {
 
@@ -25,6 +26,16 @@ MATCHER_P2(StatusIs, code, message_matcher, "") {
   *result_listener << "status is " << s;
   return s.code() == code &&
          ::testing::Matches(message_matcher)(std::string(s.message()));
+}
+
+// EXPECT_THAT(result, HasReason(absl::StatusCode::kAborted,
+//                               v1::STEP_CLOSED));
+// The code and the typed ErrorReason a caller reacts to; not the message.
+MATCHER_P2(HasReason, code, reason, "") {
+  const absl::Status& s = GetStatus(arg);
+  *result_listener << "status is " << s << ", reason "
+                   << v1::ErrorReason_Name(ReasonOf(s));
+  return s.code() == code && ReasonOf(s) == reason;
 }
 
 MATCHER(IsOk, "") {

@@ -26,6 +26,7 @@
 #include "common/malloc_tuning.h"
 #include "common/spec/job_spec.h"
 #include "common/stop_signal.h"
+#include "proto/transport.h"
 #include "worker/daemon.h"
 #include "worker/health.h"
 #include "worker/standalone.h"
@@ -103,9 +104,7 @@ int RunDaemon() {
     grpc::ServerBuilder builder;
     builder.RegisterService(&health_service);
     int bound = 0;
-    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    builder.AddListeningPort(absl::StrCat("0.0.0.0:", port),
-                             grpc::InsecureServerCredentials(), &bound);
+    tally::ConfigureServer(absl::StrCat("0.0.0.0:", port), &builder, &bound);
     health = builder.BuildAndStart();
     if (health == nullptr || bound == 0) {
       std::cerr << "tally-worker: cannot serve health checks on port " << port

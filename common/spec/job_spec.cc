@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -361,6 +362,28 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
 }
 
 }  // namespace
+
+Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
+  world = std::max(1, world);
+  const int64_t batch = std::max<int64_t>(1, spec.training.batch_size);
+  const int64_t largest_shard = (train_size + world - 1) / world;
+  Schedule s;
+  s.train_size = train_size;
+  s.steps_per_epoch = std::max<int64_t>(1, (largest_shard + batch - 1) / batch);
+  const int64_t epochs = std::max<int64_t>(1, spec.training.epochs);
+  // Saturating: a schedule longer than any run could be is still a bound.
+  s.total_steps = s.steps_per_epoch > std::numeric_limits<int64_t>::max() / epochs
+                      ? std::numeric_limits<int64_t>::max()
+                      : s.steps_per_epoch * epochs;
+  if (spec.training.max_steps > 0)
+    s.total_steps = std::min(s.total_steps, spec.training.max_steps);
+  return s;
+}
+
+int64_t TrainSize(const DatasetSpec& spec) {
+  if (spec.name == "synthetic") return spec.synthetic.train_size;
+  return 60000;  // fashion-mnist
+}
 
 absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
                              int* num_classes) {

@@ -71,6 +71,22 @@ struct JobSpec {
   ModelLayout layout;
 };
 
+// How many steps a cluster job runs, fixed once by the coordinator and
+// followed by every worker. Every rank runs the same number of steps per
+// epoch, that of the largest data shard; a rank with a smaller shard pushes
+// an empty contribution for the steps it has no batch for.
+struct Schedule {
+  int64_t train_size = 0;       // samples in the training set
+  int64_t steps_per_epoch = 0;  // ceil(ceil(train_size / world) / batch), >= 1
+  int64_t total_steps = 0;      // steps_per_epoch * epochs, capped by max_steps
+};
+Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world);
+
+// The size of the training set a dataset spec names, known without loading
+// it: synthetic, its train_size; fashion-mnist, 60000 (the dataset's
+// definition; a worker whose files hold another count cannot train the job).
+int64_t TrainSize(const DatasetSpec& spec);
+
 // Parses and validates. kInvalidArgument with the offending field's path.
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text);
 // Reads `path` and parses it; kNotFound when it cannot be read.

@@ -11,6 +11,7 @@
 namespace tally {
 namespace {
 
+using ::tally::testing::HasReason;
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -20,6 +21,14 @@ model: {layers: [{linear: {in_features: 4, out_features: 2}}]}
 dataset: {name: synthetic, features: 4, classes: 2}
 training: {workers: 2}
 )";
+
+// kSpec with more training keys ("max_steps: 1") and lines after it.
+std::string SpecWith(const std::string& training, const std::string& more = "") {
+  std::string s = kSpec;
+  const std::string key = "{workers: 2}";
+  s.replace(s.find(key), key.size(), "{workers: 2, " + training + "}");
+  return s + more;
+}
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -90,8 +99,8 @@ TEST_F(CoordinatorTest, ExpiredLeaseFreesTheSlotAndANewWorkerTakesIt) {
   clock_.Advance(absl::Seconds(2));
   coord_.Tick();
   EXPECT_EQ((*shard)->Metrics().members, 1);
-  EXPECT_THAT(Beat(b), StatusIs(absl::StatusCode::kNotFound,
-                                HasSubstr("register again")));
+  EXPECT_THAT(Beat(b), HasReason(absl::StatusCode::kFailedPrecondition,
+                                 v1::REGISTER_AGAIN));
   auto b2 = Register("b");  // b comes back: a new incarnation
   EXPECT_NE(b2.incarnation(), b.incarnation());
   auto hb = Beat(b2);
@@ -101,12 +110,65 @@ TEST_F(CoordinatorTest, ExpiredLeaseFreesTheSlotAndANewWorkerTakesIt) {
   EXPECT_EQ(coord_.Get(job->id())->state(), v1::RUNNING);
 }
 
-TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
+// The schedule is the job's, fixed at submission: a worker whose dataset
+// gives another one cannot change it by pulling first, and when it says it
+// cannot train the job, the job goes on with the right workers and says why.
+TEST_F(CoordinatorTest, AWorkerWithAnotherDatasetCannotStallTheJob) {
   auto job = coord_.Submit(kSpec);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->metrics().total_steps(), 32);  // 4096 / 2 / 64
+  auto wrong = Register("wrong");
+  auto right = Register("right");
+  auto shard = *coord_.Shard(job->id());
+  // The wrong worker pulls first, claiming its own schedule: refused, and
+  // the job's stays.
+  EXPECT_THAT(shard->SetSchedule(1, 1),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::SCHEDULE_MISMATCH));
+  EXPECT_EQ(shard->Metrics().total_steps, 32);
+  v1::ReportResultRequest refuse;
+  refuse.set_worker_id(wrong.worker_id());
+  refuse.set_incarnation(wrong.incarnation());
+  refuse.set_job_id(job->id());
+  refuse.set_ok(false);
+  refuse.set_reason(v1::SCHEDULE_MISMATCH);
+  refuse.set_message("its training set has 10 samples");
+  TALLY_ASSERT_OK(coord_.ReportResult(refuse));
+  v1::Job j = *coord_.Get(job->id());
+  EXPECT_EQ(j.state(), v1::RUNNING);
+  EXPECT_THAT(j.message(), HasSubstr("cannot train this job"));
+  EXPECT_EQ(shard->Metrics().members, 1);
+  auto beat = Beat(wrong);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_FALSE(beat->has_assignment());  // never given this job again
+  // Another worker takes the free slot; the right one trains on.
+  auto other = Register("other");
+  auto other_beat = Beat(other);
+  ASSERT_TRUE(other_beat.ok());
+  EXPECT_EQ(other_beat->assignment().job_id(), job->id());
+  EXPECT_EQ(other_beat->assignment().schedule().total_steps(), 32);
+  EXPECT_EQ(other_beat->assignment().shard_map().shards(0).count(),
+            shard->num_params());
+  EXPECT_TRUE(Beat(wrong).ok() && !Beat(wrong)->has_assignment());
+  bool dup = false;
+  std::vector<float> g(shard->num_params(), 0.1f);
+  for (const auto& w : {right, other}) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.samples = 1;
+    TALLY_ASSERT_OK(shard->Commit(m, g.data(), &dup));
+  }
+  EXPECT_EQ(shard->version(), 1);
+}
+
+TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
+  auto job = coord_.Submit(SpecWith("max_steps: 1"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->metrics().total_steps(), 1);  // fixed at submission
   auto a = Register("a");
   auto b = Register("b");
   auto shard = *coord_.Shard(job->id());
-  TALLY_ASSERT_OK(shard->SetSchedule(1, 1));
   v1::ReportResultRequest r;
   r.set_worker_id(a.worker_id());
   r.set_incarnation(a.incarnation());
@@ -115,8 +177,11 @@ TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
   r.set_test_accuracy(0.9);
   r.set_steps(0);
   EXPECT_THAT(coord_.ReportResult(r),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("final weights")));
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::NOT_FINISHED));
+  r.set_steps(1);  // the final version, not reached yet: retry later
+  EXPECT_THAT(coord_.ReportResult(r),
+              HasReason(absl::StatusCode::kUnavailable, v1::NOT_FINISHED));
   bool dup;
   std::vector<float> g(shard->num_params(), 0.1f);
   for (const auto& w : {a, b}) {
@@ -196,7 +261,8 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   OptimizerState optimizer_at_3;
   // Adam: two state slots and a step count to carry over.
   const std::string adam_spec =
-      std::string(kSpec) + "optimizer: {type: adam, lr: 0.01}\n";
+      SpecWith("epochs: 10, max_steps: 100",
+               "optimizer: {type: adam, lr: 0.01}\n");
   {
     Coordinator a(o);
     TALLY_ASSERT_OK(a.Restore());  // creates the directory
@@ -209,7 +275,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     ASSERT_EQ(a.Get(running->id())->state(), v1::RUNNING);
     auto shard = a.Shard(running->id());
     ASSERT_TRUE(shard.ok());
-    TALLY_ASSERT_OK((*shard)->SetSchedule(100, 10));
+    EXPECT_EQ((*shard)->Metrics().total_steps, 100);  // from the spec
     auto step = [&](int64_t t) {
       for (const auto& w : {w1, w2}) {
         PushMeta m;

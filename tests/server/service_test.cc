@@ -8,16 +8,18 @@
 #include <limits>
 
 #include "common/bfloat16.h"
-#include "common/grpc_status.h"
 #include "common/io/safetensors.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "proto/errors.h"
 #include "proto/tensor_chunk.h"
+#include "proto/transport.h"
 #include "tests/test_util.h"
 
 namespace tally {
 namespace {
 
+using ::tally::testing::HasReason;
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -38,11 +40,9 @@ class ServiceTest : public ::testing::Test {
     auto s = TallyServer::Start("127.0.0.1:0", o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(64 << 20);
-    channel_ =
-        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                  grpc::InsecureChannelCredentials(), args);
+    // Tally's own settings (no send limit: the tests send oversized
+    // messages on purpose).
+    channel_ = Dial(absl::StrCat("127.0.0.1:", server_->port()));
     jobs_ = v1::JobService::NewStub(channel_);
     workers_ = v1::WorkerService::NewStub(channel_);
     params_ = v1::ParameterService::NewStub(channel_);
@@ -256,14 +256,16 @@ TEST_F(ServiceTest, BadPushesGetSpecificStatusesAndChangeNothing) {
   *m.mutable_chunk() = Chunk(0, std::vector<float>(9, 1.0f));
   EXPECT_THAT(Push({m}), StatusIs(absl::StatusCode::kInvalidArgument,
                                   HasSubstr("covers 9 of 10")));
-  // Wrong step bookkeeping.
-  EXPECT_THAT(Push(FullPush(5, 1.0f)),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("not open yet")));
+  // Wrong step bookkeeping: the typed reason crosses the wire, with the
+  // step it refers to.
+  auto ahead = Push(FullPush(5, 1.0f));
+  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kFailedPrecondition,
+                               v1::STEP_NOT_OPEN));
+  EXPECT_EQ(ReasonStep(ahead.status()), 0);
   auto stale = FullPush(0, 1.0f);
   stale[0].mutable_header()->set_incarnation(worker_.incarnation() + 9);
-  EXPECT_THAT(Push(stale), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                    HasSubstr("stale incarnation")));
+  EXPECT_THAT(Push(stale), HasReason(absl::StatusCode::kFailedPrecondition,
+                                     v1::REGISTER_AGAIN));
   // An oversized message is refused by gRPC itself.
   m = Header(0);
   *m.mutable_chunk() = Chunk(0, std::vector<float>(2 << 20, 1.0f));  // 8 MiB
@@ -283,10 +285,12 @@ TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCountedAndTheStepGoesOn) {
   auto nan = FullPush(0, 1.0f);
   std::vector<float> bad = {1, 1, std::numeric_limits<float>::quiet_NaN(), 1};
   *nan[1].mutable_chunk() = Chunk(6, bad);
-  EXPECT_THAT(
-      Push(nan),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("non-finite gradient value (nan) at element 8")));
+  auto refused = Push(nan);
+  EXPECT_THAT(refused,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("non-finite gradient value (nan) at element 8")));
+  EXPECT_THAT(refused,
+              HasReason(absl::StatusCode::kInvalidArgument, v1::NON_FINITE));
   EXPECT_EQ(Job().metrics().rejected_pushes(), 1);
   // The only member's step closed without its gradient: the weights stand.
   auto after = Pull(1);
@@ -425,9 +429,56 @@ TEST_F(ServiceTest, CancelledPullsAndWatchesEndCleanly) {
   c.set_job_id(job_);
   v1::Job cancelled;
   ASSERT_TRUE(jobs_->CancelJob(Ctx().get(), c, &cancelled).ok());
-  auto w1 = Pull(1);
-  ASSERT_TRUE(w1.ok()) << w1.status();
-  EXPECT_EQ(w1->first, 1);
+  // The job ended: its data path is closed (clients fetch the weights).
+  EXPECT_THAT(Pull(1), HasReason(absl::StatusCode::kFailedPrecondition,
+                                 v1::JOB_ENDED));
+  EXPECT_EQ(Job().metrics().step(), 1);
+  EXPECT_THAT(FromGrpc(jobs_->CancelJob(Ctx().get(), c, &cancelled)),
+              HasReason(absl::StatusCode::kFailedPrecondition, v1::JOB_ENDED));
+}
+
+// Only the job's members are on its data path, and nobody changes its
+// schedule: a registered worker of no job is refused, and so is a member
+// that claims another schedule; the job is untouched by either.
+TEST_F(ServiceTest, NonMembersAndWrongSchedulesAreRefusedOnTheDataPath) {
+  StartJob();
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("stranger");
+  v1::RegisterWorkerResponse stranger;
+  ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &stranger).ok());
+  v1::PullRequest req = PullRequest(0);
+  req.set_worker_id(stranger.worker_id());
+  req.set_incarnation(stranger.incarnation());
+  req.set_total_steps(1);
+  req.set_steps_per_epoch(1);
+  auto ctx = Ctx();
+  auto r = params_->PullWeights(ctx.get(), req);
+  v1::PullResponse resp;
+  while (r->Read(&resp)) {
+  }
+  EXPECT_THAT(FromGrpc(r->Finish()),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::NOT_A_MEMBER));
+  auto push = FullPush(0, 1.0f);
+  push[0].mutable_header()->set_worker_id(stranger.worker_id());
+  push[0].mutable_header()->set_incarnation(stranger.incarnation());
+  EXPECT_THAT(Push(push), HasReason(absl::StatusCode::kFailedPrecondition,
+                                    v1::NOT_A_MEMBER));
+  // The member, with another dataset's schedule.
+  req = PullRequest(0);
+  req.set_total_steps(1);
+  req.set_steps_per_epoch(1);
+  auto ctx2 = Ctx();
+  auto r2 = params_->PullWeights(ctx2.get(), req);
+  while (r2->Read(&resp)) {
+  }
+  EXPECT_THAT(FromGrpc(r2->Finish()),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::SCHEDULE_MISMATCH));
+  // The job's schedule (4096 samples / 64 per batch) stands.
+  EXPECT_EQ(Job().metrics().total_steps(), 64);
+  EXPECT_EQ(Job().state(), v1::RUNNING);
+  EXPECT_TRUE(Pull(0).ok());
 }
 
 TEST_F(ServiceTest, RandomGarbagePushesNeverCrashOrWedgeTheServer) {

@@ -10,6 +10,7 @@
 namespace tally {
 namespace {
 
+using ::tally::testing::HasReason;
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -75,21 +76,22 @@ TEST_F(ShardTest, DuplicatePushIsAcknowledgedAndCountedOnce) {
 TEST_F(ShardTest, ClosedFutureAndStaleStepsGetSpecificCodes) {
   bool dup = false;
   std::vector<float> g = {0, 0, 0};
-  EXPECT_THAT(shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("not open yet")));
+  absl::Status ahead = shard_->Commit(Meta("a", 1, 1), g.data(), &dup);
+  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kFailedPrecondition,
+                               v1::STEP_NOT_OPEN));
+  EXPECT_EQ(ReasonStep(ahead), 0);  // the open step
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
   TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
   shard_->AddMember("c", 5);
-  EXPECT_THAT(
-      shard_->Commit(Meta("c", 0, 1, 5), g.data(), &dup),
-      StatusIs(absl::StatusCode::kAborted, HasSubstr("already closed")));
+  absl::Status closed = shard_->Commit(Meta("c", 0, 1, 5), g.data(), &dup);
+  EXPECT_THAT(closed, HasReason(absl::StatusCode::kAborted, v1::STEP_CLOSED));
+  EXPECT_EQ(ReasonStep(closed), 1);  // the weights' version now
   EXPECT_THAT(shard_->Commit(Meta("a", 1, 1, 7), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("stale incarnation")));
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::REGISTER_AGAIN));
   EXPECT_THAT(shard_->Commit(Meta("zed", 1, 1), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("not a member")));
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::NOT_A_MEMBER));
   PushMeta wrong_base = Meta("a", 1, 1);
   wrong_base.base_version = 0;
   EXPECT_THAT(
@@ -111,9 +113,10 @@ TEST_F(ShardTest, AMemberJoiningAStartedStepIsRequiredFromTheNextOne) {
   std::vector<float> g = {1, 1, 1};
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
   shard_->AddMember("c", 3);
-  EXPECT_THAT(shard_->Commit(Meta("c", 0, 1, 3), g.data(), &dup),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("joins at step 1")));
+  absl::Status later = shard_->Commit(Meta("c", 0, 1, 3), g.data(), &dup);
+  EXPECT_THAT(later, HasReason(absl::StatusCode::kFailedPrecondition,
+                               v1::JOIN_LATER));
+  EXPECT_EQ(ReasonStep(later), 1);
   TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
   EXPECT_EQ(shard_->version(), 1);  // closed without c
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 1, 1), g.data(), &dup));
@@ -138,8 +141,8 @@ TEST_F(ShardTest, RejectedPushIsCountedAndTheStepDoesNotWaitForIt) {
 TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
   TALLY_ASSERT_OK(shard_->SetSchedule(2, 1));
   EXPECT_THAT(shard_->SetSchedule(3, 1),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("different datasets")));
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::SCHEDULE_MISMATCH));
   bool dup = false;
   std::vector<float> g = {1, 1, 1};
   TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 0), nullptr, &dup));
@@ -149,8 +152,11 @@ TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
   TALLY_ASSERT_OK(shard_->Commit(Meta("b", 1, 0), nullptr, &dup));
   EXPECT_EQ(shard_->version(), 2);  // closed with nothing to apply
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
-  EXPECT_THAT(shard_->Commit(Meta("a", 2, 1), g.data(), &dup),
-              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("finished")));
+  // Training is over: step 2 never opens; the worker pulls (and finds the
+  // final version).
+  absl::Status over = shard_->Commit(Meta("a", 2, 1), g.data(), &dup);
+  EXPECT_THAT(over, HasReason(absl::StatusCode::kAborted, v1::STEP_CLOSED));
+  EXPECT_EQ(ReasonStep(over), 2);
 }
 
 TEST_F(ShardTest, WaitersAreReleasedByTheStepOrTheirDeadline) {
@@ -237,6 +243,8 @@ TEST(ShardStateTest, ARestoredShardContinuesLikeTheOriginal) {
   auto original = make();
   original->AddMember("w", 1);
   TALLY_ASSERT_OK(original->SetSchedule(10, 5));
+  // The first pull starts the training clock.
+  original->WhenVersion(0, absl::InfiniteFuture(), [](absl::Status) {});
   for (int t = 0; t < 3; ++t) step(*original, t, 0.5f + t);
   clock.Advance(absl::Seconds(4));
   const ShardState saved = original->Save();
@@ -251,8 +259,8 @@ TEST(ShardStateTest, ARestoredShardContinuesLikeTheOriginal) {
   EXPECT_EQ(r.Metrics().samples, 6);
   EXPECT_NEAR(r.Metrics().train_seconds, 4.0, 1e-6);
   EXPECT_THAT(r.SetSchedule(12, 5),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("differs")));  // the schedule came back
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::SCHEDULE_MISMATCH));  // the schedule came back
   EXPECT_FALSE(r.IsMember("w", 1));             // members register again
   r.AddMember("w", 1);
   for (int t = 3; t < 5; ++t) {

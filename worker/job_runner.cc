@@ -1,0 +1,291 @@
+#include "worker/job_runner.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "proto/errors.h"
+
+namespace tally {
+
+namespace {
+
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+}  // namespace
+
+JobRunner::JobRunner(const v1::Assignment& assignment,
+                     const DaemonOptions& options, JobContext context)
+    : assignment_(assignment), options_(options), context_(std::move(context)) {}
+
+JobRunner::~JobRunner() { CancelPull(); }
+
+absl::Status JobRunner::Run() {
+  if (absl::Status s = Prepare(); !s.ok()) return Refuse(s);
+  while (true) {
+    if (!context_.still_assigned()) {
+      return absl::AbortedError("no longer assigned to this job");
+    }
+    absl::StatusOr<int64_t> pulled = PullNext();
+    if (!pulled.ok()) {
+      const absl::Status& s = pulled.status();
+      if (Retryable(s) || absl::IsAborted(s)) {
+        Backoff();  // others are slow, or a shard is away: pull again
+        continue;
+      }
+      if (ReasonOf(s) == v1::SCHEDULE_MISMATCH) return Refuse(s);
+      // The job ended, this worker is off it, the job is unknown: go idle.
+      return s;
+    }
+    backoff_ = absl::Milliseconds(100);
+    const int64_t version = *pulled;
+    if (version >= schedule_.total_steps) return Finish(version);
+    const int64_t step = version;
+    TALLY_ASSIGN_OR_RETURN(StepStats stats, Compute(step));
+    // The weights were consumed by the step: the next version may land in
+    // them while this step's gradient is pushed.
+    StartPull(step + 1);
+    TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
+    if (absl::Now() - last_log_ > absl::Seconds(5)) {
+      last_log_ = absl::Now();
+      context_.log(absl::StrFormat(
+          "%s step %d/%d loss %.4f", assignment_.job_id(), step + 1,
+          schedule_.total_steps,
+          stats.samples > 0 ? stats.loss_sum / stats.samples : 0.0));
+    }
+  }
+}
+
+absl::Status JobRunner::Prepare() {
+  TALLY_ASSIGN_OR_RETURN(spec_, ParseJobSpec(assignment_.spec()));
+  TALLY_ASSIGN_OR_RETURN(data_, context_.data(spec_));
+  world_ = std::max(1, assignment_.world());
+  const int64_t train_size = data_->train.size();
+  // The job's schedule was fixed by the coordinator from the spec; this
+  // worker can follow it only if its training set has the size the job
+  // expects (every rank's share and step count follow from that).
+  schedule_ = MakeSchedule(spec_, train_size, world_);
+  if (assignment_.has_schedule()) {
+    const v1::Schedule& job = assignment_.schedule();
+    if (job.train_size() != train_size ||
+        job.total_steps() != schedule_.total_steps ||
+        job.steps_per_epoch() != schedule_.steps_per_epoch) {
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "its training set has ", train_size, " samples (",
+              schedule_.total_steps, " steps) where the job expects ",
+              job.train_size(), " (", job.total_steps(), " steps)")),
+          v1::SCHEDULE_MISMATCH);
+    }
+  }
+  const int64_t rank_samples =
+      train_size / world_ + (assignment_.rank() < train_size % world_ ? 1 : 0);
+  rank_batches_ = (rank_samples + spec_.training.batch_size - 1) /
+                  spec_.training.batch_size;
+
+  EngineOptions eo;
+  eo.devices = options_.devices;
+  eo.allow_tf32 = spec_.training.tf32;
+  TALLY_ASSIGN_OR_RETURN(engine_,
+                         Engine::Create(spec_.layers, spec_.input_shape, eo));
+  if (engine_->num_replicas() > 1) {
+    context_.log(absl::StrCat(
+        assignment_.job_id(), ": ", engine_->num_replicas(),
+        " replicas, gradients reduced by ", engine_->reduction(),
+        engine_->reduction_note().empty() ? "" : " (NCCL: ",
+        engine_->reduction_note(),
+        engine_->reduction_note().empty() ? "" : ")"));
+  }
+
+  ParamClientOptions po;
+  po.job_id = assignment_.job_id();
+  po.worker_id = context_.worker_id;
+  po.incarnation = context_.incarnation;
+  po.dtype = spec_.training.wire_dtype == WireDtype::kBfloat16 ? v1::BFLOAT16
+                                                               : v1::FLOAT32;
+  po.chunk_elements = options_.chunk_elements;
+  po.rpc_timeout = options_.rpc_timeout;
+  po.total_steps = schedule_.total_steps;
+  po.steps_per_epoch = schedule_.steps_per_epoch;
+  v1::ShardMap map = assignment_.shard_map();
+  if (map.shards().empty()) {
+    // A coordinator that predates shard maps holds the whole vector.
+    v1::ShardMap::Entry* e = map.add_shards();
+    e->set_count(engine_->num_params());
+  }
+  TALLY_ASSIGN_OR_RETURN(
+      client_, ParameterClient::Create(map, engine_->num_params(),
+                                       context_.coordinator, po));
+  return absl::OkStatus();
+}
+
+void JobRunner::StartPull(int64_t min_version) {
+  CancelPull();
+  pull_ = client_->Pull(min_version, engine_->params());
+  pull_min_ = min_version;
+}
+
+void JobRunner::CancelPull() {
+  if (pull_ == nullptr) return;
+  pull_->Cancel();
+  // Cancelled calls end promptly; the bound only guards against a stuck
+  // library, and the buffer must not be reused while a call may write it.
+  if (absl::IsDeadlineExceeded(pull_->Wait(absl::Now() + absl::Minutes(1)))) {
+    context_.log("a cancelled pull did not end within a minute");
+  }
+  pull_.reset();
+}
+
+absl::StatusOr<int64_t> JobRunner::PullNext() {
+  if (pull_ == nullptr || pull_min_ != next_) StartPull(next_);
+  // The server bounds its wait (pull_wait); this bound covers the transfer.
+  absl::StatusOr<int64_t> v = pull_->WaitVersion(
+      absl::Now() + absl::Seconds(5) + options_.rpc_timeout);
+  if (!v.ok() && absl::IsDeadlineExceeded(v.status())) {
+    CancelPull();
+    return v;
+  }
+  pull_.reset();
+  return v;
+}
+
+absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
+  const int64_t epoch = step / schedule_.steps_per_epoch;
+  const int64_t index = step % schedule_.steps_per_epoch;
+  if (index >= rank_batches_) return StepStats{};  // no batch at this step
+  if (loader_ == nullptr || loader_next_ != step) {
+    // First step, or a jump (rejoining, a skipped step): restart the loader
+    // at this step's batch.
+    LoaderOptions lo;
+    lo.batch_size = spec_.training.batch_size;
+    lo.seed = spec_.training.seed;
+    lo.rank = assignment_.rank();
+    lo.world = world_;
+    lo.first_epoch = epoch;
+    lo.first_batch = index;
+    lo.epochs = spec_.training.epochs - epoch;
+    loader_.reset();
+    loader_ = std::make_unique<BatchLoader>(&data_->train, lo);
+  }
+  TALLY_ASSIGN_OR_RETURN(std::unique_ptr<HostBatch> batch,
+                         loader_->Next(absl::Minutes(1)));
+  BatchView view{batch->x.data(), batch->y.data(), batch->size};
+  absl::StatusOr<StepStats> stats =
+      engine_->Step(view, spec_.training.seed + step);
+  loader_->Recycle(std::move(batch));
+  if (!stats.ok()) return Refuse(stats.status());
+  loader_next_ = index + 1 < rank_batches_
+                     ? step + 1
+                     : (epoch + 1) * schedule_.steps_per_epoch;
+  return stats;
+}
+
+absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
+  PushInfo info;
+  info.step = step;
+  info.samples = stats.samples;
+  info.loss_sum = stats.loss_sum;
+  info.correct = stats.correct;
+  std::shared_ptr<Work> push = client_->Push(info, engine_->grads());
+  absl::Status s = push->Wait(absl::Now() + options_.rpc_timeout);
+  if (absl::IsDeadlineExceeded(s) && !push->Done()) {
+    push->Cancel();
+    push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();
+  }
+  switch (ReasonOf(s)) {
+    case v1::STEP_CLOSED:   // closed without us: pull its successor
+    case v1::NON_FINITE:    // refused and counted as nothing: go on
+      context_.log(absl::StrCat("step ", step, ": ", s.message()));
+      next_ = step + 1;
+      return absl::OkStatus();
+    case v1::JOIN_LATER:    // a member only from a later step
+      next_ = ReasonStep(s);
+      return absl::OkStatus();
+    case v1::STEP_NOT_OPEN:  // we are ahead of the shards: pull this again
+      next_ = step;
+      return absl::OkStatus();
+    default:
+      break;
+  }
+  if (s.ok()) {
+    next_ = step + 1;
+    return absl::OkStatus();
+  }
+  if (Retryable(s)) {
+    // Pushes are idempotent: pull this step again; if it closed meanwhile
+    // the pull moves us on, else we push it again.
+    context_.log(absl::StrCat("step ", step, ": push failed (", s.message(),
+                              "); retrying"));
+    CancelPull();
+    Backoff();
+    next_ = step;
+    return absl::OkStatus();
+  }
+  if (absl::IsInvalidArgument(s)) {
+    // Our push was malformed (a bug of ours): say so, and go on.
+    context_.log(absl::StrCat("step ", step, ": ", s.message()));
+    next_ = step + 1;
+    return absl::OkStatus();
+  }
+  return s;  // ended, taken off the job, stale registration
+}
+
+absl::Status JobRunner::Finish(int64_t version) {
+  absl::StatusOr<StepStats> test = engine_->Evaluate(data_->test);
+  if (!test.ok()) return Refuse(test.status());
+  const double accuracy =
+      test->samples > 0 ? static_cast<double>(test->correct) / test->samples
+                        : 0.0;
+  context_.log(absl::StrFormat("%s finished at step %d: test accuracy %.4f",
+                               assignment_.job_id(), version, accuracy));
+  v1::ReportResultRequest req;
+  req.set_worker_id(context_.worker_id);
+  req.set_incarnation(context_.incarnation);
+  req.set_job_id(assignment_.job_id());
+  req.set_ok(true);
+  if (test->samples > 0) {
+    req.set_test_accuracy(accuracy);
+    req.set_test_loss(test->loss_sum / test->samples);
+  }
+  req.set_steps(version);
+  // The coordinator may not have seen the last step close yet
+  // (UNAVAILABLE + NOT_FINISHED): a bounded number of retries.
+  const absl::Time give_up = absl::Now() + options_.rpc_timeout;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::ReportResultResponse resp;
+    absl::Status s =
+        FromGrpc(context_.workers->ReportResult(&ctx, req, &resp));
+    if (!Retryable(s) || absl::Now() > give_up) return s;
+    Backoff();
+  }
+}
+
+absl::Status JobRunner::Refuse(const absl::Status& why) {
+  v1::ReportResultRequest req;
+  req.set_worker_id(context_.worker_id);
+  req.set_incarnation(context_.incarnation);
+  req.set_job_id(assignment_.job_id());
+  req.set_ok(false);
+  req.set_message(std::string(why.message()));
+  req.set_reason(ReasonOf(why));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::ReportResultResponse resp;
+  context_.workers->ReportResult(&ctx, req, &resp);
+  return why;
+}
+
+void JobRunner::Backoff() {
+  context_.sleep(backoff_);
+  backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+}
+
+}  // namespace tally

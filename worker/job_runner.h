@@ -1,0 +1,109 @@
+// One assigned job, run to its end by a worker daemon: the training loop
+// as a class, its state in members.
+//
+//   Prepare   parse the spec, check the dataset against the job's schedule
+//             (a worker that sees another dataset refuses the job with
+//             SCHEDULE_MISMATCH, and the coordinator gives it to others),
+//             build the engine and the parameter client for the shard map;
+//   loop      pull version t from every shard -> the batch of step t from
+//             this rank's data shard -> engine step -> start the pull of
+//             t + 1 (it waits on the shards while we push) -> push step t to
+//             every shard -> decide the next step from the push's answer;
+//   Finish    evaluate the final weights on the test set and report.
+//
+// What the worker does after each answer is decided by the status code and
+// its ErrorReason (proto/tally.proto lists them), never by a message.
+//
+// Not thread-safe: Run is called once, from one thread. A JobRunner owns its
+// engine, loader and parameter client; work in flight is cancelled and
+// waited for before they go.
+#ifndef TALLY_WORKER_JOB_RUNNER_H_
+#define TALLY_WORKER_JOB_RUNNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/data/dataset.h"
+#include "common/spec/job_spec.h"
+#include "proto/tally.grpc.pb.h"
+#include "worker/batch_loader.h"
+#include "worker/daemon.h"
+#include "worker/engine.h"
+#include "worker/param_client.h"
+
+namespace tally {
+
+// What the daemon lends a job.
+struct JobContext {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  std::string coordinator;            // address, for shards without one
+  v1::WorkerService::Stub* workers;   // borrowed: ReportResult
+  // The dataset a spec names (the daemon keeps the last one across jobs).
+  std::function<absl::StatusOr<const TrainTest*>(const JobSpec&)> data;
+  // False once the job was taken from this worker, or the daemon stops.
+  std::function<bool()> still_assigned;
+  // Sleeps, returning early when the daemon stops.
+  std::function<void(absl::Duration)> sleep;
+  std::function<void(const std::string&)> log;
+};
+
+class JobRunner {
+ public:
+  JobRunner(const v1::Assignment& assignment, const DaemonOptions& options,
+            JobContext context);
+  JobRunner(const JobRunner&) = delete;
+  JobRunner& operator=(const JobRunner&) = delete;
+  ~JobRunner();
+
+  // Trains to the end and reports the result. OK once reported; otherwise
+  // why the job stopped here (it was taken away, it ended, it failed).
+  absl::Status Run();
+
+ private:
+  absl::Status Prepare();
+  // Waits for the weights of version >= next_ (the pull started last step,
+  // when it asked for that version; a new one otherwise).
+  absl::StatusOr<int64_t> PullNext();
+  void StartPull(int64_t min_version);
+  void CancelPull();
+  // Forward and backward of step `step` on this rank's batch (an empty
+  // contribution where this rank has no batch at that step).
+  absl::StatusOr<StepStats> Compute(int64_t step);
+  // Pushes step `step`; sets next_ from the answer. An error ends the job
+  // here.
+  absl::Status PushAndAdvance(int64_t step, const StepStats& stats);
+  absl::Status Finish(int64_t version);
+  // Tells the coordinator this worker cannot run the job, and why.
+  absl::Status Refuse(const absl::Status& why);
+  void Backoff();
+
+  const v1::Assignment assignment_;
+  const DaemonOptions& options_;  // borrowed from the daemon
+  JobContext context_;
+
+  JobSpec spec_;
+  const TrainTest* data_ = nullptr;  // borrowed from the daemon's cache
+  Schedule schedule_;
+  int world_ = 1;
+  int64_t rank_batches_ = 0;  // batches this rank has per epoch
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ParameterClient> client_;
+  std::unique_ptr<BatchLoader> loader_;
+  int64_t loader_next_ = -1;  // the step the loader's next batch is for
+
+  std::shared_ptr<Work> pull_;  // in flight, for version >= pull_min_
+  int64_t pull_min_ = -1;
+  int64_t next_ = 0;            // the version to pull next
+  absl::Duration backoff_ = absl::Milliseconds(100);
+  absl::Time last_log_ = absl::Now();
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_JOB_RUNNER_H_

@@ -1,0 +1,149 @@
+// The worker's side of the data plane: pushes a step's gradient to, and
+// pulls a version's weights from, every shard of a job, all shards in
+// parallel, over one channel per shard (the job's ShardMap says which shard
+// holds which range of the flat vector).
+//
+// Every operation is asynchronous and returns a Work handle, in the manner
+// of c10d's Work: it starts at once, Wait() blocks with a deadline, Cancel()
+// stops it. Nothing runs on threads of our own: the RPCs are gRPC callback
+// reactors, so an operation costs no thread hand-off and a pull can be in
+// flight while the device computes.
+//
+//   ParameterClient client(map, num_params, "coord:7070", options);
+//   auto pull = client.Pull(step, params);            // in flight
+//   ... compute ...
+//   absl::StatusOr<int64_t> v = pull->WaitVersion(absl::Now() + timeout);
+//   auto push = client.Push(header, grads);
+//   absl::Status s = push->Wait(absl::Now() + timeout);
+//
+// Errors are those of proto/tally.proto's ParameterService, with their
+// ErrorReason (proto/errors.h); when shards answer differently, the first
+// failure to arrive is the result (a pull's other RPCs are then cancelled:
+// the pull is redone whole). A pull whose shards answer different versions
+// fails with kAborted (pull again).
+//
+// Thread-safety: a ParameterClient may be used from any thread; the buffers
+// given to Pull and Push are borrowed until their Work is done (Wait
+// returned anything but kDeadlineExceeded, or Cancel and Wait).
+#ifndef TALLY_WORKER_PARAM_CLIENT_H_
+#define TALLY_WORKER_PARAM_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/tally.grpc.pb.h"
+
+namespace grpc {
+class Channel;
+class ClientContext;
+}  // namespace grpc
+
+namespace tally {
+
+// One asynchronous operation over every shard of a job.
+class Work {
+ public:
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
+
+  // Blocks until every shard answered, or `deadline`: then
+  // kDeadlineExceeded, and the work goes on (Cancel it, or wait again).
+  absl::Status Wait(absl::Time deadline);
+  // A pull's version, once Wait returned OK.
+  absl::StatusOr<int64_t> WaitVersion(absl::Time deadline);
+  // Cancels every RPC still running; Wait then returns promptly.
+  void Cancel();
+  bool Done() const;
+
+ private:
+  friend class ParameterClient;
+  friend class PushCall;
+  friend class PullCall;
+  explicit Work(int parts);
+
+  // Called once per part, with its context (to cancel it) as it starts and
+  // its result as it ends.
+  void Started(grpc::ClientContext* ctx);
+  void Finished(grpc::ClientContext* ctx, const absl::Status& status,
+                int64_t version, bool cancel_others);
+
+  mutable absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
+  bool mixed_versions_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
+};
+
+struct ParamClientOptions {
+  std::string job_id;
+  std::string worker_id;
+  int64_t incarnation = 0;
+  v1::DType dtype = v1::FLOAT32;
+  int64_t chunk_elements = 262144;  // push chunks (1 MiB of float32)
+  // How long a pull may wait on a shard for its version (the server's
+  // bound); the RPC's own deadline is this plus rpc_timeout.
+  absl::Duration pull_wait = absl::Seconds(5);
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // The worker's view of the schedule, sent with pulls (0: no claim).
+  int64_t total_steps = 0;
+  int64_t steps_per_epoch = 0;
+};
+
+// What a push says besides its gradient.
+struct PushInfo {
+  int64_t step = 0;
+  int64_t samples = 0;  // 0: nothing to contribute (grads unused)
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+};
+
+class ParameterClient {
+ public:
+  // Checks that `map` covers [0, num_params) exactly once, in order
+  // (kInvalidArgument otherwise), and dials each shard; an entry with an
+  // empty address is `coordinator`, the address the worker reached the
+  // coordinator at.
+  static absl::StatusOr<std::unique_ptr<ParameterClient>> Create(
+      const v1::ShardMap& map, int64_t num_params,
+      const std::string& coordinator, const ParamClientOptions& options);
+  ParameterClient(const ParameterClient&) = delete;
+  ParameterClient& operator=(const ParameterClient&) = delete;
+  ~ParameterClient();
+
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+
+  // Pulls version >= min_version of every shard's range into
+  // params[0, num_params).
+  std::shared_ptr<Work> Pull(int64_t min_version, float* params);
+  // Pushes grads[0, num_params) (unused when info.samples == 0), each shard
+  // its range, for step info.step computed from version info.step.
+  std::shared_ptr<Work> Push(const PushInfo& info, const float* grads);
+
+ private:
+  struct Shard {
+    std::string address;
+    int64_t offset = 0;
+    int64_t count = 0;
+    std::unique_ptr<v1::ParameterService::Stub> stub;
+  };
+  ParameterClient(int64_t num_params, const ParamClientOptions& options)
+      : num_params_(num_params), options_(options) {}
+
+  const int64_t num_params_;
+  const ParamClientOptions options_;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_PARAM_CLIENT_H_
