@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
     req.set_total_steps(steps + 1);
     req.set_steps_per_epoch(1);
     req.set_dtype(dtype);
+    if (v > 0) {  // the push of v - 1 reached the (only) shard
+      req.mutable_commit()->set_step(v - 1);
+      req.mutable_commit()->set_contributed(true);
+    }
     auto ctx = Ctx();
     auto r = params->PullWeights(ctx.get(), req);
     v1::PullResponse resp;

@@ -175,9 +175,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
       return;
     }
     bool duplicate = false;
-    absl::Status s = shard_->Commit(
-        meta_, meta_.samples > 0 ? staging_->data() : nullptr, &duplicate);
-    ReturnStaging();
+    absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
     resp_->set_duplicate(duplicate);
     resp_->set_version(shard_->version());
     Finish(ToGrpc(s));
@@ -293,6 +291,10 @@ class PullReactor final
     // Only the job's members read its weights on the data path (clients
     // fetch them through JobService).
     if (s.ok()) s = (*shard)->CheckMember(req->worker_id(), req->incarnation());
+    if (s.ok() && req->has_commit()) {
+      (*shard)->Commit(req->worker_id(), req->incarnation(),
+                       req->commit().step(), req->commit().contributed());
+    }
     if (s.ok() && req->total_steps() > 0) {
       s = (*shard)->SetSchedule(req->total_steps(), req->steps_per_epoch());
     }

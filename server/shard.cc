@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/vectorize.h"
+#include "common/status_macros.h"
 #include "proto/errors.h"
 
 namespace tally {
@@ -88,22 +89,131 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
   return shard;
 }
 
+bool ParameterShard::RequiredLocked(const Member& m, int64_t step) const {
+  return m.spec.join_step <= step && step < m.spec.leave_step;
+}
+
+void ParameterShard::UnstageLocked(Member& m) {
+  if (m.staged != nullptr) {
+    --staging_out_;
+    if (!retired_ && staging_pool_.size() < 8) {
+      staging_pool_.push_back(std::move(m.staged));
+    }
+    m.staged.reset();
+  }
+  m.staged_step = -1;
+  m.samples = 0;
+  m.loss_sum = 0.0;
+  m.correct = 0;
+}
+
+void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
+  std::map<std::string, Member> next;
+  for (const MemberSpec& spec : members) {
+    Member& m = next[spec.worker_id];
+    auto old = members_.find(spec.worker_id);
+    if (old != members_.end() &&
+        old->second.spec.incarnation == spec.incarnation) {
+      m = std::move(old->second);  // progress and staged push go on
+    }
+    m.spec = spec;
+    if (m.staged_step >= 0 && m.staged_step >= spec.leave_step) {
+      UnstageLocked(m);  // pushed past its last step: not counted anywhere
+    } else if (m.staged_step >= 0 && m.staged_step == spec.leave_step - 1 &&
+               m.committed_step < m.staged_step) {
+      // Its last step counts: another shard had its commit, so the push
+      // reached every shard, this one included.
+      m.committed_step = m.staged_step;
+    }
+  }
+  for (auto& [id, m] : members_) {
+    if (!next.count(id) || next[id].spec.incarnation != m.spec.incarnation)
+      UnstageLocked(m);
+  }
+  members_ = std::move(next);
+}
+
+absl::Status ParameterShard::SetMembers(const std::vector<MemberSpec>& members,
+                                        int64_t hold_id) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (hold_id != 0 && hold_id != hold_id_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "hold ", hold_id, " is not in force (it lapsed or was replaced)"));
+    }
+    SetMembersLocked(members);
+    if (hold_id != 0) hold_id_ = 0;
+    MaybeCloseLocked(&ready);
+  }
+  RunReady(ready);
+  return absl::OkStatus();
+}
+
+std::vector<MemberSpec> ParameterShard::Members() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<MemberSpec> out;
+  for (const auto& [id, m] : members_) out.push_back(m.spec);
+  return out;
+}
+
+HoldReport ParameterShard::Hold(int64_t hold_id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  hold_id_ = hold_id;
+  hold_deadline_ = deadline;
+  HoldReport r;
+  r.version = version_;
+  for (const auto& [id, m] : members_) {
+    r.members.push_back(
+        {id, m.spec.incarnation, m.pushed_step, m.committed_step});
+  }
+  return r;
+}
+
 void ParameterShard::AddMember(const std::string& worker_id,
                                int64_t incarnation) {
-  absl::MutexLock lock(&mu_);
-  Member m;
-  m.incarnation = incarnation;
-  // Joining an open step that already has contributions would make the
-  // step's worker set differ between shards; wait for the next one.
-  m.join_step = step_contributions_ > 0 ? version_ + 1 : version_;
-  members_[worker_id] = m;
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    bool pushed = false;
+    int rank = 0;
+    std::vector<MemberSpec> specs;
+    for (const auto& [id, m] : members_) {
+      if (m.pushed_step >= version_) pushed = true;
+      rank = std::max(rank, m.spec.rank + 1);
+      if (id != worker_id) specs.push_back(m.spec);
+    }
+    MemberSpec spec;
+    spec.worker_id = worker_id;
+    spec.incarnation = incarnation;
+    spec.rank = rank;
+    // Joining a step that already has pushes would make its worker set
+    // depend on timing; wait for the next one.
+    spec.join_step = pushed ? version_ + 1 : version_;
+    specs.push_back(spec);
+    SetMembersLocked(specs);
+  }
+  RunReady(ready);
 }
 
 void ParameterShard::RemoveMember(const std::string& worker_id) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    members_.erase(worker_id);
+    std::vector<MemberSpec> specs;
+    for (const auto& [id, m] : members_) {
+      if (id == worker_id) {
+        // Out from the open step, unless it already committed it.
+        MemberSpec spec = m.spec;
+        if (m.committed_step >= version_) {
+          spec.leave_step = version_ + 1;
+          specs.push_back(spec);
+        }
+        continue;
+      }
+      specs.push_back(m.spec);
+    }
+    SetMembersLocked(specs);
     MaybeCloseLocked(&ready);
   }
   RunReady(ready);
@@ -111,9 +221,7 @@ void ParameterShard::RemoveMember(const std::string& worker_id) {
 
 bool ParameterShard::IsMember(const std::string& worker_id,
                               int64_t incarnation) const {
-  absl::MutexLock lock(&mu_);
-  auto it = members_.find(worker_id);
-  return it != members_.end() && it->second.incarnation == incarnation;
+  return CheckMember(worker_id, incarnation).ok();
 }
 
 absl::Status ParameterShard::SetSchedule(int64_t total_steps,
@@ -160,12 +268,18 @@ absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
                           " is not a member of this job (lease lost?)")),
                       v1::NOT_A_MEMBER);
   }
-  if (it->second.incarnation != incarnation) {
+  if (it->second.spec.incarnation != incarnation) {
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
             "stale incarnation ", incarnation, " of worker ", worker_id,
-            " (current ", it->second.incarnation, ")")),
+            " (current ", it->second.spec.incarnation, ")")),
         v1::REGISTER_AGAIN);
+  }
+  if (it->second.spec.leave_step <= version_) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "worker ", worker_id, " left this job at step ",
+                          it->second.spec.leave_step)),
+                      v1::NOT_A_MEMBER);
   }
   return absl::OkStatus();
 }
@@ -207,12 +321,12 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
                      " must be computed from version ", meta.step, ", not ",
                      meta.base_version));
   }
-  if (m.join_step > version_) {
+  if (m.spec.join_step > version_) {
     return WithReason(
         absl::FailedPreconditionError(
             absl::StrCat("worker ", meta.worker_id, " joins at step ",
-                         m.join_step, "; pull that version first")),
-        v1::JOIN_LATER, m.join_step);
+                         m.spec.join_step, "; pull that version first")),
+        v1::JOIN_LATER, m.spec.join_step);
   }
   if (m.pushed_step >= meta.step) *duplicate = true;
   return absl::OkStatus();
@@ -224,61 +338,112 @@ absl::Status ParameterShard::CheckPush(const PushMeta& meta,
   return CheckPushLocked(meta, duplicate);
 }
 
-absl::Status ParameterShard::Commit(const PushMeta& meta, const float* grads,
+absl::Status ParameterShard::Accept(const PushMeta& meta,
+                                    std::unique_ptr<std::vector<float>> grads,
                                     bool* duplicate) {
-  Ready ready;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::Status s = CheckPushLocked(meta, duplicate);
-    if (!s.ok() || *duplicate) return s;
-    if (meta.samples > 0 && grads == nullptr) {
-      return absl::InvalidArgumentError("a push with samples needs a gradient");
+  absl::MutexLock lock(&mu_);
+  absl::Status s = CheckPushLocked(meta, duplicate);
+  if (!s.ok() || *duplicate) {
+    if (grads != nullptr) {
+      --staging_out_;
+      if (!retired_ && staging_pool_.size() < 8)
+        staging_pool_.push_back(std::move(grads));
     }
-    if (meta.samples > 0) {
-      // The step's first gradient sets the sum: no zeroing pass per step.
-      const float w = static_cast<float>(meta.samples);
-      if (step_samples_ == 0) {
-        SetScaled(sum_.data(), grads, w, num_params_);
-      } else {
-        AddScaled(sum_.data(), grads, w, num_params_);
-      }
-      step_samples_ += meta.samples;
-      step_loss_ += meta.loss_sum;
-      step_correct_ += meta.correct;
-    }
-    ++step_contributions_;
-    members_[meta.worker_id].pushed_step = meta.step;
-    MaybeCloseLocked(&ready);
+    return s;
   }
-  RunReady(ready);
+  if (meta.samples > 0 &&
+      (grads == nullptr || static_cast<int64_t>(grads->size()) != num_params_)) {
+    return absl::InvalidArgumentError("a push with samples needs a gradient");
+  }
+  Member& m = members_.at(meta.worker_id);
+  UnstageLocked(m);
+  m.pushed_step = meta.step;
+  m.staged_step = meta.step;
+  if (meta.samples > 0) {
+    m.staged = std::move(grads);
+    m.samples = meta.samples;
+    m.loss_sum = meta.loss_sum;
+    m.correct = meta.correct;
+  } else if (grads != nullptr) {
+    --staging_out_;
+    if (staging_pool_.size() < 8) staging_pool_.push_back(std::move(grads));
+  }
   return absl::OkStatus();
 }
 
-void ParameterShard::Reject(const PushMeta& meta) {
+absl::Status ParameterShard::Accept(const PushMeta& meta, const float* grads,
+                                    bool* duplicate) {
+  std::unique_ptr<std::vector<float>> copy;
+  if (meta.samples > 0 && grads != nullptr) {
+    TALLY_ASSIGN_OR_RETURN(copy, AcquireStaging());
+    std::copy(grads, grads + num_params_, copy->begin());
+  }
+  return Accept(meta, std::move(copy), duplicate);
+}
+
+void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
+                            int64_t step, bool contributed) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    ++rejected_;
-    bool duplicate = false;
-    if (!CheckPushLocked(meta, &duplicate).ok() || duplicate) return;
-    ++step_contributions_;
-    members_[meta.worker_id].pushed_step = meta.step;
+    if (!CheckMemberLocked(worker_id, incarnation).ok()) return;
+    if (step != version_) return;  // settled already, or nonsense
+    Member& m = members_.at(worker_id);
+    if (!RequiredLocked(m, step) || m.committed_step >= step) return;
+    if (!contributed || m.staged_step != step) UnstageLocked(m);
+    m.committed_step = step;
     MaybeCloseLocked(&ready);
   }
   RunReady(ready);
 }
 
+void ParameterShard::Reject(const PushMeta& meta) {
+  absl::MutexLock lock(&mu_);
+  ++rejected_;
+  bool duplicate = false;
+  if (!CheckPushLocked(meta, &duplicate).ok() || duplicate) return;
+  Member& m = members_.at(meta.worker_id);
+  UnstageLocked(m);  // settled as nothing; the commit still comes
+  m.pushed_step = meta.step;
+}
+
 void ParameterShard::MaybeCloseLocked(Ready* ready) {
-  if (retired_ || (total_steps_ > 0 && version_ >= total_steps_)) return;
-  int required = 0;
-  for (const auto& [id, m] : members_) {
-    if (m.join_step > version_) continue;
-    ++required;
-    if (m.pushed_step < version_) return;  // still waiting for this one
+  if (retired_ || hold_id_ != 0 ||
+      (total_steps_ > 0 && version_ >= total_steps_)) {
+    return;
   }
-  if (required == 0) return;  // nobody to close it with
-  if (step_samples_ > 0) {
-    ScaleInto(mean_.data(), sum_.data(), 1.0f / step_samples_, num_params_);
+  // Required members in the order of summation.
+  std::vector<Member*> required;
+  for (auto& [id, m] : members_) {
+    if (!RequiredLocked(m, version_)) continue;
+    if (m.committed_step < version_) return;  // still waiting for this one
+    required.push_back(&m);
+  }
+  if (required.empty()) return;  // nobody to close it with
+  std::sort(required.begin(), required.end(), [](Member* a, Member* b) {
+    return a->spec.rank != b->spec.rank ? a->spec.rank < b->spec.rank
+                                        : a->spec.worker_id < b->spec.worker_id;
+  });
+  int64_t samples = 0, correct = 0;
+  double loss = 0.0;
+  for (Member* m : required) {
+    if (m->staged_step != version_ || m->staged == nullptr) continue;
+    // The first gradient sets the sum: no zeroing pass per step.
+    const float w = static_cast<float>(m->samples);
+    if (samples == 0) {
+      SetScaled(sum_.data(), m->staged->data(), w, num_params_);
+    } else {
+      AddScaled(sum_.data(), m->staged->data(), w, num_params_);
+    }
+    samples += m->samples;
+    loss += m->loss_sum;
+    correct += m->correct;
+  }
+  for (auto& [id, m] : members_) {
+    if (m.staged_step <= version_) UnstageLocked(m);
+  }
+  if (samples > 0) {
+    ScaleInto(mean_.data(), sum_.data(), 1.0f / samples, num_params_);
     optimizer_->Step(weights_.data(), mean_.data());
     // Publish the new weights in a snapshot buffer no reader holds.
     std::shared_ptr<std::vector<float>> fresh;
@@ -294,21 +459,26 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
     }
     std::copy(weights_.begin(), weights_.end(), fresh->begin());
     snapshot_ = fresh;
-    last_loss_ = step_loss_ / step_samples_;
-    last_accuracy_ = static_cast<double>(step_correct_) / step_samples_;
+    last_loss_ = loss / samples;
+    last_accuracy_ = static_cast<double>(correct) / samples;
   }
-  samples_total_ += step_samples_;
+  samples_total_ += samples;
   const absl::Time now = clock_->Now();
   closes_.emplace_back(now, samples_total_);
   // Keep about five seconds of history for the throughput figure.
   while (closes_.size() > 2 && now - closes_.front().first > absl::Seconds(5)) {
     closes_.erase(closes_.begin());
   }
-  step_samples_ = 0;  // the next step's first gradient overwrites sum_
-  step_contributions_ = 0;
-  step_loss_ = 0.0;
-  step_correct_ = 0;
   ++version_;
+  // Members whose last step this was are done here.
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (it->second.spec.leave_step <= version_) {
+      UnstageLocked(it->second);
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   if (version_ == total_steps_) finished_ = now;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->version <= version_) {
@@ -415,6 +585,10 @@ void ParameterShard::ExpireWaiters() {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
+    if (hold_id_ != 0 && hold_deadline_ <= now) {
+      hold_id_ = 0;  // the coordinator did not finish: the old members stand
+      MaybeCloseLocked(&ready);
+    }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline <= now) {
         ready.emplace_back(std::move(it->done),
@@ -432,6 +606,7 @@ void ParameterShard::ExpireWaiters() {
 
 void ParameterShard::Retire() {
   absl::MutexLock lock(&mu_);
+  for (auto& [id, m] : members_) UnstageLocked(m);
   retired_ = true;
   members_.clear();
   optimizer_.reset();

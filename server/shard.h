@@ -1,19 +1,39 @@
-// One job's parameters on one server: master weights, optimizer state,
-// synchronous (bulk-synchronous) aggregation and versioned pulls.
+// One range of one job's parameters on one server: master weights,
+// optimizer state, bulk-synchronous aggregation and versioned pulls. A job
+// split over several shards has one ParameterShard per range, each on its
+// own server; they agree on every step because membership is not theirs to
+// decide (see below).
 //
-// Step t is open while version() == t. Members (workers) push the mean
-// gradient of their batch for step t with its sample count; the shard adds
-// samples * gradient into a sum. The step closes when every member required
-// for step t has pushed (or skipped, or left): the sum is divided by the
-// total sample count, the optimizer runs, the version becomes t + 1 and
-// waiting pulls are released. A member that joins while the open step already
-// has contributions is required only from the next step on.
+// A step, on every shard alike. Step t is open while version() == t.
+//   1. Accept: a member's push of step t (its batch's mean gradient over
+//      this range, with its sample count) is checked and staged whole, one
+//      staged push per member.
+//   2. Commit: once the member's push of t reached every shard, its next
+//      pull says so (committed step t, and whether it contributed: a push
+//      refused as non-finite on any shard contributes on none).
+//   3. Close: when every member required at t has committed t, the staged
+//      gradients are summed in rank order (so every shard count and arrival
+//      order gives bit-identical sums), weighted by samples and divided by
+//      their total; the optimizer runs, the version becomes t + 1 and
+//      waiting pulls are released.
+// A step never closes on the strength of pushes alone: a worker that dies
+// between its pushes to two shards has committed on neither, so no shard
+// counts a push another shard lacks.
+//
+// Membership is the coordinator's: SetMembers gives every member with the
+// steps it belongs to, [join_step, leave_step). To change it consistently
+// the coordinator first Holds every shard of the job (no step closes; each
+// reports its version and every member's progress), decides the steps from
+// all the reports, then sets them everywhere, which releases the hold. A
+// hold not released by its deadline lapses (the old membership stands).
+// AddMember/RemoveMember are the one-shard forms of the same decisions.
 //
 // Thread-safe: every method may be called from any thread. Callbacks given
 // to WhenVersion run without the shard's lock held.
 #ifndef TALLY_SERVER_SHARD_H_
 #define TALLY_SERVER_SHARD_H_
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,6 +74,29 @@ struct ShardMetrics {
   double train_seconds = 0.0;  // first schedule (pull) to last close, or now
 };
 
+// One member as the coordinator decides it.
+struct MemberSpec {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  int rank = 0;             // the order of summation
+  int64_t join_step = 0;    // required from this step
+  int64_t leave_step = kNoStep;  // ... up to this one, excluded
+  static constexpr int64_t kNoStep = INT64_MAX;
+};
+
+// A member's progress on this shard, for the coordinator's decisions.
+struct MemberProgress {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  int64_t pushed_step = -1;     // last step it pushed (staged or settled)
+  int64_t committed_step = -1;  // last step it committed
+};
+
+struct HoldReport {
+  int64_t version = 0;
+  std::vector<MemberProgress> members;
+};
+
 // What a checkpoint keeps of a shard: the weights of the last closed step
 // with the optimizer state that goes with them, and the metrics (version,
 // schedule, counters; members and samples_per_sec are not restored). The
@@ -86,9 +129,24 @@ class ParameterShard {
 
   int64_t num_params() const { return num_params_; }
 
-  // Members, keyed by worker id; a new incarnation replaces the old one.
+  // Members, keyed by worker id, as the coordinator decided (see above): a
+  // worker missing from `members` is no member any more; its staged push
+  // goes. A member's staged push for a step at or past its leave step goes;
+  // one for the step before it counts as committed (another shard counted
+  // it, so this one has it too). With `hold_id`, releases that hold:
+  // kFailedPrecondition (nothing changed) when that hold is not the one in
+  // force (it lapsed, or another replaced it).
+  absl::Status SetMembers(const std::vector<MemberSpec>& members,
+                          int64_t hold_id = 0);
+  std::vector<MemberSpec> Members() const;
+  // Freezes step closing until SetMembers(…, hold_id) or `deadline` (checked
+  // by ExpireWaiters), and reports the version and each member's progress.
+  HoldReport Hold(int64_t hold_id, absl::Time deadline);
+
+  // One-shard membership: joins at the open step, or the next one if the
+  // open step already has pushes; leaves before the open step, or after it
+  // if it already committed it. A new incarnation replaces the old one.
   void AddMember(const std::string& worker_id, int64_t incarnation);
-  // Removing a member may close the open step.
   void RemoveMember(const std::string& worker_id);
   bool IsMember(const std::string& worker_id, int64_t incarnation) const;
   // OK when (worker_id, incarnation) is a member; else kFailedPrecondition
@@ -105,25 +163,36 @@ class ParameterShard {
   // Checks a push before its data is read (codes and their ErrorReason,
   // proto/errors.h):
   //   kFailedPrecondition + JOB_ENDED      the job ended (retired)
-  //   kFailedPrecondition + NOT_A_MEMBER   not a member
+  //   kFailedPrecondition + NOT_A_MEMBER   not a member (or past its leave)
   //   kFailedPrecondition + REGISTER_AGAIN stale incarnation
   //   kAborted + STEP_CLOSED(version)      the step closed without this push,
   //                                        or training is over: pull, go on
   //   kFailedPrecondition + STEP_NOT_OPEN(version)  a step beyond the open one
   //   kFailedPrecondition + JOIN_LATER(join step)   required only from then
   //   kInvalidArgument                     negative samples, wrong base
-  // OK with *duplicate = true when this worker already counted this step.
+  // OK with *duplicate = true when this worker already pushed this step.
   absl::Status CheckPush(const PushMeta& meta, bool* duplicate) const;
 
-  // Adds a complete, validated push (grads: num_params floats, or null when
-  // meta.samples == 0, a member with nothing to contribute). Re-checks as
-  // CheckPush; a duplicate is acknowledged (*duplicate = true) and ignored.
-  absl::Status Commit(const PushMeta& meta, const float* grads,
+  // Stages a complete, validated push: `grads` (num_params() floats, from
+  // AcquireStaging; null when meta.samples == 0) is kept until the step
+  // closes. Re-checks as CheckPush; a duplicate is acknowledged
+  // (*duplicate = true) and its buffer handed back.
+  absl::Status Accept(const PushMeta& meta,
+                      std::unique_ptr<std::vector<float>> grads,
+                      bool* duplicate);
+  // Accept with a copy of `grads` (tests, benchmarks).
+  absl::Status Accept(const PushMeta& meta, const float* grads,
                       bool* duplicate);
 
+  // The member says its push of `step` reached every shard (a pull carries
+  // this); with contributed = false it counts as nothing here either. A
+  // commit for a step that is not open, or from a non-member, changes
+  // nothing.
+  void Commit(const std::string& worker_id, int64_t incarnation, int64_t step,
+              bool contributed);
+
   // Counts a refused push (non-finite values, ...). When the pusher is a
-  // required member of the open step, it is marked as having contributed
-  // nothing so the step does not wait for it.
+  // required member of the open step, its push is settled as nothing here.
   void Reject(const PushMeta& meta);
 
   int64_t version() const;
@@ -134,10 +203,11 @@ class ParameterShard {
       int64_t* version, int64_t* total_steps = nullptr) const;
   ShardMetrics Metrics() const;
 
-  // Staging buffers of num_params() floats for pushes in flight, recycled:
-  // allocating megabytes per push costs page faults on every step. At most
-  // 2 * members + 4 are out at once, so that a flood of open push streams
-  // cannot exhaust the server's memory (kResourceExhausted beyond that).
+  // Staging buffers of num_params() floats for pushes in flight or staged,
+  // recycled: allocating megabytes per push costs page faults on every
+  // step. At most 2 * members + 4 are out at once, so that a flood of open
+  // push streams cannot exhaust the server's memory (kResourceExhausted
+  // beyond that).
   absl::StatusOr<std::unique_ptr<std::vector<float>>> AcquireStaging();
   void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
 
@@ -146,6 +216,7 @@ class ParameterShard {
   // JOB_ENDED) on CancelWaiters. The first call starts the training clock.
   void WhenVersion(int64_t v, absl::Time deadline,
                    std::function<void(absl::Status)> done);
+  // Releases waiters and a hold whose deadlines passed.
   void ExpireWaiters();
   // Releases every waiter with kFailedPrecondition + JOB_ENDED.
   void CancelWaiters();
@@ -156,9 +227,15 @@ class ParameterShard {
 
  private:
   struct Member {
-    int64_t incarnation = 0;
-    int64_t join_step = 0;
-    int64_t pushed_step = -1;  // last step it contributed to (or skipped)
+    MemberSpec spec;
+    int64_t pushed_step = -1;     // last step pushed (staged or rejected)
+    int64_t committed_step = -1;  // last step committed
+    // The push of staged_step: its gradient (null: contributes nothing).
+    int64_t staged_step = -1;
+    std::unique_ptr<std::vector<float>> staged;
+    int64_t samples = 0;
+    double loss_sum = 0.0;
+    int64_t correct = 0;
   };
   struct Waiter {
     int64_t version;
@@ -173,8 +250,15 @@ class ParameterShard {
   absl::Status CheckMemberLocked(const std::string& worker_id,
                                  int64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes the open step if nobody required is missing; collects released
-  // waiters into `ready` (run them after unlocking).
+  bool RequiredLocked(const Member& m, int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands a staged buffer back to the pool.
+  void UnstageLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetMembersLocked(const std::vector<MemberSpec>& members)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the open step if every required member committed it and no hold
+  // is in force; collects released waiters into `ready` (run them after
+  // unlocking).
   void MaybeCloseLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(Ready& ready);
   ShardMetrics MetricsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -198,12 +282,9 @@ class ParameterShard {
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time finished_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
-  // Aggregation of the open step.
+  int64_t hold_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no hold
+  absl::Time hold_deadline_ ABSL_GUARDED_BY(mu_);
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
-  int64_t step_samples_ ABSL_GUARDED_BY(mu_) = 0;
-  int step_contributions_ ABSL_GUARDED_BY(mu_) = 0;
-  double step_loss_ ABSL_GUARDED_BY(mu_) = 0.0;
-  int64_t step_correct_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> mean_ ABSL_GUARDED_BY(mu_);
   // Metrics.
   double last_loss_ ABSL_GUARDED_BY(mu_) = 0.0;

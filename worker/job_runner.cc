@@ -24,7 +24,7 @@ JobRunner::JobRunner(const v1::Assignment& assignment,
                      const DaemonOptions& options, JobContext context)
     : assignment_(assignment), options_(options), context_(std::move(context)) {}
 
-JobRunner::~JobRunner() { CancelPull(); }
+JobRunner::~JobRunner() = default;
 
 absl::Status JobRunner::Run() {
   if (absl::Status s = Prepare(); !s.ok()) return Refuse(s);
@@ -48,9 +48,6 @@ absl::Status JobRunner::Run() {
     if (version >= schedule_.total_steps) return Finish(version);
     const int64_t step = version;
     TALLY_ASSIGN_OR_RETURN(StepStats stats, Compute(step));
-    // The weights were consumed by the step: the next version may land in
-    // them while this step's gradient is pushed.
-    StartPull(step + 1);
     TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
     if (absl::Now() - last_log_ > absl::Seconds(5)) {
       last_log_ = absl::Now();
@@ -125,33 +122,21 @@ absl::Status JobRunner::Prepare() {
   return absl::OkStatus();
 }
 
-void JobRunner::StartPull(int64_t min_version) {
-  CancelPull();
-  pull_ = client_->Pull(min_version, engine_->params());
-  pull_min_ = min_version;
-}
-
-void JobRunner::CancelPull() {
-  if (pull_ == nullptr) return;
-  pull_->Cancel();
-  // Cancelled calls end promptly; the bound only guards against a stuck
-  // library, and the buffer must not be reused while a call may write it.
-  if (absl::IsDeadlineExceeded(pull_->Wait(absl::Now() + absl::Minutes(1)))) {
-    context_.log("a cancelled pull did not end within a minute");
-  }
-  pull_.reset();
-}
-
 absl::StatusOr<int64_t> JobRunner::PullNext() {
-  if (pull_ == nullptr || pull_min_ != next_) StartPull(next_);
+  std::shared_ptr<Work> pull =
+      client_->Pull(next_, engine_->params(), have_commit_ ? &commit_ : nullptr);
   // The server bounds its wait (pull_wait); this bound covers the transfer.
-  absl::StatusOr<int64_t> v = pull_->WaitVersion(
+  absl::StatusOr<int64_t> v = pull->WaitVersion(
       absl::Now() + absl::Seconds(5) + options_.rpc_timeout);
-  if (!v.ok() && absl::IsDeadlineExceeded(v.status())) {
-    CancelPull();
-    return v;
+  if (!v.ok() && !pull->Done()) {
+    // Cancelled calls end promptly; the bound only guards against a stuck
+    // library, and the buffer must not be reused while a call may write it.
+    pull->Cancel();
+    if (absl::IsDeadlineExceeded(pull->Wait(absl::Now() + absl::Minutes(1)))) {
+      context_.log("a cancelled pull did not end within a minute");
+    }
   }
-  pull_.reset();
+  if (v.ok()) have_commit_ = false;  // every shard has it
   return v;
 }
 
@@ -198,9 +183,30 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     push->Cancel();
     push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();
   }
+  // Every shard answered OK (or duplicate), or refused the push's content
+  // (a non-finite value; a malformed push, a bug of ours): the push is
+  // settled everywhere, and the next pull commits it, as nothing if any
+  // shard refused it.
+  bool settled = push->Done(), contributed = true;
+  for (const absl::Status& r : push->Results()) {
+    if (absl::IsInvalidArgument(r)) {
+      contributed = false;
+    } else if (!r.ok()) {
+      settled = false;
+    }
+  }
+  if (settled) {
+    if (!contributed) {
+      context_.log(absl::StrCat("step ", step, ": ", s.message()));
+    }
+    have_commit_ = true;
+    commit_.set_step(step);
+    commit_.set_contributed(contributed);
+    next_ = step + 1;
+    return absl::OkStatus();
+  }
   switch (ReasonOf(s)) {
     case v1::STEP_CLOSED:   // closed without us: pull its successor
-    case v1::NON_FINITE:    // refused and counted as nothing: go on
       context_.log(absl::StrCat("step ", step, ": ", s.message()));
       next_ = step + 1;
       return absl::OkStatus();
@@ -213,24 +219,13 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     default:
       break;
   }
-  if (s.ok()) {
-    next_ = step + 1;
-    return absl::OkStatus();
-  }
   if (Retryable(s)) {
     // Pushes are idempotent: pull this step again; if it closed meanwhile
     // the pull moves us on, else we push it again.
     context_.log(absl::StrCat("step ", step, ": push failed (", s.message(),
                               "); retrying"));
-    CancelPull();
     Backoff();
     next_ = step;
-    return absl::OkStatus();
-  }
-  if (absl::IsInvalidArgument(s)) {
-    // Our push was malformed (a bug of ours): say so, and go on.
-    context_.log(absl::StrCat("step ", step, ": ", s.message()));
-    next_ = step + 1;
     return absl::OkStatus();
   }
   return s;  // ended, taken off the job, stale registration

@@ -6,9 +6,10 @@
 //             SCHEDULE_MISMATCH, and the coordinator gives it to others),
 //             build the engine and the parameter client for the shard map;
 //   loop      pull version t from every shard -> the batch of step t from
-//             this rank's data shard -> engine step -> start the pull of
-//             t + 1 (it waits on the shards while we push) -> push step t to
-//             every shard -> decide the next step from the push's answer;
+//             this rank's data shard -> engine step -> push step t to every
+//             shard -> decide the next step from the answers; the pull of
+//             t + 1 then tells every shard the push reached them all (the
+//             commit, without which no shard closes t);
 //   Finish    evaluate the final weights on the test set and report.
 //
 // What the worker does after each answer is decided by the status code and
@@ -67,11 +68,8 @@ class JobRunner {
 
  private:
   absl::Status Prepare();
-  // Waits for the weights of version >= next_ (the pull started last step,
-  // when it asked for that version; a new one otherwise).
+  // Pulls the weights of version >= next_, carrying the pending commit.
   absl::StatusOr<int64_t> PullNext();
-  void StartPull(int64_t min_version);
-  void CancelPull();
   // Forward and backward of step `step` on this rank's batch (an empty
   // contribution where this rank has no batch at that step).
   absl::StatusOr<StepStats> Compute(int64_t step);
@@ -97,9 +95,11 @@ class JobRunner {
   std::unique_ptr<BatchLoader> loader_;
   int64_t loader_next_ = -1;  // the step the loader's next batch is for
 
-  std::shared_ptr<Work> pull_;  // in flight, for version >= pull_min_
-  int64_t pull_min_ = -1;
-  int64_t next_ = 0;            // the version to pull next
+  int64_t next_ = 0;  // the version to pull next
+  // Sent with pulls until one reaches every shard: the last push that all
+  // shards answered.
+  bool have_commit_ = false;
+  v1::StepCommit commit_;
   absl::Duration backoff_ = absl::Milliseconds(100);
   absl::Time last_log_ = absl::Now();
 };

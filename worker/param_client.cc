@@ -15,7 +15,7 @@ namespace tally {
 
 // ----------------------------------------------------------------- Work --
 
-Work::Work(int parts) : pending_(parts) {}
+Work::Work(int parts) : pending_(parts), results_(parts) {}
 
 Work::~Work() = default;
 
@@ -25,10 +25,12 @@ void Work::Started(grpc::ClientContext* ctx) {
   if (cancelled_) ctx->TryCancel();
 }
 
-void Work::Finished(grpc::ClientContext* ctx, const absl::Status& status,
-                    int64_t version, bool cancel_others) {
+void Work::Finished(int part, grpc::ClientContext* ctx,
+                    const absl::Status& status, int64_t version,
+                    bool cancel_others) {
   absl::MutexLock lock(&mu_);
   live_.erase(std::find(live_.begin(), live_.end(), ctx));
+  results_[part] = status;
   if (!status.ok()) {
     if (status_.ok()) {
       status_ = status;
@@ -77,16 +79,23 @@ bool Work::Done() const {
   return pending_ == 0;
 }
 
+std::vector<absl::Status> Work::Results() const {
+  absl::MutexLock lock(&mu_);
+  return results_;
+}
+
 // ------------------------------------------------------------ the calls --
 
 // One shard's part of a push: the header, then the shard's range in chunks,
 // each written when the previous one is on its way.
 class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
  public:
-  PushCall(std::shared_ptr<Work> work, v1::ParameterService::Stub* stub,
-           const ParamClientOptions& o, const PushInfo& info,
-           const float* grads, int64_t offset, int64_t count)
+  PushCall(std::shared_ptr<Work> work, int part,
+           v1::ParameterService::Stub* stub, const ParamClientOptions& o,
+           const PushInfo& info, const float* grads, int64_t offset,
+           int64_t count)
       : work_(std::move(work)),
+        part_(part),
         grads_(grads),
         next_(offset),
         end_(offset + count),
@@ -121,7 +130,7 @@ class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
   }
 
   void OnDone(const grpc::Status& status) override {
-    work_->Finished(&ctx_, FromGrpc(status), resp_.version(),
+    work_->Finished(part_, &ctx_, FromGrpc(status), resp_.version(),
                     /*cancel_others=*/false);
     delete this;
   }
@@ -139,6 +148,7 @@ class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
   }
 
   std::shared_ptr<Work> work_;
+  const int part_;
   const float* grads_;  // borrowed: the whole flat gradient
   int64_t next_, end_;
   const int64_t chunk_;
@@ -152,10 +162,12 @@ class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
 // vector as they arrive, each checked to lie in that range.
 class PullCall final : public grpc::ClientReadReactor<v1::PullResponse> {
  public:
-  PullCall(std::shared_ptr<Work> work, v1::ParameterService::Stub* stub,
-           const ParamClientOptions& o, int64_t min_version, float* params,
+  PullCall(std::shared_ptr<Work> work, int part,
+           v1::ParameterService::Stub* stub, const ParamClientOptions& o,
+           int64_t min_version, const v1::StepCommit* commit, float* params,
            int64_t num_params, int64_t offset, int64_t count)
       : work_(std::move(work)),
+        part_(part),
         params_(params),
         num_params_(num_params),
         offset_(offset),
@@ -170,6 +182,7 @@ class PullCall final : public grpc::ClientReadReactor<v1::PullResponse> {
     req_.set_total_steps(o.total_steps);
     req_.set_steps_per_epoch(o.steps_per_epoch);
     req_.set_dtype(o.dtype);
+    if (commit != nullptr) *req_.mutable_commit() = *commit;
     work_->Started(&ctx_);
     stub->async()->PullWeights(&ctx_, &req_, this);
     StartRead(&resp_);
@@ -207,12 +220,13 @@ class PullCall final : public grpc::ClientReadReactor<v1::PullResponse> {
       s = absl::DataLossError(absl::StrCat("pulled ", received_, " of the ",
                                            count_, " weights of a shard"));
     }
-    work_->Finished(&ctx_, s, version_, /*cancel_others=*/true);
+    work_->Finished(part_, &ctx_, s, version_, /*cancel_others=*/true);
     delete this;
   }
 
  private:
   std::shared_ptr<Work> work_;
+  const int part_;
   float* params_;  // borrowed: the whole flat vector
   const int64_t num_params_, offset_, count_;
   grpc::ClientContext ctx_;
@@ -264,10 +278,12 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
 ParameterClient::~ParameterClient() = default;
 
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version,
-                                            float* params) {
+                                            float* params,
+                                            const v1::StepCommit* commit) {
   std::shared_ptr<Work> work(new Work(num_shards()));
-  for (Shard& s : shards_) {
-    new PullCall(work, s.stub.get(), options_, min_version, params,
+  for (int i = 0; i < num_shards(); ++i) {
+    Shard& s = shards_[i];
+    new PullCall(work, i, s.stub.get(), options_, min_version, commit, params,
                  num_params_, s.offset, s.count);
   }
   return work;
@@ -276,8 +292,9 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version,
 std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
                                             const float* grads) {
   std::shared_ptr<Work> work(new Work(num_shards()));
-  for (Shard& s : shards_) {
-    new PushCall(work, s.stub.get(), options_, info, grads, s.offset,
+  for (int i = 0; i < num_shards(); ++i) {
+    Shard& s = shards_[i];
+    new PushCall(work, i, s.stub.get(), options_, info, grads, s.offset,
                  s.count);
   }
   return work;

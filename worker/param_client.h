@@ -62,6 +62,8 @@ class Work {
   // Cancels every RPC still running; Wait then returns promptly.
   void Cancel();
   bool Done() const;
+  // Each shard's answer, in shard map order, once done.
+  std::vector<absl::Status> Results() const;
 
  private:
   friend class ParameterClient;
@@ -72,7 +74,7 @@ class Work {
   // Called once per part, with its context (to cancel it) as it starts and
   // its result as it ends.
   void Started(grpc::ClientContext* ctx);
-  void Finished(grpc::ClientContext* ctx, const absl::Status& status,
+  void Finished(int part, grpc::ClientContext* ctx, const absl::Status& status,
                 int64_t version, bool cancel_others);
 
   mutable absl::Mutex mu_;
@@ -82,6 +84,7 @@ class Work {
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
   bool mixed_versions_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
 };
 
 struct ParamClientOptions {
@@ -123,8 +126,10 @@ class ParameterClient {
   int num_shards() const { return static_cast<int>(shards_.size()); }
 
   // Pulls version >= min_version of every shard's range into
-  // params[0, num_params).
-  std::shared_ptr<Work> Pull(int64_t min_version, float* params);
+  // params[0, num_params). With `commit`, tells every shard that the push
+  // of commit->step reached them all (see PullRequest.commit).
+  std::shared_ptr<Work> Pull(int64_t min_version, float* params,
+                             const v1::StepCommit* commit = nullptr);
   // Pushes grads[0, num_params) (unused when info.samples == 0), each shard
   // its range, for step info.step computed from version info.step.
   std::shared_ptr<Work> Push(const PushInfo& info, const float* grads);

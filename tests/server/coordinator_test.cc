@@ -11,6 +11,15 @@
 namespace tally {
 namespace {
 
+// A member's push of a step, accepted and then committed, as the member's
+// next pull would commit it once every shard answered.
+absl::Status PushAndCommit(ParameterShard& s, const PushMeta& m,
+                           const float* g, bool* dup) {
+  absl::Status st = s.Accept(m, g, dup);
+  if (st.ok()) s.Commit(m.worker_id, m.incarnation, m.step, true);
+  return st;
+}
+
 using ::tally::testing::HasReason;
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -157,7 +166,7 @@ TEST_F(CoordinatorTest, AWorkerWithAnotherDatasetCannotStallTheJob) {
     m.worker_id = w.worker_id();
     m.incarnation = w.incarnation();
     m.samples = 1;
-    TALLY_ASSERT_OK(shard->Commit(m, g.data(), &dup));
+    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
   }
   EXPECT_EQ(shard->version(), 1);
 }
@@ -189,7 +198,7 @@ TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
     m.worker_id = w.worker_id();
     m.incarnation = w.incarnation();
     m.samples = 1;
-    TALLY_ASSERT_OK(shard->Commit(m, g.data(), &dup));
+    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
   }
   r.set_steps(1);
   TALLY_ASSERT_OK(coord_.ReportResult(r));
@@ -286,7 +295,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
         m.samples = 4;
         std::vector<float> g((*shard)->num_params(), 0.25f * (t + 1));
         bool dup = false;
-        ASSERT_TRUE((*shard)->Commit(m, g.data(), &dup).ok());
+        ASSERT_TRUE(PushAndCommit(**shard, m, g.data(), &dup).ok());
       }
     };
     step(0);

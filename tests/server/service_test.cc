@@ -124,10 +124,16 @@ class ServiceTest : public ::testing::Test {
     return req;
   }
 
+  // A pull of min_version, which (as a worker's would) commits the push of
+  // the step before it.
   absl::StatusOr<std::pair<int64_t, std::vector<float>>> Pull(
       int64_t min_version, int64_t wait_ms = 2000) {
     auto ctx = Ctx();
     v1::PullRequest req = PullRequest(min_version);
+    if (min_version > 0) {
+      req.mutable_commit()->set_step(min_version - 1);
+      req.mutable_commit()->set_contributed(true);
+    }
     req.set_max_wait_ms(wait_ms);
     req.set_chunk_elements(3);
     auto r = params_->PullWeights(ctx.get(), req);
@@ -203,7 +209,7 @@ TEST_F(ServiceTest, ASyncStepOverTheWire) {
   auto pushed = Push(FullPush(0, 0.5f));
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_FALSE(pushed->duplicate());
-  EXPECT_EQ(pushed->version(), 1);
+  EXPECT_EQ(pushed->version(), 0);  // staged until the pull commits it
   auto w1 = Pull(1);
   ASSERT_TRUE(w1.ok());
   for (int i = 0; i < kParams; ++i)
@@ -362,7 +368,6 @@ TEST_F(ServiceTest, Bfloat16PushMovesTheWeightsLikeFloat32) {
   EXPECT_EQ(msgs[0].chunk().data().size(), 2u * kParams);  // half the bytes
   auto pushed = Push(msgs);
   ASSERT_TRUE(pushed.ok()) << pushed.status();
-  EXPECT_EQ(pushed->version(), 1);
   auto w1 = Pull(1);
   ASSERT_TRUE(w1.ok());
   for (int i = 0; i < kParams; ++i)
@@ -432,7 +437,7 @@ TEST_F(ServiceTest, CancelledPullsAndWatchesEndCleanly) {
   // The job ended: its data path is closed (clients fetch the weights).
   EXPECT_THAT(Pull(1), HasReason(absl::StatusCode::kFailedPrecondition,
                                  v1::JOB_ENDED));
-  EXPECT_EQ(Job().metrics().step(), 1);
+  EXPECT_EQ(Job().metrics().step(), 0);  // the push was never committed
   EXPECT_THAT(FromGrpc(jobs_->CancelJob(Ctx().get(), c, &cancelled)),
               HasReason(absl::StatusCode::kFailedPrecondition, v1::JOB_ENDED));
 }

@@ -10,6 +10,15 @@
 namespace tally {
 namespace {
 
+// A member's push of a step, accepted and then committed, as the member's
+// next pull would commit it once every shard answered.
+absl::Status PushAndCommit(ParameterShard& s, const PushMeta& m,
+                           const float* g, bool* dup) {
+  absl::Status st = s.Accept(m, g, dup);
+  if (st.ok()) s.Commit(m.worker_id, m.incarnation, m.step, true);
+  return st;
+}
+
 using ::tally::testing::HasReason;
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -48,9 +57,9 @@ class ShardTest : public ::testing::Test {
 TEST_F(ShardTest, StepClosesWhenEveryMemberPushedWithASampleWeightedMean) {
   bool dup = false;
   std::vector<float> ga = {1, 1, 1}, gb = {4, 4, 4};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), ga.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), ga.data(), &dup));
   EXPECT_EQ(shard_->version(), 0);  // b still missing
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 3), gb.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 3), gb.data(), &dup));
   EXPECT_EQ(shard_->version(), 1);
   // mean = (1*1 + 3*4) / 4 = 3.25
   EXPECT_EQ(Weights(), (std::vector<float>{6.75f, 16.75f, 26.75f}));
@@ -62,47 +71,47 @@ TEST_F(ShardTest, StepClosesWhenEveryMemberPushedWithASampleWeightedMean) {
 TEST_F(ShardTest, DuplicatePushIsAcknowledgedAndCountedOnce) {
   bool dup = false;
   std::vector<float> g = {1, 1, 1};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 2), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 2), g.data(), &dup));
   EXPECT_FALSE(dup);
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 2), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 2), g.data(), &dup));
   EXPECT_TRUE(dup);
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 2), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 2), g.data(), &dup));
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));  // mean 1, not 4/3
   // A retry after the step closed is still a duplicate, not an error.
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 2), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 2), g.data(), &dup));
   EXPECT_TRUE(dup);
 }
 
 TEST_F(ShardTest, ClosedFutureAndStaleStepsGetSpecificCodes) {
   bool dup = false;
   std::vector<float> g = {0, 0, 0};
-  absl::Status ahead = shard_->Commit(Meta("a", 1, 1), g.data(), &dup);
+  absl::Status ahead = PushAndCommit(*shard_, Meta("a", 1, 1), g.data(), &dup);
   EXPECT_THAT(ahead, HasReason(absl::StatusCode::kFailedPrecondition,
                                v1::STEP_NOT_OPEN));
   EXPECT_EQ(ReasonStep(ahead), 0);  // the open step
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 1), g.data(), &dup));
   shard_->AddMember("c", 5);
-  absl::Status closed = shard_->Commit(Meta("c", 0, 1, 5), g.data(), &dup);
+  absl::Status closed = PushAndCommit(*shard_, Meta("c", 0, 1, 5), g.data(), &dup);
   EXPECT_THAT(closed, HasReason(absl::StatusCode::kAborted, v1::STEP_CLOSED));
   EXPECT_EQ(ReasonStep(closed), 1);  // the weights' version now
-  EXPECT_THAT(shard_->Commit(Meta("a", 1, 1, 7), g.data(), &dup),
+  EXPECT_THAT(PushAndCommit(*shard_, Meta("a", 1, 1, 7), g.data(), &dup),
               HasReason(absl::StatusCode::kFailedPrecondition,
                         v1::REGISTER_AGAIN));
-  EXPECT_THAT(shard_->Commit(Meta("zed", 1, 1), g.data(), &dup),
+  EXPECT_THAT(PushAndCommit(*shard_, Meta("zed", 1, 1), g.data(), &dup),
               HasReason(absl::StatusCode::kFailedPrecondition,
                         v1::NOT_A_MEMBER));
   PushMeta wrong_base = Meta("a", 1, 1);
   wrong_base.base_version = 0;
   EXPECT_THAT(
-      shard_->Commit(wrong_base, g.data(), &dup),
+      PushAndCommit(*shard_, wrong_base, g.data(), &dup),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("version 1")));
 }
 
 TEST_F(ShardTest, RemovingAMemberClosesTheStepWithoutIt) {
   bool dup = false;
   std::vector<float> g = {2, 2, 2};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
   shard_->RemoveMember("b");  // b died mid-step
   EXPECT_EQ(shard_->version(), 1);
   EXPECT_EQ(Weights(), (std::vector<float>{8, 18, 28}));
@@ -111,26 +120,28 @@ TEST_F(ShardTest, RemovingAMemberClosesTheStepWithoutIt) {
 TEST_F(ShardTest, AMemberJoiningAStartedStepIsRequiredFromTheNextOne) {
   bool dup = false;
   std::vector<float> g = {1, 1, 1};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
   shard_->AddMember("c", 3);
-  absl::Status later = shard_->Commit(Meta("c", 0, 1, 3), g.data(), &dup);
+  absl::Status later = PushAndCommit(*shard_, Meta("c", 0, 1, 3), g.data(), &dup);
   EXPECT_THAT(later, HasReason(absl::StatusCode::kFailedPrecondition,
                                v1::JOIN_LATER));
   EXPECT_EQ(ReasonStep(later), 1);
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 1), g.data(), &dup));
   EXPECT_EQ(shard_->version(), 1);  // closed without c
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 1, 1), g.data(), &dup));
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 1, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 1, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 1, 1), g.data(), &dup));
   EXPECT_EQ(shard_->version(), 1);  // now c is required
-  TALLY_ASSERT_OK(shard_->Commit(Meta("c", 1, 1, 3), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("c", 1, 1, 3), g.data(), &dup));
   EXPECT_EQ(shard_->version(), 2);
 }
 
 TEST_F(ShardTest, RejectedPushIsCountedAndTheStepDoesNotWaitForIt) {
   bool dup = false;
   std::vector<float> g = {1, 1, 1};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
   shard_->Reject(Meta("b", 0, 1));  // e.g. it sent a NaN
+  EXPECT_EQ(shard_->version(), 0);  // b's commit settles it
+  shard_->Commit("b", 1, 0, /*contributed=*/false);
   EXPECT_EQ(shard_->version(), 1);
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));  // only a's gradient
   EXPECT_EQ(shard_->Metrics().rejected_pushes, 1);
@@ -145,16 +156,16 @@ TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
                         v1::SCHEDULE_MISMATCH));
   bool dup = false;
   std::vector<float> g = {1, 1, 1};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 0), nullptr, &dup));
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 2), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 0), nullptr, &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 2), g.data(), &dup));
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 1, 0), nullptr, &dup));
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 1, 0), nullptr, &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 1, 0), nullptr, &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 1, 0), nullptr, &dup));
   EXPECT_EQ(shard_->version(), 2);  // closed with nothing to apply
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
   // Training is over: step 2 never opens; the worker pulls (and finds the
   // final version).
-  absl::Status over = shard_->Commit(Meta("a", 2, 1), g.data(), &dup);
+  absl::Status over = PushAndCommit(*shard_, Meta("a", 2, 1), g.data(), &dup);
   EXPECT_THAT(over, HasReason(absl::StatusCode::kAborted, v1::STEP_CLOSED));
   EXPECT_EQ(ReasonStep(over), 2);
 }
@@ -167,8 +178,8 @@ TEST_F(ShardTest, WaitersAreReleasedByTheStepOrTheirDeadline) {
                       [&](absl::Status s) { second = s; });
   bool dup;
   std::vector<float> g = {1, 1, 1};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 1), g.data(), &dup));
   TALLY_EXPECT_OK(first);
   EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnknown, ::testing::_));
   clock_.Advance(absl::Seconds(6));
@@ -183,12 +194,12 @@ TEST_F(ShardTest, WaitersAreReleasedByTheStepOrTheirDeadline) {
 TEST_F(ShardTest, RetiredShardKeepsTheFinalWeightsAndRefusesPushes) {
   bool dup;
   std::vector<float> g = {1, 1, 1};
-  TALLY_ASSERT_OK(shard_->Commit(Meta("a", 0, 1), g.data(), &dup));
-  TALLY_ASSERT_OK(shard_->Commit(Meta("b", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 1), g.data(), &dup));
   shard_->Retire();
   EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));
   EXPECT_THAT(
-      shard_->Commit(Meta("a", 1, 1), g.data(), &dup),
+      PushAndCommit(*shard_, Meta("a", 1, 1), g.data(), &dup),
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ended")));
   shard_->ReleaseStaging(*shard_->AcquireStaging());  // harmless after retiring
 }
@@ -238,7 +249,7 @@ TEST(ShardStateTest, ARestoredShardContinuesLikeTheOriginal) {
     m.loss_sum = 1.0;
     std::vector<float> grad = {g, -g, 2 * g, 0.5f};
     bool dup = false;
-    ASSERT_TRUE(s.Commit(m, grad.data(), &dup).ok());
+    ASSERT_TRUE(PushAndCommit(s, m, grad.data(), &dup).ok());
   };
   auto original = make();
   original->AddMember("w", 1);
