@@ -1,24 +1,17 @@
 #include "server/coordinator.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <climits>
-#include <cstring>
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/io/safetensors.h"
-#include "common/nn/layer_config.h"
 #include "common/status_macros.h"
-#include "proto/checkpoint.pb.h"
 #include "proto/errors.h"
+#include "server/partition.h"
+#include "server/shard_host.h"
 
 namespace tally {
 
@@ -32,38 +25,6 @@ double UnixSeconds(absl::Time t) {
   return absl::ToDoubleSeconds(t - absl::UnixEpoch());
 }
 
-constexpr uint32_t kCheckpointFormat = 1;
-
-absl::string_view FloatBytes(const std::vector<float>& v) {
-  return absl::string_view(reinterpret_cast<const char*>(v.data()),
-                           v.size() * sizeof(float));
-}
-
-// The wire form of a length-delimited protobuf field's key and length, so
-// that large bytes fields are written from their own memory: a serialised
-// message followed by more fields parses as one message.
-std::string BytesFieldPrefix(int field, size_t size) {
-  std::string out;
-  uint64_t v = (static_cast<uint64_t>(field) << 3) | 2;  // wire type 2
-  for (int i = 0; i < 2; ++i) {
-    while (v >= 0x80) {
-      out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-      v >>= 7;
-    }
-    out.push_back(static_cast<char>(v));
-    v = size;
-  }
-  return out;
-}
-
-bool BytesToFloats(const std::string& bytes, int64_t want,
-                   std::vector<float>* out) {
-  if (static_cast<int64_t>(bytes.size()) != want * 4) return false;
-  out->resize(want);
-  std::memcpy(out->data(), bytes.data(), bytes.size());
-  return true;
-}
-
 // "job-12" -> 12 (0 for anything else).
 int64_t JobNumber(const std::string& id) {
   absl::string_view rest = id;
@@ -73,17 +34,137 @@ int64_t JobNumber(const std::string& id) {
   return n;
 }
 
+constexpr char kLocalShard[] = "shard-0";
+// How long a membership change may hold a job's ranges.
+constexpr absl::Duration kHoldFor = absl::Seconds(2);
+// How long a checkpoint or a fetch waits for every range to reach one
+// version.
+constexpr absl::Duration kSaveWait = absl::Seconds(10);
+
+// Every range of a job at one version: the ranges are saved at the highest
+// version any has, which the others reach within a step (a range is never
+// more than one step ahead of another). A range that got past it is asked
+// again for its successor.
+struct RangeRef {
+  std::shared_ptr<ShardControl> control;
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
+                                     const std::vector<RangeRef>& ranges,
+                                     int64_t version, int64_t num_params,
+                                     bool weights_only) {
+  for (int attempt = 0; attempt < 3; ++attempt, ++version) {
+    StoredJob out;
+    auto weights = std::make_shared<std::vector<float>>(num_params);
+    absl::Status failed;
+    for (size_t i = 0; i < ranges.size() && failed.ok(); ++i) {
+      const RangeRef& r = ranges[i];
+      absl::StatusOr<ShardState> st =
+          r.control->Save(job_id, version, kSaveWait, weights_only);
+      if (!st.ok()) {
+        failed = st.status();
+        break;
+      }
+      if (static_cast<int64_t>(st->weights->size()) != r.count) {
+        failed = absl::DataLossError("a range came back with another size");
+        break;
+      }
+      std::copy(st->weights->begin(), st->weights->end(),
+                weights->begin() + r.offset);
+      if (i == 0) {
+        out.version = st->metrics.version;
+        out.samples = st->metrics.samples;
+        out.loss = st->metrics.loss;
+        out.accuracy = st->metrics.accuracy;
+        out.train_seconds = st->metrics.train_seconds;
+        out.optimizer_step = st->optimizer.step;
+        out.optimizer_slots.assign(weights_only ? 0 : st->optimizer.slots.size(),
+                                   std::vector<float>(num_params));
+      }
+      out.rejected_pushes += st->metrics.rejected_pushes;
+      if (!weights_only) {
+        if (st->optimizer.slots.size() != out.optimizer_slots.size()) {
+          failed = absl::DataLossError("ranges with different optimizers");
+          break;
+        }
+        for (size_t k = 0; k < st->optimizer.slots.size(); ++k) {
+          std::copy(st->optimizer.slots[k].begin(),
+                    st->optimizer.slots[k].end(),
+                    out.optimizer_slots[k].begin() + r.offset);
+        }
+      }
+    }
+    if (failed.ok()) {
+      out.has_state = true;
+      out.weights = std::move(weights);
+      return out;
+    }
+    if (!absl::IsFailedPrecondition(failed)) return failed;
+  }
+  return absl::AbortedError(
+      "the job's ranges kept moving past the version to save");
+}
+
 }  // namespace
+
+// One job's pending control-plane work, taken from the job under mu_ and
+// done without it.
+struct Coordinator::ControlTask {
+  std::string job_id;
+  int64_t map_version = 0;
+  bool terminal = false;
+  bool retired = false;
+  bool installed = false;
+  std::string spec;
+  int64_t num_params = 0;
+  Schedule schedule;
+  struct Range {
+    std::string shard_id;
+    int64_t offset = 0, count = 0;
+    std::shared_ptr<ShardControl> control;
+  };
+  std::vector<Range> ranges;
+  std::shared_ptr<const StoredJob> start;
+  std::vector<MemberSpec> members;  // what every range has
+  std::vector<MemberSpec> desired;  // from the slots (join/leave unset)
+  int64_t hold_id = 0;
+  // Results.
+  bool progressed = false;  // something was done; run again
+  bool failed = false;      // a shard refused or was away: retry at Tick
+  bool installed_now = false;
+  bool members_now = false;
+  std::vector<MemberSpec> new_members;
+  bool retired_now = false;
+  std::shared_ptr<const std::vector<float>> final_weights;
+};
 
 Coordinator::Coordinator(const CoordinatorOptions& options)
     : options_(options) {
   if (options_.clock == nullptr) options_.clock = &real_clock_;
-  // Incarnations must never repeat, across restarts of the server too: a
-  // worker that registered before a restart must not hold one a new
-  // registration gets. The clock in microseconds is past every earlier one.
+  if (options_.connect_shard == nullptr) {
+    options_.connect_shard = [](const std::string& address) {
+      return MakeRemoteShardControl(address);
+    };
+  }
   absl::MutexLock lock(&mu_);
+  // Incarnations must never repeat, across restarts of the server too: a
+  // worker or shard that registered before a restart must not hold one a
+  // new registration gets. The clock in microseconds is past every earlier
+  // one.
   next_incarnation_ = std::max<int64_t>(1, absl::ToUnixMicros(Now()));
+  if (options_.local_shard != nullptr) {
+    ShardEntry& s = shards_[kLocalShard];
+    s.control = MakeLocalShardControl(options_.local_shard);
+    s.incarnation = next_incarnation_++;
+    s.last_seen = Now();
+  }
 }
+
+Coordinator::~Coordinator() = default;
+
+// ------------------------------------------------------------------ jobs --
 
 absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
   TALLY_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(spec_text));
@@ -109,33 +190,77 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
     ScheduleLocked(&notes);
     out = Render(jobs_[id]);
   }
-  for (auto& n : notes) n();
+  Settle(notes);
   return out;
+}
+
+std::vector<v1::RangeStatus> Coordinator::RangeStatusLocked(
+    const JobEntry& job) const {
+  std::vector<v1::RangeStatus> out(job.ranges.size());
+  for (size_t i = 0; i < job.ranges.size(); ++i) {
+    auto it = shards_.find(job.ranges[i].shard_id);
+    if (it == shards_.end()) continue;
+    std::vector<v1::RangeStatus> all;
+    if (it->second.control->local()) {
+      auto st = it->second.control->Status();
+      if (st.ok()) all = *std::move(st);
+    } else {
+      all = it->second.ranges;
+    }
+    for (v1::RangeStatus& r : all) {
+      if (r.job_id() == job.proto.id() && r.map_version() == job.map_version)
+        out[i] = std::move(r);
+    }
+  }
+  return out;
+}
+
+int64_t Coordinator::VersionLocked(const JobEntry& job) const {
+  if (job.ranges.empty() || !job.installed) return job.proto.metrics().step();
+  int64_t v = INT64_MAX;
+  for (const v1::RangeStatus& r : RangeStatusLocked(job))
+    v = std::min(v, r.version());
+  return v;
 }
 
 v1::Job Coordinator::Render(const JobEntry& job) const {
   v1::Job j = job.proto;
+  v1::JobMetrics* out = j.mutable_metrics();
   // Present, zeros included, before the job starts too.
-  j.mutable_metrics()->set_total_steps(job.schedule.total_steps);
-  if (job.shard != nullptr) {
-    const ShardMetrics m = job.shard->Metrics();
-    v1::JobMetrics* out = j.mutable_metrics();
-    out->set_step(m.version);
-    out->set_total_steps(m.total_steps);
-    out->set_epoch(m.steps_per_epoch > 0
-                       ? std::max<int64_t>(0, m.version - 1) / m.steps_per_epoch
-                       : 0);
-    out->set_loss(m.loss);
-    out->set_accuracy(m.accuracy);
-    out->set_samples_per_sec(Terminal(job.proto.state()) ? 0.0
-                                                         : m.samples_per_sec);
-    out->set_samples(m.samples);
-    out->set_train_seconds(m.train_seconds);
-    out->set_mean_samples_per_sec(
-        m.train_seconds > 0 ? m.samples / m.train_seconds : 0.0);
-    out->set_rejected_pushes(m.rejected_pushes);
-    out->set_workers(Terminal(job.proto.state()) ? 0 : m.members);
+  out->set_total_steps(job.schedule.total_steps);
+  if (Terminal(job.proto.state()) || job.ranges.empty() || !job.installed) {
+    out->set_samples_per_sec(0.0);
+    out->set_workers(0);
+    return j;
   }
+  const std::vector<v1::RangeStatus> ranges = RangeStatusLocked(job);
+  // The job is at the version every range has reached; the other figures
+  // are the same on every range (every push reaches every range).
+  int64_t version = INT64_MAX, rejected = 0;
+  for (const v1::RangeStatus& r : ranges) {
+    version = std::min(version, r.version());
+    rejected += r.rejected_pushes();
+  }
+  const v1::RangeStatus& first = ranges.front();
+  out->set_step(version);
+  out->set_epoch(job.schedule.steps_per_epoch > 0
+                     ? std::max<int64_t>(0, version - 1) /
+                           job.schedule.steps_per_epoch
+                     : 0);
+  out->set_loss(first.loss());
+  out->set_accuracy(first.accuracy());
+  out->set_samples_per_sec(first.samples_per_sec());
+  out->set_samples(first.samples());
+  out->set_train_seconds(first.train_seconds());
+  out->set_mean_samples_per_sec(
+      first.train_seconds() > 0 ? first.samples() / first.train_seconds()
+                                : 0.0);
+  out->set_rejected_pushes(rejected);
+  int workers = 0;
+  for (const MemberSpec& m : job.members) {
+    if (m.leave_step == MemberSpec::kNoStep) ++workers;
+  }
+  out->set_workers(workers);
   return j;
 }
 
@@ -174,30 +299,58 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
     ScheduleLocked(&notes);
     out = Render(it->second);
   }
-  for (auto& n : notes) n();
+  Settle(notes);
   return out;
 }
 
 absl::StatusOr<std::string> Coordinator::WeightsFile(
-    const std::string& job_id) const {
-  std::shared_ptr<ParameterShard> shard;
+    const std::string& job_id) {
   ModelLayout layout;
   std::string name;
+  std::shared_ptr<const std::vector<float>> weights;
+  int64_t version = 0;
+  std::vector<RangeRef> ranges;
   {
     absl::MutexLock lock(&mu_);
-    TALLY_ASSIGN_OR_RETURN(const JobEntry* job, StartedJobLocked(job_id));
-    shard = job->shard;
-    layout = job->spec.layout;
-    name = job->spec.name;
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    }
+    const JobEntry& job = it->second;
+    layout = job.spec.layout;
+    name = job.spec.name;
+    if (job.final_weights != nullptr) {
+      weights = job.final_weights;
+      version = job.proto.metrics().step();
+    } else if (!job.ranges.empty() && job.installed) {
+      for (const v1::RangeStatus& r : RangeStatusLocked(job))
+        version = std::max(version, r.version());
+      for (const Placement& p : job.ranges)
+        ranges.push_back({shards_.at(p.shard_id).control, p.offset, p.count});
+    } else if (job.start != nullptr) {
+      weights = job.start->weights;
+      version = job.start->version;
+    } else {
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            job_id, " has not started: it has no weights yet")),
+                        v1::JOB_NOT_STARTED);
+    }
   }
-  int64_t version = 0;
-  auto weights = shard->Snapshot(&version);
+  if (weights == nullptr) {
+    TALLY_ASSIGN_OR_RETURN(StoredJob saved,
+                           SaveRanges(job_id, ranges, version,
+                                      layout.num_params, /*weights_only=*/true));
+    weights = saved.weights;
+    version = saved.version;
+  }
   return EncodeSafetensors(layout.params, weights->data(),
                            {{"format", "pt"},
                             {"job", job_id},
                             {"name", name},
                             {"version", absl::StrCat(version)}});
 }
+
+// --------------------------------------------------------------- workers --
 
 v1::RegisterWorkerResponse Coordinator::Register(
     const v1::RegisterWorkerRequest& req) {
@@ -217,7 +370,7 @@ v1::RegisterWorkerResponse Coordinator::Register(
     out.set_lease_ms(absl::ToInt64Milliseconds(options_.lease_timeout));
     ScheduleLocked(&notes);
   }
-  for (auto& n : notes) n();
+  Settle(notes);
   return out;
 }
 
@@ -244,45 +397,39 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     }
     w.lease_expiry = Now() + options_.lease_timeout;
     ScheduleLocked(&notes);
-    if (!w.job_id.empty()) {
-      const JobEntry& job = jobs_.at(w.job_id);
+    const JobEntry* job = w.job_id.empty() ? nullptr : &jobs_.at(w.job_id);
+    // The assignment goes out once the worker is a member on every range.
+    bool member = false;
+    if (job != nullptr && job->installed) {
+      for (const MemberSpec& m : job->members) {
+        if (m.worker_id == req.worker_id() && m.incarnation == w.incarnation &&
+            m.leave_step == MemberSpec::kNoStep) {
+          member = true;
+        }
+      }
+    }
+    if (member) {
       v1::Assignment* a = out.mutable_assignment();
       a->set_job_id(w.job_id);
-      a->set_spec(job.proto.spec());
+      a->set_spec(job->proto.spec());
       a->set_rank(w.rank);
-      a->set_world(static_cast<int32_t>(job.slots.size()));
+      a->set_world(static_cast<int32_t>(job->slots.size()));
       v1::Schedule* sched = a->mutable_schedule();
-      sched->set_train_size(job.schedule.train_size);
-      sched->set_steps_per_epoch(job.schedule.steps_per_epoch);
-      sched->set_total_steps(job.schedule.total_steps);
-      // This server holds the whole vector.
+      sched->set_train_size(job->schedule.train_size);
+      sched->set_steps_per_epoch(job->schedule.steps_per_epoch);
+      sched->set_total_steps(job->schedule.total_steps);
       v1::ShardMap* map = a->mutable_shard_map();
-      map->set_version(1);
-      v1::ShardMap::Entry* e = map->add_shards();
-      e->set_offset(0);
-      e->set_count(job.spec.layout.num_params);
+      map->set_version(job->map_version);
+      for (const Placement& p : job->ranges) {
+        v1::ShardMap::Entry* e = map->add_shards();
+        e->set_address(shards_.at(p.shard_id).address);
+        e->set_offset(p.offset);
+        e->set_count(p.count);
+      }
     }
   }
-  for (auto& n : notes) n();
+  Settle(notes);
   return out;
-}
-
-absl::Status Coordinator::CheckWorker(const std::string& worker_id,
-                                      int64_t incarnation) const {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "unknown worker '", worker_id, "': register again")),
-                      v1::REGISTER_AGAIN);
-  }
-  if (it->second.incarnation != incarnation) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "stale incarnation ", incarnation, " of ", worker_id,
-                          ": register again")),
-                      v1::REGISTER_AGAIN);
-  }
-  return absl::OkStatus();
 }
 
 absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
@@ -332,12 +479,12 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
                 job.schedule.total_steps, "), not version ", req.steps())),
             v1::NOT_FINISHED, job.schedule.total_steps);
       }
-      const ShardMetrics m = job.shard->Metrics();
-      if (m.version < job.schedule.total_steps) {
+      const int64_t version = VersionLocked(job);
+      if (version < job.schedule.total_steps) {
         return WithReason(absl::UnavailableError(absl::StrCat(
-                              "the weights are at version ", m.version, " of ",
+                              "the weights are at version ", version, " of ",
                               job.schedule.total_steps, ": not final yet")),
-                          v1::NOT_FINISHED, m.version);
+                          v1::NOT_FINISHED, version);
       }
       job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
       job.proto.mutable_metrics()->set_test_loss(req.test_loss());
@@ -345,30 +492,105 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     }
     ScheduleLocked(&notes);
   }
-  for (auto& n : notes) n();
+  Settle(notes);
   return absl::OkStatus();
 }
 
-absl::StatusOr<const Coordinator::JobEntry*> Coordinator::StartedJobLocked(
-    const std::string& job_id) const {
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+// ---------------------------------------------------------------- shards --
+
+v1::RegisterShardResponse Coordinator::RegisterShard(
+    const v1::RegisterShardRequest& req) {
+  std::shared_ptr<ShardControl> control = options_.connect_shard(req.address());
+  Notes notes;
+  v1::RegisterShardResponse out;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string id = absl::StrCat("shard-", next_shard_++);
+    ShardEntry& s = shards_[id];
+    s.address = req.address();
+    s.incarnation = next_incarnation_++;
+    s.lease_expiry = Now() + options_.lease_timeout;
+    s.last_seen = Now();
+    s.control = std::move(control);
+    out.set_shard_id(id);
+    out.set_incarnation(s.incarnation);
+    out.set_lease_ms(absl::ToInt64Milliseconds(options_.lease_timeout));
+    ScheduleLocked(&notes);
   }
-  if (it->second.shard == nullptr) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          job_id, " has not started: it has no weights yet")),
-                      v1::JOB_NOT_STARTED);
-  }
-  return &it->second;
+  Settle(notes);
+  return out;
 }
 
-absl::StatusOr<std::shared_ptr<ParameterShard>> Coordinator::Shard(
-    const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
-  TALLY_ASSIGN_OR_RETURN(const JobEntry* job, StartedJobLocked(job_id));
-  return job->shard;
+absl::StatusOr<v1::ShardHeartbeatResponse> Coordinator::ShardHeartbeat(
+    const v1::ShardHeartbeatRequest& req) {
+  v1::ShardHeartbeatResponse out;
+  Notes notes;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = shards_.find(req.shard_id());
+    if (it == shards_.end() || !it->second.live ||
+        it->second.incarnation != req.incarnation()) {
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            "unknown or stale shard '", req.shard_id(),
+                            "': register again")),
+                        v1::REGISTER_AGAIN);
+    }
+    ShardEntry& s = it->second;
+    s.lease_expiry = Now() + options_.lease_timeout;
+    s.last_seen = Now();
+    s.ranges.assign(req.ranges().begin(), req.ranges().end());
+    for (const v1::RangeStatus& r : req.ranges()) {
+      auto jit = jobs_.find(r.job_id());
+      bool placed = false;
+      if (jit != jobs_.end() && !jit->second.retired &&
+          jit->second.map_version == r.map_version()) {
+        for (const Placement& p : jit->second.ranges) {
+          if (p.shard_id == req.shard_id()) placed = true;
+        }
+      }
+      if (placed) continue;
+      if (jit != jobs_.end() && Terminal(jit->second.proto.state())) {
+        out.add_ended_jobs(r.job_id());
+      } else {
+        out.add_drop_jobs(r.job_id());
+      }
+    }
+  }
+  Settle(notes);
+  return out;
 }
+
+std::vector<v1::ShardInfo> Coordinator::ListShards() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::ShardInfo> out;
+  for (const auto& [id, s] : shards_) {
+    v1::ShardInfo info;
+    info.set_shard_id(id);
+    info.set_address(s.address);
+    info.set_live(s.live);
+    info.set_last_seen_unix(UnixSeconds(s.control->local() ? Now()
+                                                            : s.last_seen));
+    std::vector<v1::RangeStatus> ranges = s.ranges;
+    if (s.control->local()) {
+      auto st = s.control->Status();
+      if (st.ok()) ranges = *std::move(st);
+    }
+    int64_t bytes = 0;
+    for (const v1::RangeStatus& r : ranges) {
+      v1::ShardInfo::Range* out_range = info.add_ranges();
+      out_range->set_job_id(r.job_id());
+      out_range->set_offset(r.offset());
+      out_range->set_count(r.count());
+      out_range->set_version(r.version());
+      bytes += 4 * r.count();
+    }
+    info.set_bytes(bytes);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+// ----------------------------------------------------------- subscribers --
 
 absl::StatusOr<int64_t> Coordinator::Subscribe(
     const std::string& job_id, std::function<void()> on_change) {
@@ -392,13 +614,46 @@ void Coordinator::NotifyLocked(const std::string& job_id, Notes* notes) {
   }
 }
 
+// ------------------------------------------------------------ scheduling --
+
 void Coordinator::AssignLocked(JobEntry& job, int rank,
                                const std::string& worker_id) {
   WorkerEntry& w = workers_.at(worker_id);
   w.job_id = job.proto.id();
   w.rank = rank;
   job.slots[rank] = worker_id;
-  job.shard->AddMember(worker_id, w.incarnation);
+  job.dirty = true;  // a member to add on every range
+}
+
+bool Coordinator::PlaceLocked(JobEntry& job) {
+  // Live shards, least loaded first.
+  std::map<std::string, int64_t> load;
+  for (const auto& [id, s] : shards_) {
+    if (s.live) load[id] = 0;
+  }
+  for (const auto& [jid, j] : jobs_) {
+    if (Terminal(j.proto.state())) continue;
+    for (const Placement& p : j.ranges) {
+      if (load.count(p.shard_id)) load[p.shard_id] += p.count;
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [id, bytes] : load) order.emplace_back(bytes, id);
+  std::sort(order.begin(), order.end());
+  const int64_t n = job.spec.layout.num_params;
+  const int k = ShardCount(n, static_cast<int>(job.spec.training.shards),
+                           static_cast<int>(order.size()));
+  if (k == 0) return false;
+  job.ranges.clear();
+  const auto parts = PartitionRanges(n, k);
+  for (int i = 0; i < k; ++i) {
+    job.ranges.push_back({order[i].second, parts[i].first, parts[i].second});
+  }
+  ++job.map_version;
+  job.installed = false;
+  job.members.clear();
+  job.dirty = true;
+  return true;
 }
 
 void Coordinator::ScheduleLocked(Notes* notes) {
@@ -418,11 +673,13 @@ void Coordinator::ScheduleLocked(Notes* notes) {
   auto take = [&idle](const std::string& id) {
     idle.erase(std::find(idle.begin(), idle.end(), id));
   };
-  // Refill vacated slots of running jobs first, then start pending jobs in
+  // Running jobs first: place those without shards (restored, or whose
+  // shard was lost), then refill vacated slots; then start pending jobs in
   // submission order once all their slots can be filled.
   for (const std::string& jid : job_order_) {
     JobEntry& job = jobs_.at(jid);
-    if (job.proto.state() != v1::RUNNING) continue;
+    if (job.proto.state() != v1::RUNNING || job.awaiting_start) continue;
+    if (job.ranges.empty() && !PlaceLocked(job)) continue;
     std::vector<std::string> free = eligible(job);
     for (size_t r = 0; r < job.slots.size() && !free.empty(); ++r) {
       if (!job.slots[r].empty()) continue;
@@ -437,20 +694,7 @@ void Coordinator::ScheduleLocked(Notes* notes) {
     if (job.proto.state() != v1::PENDING) continue;
     std::vector<std::string> free = eligible(job);
     if (free.size() < job.slots.size()) break;  // first come, first served
-    std::vector<float> init =
-        InitParams(job.spec.layers, job.spec.layout, job.spec.training.seed);
-    auto opt =
-        Optimizer::Create(job.spec.optimizer, job.spec.layout.num_params);
-    if (!opt.ok()) {
-      FinishLocked(job, v1::FAILED, std::string(opt.status().message()), notes);
-      continue;
-    }
-    job.shard = std::make_shared<ParameterShard>(
-        std::move(init), *std::move(opt), options_.clock);
-    // Valid by construction (MakeSchedule gives positive counts).
-    job.shard
-        ->SetSchedule(job.schedule.total_steps, job.schedule.steps_per_epoch)
-        .IgnoreError();
+    if (!PlaceLocked(job)) break;               // no shard yet
     for (size_t r = 0; r < job.slots.size(); ++r) {
       AssignLocked(job, static_cast<int>(r), free.back());
       take(free.back());
@@ -463,6 +707,11 @@ void Coordinator::ScheduleLocked(Notes* notes) {
 
 void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
                                const std::string& message, Notes* notes) {
+  // The figures as they stand, kept with the record from now on.
+  const v1::Job now = Render(job);
+  *job.proto.mutable_metrics() = now.metrics();
+  job.proto.mutable_metrics()->set_samples_per_sec(0.0);
+  job.proto.mutable_metrics()->set_workers(0);
   job.proto.set_state(state);
   // A success keeps the notes gathered on the way (workers taken off).
   if (!message.empty() || state != v1::SUCCEEDED) job.proto.set_message(message);
@@ -474,16 +723,9 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
       it->second.job_id.clear();
       it->second.rank = -1;
     }
-    if (job.shard != nullptr) job.shard->RemoveMember(wid);
     wid.clear();
   }
-  if (job.shard != nullptr) {
-    std::shared_ptr<ParameterShard> shard = job.shard;
-    notes->push_back([shard] {
-      shard->CancelWaiters();
-      shard->Retire();
-    });
-  }
+  job.dirty = true;  // retire the ranges, keep the final weights
   NotifyLocked(job.proto.id(), notes);
 }
 
@@ -497,11 +739,7 @@ void Coordinator::VacateLocked(JobEntry& job, const std::string& worker_id,
     it->second.job_id.clear();
     it->second.rank = -1;
   }
-  if (job.shard != nullptr) {
-    std::shared_ptr<ParameterShard> shard = job.shard;
-    // Removing a member may close the open step: do it outside our lock.
-    notes->push_back([shard, worker_id] { shard->RemoveMember(worker_id); });
-  }
+  job.dirty = true;  // a member leaves every range
   NotifyLocked(job.proto.id(), notes);
 }
 
@@ -513,163 +751,340 @@ void Coordinator::DropWorkerLocked(const std::string& worker_id, Notes* notes) {
   workers_.erase(worker_id);
 }
 
-Coordinator::~Coordinator() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+// --------------------------------------------------------- control plane --
+
+void Coordinator::Settle(Notes& notes) {
+  for (auto& n : notes) n();
+  notes.clear();
+  RunControl();
 }
 
-absl::StatusOr<Coordinator::JobEntry> Coordinator::LoadJob(
-    const std::string& path) const {
-  auto bad = [&path](absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint ", path, ": ", why,
-                     " (move the file away to start without that job)"));
-  };
-  auto bytes = ReadFile(path);
-  if (!bytes.ok()) return bad(bytes.status().message());
-  v1::JobCheckpoint ck;
-  if (!ck.ParseFromString(*bytes)) return bad("not a job checkpoint");
-  if (ck.format() != kCheckpointFormat) {
-    return bad(absl::StrCat("format ", ck.format(), ", this server reads ",
-                            kCheckpointFormat));
+void Coordinator::RunControl() {
+  absl::MutexLock control(&control_mu_);
+  // A few rounds: one change may lead to the next (placed, then installed,
+  // then members set). What fails waits for the next Tick.
+  for (int round = 0; round < 4; ++round) {
+    std::vector<ControlTask> tasks;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const std::string& id : job_order_) {
+        JobEntry& job = jobs_.at(id);
+        if (!job.dirty) continue;
+        ControlTask t;
+        t.job_id = id;
+        t.map_version = job.map_version;
+        t.terminal = Terminal(job.proto.state());
+        t.retired = job.retired;
+        t.installed = job.installed;
+        t.spec = job.proto.spec();
+        t.num_params = job.spec.layout.num_params;
+        t.schedule = job.schedule;
+        t.start = job.start;
+        t.members = job.members;
+        for (const Placement& p : job.ranges) {
+          t.ranges.push_back(
+              {p.shard_id, p.offset, p.count, shards_.at(p.shard_id).control});
+        }
+        for (size_t r = 0; r < job.slots.size(); ++r) {
+          if (job.slots[r].empty()) continue;
+          MemberSpec m;
+          m.worker_id = job.slots[r];
+          m.incarnation = workers_.at(job.slots[r]).incarnation;
+          m.rank = static_cast<int>(r);
+          t.desired.push_back(m);
+        }
+        t.hold_id = next_hold_++;
+        tasks.push_back(std::move(t));
+      }
+    }
+    if (tasks.empty()) return;
+    bool again = false;
+    for (ControlTask& t : tasks) Reconcile(t);
+    Notes notes;
+    {
+      absl::MutexLock lock(&mu_);
+      for (ControlTask& t : tasks) {
+        auto it = jobs_.find(t.job_id);
+        if (it == jobs_.end()) continue;
+        JobEntry& job = it->second;
+        if (job.map_version != t.map_version) continue;  // re-placed since
+        if (t.installed_now) {
+          job.installed = true;
+          job.members.clear();
+        }
+        if (t.members_now) {
+          job.members = t.new_members;
+          NotifyLocked(t.job_id, &notes);
+        }
+        if (t.retired_now) {
+          job.retired = true;
+          job.final_weights = t.final_weights;
+          job.ranges.clear();
+          job.members.clear();
+        }
+        if (t.progressed) again = true;
+        // Done when nothing failed and nothing is left: the next round
+        // finds out.
+        if (!t.failed && !t.progressed) job.dirty = false;
+      }
+    }
+    for (auto& n : notes) n();
+    if (!again) return;
   }
-  auto spec = ParseJobSpec(ck.job().spec());
-  if (!spec.ok()) return bad(spec.status().message());
+}
+
+void Coordinator::Reconcile(ControlTask& t) {
+  // The end: retire every range, keep the final weights, drop the ranges.
+  if (t.terminal) {
+    if (t.retired) return;
+    std::vector<RangeRef> refs;
+    int64_t version = 0;
+    for (const ControlTask::Range& r : t.ranges) {
+      absl::Status s = r.control->Retire(t.job_id);
+      if (!s.ok() && !absl::IsNotFound(s)) {
+        // Away: its weights went with it; the others' are kept below.
+        continue;
+      }
+      absl::StatusOr<HoldReport> h = r.control->Hold(t.job_id, t.hold_id,
+                                                     absl::Milliseconds(1));
+      if (h.ok()) version = std::max(version, h->version);
+      refs.push_back({r.control, r.offset, r.count});
+    }
+    if (!t.ranges.empty() && refs.size() == t.ranges.size()) {
+      // Retired ranges do not move: each is saved as it stands.
+      auto weights = std::make_shared<std::vector<float>>(t.num_params);
+      bool ok = true;
+      for (const RangeRef& r : refs) {
+        absl::StatusOr<HoldReport> h =
+            r.control->Hold(t.job_id, t.hold_id, absl::Milliseconds(1));
+        absl::StatusOr<ShardState> st =
+            h.ok() ? r.control->Save(t.job_id, h->version, absl::Seconds(1),
+                                     /*weights_only=*/true)
+                   : absl::StatusOr<ShardState>(h.status());
+        if (!st.ok() ||
+            static_cast<int64_t>(st->weights->size()) != r.count) {
+          ok = false;
+          break;
+        }
+        std::copy(st->weights->begin(), st->weights->end(),
+                  weights->begin() + r.offset);
+      }
+      if (ok) t.final_weights = std::move(weights);
+    }
+    if (t.final_weights == nullptr && t.start != nullptr)
+      t.final_weights = t.start->weights;
+    for (const ControlTask::Range& r : t.ranges)
+      r.control->Drop(t.job_id, /*ended=*/true);
+    t.retired_now = true;
+    return;
+  }
+  if (t.ranges.empty()) return;  // waiting for shards
+  // Install every range (members come next).
+  if (!t.installed) {
+    for (const ControlTask::Range& r : t.ranges) {
+      v1::InstallRangeRequest req;
+      req.set_job_id(t.job_id);
+      req.set_spec(t.spec);
+      req.set_map_version(t.map_version);
+      req.set_offset(r.offset);
+      req.set_count(r.count);
+      v1::Schedule* s = req.mutable_schedule();
+      s->set_train_size(t.schedule.train_size);
+      s->set_steps_per_epoch(t.schedule.steps_per_epoch);
+      s->set_total_steps(t.schedule.total_steps);
+      if (t.start != nullptr) {
+        const StoredJob& st = *t.start;
+        v1::RangeState* rs = req.mutable_state();
+        rs->set_version(st.version);
+        rs->set_optimizer_step(st.optimizer_step);
+        rs->set_weights(st.weights->data() + r.offset, 4 * r.count);
+        for (const auto& slot : st.optimizer_slots)
+          rs->add_optimizer_slots(slot.data() + r.offset, 4 * r.count);
+        rs->set_samples(st.samples);
+        rs->set_rejected_pushes(st.rejected_pushes);
+        rs->set_loss(st.loss);
+        rs->set_accuracy(st.accuracy);
+        rs->set_train_seconds(st.train_seconds);
+      }
+      if (!r.control->Install(req).ok()) {
+        t.failed = true;
+        return;
+      }
+    }
+    t.installed_now = true;
+    t.progressed = true;
+    return;
+  }
+  // Membership: what the slots hold against what every range has.
+  std::vector<MemberSpec> active;
+  for (const MemberSpec& m : t.members) {
+    if (m.leave_step == MemberSpec::kNoStep) active.push_back(m);
+  }
+  auto same = [](const MemberSpec& a, const MemberSpec& b) {
+    return a.worker_id == b.worker_id && a.incarnation == b.incarnation &&
+           a.rank == b.rank;
+  };
+  bool changed = active.size() != t.desired.size();
+  for (const MemberSpec& d : t.desired) {
+    bool found = false;
+    for (const MemberSpec& a : active) found = found || same(a, d);
+    changed = changed || !found;
+  }
+  if (!changed) return;
+  // Hold every range: none closes a step while the new members are worked
+  // out from all their reports.
+  std::vector<HoldReport> reports;
+  for (const ControlTask::Range& r : t.ranges) {
+    absl::StatusOr<HoldReport> h = r.control->Hold(t.job_id, t.hold_id, kHoldFor);
+    if (!h.ok()) {
+      t.failed = true;  // the holds lapse by themselves
+      return;
+    }
+    reports.push_back(*std::move(h));
+  }
+  int64_t vmin = INT64_MAX, vmax = 0;
+  for (const HoldReport& h : reports) {
+    vmin = std::min(vmin, h.version);
+    vmax = std::max(vmax, h.version);
+  }
+  auto committed = [&reports](const MemberSpec& m) {
+    int64_t c = -1;
+    for (const HoldReport& h : reports) {
+      for (const MemberProgress& p : h.members) {
+        if (p.worker_id == m.worker_id && p.incarnation == m.incarnation)
+          c = std::max(c, p.committed_step);
+      }
+    }
+    return c;
+  };
+  std::vector<MemberSpec> next;
+  for (MemberSpec m : t.members) {
+    bool stays = false;
+    for (const MemberSpec& d : t.desired) stays = stays || same(m, d);
+    if (m.leave_step == MemberSpec::kNoStep && !stays) {
+      // It belongs to every step some range saw it commit: that push
+      // reached every range.
+      m.leave_step = std::max(committed(m) + 1, m.join_step);
+    }
+    // Keep a leaver while some range may still need its last step.
+    if (m.leave_step > vmin) next.push_back(m);
+  }
+  for (const MemberSpec& d : t.desired) {
+    bool present = false;
+    for (const MemberSpec& a : active) present = present || same(a, d);
+    if (present) continue;
+    MemberSpec m = d;
+    m.join_step = vmax;  // no range has closed it
+    next.push_back(m);
+  }
+  for (const ControlTask::Range& r : t.ranges) {
+    if (!r.control->SetMembers(t.job_id, next, t.hold_id).ok()) {
+      // A range whose hold lapsed kept its members; the others have the
+      // new ones. Both are safe until the next try sets them all.
+      t.failed = true;
+      return;
+    }
+  }
+  t.new_members = std::move(next);
+  t.members_now = true;
+  t.progressed = true;
+}
+
+// ------------------------------------------------------------ persistence --
+
+Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   JobEntry job;
-  job.proto = ck.job();
-  job.spec = *std::move(spec);
+  job.proto = stored.job;
+  // The spec was checked when the file was read.
+  job.spec = *ParseJobSpec(job.proto.spec());
   job.schedule = MakeSchedule(job.spec, TrainSize(job.spec.dataset),
                               static_cast<int>(job.spec.training.workers));
   job.slots.assign(job.spec.training.workers, "");
-  const int64_t n = job.spec.layout.num_params;
-  if (ck.has_shard()) {
-    ShardState st;
-    st.metrics.version = ck.version();
-    st.metrics.total_steps = ck.total_steps();
-    st.metrics.steps_per_epoch = ck.steps_per_epoch();
-    st.metrics.samples = ck.samples();
-    st.metrics.rejected_pushes = ck.rejected_pushes();
-    st.metrics.loss = ck.loss();
-    st.metrics.accuracy = ck.accuracy();
-    st.metrics.train_seconds = ck.train_seconds();
-    // A job that ended keeps only its final weights, whatever the moment
-    // of the write was.
-    st.retired = ck.retired() || Terminal(job.proto.state());
-    auto weights = std::make_shared<std::vector<float>>();
-    if (!BytesToFloats(ck.weights(), n, weights.get()))
-      return bad("the weights do not match the model's size");
-    st.weights = std::move(weights);
-    st.optimizer.step = ck.optimizer_step();
-    for (const std::string& slot : ck.optimizer_slots()) {
-      st.optimizer.slots.emplace_back();
-      if (!BytesToFloats(slot, n, &st.optimizer.slots.back()))
-        return bad("the optimizer state does not match the model's size");
-    }
-    std::unique_ptr<Optimizer> opt;
-    if (!st.retired) {
-      auto created = Optimizer::Create(job.spec.optimizer, n);
-      if (!created.ok()) return bad(created.status().message());
-      opt = *std::move(created);
-    }
-    auto shard = ParameterShard::Restore(st, std::move(opt), options_.clock);
-    if (!shard.ok()) return bad(shard.status().message());
-    job.shard = std::shared_ptr<ParameterShard>(*std::move(shard));
-    // A job kept before schedules were fixed at submission took its
-    // schedule from a worker: that one stands.
-    if (st.metrics.total_steps > 0) {
-      job.schedule.total_steps = st.metrics.total_steps;
-      job.schedule.steps_per_epoch = st.metrics.steps_per_epoch;
-    } else {
-      job.shard
-          ->SetSchedule(job.schedule.total_steps, job.schedule.steps_per_epoch)
-          .IgnoreError();
-    }
-    job.saved_version = st.metrics.version;
+  v1::JobMetrics* m = job.proto.mutable_metrics();
+  m->set_samples_per_sec(0.0);
+  m->set_workers(0);
+  if (stored.has_state) {
+    m->set_step(stored.version);
+    m->set_samples(stored.samples);
+    m->set_loss(stored.loss);
+    m->set_accuracy(stored.accuracy);
+    m->set_train_seconds(stored.train_seconds);
+    m->set_rejected_pushes(stored.rejected_pushes);
+    job.saved_version = stored.version;
+  }
+  if (Terminal(job.proto.state())) {
+    job.retired = true;
+    job.dirty = false;
+    if (stored.has_state) job.final_weights = stored.weights;
   } else if (job.proto.state() == v1::RUNNING) {
-    job.proto.set_state(v1::PENDING);  // started without weights: again
+    if (stored.has_state) {
+      job.start = std::make_shared<const StoredJob>(std::move(stored));
+    } else {
+      job.proto.set_state(v1::PENDING);  // started without weights: again
+    }
   }
   job.saved_state = job.proto.state();
   job.saved_at = Now();
-  if (job.proto.id().empty()) return bad("the job has no id");
   return job;
 }
 
 absl::Status Coordinator::Restore() {
   if (options_.state_dir.empty()) return absl::OkStatus();
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(options_.state_dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--state_dir ", options_.state_dir, ": ", ec.message()));
-  }
-  // One server per directory: two writing the same files would lose work.
-  if (lock_fd_ < 0) {
-    const std::string lock_path =
-        (fs::path(options_.state_dir) / "LOCK").string();
-    const int fd =
-        ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--state_dir: cannot open ", lock_path, ": ", std::strerror(errno)));
-    }
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      ::close(fd);
-      return absl::FailedPreconditionError(
-          absl::StrCat("--state_dir ", options_.state_dir,
-                       " is in use by another tally-server"));
-    }
-    lock_fd_ = fd;
-  }
-  std::vector<std::string> files;
-  for (const auto& entry : fs::directory_iterator(options_.state_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.path().extension() == ".ckpt") {
-      files.push_back(entry.path().string());
-    } else if (name.find(".ckpt.tmp.") != std::string::npos) {
-      std::error_code ignored;
-      fs::remove(entry.path(), ignored);  // a write cut short by a crash
-    }
-  }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--state_dir ", options_.state_dir, ": ", ec.message()));
+  if (store_ == nullptr) {
+    auto store = std::make_unique<JobStore>(options_.state_dir);
+    TALLY_RETURN_IF_ERROR(store->Open());
+    store_ = std::move(store);
   }
   // Everything is read and checked before anything is installed.
+  TALLY_ASSIGN_OR_RETURN(std::vector<StoredJob> stored, store_->LoadAll());
   std::map<std::string, JobEntry> restored;
-  for (const std::string& path : files) {
-    TALLY_ASSIGN_OR_RETURN(JobEntry job, LoadJob(path));
-    const std::string id = job.proto.id();
+  for (StoredJob& s : stored) {
+    const std::string id = s.job.id();
     if (restored.count(id)) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", path, ": job ", id,
-                                              " is in another file too"));
+      return absl::DataLossError(
+          absl::StrCat("checkpoint of job ", id, " is in two files"));
     }
-    restored.emplace(id, std::move(job));
+    restored.emplace(id, FromStored(std::move(s)));
   }
-  absl::MutexLock lock(&mu_);
-  if (!jobs_.empty()) {
-    return absl::FailedPreconditionError(
-        "Restore must run before any job is submitted");
+  Notes notes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!jobs_.empty()) {
+      return absl::FailedPreconditionError(
+          "Restore must run before any job is submitted");
+    }
+    std::vector<std::string> order;
+    for (auto& [id, job] : restored) {
+      order.push_back(id);
+      next_job_ = std::max(next_job_, JobNumber(id) + 1);
+    }
+    std::sort(order.begin(), order.end(),
+              [](const std::string& a, const std::string& b) {
+                return JobNumber(a) < JobNumber(b);
+              });
+    jobs_ = std::move(restored);
+    job_order_ = std::move(order);
+    ScheduleLocked(&notes);
   }
-  std::vector<std::string> order;
-  for (auto& [id, job] : restored) {
-    order.push_back(id);
-    next_job_ = std::max(next_job_, JobNumber(id) + 1);
-  }
-  std::sort(order.begin(), order.end(),
-            [](const std::string& a, const std::string& b) {
-              return JobNumber(a) < JobNumber(b);
-            });
-  jobs_ = std::move(restored);
-  job_order_ = std::move(order);
+  Settle(notes);
   return absl::OkStatus();
 }
 
 absl::Status Coordinator::Checkpoint(bool force) {
   if (options_.state_dir.empty()) return absl::OkStatus();
   absl::MutexLock writing(&checkpoint_mu_);  // one writer at a time
+  if (store_ == nullptr) {
+    auto store = std::make_unique<JobStore>(options_.state_dir);
+    TALLY_RETURN_IF_ERROR(store->Open());
+    store_ = std::move(store);
+  }
   struct Due {
     v1::Job job;
-    std::shared_ptr<ParameterShard> shard;
+    int64_t num_params = 0;
+    int64_t version = -1;  // of the ranges, to save at
+    std::vector<RangeRef> ranges;
+    std::shared_ptr<const std::vector<float>> final_weights;
+    std::shared_ptr<const StoredJob> start;
   };
   std::vector<Due> due;
   {
@@ -677,89 +1092,77 @@ absl::Status Coordinator::Checkpoint(bool force) {
     const absl::Time now = Now();
     for (const std::string& id : job_order_) {
       const JobEntry& job = jobs_.at(id);
-      const int64_t version = job.shard != nullptr ? job.shard->version() : -1;
+      const bool placed = !job.ranges.empty() && job.installed;
+      const int64_t version = placed ? VersionLocked(job) : job.saved_version;
       const bool state_changed = job.proto.state() != job.saved_state;
       const bool progressed = version != job.saved_version;
       const bool interval_passed =
           now - job.saved_at >= options_.checkpoint_interval;
-      if (state_changed || (progressed && (force || interval_passed)))
-        due.push_back({Render(job), job.shard});
+      if (!(state_changed || (progressed && (force || interval_passed))))
+        continue;
+      Due d;
+      d.job = Render(job);
+      d.num_params = job.spec.layout.num_params;
+      d.final_weights = job.final_weights;
+      d.start = job.start;
+      if (placed && !Terminal(job.proto.state())) {
+        for (const v1::RangeStatus& r : RangeStatusLocked(job))
+          d.version = std::max(d.version, r.version());
+        for (const Placement& p : job.ranges)
+          d.ranges.push_back(
+              {shards_.at(p.shard_id).control, p.offset, p.count});
+      }
+      due.push_back(std::move(d));
     }
   }
   absl::Status first_error;
   for (Due& d : due) {
-    // The small fields are serialised; weights and optimizer slots follow
-    // as raw fields, straight from the shard's copies.
-    ShardState st;
-    std::vector<std::string> prefixes;
-    std::vector<absl::string_view> pieces(1);
-    v1::JobCheckpoint ck;
-    ck.set_format(kCheckpointFormat);
-    const v1::JobState state = d.job.state();
-    const std::string id = d.job.id();
-    *ck.mutable_job() = std::move(d.job);
-    int64_t version = -1;
-    if (d.shard != nullptr) {
-      st = d.shard->Save();
-      version = st.metrics.version;
-      ck.set_has_shard(true);
-      ck.set_version(st.metrics.version);
-      ck.set_total_steps(st.metrics.total_steps);
-      ck.set_steps_per_epoch(st.metrics.steps_per_epoch);
-      ck.set_samples(st.metrics.samples);
-      ck.set_rejected_pushes(st.metrics.rejected_pushes);
-      ck.set_loss(st.metrics.loss);
-      ck.set_accuracy(st.metrics.accuracy);
-      ck.set_train_seconds(st.metrics.train_seconds);
-      ck.set_retired(st.retired);
-      ck.set_optimizer_step(st.optimizer.step);
-      prefixes.push_back(
-          BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
-                           FloatBytes(*st.weights).size()));
-      for (const auto& slot : st.optimizer.slots) {
-        prefixes.push_back(
-            BytesFieldPrefix(v1::JobCheckpoint::kOptimizerSlotsFieldNumber,
-                             FloatBytes(slot).size()));
+    StoredJob stored;
+    if (!d.ranges.empty()) {
+      absl::StatusOr<StoredJob> saved = SaveRanges(
+          d.job.id(), d.ranges, d.version, d.num_params, /*weights_only=*/false);
+      if (!saved.ok()) {
+        // Training moves on; the next interval tries again.
+        continue;
       }
+      stored = *std::move(saved);
+    } else if (d.final_weights != nullptr) {
+      stored.has_state = true;
+      stored.weights = d.final_weights;
+      stored.version = d.job.metrics().step();
+      stored.samples = d.job.metrics().samples();
+      stored.loss = d.job.metrics().loss();
+      stored.accuracy = d.job.metrics().accuracy();
+      stored.train_seconds = d.job.metrics().train_seconds();
+      stored.rejected_pushes = d.job.metrics().rejected_pushes();
+    } else if (d.start != nullptr) {
+      stored = *d.start;  // restored, not placed yet: as it was
     }
-    const std::string head = ck.SerializeAsString();
-    pieces[0] = head;
-    size_t total = head.size();
-    for (size_t i = 0; i < prefixes.size(); ++i) {
-      const absl::string_view data =
-          i == 0 ? FloatBytes(*st.weights)
-                 : FloatBytes(st.optimizer.slots[i - 1]);
-      pieces.push_back(prefixes[i]);
-      pieces.push_back(data);
-      total += prefixes[i].size() + data.size();
+    stored.job = d.job;
+    if (stored.has_state) {
+      v1::JobMetrics* m = stored.job.mutable_metrics();
+      m->set_step(stored.version);
     }
-    const std::string path =
-        (std::filesystem::path(options_.state_dir) / (id + ".ckpt")).string();
-    // Protocol buffers stop at 2 GiB: weights plus optimizer state of more
-    // than about 250M parameters do not fit one file.
-    absl::Status s = total < static_cast<size_t>(INT_MAX)
-                         ? WriteFileAtomic(path, pieces)
-                         : absl::ResourceExhaustedError(absl::StrCat(
-                               path,
-                               ": the job's state is over 2 GiB, too large to "
-                               "checkpoint; it goes on in memory"));
+    absl::Status s = store_->Save(stored);
     if (!s.ok()) {
       if (first_error.ok()) first_error = s;
       continue;
     }
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(id);
+    auto it = jobs_.find(d.job.id());
     if (it == jobs_.end()) continue;
-    it->second.saved_state = state;
-    it->second.saved_version = version;
+    it->second.saved_state = d.job.state();
+    it->second.saved_version = stored.has_state ? stored.version : -1;
     it->second.saved_at = Now();
   }
   return first_error;
 }
 
+// ------------------------------------------------------------------ tick --
+
 void Coordinator::Tick() {
   Notes notes;
-  std::vector<std::shared_ptr<ParameterShard>> shards;
+  std::vector<std::string> lost_jobs;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = Now();
@@ -768,19 +1171,82 @@ void Coordinator::Tick() {
       if (w.lease_expiry < now) expired.push_back(id);
     }
     for (const std::string& id : expired) DropWorkerLocked(id, &notes);
+    // A shard that lost its lease took its ranges with it: every running
+    // job with a range there starts again, on live shards, from its last
+    // checkpoint.
+    for (auto& [sid, s] : shards_) {
+      if (!s.live || s.lease_expiry >= now) continue;
+      s.live = false;
+      s.ranges.clear();
+      for (const std::string& jid : job_order_) {
+        JobEntry& job = jobs_.at(jid);
+        if (Terminal(job.proto.state())) continue;
+        bool hit = false;
+        for (const Placement& p : job.ranges) hit = hit || p.shard_id == sid;
+        if (!hit) continue;
+        // The other ranges go too: every range must restart from one step.
+        for (const Placement& p : job.ranges) {
+          if (p.shard_id != sid)
+            shards_.at(p.shard_id).control->Drop(jid, /*ended=*/false);
+        }
+        job.ranges.clear();
+        job.installed = false;
+        job.members.clear();
+        job.awaiting_start = true;
+        job.dirty = true;
+        lost_jobs.push_back(jid);
+        NotifyLocked(jid, &notes);
+      }
+    }
+    // Shards lost long ago are forgotten.
+    for (auto it = shards_.begin(); it != shards_.end();) {
+      if (!it->second.live &&
+          now - it->second.lease_expiry > absl::Minutes(10)) {
+        it = shards_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Where the lost jobs start again: their last checkpoint (read outside
+  // the lock), else the beginning.
+  for (const std::string& jid : lost_jobs) {
+    std::shared_ptr<const StoredJob> start;
+    if (store_ != nullptr) {
+      absl::StatusOr<StoredJob> s = store_->Load(jid);
+      if (s.ok() && s->has_state)
+        start = std::make_shared<const StoredJob>(*std::move(s));
+    }
+    absl::MutexLock lock(&mu_);
+    JobEntry& job = jobs_.at(jid);
+    job.start = start;
+    job.awaiting_start = false;
+    const std::string note =
+        start != nullptr
+            ? absl::StrCat("a parameter shard was lost; resumed from the "
+                           "checkpoint of step ",
+                           start->version)
+            : "a parameter shard was lost and there is no checkpoint; "
+              "started again from the initial weights";
+    job.proto.set_message(job.proto.message().empty()
+                              ? note
+                              : absl::StrCat(job.proto.message(), "; ", note));
+    job.proto.mutable_metrics()->set_step(start != nullptr ? start->version
+                                                           : 0);
+  }
+  {
+    absl::MutexLock lock(&mu_);
     ScheduleLocked(&notes);
     for (auto& [id, job] : jobs_) {
-      if (job.shard == nullptr) continue;
-      shards.push_back(job.shard);
-      const int64_t v = job.shard->version();
+      if (job.ranges.empty() || !job.installed) continue;
+      const int64_t v = VersionLocked(job);
       if (v != job.notified_version) {
         job.notified_version = v;
         NotifyLocked(id, &notes);
       }
     }
   }
-  for (auto& n : notes) n();
-  for (auto& s : shards) s->ExpireWaiters();
+  Settle(notes);
 }
 
 }  // namespace tally

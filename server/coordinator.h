@@ -1,34 +1,57 @@
-// The coordinator (server 0): job records and their lifecycle, worker
-// registration and leases, assignment of workers to jobs, and one
-// ParameterShard per running job.
+// The coordinator: the control plane. It keeps job records and their
+// lifecycle, registers workers and parameter shards and holds their leases,
+// assigns workers to jobs, places each job's parameters on shards (the
+// versioned shard map), and decides every job's membership, so that all of
+// a job's shards close each step with the same workers. Shards and workers
+// follow; the data (gradients, weights) never passes through here except
+// for checkpoints and fetches.
 //
 // Lifecycle: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED. The
 // job's schedule (steps per epoch, total steps) is fixed at submission from
 // the spec; workers follow it and one whose dataset disagrees is taken off
 // the job (never the job's schedule changed). A job starts when
-// `training.workers` workers are idle (jobs start in submission order); a
-// slot vacated by a worker whose lease expired is refilled by the next idle
-// worker, which rejoins at the next step. Training ends when the weights
-// reach the schedule's last version; the job succeeds once a worker has
-// reported the test accuracy of the final weights.
+// `training.workers` workers are idle and enough shards are live (jobs
+// start in submission order); its vector is split over shards
+// (server/partition.h) and each range installed. A slot vacated by a worker
+// whose lease expired is refilled by the next idle worker, which joins at
+// the next step. Training ends when the weights reach the schedule's last
+// version; the job succeeds once a worker has reported the test accuracy of
+// the final weights, which the coordinator then keeps (for fetching) while
+// the shards drop the job.
 //
-// Errors carry an ErrorReason (proto/errors.h) wherever a caller must tell
-// situations apart; proto/tally.proto lists them per RPC.
+// Membership. The coordinator's word on who belongs to which steps reaches
+// every range of the job through ShardControl: it holds every range (no
+// step closes), reads each one's version and every member's progress, and
+// then sets, on every range, each member's [join_step, leave_step): a new
+// worker joins at the highest version any range has; a leaving one belongs
+// to every step that any range saw it commit. A worker gets its assignment
+// only once it is a member on every range.
 //
-// Persistence (options.state_dir): every job is kept in <state_dir>/<job
-// id>.ckpt, written atomically when its state changes and, while it trains,
-// at most every checkpoint_interval; Restore() at start-up brings the jobs
-// back. A job that was RUNNING resumes from its last checkpointed step with
-// all slots vacant; workers that register fill them and go on from there.
+// Lost shards. A shard whose lease expires takes its ranges with it; every
+// running job with a range there is placed again, on the live shards, from
+// its last checkpoint (or from the start without one), with a new shard-map
+// version; every range of the job restarts from that same step, and the
+// workers, seeing the new map, pull it and go on: none restarts.
+//
+// Persistence (options.state_dir, server/job_store.h): every job's record,
+// and for a running job the whole vector at one version, taken from every
+// range at exactly that version (ParameterShard::SaveAt).
+//
+// Control-plane work (installs, membership, retirement) runs after the
+// state change that needs it, outside the coordinator's lock, in the
+// calling thread, serialised, each call to a shard bounded; what fails is
+// tried again at the next Tick.
 //
 // Thread-safe. Subscriber callbacks run without the coordinator's lock.
+// Errors carry an ErrorReason (proto/errors.h) wherever a caller must tell
+// situations apart; proto/tally.proto lists them per RPC.
 #ifndef TALLY_SERVER_COORDINATOR_H_
 #define TALLY_SERVER_COORDINATOR_H_
 
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,9 +62,13 @@
 #include "common/clock.h"
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
+#include "server/job_store.h"
 #include "server/shard.h"
+#include "server/shard_control.h"
 
 namespace tally {
+
+class ShardHost;
 
 struct CoordinatorOptions {
   absl::Duration lease_timeout = absl::Seconds(3);
@@ -49,8 +76,15 @@ struct CoordinatorOptions {
   // Where jobs are kept across restarts; empty: in memory only.
   std::string state_dir;
   // How often a training job's weights are written (its state changes are
-  // written at the next Tick).
+  // written at the next Checkpoint).
   absl::Duration checkpoint_interval = absl::Seconds(30);
+  // This process's own parameter shard ("shard-0", reached at the
+  // coordinator's address); borrowed; null: the coordinator holds no
+  // parameters and jobs wait for shard processes.
+  ShardHost* local_shard = nullptr;
+  // How a registered shard process is reached (a seam for tests).
+  std::function<std::unique_ptr<ShardControl>(const std::string& address)>
+      connect_shard;
 };
 
 class Coordinator {
@@ -65,8 +99,9 @@ class Coordinator {
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   std::vector<v1::Job> List() const;
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
-  // The job's current weights as a .safetensors file.
-  absl::StatusOr<std::string> WeightsFile(const std::string& job_id) const;
+  // The job's current weights as a .safetensors file. For a running job,
+  // every range at one version (waits for it, bounded).
+  absl::StatusOr<std::string> WeightsFile(const std::string& job_id);
 
   // Workers.
   v1::RegisterWorkerResponse Register(const v1::RegisterWorkerRequest& req);
@@ -74,13 +109,11 @@ class Coordinator {
       const v1::HeartbeatRequest& req);
   absl::Status ReportResult(const v1::ReportResultRequest& req);
 
-  // The shard of a running (or finished) job, for the parameter service.
-  // kNotFound for an unknown job, kFailedPrecondition while it is PENDING.
-  absl::StatusOr<std::shared_ptr<ParameterShard>> Shard(
-      const std::string& job_id) const;
-  // kFailedPrecondition unless (worker, incarnation) is the live registration.
-  absl::Status CheckWorker(const std::string& worker_id,
-                           int64_t incarnation) const;
+  // Shards.
+  v1::RegisterShardResponse RegisterShard(const v1::RegisterShardRequest& req);
+  absl::StatusOr<v1::ShardHeartbeatResponse> ShardHeartbeat(
+      const v1::ShardHeartbeatRequest& req);
+  std::vector<v1::ShardInfo> ListShards() const;
 
   // Calls `on_change` after every change of the job (state, a closed step);
   // returns an id for Unsubscribe. kNotFound for an unknown job.
@@ -88,8 +121,9 @@ class Coordinator {
                                     std::function<void()> on_change);
   void Unsubscribe(int64_t id);
 
-  // Periodic work: expires leases, schedules, releases timed-out pulls and
-  // notifies watchers of progress. Call every ~100 ms.
+  // Periodic work: expires leases, schedules, places jobs of lost shards,
+  // retries pending control work and notifies watchers of progress. Call
+  // every ~100 ms.
   void Tick();
 
   absl::Duration lease_timeout() const { return options_.lease_timeout; }
@@ -101,22 +135,43 @@ class Coordinator {
   // then.
   absl::Status Restore();
   // Writes the jobs that changed (all of them with `force`) to
-  // options.state_dir; a no-op without one. Tick calls it; call it with
-  // `force` at shutdown. Errors name the file; the jobs go on in memory.
+  // options.state_dir; a no-op without one. Call it periodically from one
+  // thread, and with `force` at shutdown. Errors name the file; the jobs go
+  // on in memory.
   absl::Status Checkpoint(bool force);
 
  private:
+  struct Placement {
+    std::string shard_id;
+    int64_t offset = 0;
+    int64_t count = 0;
+  };
   struct JobEntry {
     v1::Job proto;
     JobSpec spec;
     Schedule schedule;  // fixed at submission, from the spec alone
-    std::shared_ptr<ParameterShard> shard;
     std::vector<std::string> slots;  // worker id per rank; "" = vacant
     // Workers that said they cannot train this job (another dataset): they
     // are never given it again.
     std::set<std::string> barred;
+    // The data plane: the shard map (ranges in order) and its version.
+    int64_t map_version = 0;
+    std::vector<Placement> ranges;
+    bool installed = false;  // every range installed at map_version
+    // The membership every range has (set after a hold of every range).
+    std::vector<MemberSpec> members;
+    // What the ranges start from when (re)installed: a checkpoint's state;
+    // null: the spec's initial weights.
+    std::shared_ptr<const StoredJob> start;
+    // After the end: the final weights, kept here; the shards drop the job.
+    std::shared_ptr<const std::vector<float>> final_weights;
+    bool retired = false;  // the ranges were retired (and dropped)
+    // A shard of the job was lost: its checkpoint is being read; it is
+    // placed again once `start` is set.
+    bool awaiting_start = false;
+    bool dirty = true;     // control-plane work pending
     int64_t notified_version = -1;
-    // What the last checkpoint holds: state, shard version, and when.
+    // What the last checkpoint holds: state, version, and when.
     v1::JobState saved_state = v1::JOB_STATE_UNSPECIFIED;
     int64_t saved_version = -1;
     absl::Time saved_at = absl::InfinitePast();
@@ -128,16 +183,28 @@ class Coordinator {
     std::string job_id;  // "" = idle
     int rank = -1;
   };
+  struct ShardEntry {
+    std::string address;  // "" for the coordinator's own
+    int64_t incarnation = 0;
+    absl::Time lease_expiry = absl::InfiniteFuture();
+    absl::Time last_seen;
+    bool live = true;
+    std::shared_ptr<ShardControl> control;
+    std::vector<v1::RangeStatus> ranges;  // last reported (remote shards)
+  };
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job, if it exists and has started (has a shard): kNotFound or
-  // kFailedPrecondition otherwise.
-  absl::StatusOr<const JobEntry*> StartedJobLocked(
-      const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live progress of a job's ranges, in map order (empty entries for
+  // ranges not reported yet).
+  std::vector<v1::RangeStatus> RangeStatusLocked(const JobEntry& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t VersionLocked(const JobEntry& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One checkpoint file as a job, checked; kDataLoss naming the file.
-  absl::StatusOr<JobEntry> LoadJob(const std::string& path) const;
+  // Splits the job over live shards (a new map version); false when too
+  // few are live.
+  bool PlaceLocked(JobEntry& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AssignLocked(JobEntry& job, int rank, const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(JobEntry& job, v1::JobState state,
@@ -145,27 +212,38 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropWorkerLocked(const std::string& worker_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a worker off its job's slot (the shard forgets it outside the
-  // lock, through `notes`); the worker stays registered and idle.
+  // Takes a worker off its job's slot; the worker stays registered, idle.
   void VacateLocked(JobEntry& job, const std::string& worker_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLocked(const std::string& job_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobEntry FromStored(StoredJob stored) const;
+
+  // Control-plane work for every job that needs it, outside mu_.
+  void RunControl() ABSL_LOCKS_EXCLUDED(mu_);
+  struct ControlTask;
+  void Reconcile(ControlTask& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
+  // Runs `notes`, then the control work they may have made due.
+  void Settle(Notes& notes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time Now() const { return options_.clock->Now(); }
 
   CoordinatorOptions options_;
   RealClock real_clock_;
+  std::unique_ptr<JobStore> store_;  // with a state_dir, after Restore
 
   absl::Mutex checkpoint_mu_;  // serialises Checkpoint calls (taken first)
-  int lock_fd_ = -1;           // flock on <state_dir>/LOCK, after Restore
+  absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serialises RunControl
   mutable absl::Mutex mu_;
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_shard_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_subscription_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_hold_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ShardEntry> shards_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::pair<std::string, std::function<void()>>> subscribers_
       ABSL_GUARDED_BY(mu_);
 };

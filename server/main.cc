@@ -1,7 +1,8 @@
-// tally-server: parameter server and coordinator.
+// tally-server: the coordinator and/or a parameter shard.
 //
-//   tally-server [--port=7070] [--lease_timeout_ms=3000]
+//   tally-server [--port=7070] [--lease_timeout_ms=3000] [--noshard]
 //                [--state_dir=DIR [--checkpoint_interval_s=30]]
+//   tally-server --coordinator=HOST:7070 --port=7071 [--advertise=HOST:7071]
 #include <cstdio>
 #include <iostream>
 
@@ -21,6 +22,15 @@ ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
 ABSL_FLAG(std::string, state_dir, "",
           "Keep jobs (records, weights, optimizer state) in this directory "
           "and resume them after a restart; empty: in memory only");
+ABSL_FLAG(std::string, coordinator, "",
+          "Run as a parameter shard of the coordinator at this host:port "
+          "(empty: run the coordinator)");
+ABSL_FLAG(bool, shard, true,
+          "The coordinator also holds parameters (a one-process cluster); "
+          "--noshard leaves them to shard processes");
+ABSL_FLAG(std::string, advertise, "",
+          "A shard's host:port as workers and the coordinator reach it "
+          "(default: this host's name and --port)");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
@@ -32,7 +42,16 @@ int main(int argc, char** argv) {
   // Before anything slow: a signal during start-up then stops the server
   // as soon as it is up, instead of being lost.
   tally::InstallStopSignals();
-  tally::CoordinatorOptions options;
+  tally::ServerOptions server_options;
+  server_options.join = absl::GetFlag(FLAGS_coordinator);
+  server_options.shard = absl::GetFlag(FLAGS_shard);
+  server_options.advertise = absl::GetFlag(FLAGS_advertise);
+  if (!server_options.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
+    std::cerr << "tally-server: --state_dir belongs to the coordinator; a "
+                 "shard keeps nothing on disk\n";
+    return 2;
+  }
+  tally::CoordinatorOptions& options = server_options.coordinator;
   options.lease_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   if (options.lease_timeout <= absl::ZeroDuration()) {
@@ -48,18 +67,22 @@ int main(int argc, char** argv) {
   }
   const std::string address =
       absl::StrCat(absl::GetFlag(FLAGS_listen), ":", absl::GetFlag(FLAGS_port));
-  auto server = tally::TallyServer::Start(address, options);
+  auto server = tally::TallyServer::Start(address, server_options);
   if (!server.ok()) {
     std::cerr << "tally-server: " << server.status().message() << "\n";
     return 1;
   }
-  std::printf("tally-server listening on %s:%d (lease %lld ms)\n",
+  std::printf("tally-server listening on %s:%d (lease %lld ms; %s)\n",
               absl::GetFlag(FLAGS_listen).c_str(), (*server)->port(),
-              static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)));
+              static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)),
+              !server_options.join.empty()
+                  ? ("shard of " + server_options.join).c_str()
+              : server_options.shard ? "coordinator and shard"
+                                     : "coordinator");
   if (!options.state_dir.empty()) {
     std::printf("tally-server: keeping jobs in %s (%zu restored)\n",
                 options.state_dir.c_str(),
-                (*server)->coordinator().List().size());
+                (*server)->coordinator()->List().size());
   }
   std::fflush(stdout);
   const int sig = tally::WaitForStopSignal();

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,11 +16,13 @@
 #include "proto/errors.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
-#include "server/internal/finite.h"
+#include "server/internal/event_reactor.h"
 
 namespace tally {
 
 namespace {
+
+using internal::EventWriteReactor;
 
 bool Terminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
@@ -31,330 +34,6 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
   r->Finish(ToGrpc(s));
   return r;
 }
-
-// Merged set of covered [begin, end) element ranges.
-class Coverage {
- public:
-  void Add(int64_t b, int64_t e) {
-    auto it = ranges_.upper_bound(b);
-    if (it != ranges_.begin() && std::prev(it)->second >= b) --it;
-    while (it != ranges_.end() && it->first <= e) {
-      b = std::min(b, it->first);
-      e = std::max(e, it->second);
-      covered_ -= it->second - it->first;
-      it = ranges_.erase(it);
-    }
-    ranges_[b] = e;
-    covered_ += e - b;
-  }
-  int64_t covered() const { return covered_; }
-
- private:
-  std::map<int64_t, int64_t> ranges_;
-  int64_t covered_ = 0;
-};
-
-// ----------------------------------------------------------------- push --
-
-class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
- public:
-  PushReactor(Coordinator* coord, v1::PushResponse* resp)
-      : coord_(coord), resp_(resp) {
-    StartRead(&req_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      Complete();
-      return;
-    }
-    absl::Status s = Consume();
-    if (!s.ok()) {
-      ReturnStaging();
-      Finish(ToGrpc(s));
-      return;
-    }
-    if (done_early_) return;
-    StartRead(&req_);
-  }
-
-  void OnDone() override {
-    ReturnStaging();
-    delete this;
-  }
-
- private:
-  // The staging buffer goes back as soon as the push is decided, not when
-  // gRPC finally retires the call.
-  void ReturnStaging() {
-    if (shard_ != nullptr && staging_ != nullptr)
-      shard_->ReleaseStaging(std::move(staging_));
-  }
-
-  absl::Status Consume() {
-    if (!has_header_) {
-      if (!req_.has_header()) {
-        return absl::InvalidArgumentError(
-            "the first push message must carry the header");
-      }
-      const v1::PushHeader& h = req_.header();
-      meta_.worker_id = h.worker_id();
-      meta_.incarnation = h.incarnation();
-      meta_.step = h.step();
-      meta_.base_version = h.base_version();
-      meta_.samples = h.samples();
-      meta_.loss_sum = h.loss_sum();
-      meta_.correct = h.correct();
-      has_header_ = true;
-      auto shard = coord_->Shard(h.job_id());
-      if (!shard.ok()) return shard.status();
-      shard_ = *std::move(shard);
-      if (absl::Status s =
-              coord_->CheckWorker(meta_.worker_id, meta_.incarnation);
-          !s.ok()) {
-        return s;
-      }
-      bool duplicate = false;
-      if (absl::Status s = shard_->CheckPush(meta_, &duplicate); !s.ok())
-        return s;
-      if (!std::isfinite(meta_.loss_sum)) {
-        shard_->Reject(meta_);
-        return WithReason(absl::InvalidArgumentError(
-                              "non-finite loss_sum; push rejected and counted"),
-                          v1::NON_FINITE);
-      }
-      if (duplicate) {
-        // Already counted: acknowledge without reading the rest.
-        resp_->set_duplicate(true);
-        resp_->set_version(shard_->version());
-        done_early_ = true;
-        Finish(grpc::Status::OK);
-        return absl::OkStatus();
-      }
-      if (meta_.samples > 0) {
-        auto staging = shard_->AcquireStaging();
-        if (!staging.ok()) return staging.status();
-        staging_ = *std::move(staging);
-      }
-    } else if (req_.has_header()) {
-      return absl::InvalidArgumentError(
-          "only the first push message may carry a header");
-    }
-    if (!req_.has_chunk()) return absl::OkStatus();
-    const v1::TensorChunk& c = req_.chunk();
-    TALLY_RETURN_IF_ERROR(CheckChunk(c, shard_->num_params()));
-    if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
-    float* dst = staging_->data() + c.offset();
-    const int64_t bad =
-        c.dtype() == v1::BFLOAT16
-            ? internal::DecodeBfloat16AndFindNonFinite(dst, c.data().data(),
-                                                       c.count())
-            : internal::CopyAndFindNonFinite(dst, c.data().data(), c.count());
-    if (bad >= 0) {
-      shard_->Reject(meta_);
-      return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                            "non-finite gradient value (", dst[bad],
-                            ") at element ", c.offset() + bad,
-                            "; push rejected and counted")),
-                        v1::NON_FINITE);
-    }
-    coverage_.Add(c.offset(), c.offset() + c.count());
-    return absl::OkStatus();
-  }
-
-  void Complete() {
-    if (!has_header_) {
-      Finish(ToGrpc(absl::InvalidArgumentError("empty push stream")));
-      return;
-    }
-    if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
-      ReturnStaging();
-      Finish(ToGrpc(absl::InvalidArgumentError(
-          absl::StrCat("the push covers ", coverage_.covered(), " of ",
-                       shard_->num_params(), " gradient elements"))));
-      return;
-    }
-    bool duplicate = false;
-    absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
-    resp_->set_duplicate(duplicate);
-    resp_->set_version(shard_->version());
-    Finish(ToGrpc(s));
-  }
-
-  Coordinator* coord_;
-  v1::PushResponse* resp_;
-  v1::PushRequest req_;
-  bool has_header_ = false;
-  bool done_early_ = false;
-  PushMeta meta_;
-  std::shared_ptr<ParameterShard> shard_;
-  std::unique_ptr<std::vector<float>> staging_;  // from the shard's pool
-  Coverage coverage_;
-};
-
-// ---------------------------------------------- event-driven streaming --
-
-// A server-streaming reactor woken by events from elsewhere (a shard reaching
-// a version, a job changing). The event sources hold a Handle, never the
-// reactor: once gRPC is done with the call the handle is cleared, so a late
-// event finds nothing instead of a deleted reactor. The base owns the
-// finish-once and cancel logic; Derived writes under mu_.
-template <typename Derived, typename Response>
-class EventWriteReactor : public grpc::ServerWriteReactor<Response> {
- public:
-  void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    if (!writing_)
-      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-  }
-
-  void OnDone() override {
-    static_cast<Derived*>(this)->Release();
-    {
-      absl::MutexLock lock(&handle_->mu);
-      handle_->reactor = nullptr;
-    }
-    delete this;
-  }
-
- protected:
-  EventWriteReactor() : handle_(std::make_shared<Handle>()) {
-    absl::MutexLock lock(&handle_->mu);
-    handle_->reactor = static_cast<Derived*>(this);
-  }
-
-  // A callable for an event source: runs fn(reactor, args...) while the call
-  // is live, and nothing after.
-  template <typename Fn>
-  auto WhileLive(Fn fn) {
-    return [handle = handle_, fn](auto&&... args) {
-      absl::MutexLock lock(&handle->mu);
-      if (handle->reactor != nullptr)
-        fn(handle->reactor, std::forward<decltype(args)>(args)...);
-    };
-  }
-
-  // Hook for OnDone, before the reactor goes (unsubscribe and the like).
-  void Release() {}
-
-  void StartWriteLocked(const Response* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    writing_ = true;
-    this->StartWrite(r);
-  }
-  void FinishOnce(const grpc::Status& s) {
-    absl::MutexLock lock(&mu_);
-    FinishOnceLocked(s);
-  }
-  void FinishOnceLocked(const grpc::Status& s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    finished_ = true;
-    this->Finish(s);
-  }
-  // Called by Derived::OnWriteDone first: false when the stream is over.
-  bool WriteDoneLocked(bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    writing_ = false;
-    if (!ok) {
-      FinishOnceLocked(
-          grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
-    }
-    return ok && !finished_;
-  }
-
-  absl::Mutex mu_;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-
- private:
-  struct Handle {
-    absl::Mutex mu;
-    Derived* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  };
-  std::shared_ptr<Handle> handle_;
-};
-
-// ----------------------------------------------------------------- pull --
-
-class PullReactor final
-    : public EventWriteReactor<PullReactor, v1::PullResponse> {
- public:
-  PullReactor(Coordinator* coord, const v1::PullRequest* req) {
-    chunk_ =
-        req->chunk_elements() > 0
-            ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
-            : kDefaultChunkElements;
-    auto shard = coord->Shard(req->job_id());
-    absl::Status s = shard.status();
-    if (s.ok()) s = DTypeWidth(req->dtype()).status();
-    dtype_ = req->dtype();
-    if (s.ok()) s = coord->CheckWorker(req->worker_id(), req->incarnation());
-    // Only the job's members read its weights on the data path (clients
-    // fetch them through JobService).
-    if (s.ok()) s = (*shard)->CheckMember(req->worker_id(), req->incarnation());
-    if (s.ok() && req->has_commit()) {
-      (*shard)->Commit(req->worker_id(), req->incarnation(),
-                       req->commit().step(), req->commit().contributed());
-    }
-    if (s.ok() && req->total_steps() > 0) {
-      s = (*shard)->SetSchedule(req->total_steps(), req->steps_per_epoch());
-    }
-    if (!s.ok()) {
-      FinishOnce(ToGrpc(s));
-      return;
-    }
-    shard_ = *std::move(shard);
-    const int64_t wait_ms = req->max_wait_ms() > 0
-                                ? std::min<int64_t>(req->max_wait_ms(), 600000)
-                                : 30000;
-    shard_->WhenVersion(req->min_version(),
-                        absl::Now() + absl::Milliseconds(wait_ms),
-                        WhileLive([](PullReactor* r, const absl::Status& st) {
-                          r->Ready(st);
-                        }));
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    if (WriteDoneLocked(ok)) WriteNextLocked();
-  }
-
- private:
-  void Ready(const absl::Status& s) {
-    absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    if (!s.ok()) {
-      FinishOnceLocked(ToGrpc(s));
-      return;
-    }
-    weights_ = shard_->Snapshot(&version_, &total_steps_);
-    WriteNextLocked();
-  }
-
-  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int64_t n = static_cast<int64_t>(weights_->size());
-    if (next_ >= n && next_ > 0) {
-      FinishOnceLocked(grpc::Status::OK);
-      return;
-    }
-    const int64_t count = std::min(chunk_, n - next_);
-    resp_.Clear();
-    resp_.set_version(version_);
-    resp_.set_total_steps(total_steps_);
-    EncodeChunk(weights_->data() + next_, next_, count, dtype_,
-                resp_.mutable_chunk());
-    next_ += std::max<int64_t>(count, 1);
-    StartWriteLocked(&resp_);
-  }
-
-  std::shared_ptr<ParameterShard> shard_;
-  int64_t chunk_ = kDefaultChunkElements;
-  v1::DType dtype_ = v1::FLOAT32;
-  std::shared_ptr<const std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
-  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  v1::PullResponse resp_ ABSL_GUARDED_BY(mu_);
-};
 
 // ---------------------------------------------------------------- watch --
 
@@ -524,53 +203,166 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
   return Reply(ctx, coord_->ReportResult(*req));
 }
 
-grpc::ServerReadReactor<v1::PushRequest>* ParameterServiceImpl::PushGradients(
-    grpc::CallbackServerContext*, v1::PushResponse* resp) {
-  return new PushReactor(coord_, resp);
+grpc::ServerUnaryReactor* JobServiceImpl::ListShards(
+    grpc::CallbackServerContext* ctx, const v1::ListShardsRequest*,
+    v1::ListShardsResponse* resp) {
+  for (v1::ShardInfo& s : coord_->ListShards()) *resp->add_shards() = std::move(s);
+  return Reply(ctx, absl::OkStatus());
 }
 
-grpc::ServerWriteReactor<v1::PullResponse>* ParameterServiceImpl::PullWeights(
-    grpc::CallbackServerContext*, const v1::PullRequest* req) {
-  return new PullReactor(coord_, req);
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::RegisterShard(
+    grpc::CallbackServerContext* ctx, const v1::RegisterShardRequest* req,
+    v1::RegisterShardResponse* resp) {
+  if (req->address().empty() || req->address().size() > 1024) {
+    return Reply(ctx, absl::InvalidArgumentError(
+                          "a shard registers with its host:port"));
+  }
+  *resp = coord_->RegisterShard(*req);
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::ShardHeartbeat(
+    grpc::CallbackServerContext* ctx, const v1::ShardHeartbeatRequest* req,
+    v1::ShardHeartbeatResponse* resp) {
+  auto r = coord_->ShardHeartbeat(*req);
+  if (!r.ok()) return Reply(ctx, r.status());
+  *resp = *std::move(r);
+  return Reply(ctx, absl::OkStatus());
 }
 
 // -------------------------------------------------------------- server --
 
 absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
     const std::string& address, const CoordinatorOptions& options) {
+  ServerOptions o;
+  o.coordinator = options;
+  return Start(address, o);
+}
+
+absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
+    const std::string& address, const ServerOptions& options) {
   std::unique_ptr<TallyServer> s(new TallyServer());
-  s->coordinator_ = std::make_unique<Coordinator>(options);
-  // Jobs kept from an earlier run come back before anyone can connect.
-  if (absl::Status r = s->coordinator_->Restore(); !r.ok()) return r;
-  s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get());
-  s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
-  s->params_ = std::make_unique<ParameterServiceImpl>(s->coordinator_.get());
+  s->options_ = options;
+  const bool coordinator = options.join.empty();
+  if (!coordinator || options.shard) {
+    s->host_ = std::make_unique<ShardHost>(options.coordinator.clock);
+    s->params_ = std::make_unique<ParameterServiceImpl>(s->host_.get());
+    s->shard_service_ = std::make_unique<ShardServiceImpl>(s->host_.get());
+  }
+  if (coordinator) {
+    CoordinatorOptions co = options.coordinator;
+    co.local_shard = s->host_.get();
+    s->coordinator_ = std::make_unique<Coordinator>(co);
+    // Jobs kept from an earlier run come back before anyone can connect.
+    if (absl::Status r = s->coordinator_->Restore(); !r.ok()) return r;
+    s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get());
+    s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
+    s->coordination_ =
+        std::make_unique<CoordinatorServiceImpl>(s->coordinator_.get());
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServer(address, &builder, &s->port_);
-  builder.RegisterService(s->jobs_.get());
-  builder.RegisterService(s->workers_.get());
-  builder.RegisterService(s->params_.get());
+  if (s->jobs_ != nullptr) {
+    builder.RegisterService(s->jobs_.get());
+    builder.RegisterService(s->workers_.get());
+    builder.RegisterService(s->coordination_.get());
+  }
+  if (s->params_ != nullptr) {
+    builder.RegisterService(s->params_.get());
+    builder.RegisterService(s->shard_service_.get());
+  }
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", address, " (in use by another process?)"));
   }
+  s->advertise_ = options.advertise;
+  if (s->advertise_.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    s->advertise_ = absl::StrCat(host, ":", s->port_);
+  }
   TallyServer* raw = s.get();
   s->ticker_ = std::thread([raw] { raw->TickLoop(); });
-  if (!options.state_dir.empty())
+  if (coordinator && !options.coordinator.state_dir.empty())
     s->checkpointer_ = std::thread([raw] { raw->CheckpointLoop(); });
+  if (!coordinator) s->shard_agent_ = std::thread([raw] { raw->ShardLoop(); });
   return s;
 }
 
-void TallyServer::TickLoop() {
+bool TallyServer::SleepUnlessStopped(absl::Duration d) {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stopped),
-                               absl::Milliseconds(100))) {
-    mu_.Unlock();
-    coordinator_->Tick();
-    mu_.Lock();
+  return mu_.AwaitWithTimeout(absl::Condition(&stopped), d);
+}
+
+void TallyServer::TickLoop() {
+  while (!SleepUnlessStopped(absl::Milliseconds(100))) {
+    if (host_ != nullptr) host_->Tick();
+    if (coordinator_ != nullptr) coordinator_->Tick();
+  }
+}
+
+void TallyServer::ShardLoop() {
+  auto channel = Dial(options_.join);
+  auto stub = v1::CoordinatorService::NewStub(channel);
+  std::string shard_id;
+  int64_t incarnation = 0;
+  absl::Duration interval = absl::Milliseconds(100);
+  absl::Duration backoff = absl::Milliseconds(100);
+  bool said_away = false;
+  while (true) {
+    if (shard_id.empty()) {
+      v1::RegisterShardRequest req;
+      req.set_address(advertise_);
+      v1::RegisterShardResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      absl::Status st = FromGrpc(stub->RegisterShard(&ctx, req, &resp));
+      if (!st.ok()) {
+        if (!said_away) {
+          std::fprintf(stderr,
+                       "tally-server: cannot register with %s: %s; retrying\n",
+                       options_.join.c_str(), std::string(st.message()).c_str());
+          said_away = true;
+        }
+        if (SleepUnlessStopped(backoff)) return;
+        backoff = std::min(backoff * 2, absl::Seconds(2));
+        continue;
+      }
+      shard_id = resp.shard_id();
+      incarnation = resp.incarnation();
+      // Well within the lease: a few heartbeats may be lost.
+      interval = std::clamp(absl::Milliseconds(resp.lease_ms()) / 6,
+                            absl::Milliseconds(20), absl::Milliseconds(500));
+      backoff = absl::Milliseconds(100);
+      said_away = false;
+      std::fprintf(stderr, "tally-server: registered with %s as %s (%s)\n",
+                   options_.join.c_str(), shard_id.c_str(), advertise_.c_str());
+    }
+    v1::ShardHeartbeatRequest req;
+    req.set_shard_id(shard_id);
+    req.set_incarnation(incarnation);
+    for (v1::RangeStatus& r : host_->Status()) *req.add_ranges() = std::move(r);
+    v1::ShardHeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval * 2 +
+                                        absl::Milliseconds(200)));
+    absl::Status st = FromGrpc(stub->ShardHeartbeat(&ctx, req, &resp));
+    if (st.ok()) {
+      for (const std::string& job : resp.drop_jobs())
+        host_->Drop(job, /*ended=*/false);
+      for (const std::string& job : resp.ended_jobs())
+        host_->Drop(job, /*ended=*/true);
+    } else if (ReasonOf(st) == v1::REGISTER_AGAIN) {
+      // The coordinator restarted or gave us up: its placement is the truth.
+      std::fprintf(stderr, "tally-server: %s; registering again\n",
+                   std::string(st.message()).c_str());
+      shard_id.clear();
+      continue;
+    }
+    if (SleepUnlessStopped(interval)) return;
   }
 }
 
@@ -602,6 +394,7 @@ void TallyServer::Shutdown(absl::Duration grace) {
   }
   if (ticker_.joinable()) ticker_.join();
   if (checkpointer_.joinable()) checkpointer_.join();
+  if (shard_agent_.joinable()) shard_agent_.join();
   if (server_ != nullptr)
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   // Nothing changes any more: keep every job's latest state.

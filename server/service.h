@@ -1,7 +1,8 @@
-// gRPC services of tally-server, on the callback API: one reactor per
-// streaming call, nothing blocking inside a reactor. They translate between
-// the wire and the Coordinator / ParameterShard, which hold all state;
-// absl::Status becomes grpc::Status here and nowhere else.
+// tally-server's control-plane services (JobService, WorkerService,
+// CoordinatorService) over the Coordinator, and TallyServer, which runs a
+// server in its roles: the coordinator, a parameter shard (the data-plane
+// services, server/shard_service.h), or both. Callback API: one reactor per
+// streaming call; absl::Status becomes grpc::Status here.
 #ifndef TALLY_SERVER_SERVICE_H_
 #define TALLY_SERVER_SERVICE_H_
 
@@ -13,6 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/tally.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/shard_host.h"
+#include "server/shard_service.h"
 
 namespace grpc {
 class Server;
@@ -43,6 +46,9 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerWriteReactor<v1::FileChunk>* FetchWeights(
       grpc::CallbackServerContext* ctx,
       const v1::FetchWeightsRequest* req) override;
+  grpc::ServerUnaryReactor* ListShards(grpc::CallbackServerContext* ctx,
+                                       const v1::ListShardsRequest* req,
+                                       v1::ListShardsResponse* resp) override;
 
  private:
   Coordinator* coord_;  // borrowed
@@ -67,26 +73,44 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   Coordinator* coord_;  // borrowed
 };
 
-class ParameterServiceImpl final
-    : public v1::ParameterService::CallbackService {
+class CoordinatorServiceImpl final
+    : public v1::CoordinatorService::CallbackService {
  public:
-  explicit ParameterServiceImpl(Coordinator* coordinator)
+  explicit CoordinatorServiceImpl(Coordinator* coordinator)
       : coord_(coordinator) {}
-  ParameterServiceImpl(const ParameterServiceImpl&) = delete;
-  ParameterServiceImpl& operator=(const ParameterServiceImpl&) = delete;
-  grpc::ServerReadReactor<v1::PushRequest>* PushGradients(
-      grpc::CallbackServerContext* ctx, v1::PushResponse* resp) override;
-  grpc::ServerWriteReactor<v1::PullResponse>* PullWeights(
-      grpc::CallbackServerContext* ctx, const v1::PullRequest* req) override;
+  CoordinatorServiceImpl(const CoordinatorServiceImpl&) = delete;
+  CoordinatorServiceImpl& operator=(const CoordinatorServiceImpl&) = delete;
+  grpc::ServerUnaryReactor* RegisterShard(
+      grpc::CallbackServerContext* ctx, const v1::RegisterShardRequest* req,
+      v1::RegisterShardResponse* resp) override;
+  grpc::ServerUnaryReactor* ShardHeartbeat(
+      grpc::CallbackServerContext* ctx, const v1::ShardHeartbeatRequest* req,
+      v1::ShardHeartbeatResponse* resp) override;
 
  private:
   Coordinator* coord_;  // borrowed
 };
 
-// A running tally-server: the three services plus grpc.health.v1.
+struct ServerOptions {
+  // The coordinator's options; its local_shard is set by Start.
+  CoordinatorOptions coordinator;
+  // Run as a parameter shard only, joining the coordinator at this address
+  // (host:port); empty: run the coordinator.
+  std::string join;
+  // With the coordinator: also hold parameters (the one-process cluster).
+  bool shard = true;
+  // How workers and the coordinator reach this shard (host:port); empty:
+  // this host's name and the bound port.
+  std::string advertise;
+};
+
+// A running tally-server: its services plus grpc.health.v1.
 class TallyServer {
  public:
   // Listens on `address` ("0.0.0.0:7070"; port 0 picks a free one).
+  static absl::StatusOr<std::unique_ptr<TallyServer>> Start(
+      const std::string& address, const ServerOptions& options);
+  // The one-process cluster: coordinator and shard.
   static absl::StatusOr<std::unique_ptr<TallyServer>> Start(
       const std::string& address, const CoordinatorOptions& options);
   TallyServer(const TallyServer&) = delete;
@@ -94,7 +118,10 @@ class TallyServer {
   ~TallyServer();
 
   int port() const { return port_; }
-  Coordinator& coordinator() { return *coordinator_; }
+  // Null for a shard process.
+  Coordinator* coordinator() { return coordinator_.get(); }
+  // Null for a coordinator that holds no parameters.
+  ShardHost* shard_host() { return host_.get(); }
   // Stops accepting calls and cancels the rest, waiting at most `grace`.
   void Shutdown(absl::Duration grace);
 
@@ -102,17 +129,27 @@ class TallyServer {
   TallyServer() = default;
   void TickLoop();
   void CheckpointLoop();
+  // A shard process: registers with the coordinator and heartbeats, with
+  // backoff while it is away; registers again when told to.
+  void ShardLoop();
+  bool SleepUnlessStopped(absl::Duration d);
 
+  ServerOptions options_;
+  std::unique_ptr<ShardHost> host_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> jobs_;
   std::unique_ptr<WorkerServiceImpl> workers_;
+  std::unique_ptr<CoordinatorServiceImpl> coordination_;
   std::unique_ptr<ParameterServiceImpl> params_;
+  std::unique_ptr<ShardServiceImpl> shard_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::string advertise_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread ticker_;        // runs Coordinator::Tick every 100 ms
+  std::thread ticker_;        // Tick every 100 ms
   std::thread checkpointer_;  // with a state_dir: Checkpoint every 100 ms
+  std::thread shard_agent_;   // a shard process: ShardLoop
 };
 
 }  // namespace tally

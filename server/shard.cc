@@ -52,6 +52,52 @@ ShardState ParameterShard::Save() const {
   return s;
 }
 
+void ParameterShard::SaveAt(
+    int64_t v, absl::Time deadline,
+    std::function<void(absl::StatusOr<ShardState>)> done) {
+  bool now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (version_ > v) {
+      now = true;
+    } else {
+      save_at_.insert(v);
+      if (version_ < v) {
+        // Released by the close that reaches v, or by its deadline.
+        waiters_.push_back(
+            {v, deadline, [this, v, done](absl::Status s) {
+               absl::StatusOr<ShardState> state = s;
+               if (s.ok()) state = Save();
+               Ready ready;
+               {
+                 absl::MutexLock lock(&mu_);
+                 save_at_.erase(save_at_.find(v));
+                 MaybeCloseLocked(&ready);
+               }
+               RunReady(ready);
+               done(std::move(state));
+             }});
+        return;
+      }
+    }
+  }
+  if (now) {
+    done(absl::FailedPreconditionError(
+        absl::StrCat("the range is past version ", v)));
+    return;
+  }
+  // At v already: the state is taken before anything can close.
+  absl::StatusOr<ShardState> state = Save();
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    save_at_.erase(save_at_.find(v));
+    MaybeCloseLocked(&ready);
+  }
+  RunReady(ready);
+  done(std::move(state));
+}
+
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
     const ShardState& state, std::unique_ptr<Optimizer> optimizer,
     const Clock* clock) {
@@ -409,6 +455,7 @@ void ParameterShard::Reject(const PushMeta& meta) {
 
 void ParameterShard::MaybeCloseLocked(Ready* ready) {
   if (retired_ || hold_id_ != 0 ||
+      (!save_at_.empty() && version_ >= *save_at_.begin()) ||
       (total_steps_ > 0 && version_ >= total_steps_)) {
     return;
   }

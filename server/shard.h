@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,13 @@ class ParameterShard {
   // A consistent copy for a checkpoint (the optimizer state is copied; the
   // weights are the immutable snapshot).
   ShardState Save() const;
+  // The state at exactly version `v`, for a checkpoint consistent across a
+  // job's shards: if the shard is below v, it closes steps up to v and no
+  // further until the state is taken. Calls done(state), or
+  // done(kFailedPrecondition) when the shard is past v already, or
+  // done(kDeadlineExceeded) at `deadline` (checked by ExpireWaiters).
+  void SaveAt(int64_t v, absl::Time deadline,
+              std::function<void(absl::StatusOr<ShardState>)> done);
   // A shard that goes on from `state`, with no members yet. `optimizer` is
   // a fresh one for the job; it takes state.optimizer (kInvalidArgument when
   // that does not fit). A retired state gives a retired shard.
@@ -283,6 +291,8 @@ class ParameterShard {
   absl::Time finished_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
   int64_t hold_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no hold
+  // Versions a SaveAt waits for: no step closes at or past the lowest.
+  std::multiset<int64_t> save_at_ ABSL_GUARDED_BY(mu_);
   absl::Time hold_deadline_ ABSL_GUARDED_BY(mu_);
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
   std::vector<float> mean_ ABSL_GUARDED_BY(mu_);

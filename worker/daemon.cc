@@ -52,15 +52,19 @@ class WorkerDaemon::Impl {
           WaitForAssignment(absl::Milliseconds(500), &incarnation);
       if (!a.has_value()) continue;
       Log(absl::StrCat("assigned ", a->job_id(), " as rank ", a->rank(), " of ",
-                       a->world()));
+                       a->world(), " (", a->shard_map().shards_size(),
+                       " parameter shard",
+                       a->shard_map().shards_size() == 1 ? "" : "s", ")"));
       absl::Status s = RunJob(*a);
       if (!s.ok()) Log(absl::StrCat(a->job_id(), ": ", s.ToString()));
       // Do not pick the same assignment up again until the coordinator
-      // has moved on (or re-issued it after a re-registration: the lease
-      // may already be a newer one than this job ran under).
+      // has moved on: re-issued it after a re-registration (the lease may
+      // already be a newer one than this job ran under), or placed the job
+      // on other shards (a new shard map, which the job goes on with).
       absl::MutexLock lock(&mu_);
       finished_job_ = a->job_id();
       finished_incarnation_ = incarnation;
+      finished_map_ = a->shard_map().version();
     }
     return absl::OkStatus();
   }
@@ -170,7 +174,8 @@ class WorkerDaemon::Impl {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop_ || (assignment_.has_value() &&
                        !(assignment_->job_id() == finished_job_ &&
-                         lease_.incarnation == finished_incarnation_));
+                         lease_.incarnation == finished_incarnation_ &&
+                         assignment_->shard_map().version() == finished_map_));
     };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) || stop_) {
       return std::nullopt;
@@ -179,11 +184,15 @@ class WorkerDaemon::Impl {
     return assignment_;
   }
 
-  // False once the job was taken from us (cancelled, lease lost) or we stop.
-  bool StillAssigned(const std::string& job_id, int64_t incarnation) {
+  // False once the job was taken from us (cancelled, lease lost), was
+  // placed on other shards (a new map), or we stop.
+  bool StillAssigned(const std::string& job_id, int64_t incarnation,
+                     int64_t map_version) {
     absl::MutexLock lock(&mu_);
     return !stop_ && assignment_.has_value() &&
-           assignment_->job_id() == job_id && lease_.incarnation == incarnation;
+           assignment_->job_id() == job_id &&
+           lease_.incarnation == incarnation &&
+           assignment_->shard_map().version() == map_version;
   }
 
   Lease CurrentLease() {
@@ -216,8 +225,9 @@ class WorkerDaemon::Impl {
     context.coordinator = options_.server;
     context.workers = workers_.get();
     context.data = [this](const JobSpec& spec) { return Data(spec); };
-    context.still_assigned = [this, job = a.job_id(), lease] {
-      return StillAssigned(job, lease.incarnation);
+    context.still_assigned = [this, job = a.job_id(), lease,
+                              map = a.shard_map().version()] {
+      return StillAssigned(job, lease.incarnation, map);
     };
     context.sleep = [this](absl::Duration d) { SleepUnlessStopped(d); };
     context.log = [this](const std::string& line) { Log(line); };
@@ -239,6 +249,7 @@ class WorkerDaemon::Impl {
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
   std::string finished_job_ ABSL_GUARDED_BY(mu_);
   int64_t finished_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t finished_map_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 WorkerDaemon::WorkerDaemon(const DaemonOptions& options)

@@ -14,8 +14,12 @@ namespace tally {
 
 namespace {
 
+// Worth trying again: the other side is slow or away, or (NOT_FOUND) the
+// job is being placed on other shards; the loop checks at every turn that
+// the job is still ours, with the same shard map.
 bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
+         absl::IsNotFound(s);
 }
 
 }  // namespace
@@ -36,7 +40,9 @@ absl::Status JobRunner::Run() {
     if (!pulled.ok()) {
       const absl::Status& s = pulled.status();
       if (Retryable(s) || absl::IsAborted(s)) {
-        Backoff();  // others are slow, or a shard is away: pull again
+        // Others are slow, a shard is away, or the job is being placed
+        // again (a new shard map comes with the assignment): pull again.
+        Backoff();
         continue;
       }
       if (ReasonOf(s) == v1::SCHEDULE_MISMATCH) return Refuse(s);

@@ -228,7 +228,8 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   if (!n) return absl::OkStatus();
   TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
                                   {"epochs", "batch_size", "max_steps", "seed",
-                                   "workers", "tf32", "wire_dtype"}));
+                                   "workers", "shards", "tf32",
+                                   "wire_dtype"}));
   TALLY_RETURN_IF_ERROR(ReadBool(n, p, "tf32", &t->tf32));
   std::string wire = "float32";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "wire_dtype", &wire));
@@ -242,6 +243,7 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
         absl::StrCat("unknown dtype '", wire, "' (float32 or bfloat16)"));
   }
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "workers", 1, 1024, &t->workers));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "shards", 0, 1024, &t->shards));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
   TALLY_RETURN_IF_ERROR(
       ReadInt(n, p, "batch_size", 1, 1 << 20, &t->batch_size));

@@ -51,6 +51,9 @@ struct TrainingSpec {
   int64_t max_steps = 0;    // 0: no limit; otherwise stop after this many
   uint64_t seed = 0;        // initial weights, shuffling, dropout
   int64_t workers = 1;      // workers a cluster job trains on (sync mode)
+  // Parameter shards the job's vector is split over; 0: every live shard,
+  // as many as keep each range at least 1 MiB (docs/cluster.md).
+  int64_t shards = 0;
   bool tf32 = false;        // let GPU matrix products use TF32 tensor cores
   // bfloat16 halves the bytes of every push and pull; the server still
   // averages, steps and keeps the weights in float32.

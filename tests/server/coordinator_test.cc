@@ -1,6 +1,8 @@
 // Job lifecycle, scheduling and leases, with a fake clock (no sleeping).
 #include "server/coordinator.h"
 
+#include "server/shard_host.h"
+
 #include <vector>
 
 #include "common/io/safetensors.h"
@@ -39,14 +41,27 @@ std::string SpecWith(const std::string& training, const std::string& more = "") 
   return s + more;
 }
 
+// The job's range on a host (the whole vector, with one shard).
+absl::StatusOr<std::shared_ptr<ParameterShard>> ShardOf(
+    const ShardHost& host, const std::string& job_id) {
+  absl::StatusOr<Range> r = host.Find(job_id);
+  if (!r.ok()) return r.status();
+  return r->shard;
+}
+
 class CoordinatorTest : public ::testing::Test {
  protected:
-  CoordinatorTest() : coord_(Options()) {}
+  CoordinatorTest() : host_(&clock_), coord_(Options()) {}
   CoordinatorOptions Options() {
     CoordinatorOptions o;
     o.clock = &clock_;
     o.lease_timeout = absl::Seconds(3);
+    o.local_shard = &host_;
     return o;
+  }
+  absl::StatusOr<std::shared_ptr<ParameterShard>> Shard(
+      const std::string& job_id) {
+    return ShardOf(host_, job_id);
   }
   v1::RegisterWorkerResponse Register(const std::string& name) {
     v1::RegisterWorkerRequest r;
@@ -61,6 +76,7 @@ class CoordinatorTest : public ::testing::Test {
     return coord_.Heartbeat(r);
   }
   FakeClock clock_;
+  ShardHost host_;
   Coordinator coord_;
 };
 
@@ -100,7 +116,7 @@ TEST_F(CoordinatorTest, ExpiredLeaseFreesTheSlotAndANewWorkerTakesIt) {
   auto job = coord_.Submit(kSpec);
   auto a = Register("a");
   auto b = Register("b");
-  auto shard = coord_.Shard(job->id());
+  auto shard = Shard(job->id());
   ASSERT_TRUE(shard.ok());
   EXPECT_EQ((*shard)->Metrics().members, 2);
   clock_.Advance(absl::Seconds(2));
@@ -128,7 +144,7 @@ TEST_F(CoordinatorTest, AWorkerWithAnotherDatasetCannotStallTheJob) {
   EXPECT_EQ(job->metrics().total_steps(), 32);  // 4096 / 2 / 64
   auto wrong = Register("wrong");
   auto right = Register("right");
-  auto shard = *coord_.Shard(job->id());
+  auto shard = *Shard(job->id());
   // The wrong worker pulls first, claiming its own schedule: refused, and
   // the job's stays.
   EXPECT_THAT(shard->SetSchedule(1, 1),
@@ -177,7 +193,7 @@ TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
   EXPECT_EQ(job->metrics().total_steps(), 1);  // fixed at submission
   auto a = Register("a");
   auto b = Register("b");
-  auto shard = *coord_.Shard(job->id());
+  auto shard = *Shard(job->id());
   v1::ReportResultRequest r;
   r.set_worker_id(a.worker_id());
   r.set_incarnation(a.incarnation());
@@ -259,6 +275,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   FakeClock clock;
   CoordinatorOptions o;
   o.clock = &clock;
+  ShardHost host_a(&clock), host_b(&clock);
   o.state_dir = testing::TempDir("coordinator_state") + "/jobs";
   o.checkpoint_interval = absl::Seconds(1);
   auto reg = [](Coordinator& c, const std::string& name) {
@@ -273,6 +290,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
       SpecWith("epochs: 10, max_steps: 100",
                "optimizer: {type: adam, lr: 0.01}\n");
   {
+    o.local_shard = &host_a;
     Coordinator a(o);
     TALLY_ASSERT_OK(a.Restore());  // creates the directory
     auto running = a.Submit(adam_spec);
@@ -282,7 +300,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     TALLY_ASSERT_OK(a.Cancel(cancelled->id()).status());
     auto w1 = reg(a, "a"), w2 = reg(a, "b");
     ASSERT_EQ(a.Get(running->id())->state(), v1::RUNNING);
-    auto shard = a.Shard(running->id());
+    auto shard = ShardOf(host_a, running->id());
     ASSERT_TRUE(shard.ok());
     EXPECT_EQ((*shard)->Metrics().total_steps, 100);  // from the spec
     auto step = [&](int64_t t) {
@@ -322,6 +340,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     ASSERT_EQ(optimizer_at_3.slots.size(), 2u);
     step(3);  // never checkpointed: redone after the restart
   }
+  o.local_shard = &host_b;
   Coordinator b(o);
   TALLY_ASSERT_OK(b.Restore());
   std::vector<v1::Job> jobs = b.List();
@@ -335,8 +354,8 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   EXPECT_EQ(jobs[1].state(), v1::PENDING);
   EXPECT_EQ(jobs[2].state(), v1::CANCELLED);
   int64_t v = 0;
-  EXPECT_EQ(*(*b.Shard("job-1"))->Snapshot(&v), weights_at_3);
-  const OptimizerState restored = (*b.Shard("job-1"))->Save().optimizer;
+  EXPECT_EQ(*(*ShardOf(host_b, "job-1"))->Snapshot(&v), weights_at_3);
+  const OptimizerState restored = (*ShardOf(host_b, "job-1"))->Save().optimizer;
   EXPECT_EQ(restored.step, optimizer_at_3.step);
   EXPECT_EQ(restored.slots, optimizer_at_3.slots);
   // New workers fill the running job's slots first.

@@ -1,0 +1,68 @@
+// The coordinator's jobs on disk (--state_dir): one file per job,
+// <dir>/<job id>.ckpt, a v1::JobCheckpoint replaced atomically (write,
+// fsync, rename, fsync the directory). A job that has started also keeps
+// its whole flat vector's weights and optimizer state at one version, so a
+// restarted coordinator, or one that lost a shard, can place it again on
+// whatever shards are live.
+//
+// One coordinator per directory: Open() takes <dir>/LOCK (flock) for the
+// store's lifetime. Not thread-safe: the coordinator serialises its calls.
+#ifndef TALLY_SERVER_JOB_STORE_H_
+#define TALLY_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+// A job as kept: its record and, once started, its parameters.
+struct StoredJob {
+  v1::Job job;
+  bool has_state = false;
+  int64_t version = 0;  // steps closed: the weights below
+  int64_t samples = 0;
+  int64_t rejected_pushes = 0;
+  double loss = 0.0;
+  double accuracy = 0.0;
+  double train_seconds = 0.0;
+  std::shared_ptr<const std::vector<float>> weights;  // num_params
+  int64_t optimizer_step = 0;
+  std::vector<std::vector<float>> optimizer_slots;  // num_params each
+};
+
+class JobStore {
+ public:
+  explicit JobStore(std::string dir) : dir_(std::move(dir)) {}
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+  ~JobStore();
+
+  // Creates the directory if needed, locks it (kFailedPrecondition when
+  // another server holds it) and removes leftovers of cut writes.
+  absl::Status Open();
+  // Every job, checked against its spec (sizes); kDataLoss names a file
+  // that cannot be read, and then nothing is returned.
+  absl::StatusOr<std::vector<StoredJob>> LoadAll() const;
+  // One job's file; kNotFound when it has none.
+  absl::StatusOr<StoredJob> Load(const std::string& job_id) const;
+  // Replaces the job's file. kResourceExhausted past 2 GiB (protobuf's
+  // limit); errors name the file.
+  absl::Status Save(const StoredJob& job) const;
+
+ private:
+  std::string PathOf(const std::string& job_id) const;
+  absl::StatusOr<StoredJob> LoadFile(const std::string& path) const;
+
+  const std::string dir_;
+  int lock_fd_ = -1;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_JOB_STORE_H_

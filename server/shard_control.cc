@@ -1,0 +1,207 @@
+#include "server/shard_control.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "proto/errors.h"
+#include "proto/tally.grpc.pb.h"
+#include "proto/transport.h"
+#include "server/shard_host.h"
+
+namespace tally {
+
+namespace {
+
+// The control plane's bound on one call to a shard.
+constexpr absl::Duration kControlTimeout = absl::Seconds(3);
+
+class LocalShardControl final : public ShardControl {
+ public:
+  explicit LocalShardControl(ShardHost* host) : host_(host) {}
+
+  absl::Status Install(const v1::InstallRangeRequest& req) override {
+    return host_->Install(req);
+  }
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id, int64_t hold_id,
+                                  absl::Duration hold) override {
+    return host_->Hold(job_id, hold_id, hold);
+  }
+  absl::Status SetMembers(const std::string& job_id,
+                          const std::vector<MemberSpec>& members,
+                          int64_t hold_id) override {
+    return host_->SetMembers(job_id, members, hold_id);
+  }
+  absl::Status Retire(const std::string& job_id) override {
+    return host_->Retire(job_id);
+  }
+  void Drop(const std::string& job_id, bool ended) override {
+    host_->Drop(job_id, ended);
+  }
+  absl::StatusOr<ShardState> Save(const std::string& job_id, int64_t version,
+                                  absl::Duration wait, bool) override {
+    struct Result {
+      absl::Notification done;
+      absl::StatusOr<ShardState> state = absl::UnknownError("not saved");
+    };
+    auto result = std::make_shared<Result>();
+    host_->SaveAt(job_id, version, absl::Now() + wait,
+                  [result](absl::StatusOr<ShardState> s) {
+                    result->state = std::move(s);
+                    result->done.Notify();
+                  });
+    // The host releases the wait at its deadline (its Tick); a margin
+    // covers the tick.
+    if (!result->done.WaitForNotificationWithTimeout(wait +
+                                                     absl::Seconds(1))) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("version ", version, " not reached in time"));
+    }
+    return result->state;
+  }
+  absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
+    return host_->Status();
+  }
+  bool local() const override { return true; }
+
+ private:
+  ShardHost* host_;  // borrowed
+};
+
+class RemoteShardControl final : public ShardControl {
+ public:
+  explicit RemoteShardControl(const std::string& address)
+      : address_(address), stub_(v1::ShardService::NewStub(Dial(address))) {}
+
+  absl::Status Install(const v1::InstallRangeRequest& req) override {
+    v1::InstallRangeResponse resp;
+    auto ctx = Context(kControlTimeout);
+    return Named(FromGrpc(stub_->InstallRange(ctx.get(), req, &resp)));
+  }
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id, int64_t hold_id,
+                                  absl::Duration hold) override {
+    v1::HoldRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_hold_id(hold_id);
+    req.set_hold_ms(absl::ToInt64Milliseconds(hold));
+    v1::HoldRangeResponse resp;
+    auto ctx = Context(kControlTimeout);
+    absl::Status s = FromGrpc(stub_->HoldRange(ctx.get(), req, &resp));
+    if (!s.ok()) return Named(s);
+    HoldReport r;
+    r.version = resp.version();
+    for (const v1::MemberProgress& m : resp.members()) {
+      r.members.push_back({m.worker_id(), m.incarnation(), m.pushed_step(),
+                           m.committed_step()});
+    }
+    return r;
+  }
+  absl::Status SetMembers(const std::string& job_id,
+                          const std::vector<MemberSpec>& members,
+                          int64_t hold_id) override {
+    v1::SetRangeMembersRequest req;
+    req.set_job_id(job_id);
+    req.set_hold_id(hold_id);
+    for (const MemberSpec& m : members) *req.add_members() = ToProto(m);
+    v1::SetRangeMembersResponse resp;
+    auto ctx = Context(kControlTimeout);
+    return Named(FromGrpc(stub_->SetRangeMembers(ctx.get(), req, &resp)));
+  }
+  absl::Status Retire(const std::string& job_id) override {
+    v1::RetireRangeRequest req;
+    req.set_job_id(job_id);
+    v1::RetireRangeResponse resp;
+    auto ctx = Context(kControlTimeout);
+    return Named(FromGrpc(stub_->RetireRange(ctx.get(), req, &resp)));
+  }
+  void Drop(const std::string&, bool) override {}
+  absl::StatusOr<ShardState> Save(const std::string& job_id, int64_t version,
+                                  absl::Duration wait,
+                                  bool weights_only) override {
+    v1::SaveRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_version(version);
+    req.set_max_wait_ms(absl::ToInt64Milliseconds(wait));
+    req.set_weights_only(weights_only);
+    // Waiting, then the bytes (a minute covers a few GB).
+    auto ctx = Context(wait + absl::Minutes(1));
+    auto reader = stub_->SaveRange(ctx.get(), req);
+    v1::SaveRangeChunk chunk;
+    ShardState st;
+    std::vector<std::string> parts;
+    bool first = true;
+    while (reader->Read(&chunk)) {
+      if (first) {
+        const v1::RangeState& rs = chunk.state();
+        st.metrics.version = rs.version();
+        st.metrics.samples = rs.samples();
+        st.metrics.rejected_pushes = rs.rejected_pushes();
+        st.metrics.loss = rs.loss();
+        st.metrics.accuracy = rs.accuracy();
+        st.metrics.train_seconds = rs.train_seconds();
+        st.optimizer.step = rs.optimizer_step();
+        first = false;
+      }
+      if (chunk.part() < 0 || chunk.part() > 16) {
+        ctx->TryCancel();
+        reader->Finish();
+        return absl::DataLossError("a malformed range from the shard");
+      }
+      if (static_cast<size_t>(chunk.part()) >= parts.size())
+        parts.resize(chunk.part() + 1);
+      parts[chunk.part()] += chunk.data();
+    }
+    absl::Status s = FromGrpc(reader->Finish());
+    if (!s.ok()) return Named(s);
+    if (parts.empty()) parts.resize(1);
+    auto weights = std::make_shared<std::vector<float>>(parts[0].size() / 4);
+    std::memcpy(weights->data(), parts[0].data(), weights->size() * 4);
+    st.weights = std::move(weights);
+    for (size_t i = 1; i < parts.size(); ++i) {
+      std::vector<float> slot(parts[i].size() / 4);
+      std::memcpy(slot.data(), parts[i].data(), slot.size() * 4);
+      st.optimizer.slots.push_back(std::move(slot));
+    }
+    return st;
+  }
+  absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
+    return absl::UnimplementedError("remote shards report by heartbeat");
+  }
+  bool local() const override { return false; }
+
+ private:
+  static std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return ctx;
+  }
+  // The shard's address in the message, keeping the code and reason.
+  absl::Status Named(const absl::Status& s) const {
+    if (s.ok()) return s;
+    absl::Status out(s.code(), absl::StrCat("shard ", address_, ": ",
+                                            s.message()));
+    s.ForEachPayload([&out](absl::string_view url, const absl::Cord& p) {
+      out.SetPayload(url, p);
+    });
+    return out;
+  }
+
+  const std::string address_;
+  std::unique_ptr<v1::ShardService::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardControl> MakeLocalShardControl(ShardHost* host) {
+  return std::make_unique<LocalShardControl>(host);
+}
+
+std::unique_ptr<ShardControl> MakeRemoteShardControl(
+    const std::string& address) {
+  return std::make_unique<RemoteShardControl>(address);
+}
+
+}  // namespace tally

@@ -1,0 +1,236 @@
+#include "server/shard_host.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/nn/layer_config.h"
+#include "common/spec/job_spec.h"
+#include "common/status_macros.h"
+#include "proto/errors.h"
+
+namespace tally {
+
+namespace {
+
+bool BytesToFloats(const std::string& bytes, int64_t want,
+                   std::vector<float>* out) {
+  if (static_cast<int64_t>(bytes.size()) != want * 4) return false;
+  out->resize(want);
+  std::memcpy(out->data(), bytes.data(), bytes.size());
+  return true;
+}
+
+absl::Status NoRange(const std::string& job_id) {
+  return absl::NotFoundError(
+      absl::StrCat("no range of job '", job_id, "' on this shard"));
+}
+
+}  // namespace
+
+MemberSpec FromProto(const v1::MemberSpec& m) {
+  MemberSpec s;
+  s.worker_id = m.worker_id();
+  s.incarnation = m.incarnation();
+  s.rank = m.rank();
+  s.join_step = m.join_step();
+  s.leave_step = m.leave_step() > 0 ? m.leave_step() : MemberSpec::kNoStep;
+  return s;
+}
+
+v1::MemberSpec ToProto(const MemberSpec& m) {
+  v1::MemberSpec s;
+  s.set_worker_id(m.worker_id);
+  s.set_incarnation(m.incarnation);
+  s.set_rank(m.rank);
+  s.set_join_step(m.join_step);
+  s.set_leave_step(m.leave_step == MemberSpec::kNoStep ? 0 : m.leave_step);
+  return s;
+}
+
+ShardHost::ShardHost(const Clock* clock)
+    : clock_(clock != nullptr ? clock : &real_clock_) {}
+
+absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranges_.find(req.job_id());
+    if (it != ranges_.end() && it->second.map_version >= req.map_version())
+      return absl::OkStatus();  // installed already (a retried call)
+  }
+  TALLY_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec()));
+  const int64_t n = spec.layout.num_params;
+  if (req.offset() < 0 || req.count() <= 0 || req.count() > n ||
+      req.offset() > n - req.count()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range [", req.offset(), ", +", req.count(),
+                     ") is outside the job's ", n, " parameters"));
+  }
+  const int64_t count = req.count();
+  TALLY_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
+                         Optimizer::Create(spec.optimizer, count));
+  std::shared_ptr<ParameterShard> shard;
+  if (!req.has_state()) {
+    std::vector<float> init =
+        InitParams(spec.layers, spec.layout, spec.training.seed);
+    shard = std::make_shared<ParameterShard>(
+        std::vector<float>(init.begin() + req.offset(),
+                           init.begin() + req.offset() + count),
+        std::move(opt), clock_);
+  } else {
+    const v1::RangeState& rs = req.state();
+    ShardState st;
+    st.metrics.version = rs.version();
+    st.metrics.samples = rs.samples();
+    st.metrics.rejected_pushes = rs.rejected_pushes();
+    st.metrics.loss = rs.loss();
+    st.metrics.accuracy = rs.accuracy();
+    st.metrics.train_seconds = rs.train_seconds();
+    st.metrics.total_steps = req.schedule().total_steps();
+    st.metrics.steps_per_epoch = req.schedule().steps_per_epoch();
+    auto weights = std::make_shared<std::vector<float>>();
+    if (!BytesToFloats(rs.weights(), count, weights.get())) {
+      return absl::InvalidArgumentError(
+          "the range's weights do not match its size");
+    }
+    st.weights = std::move(weights);
+    st.optimizer.step = rs.optimizer_step();
+    for (const std::string& slot : rs.optimizer_slots()) {
+      st.optimizer.slots.emplace_back();
+      if (!BytesToFloats(slot, count, &st.optimizer.slots.back())) {
+        return absl::InvalidArgumentError(
+            "the range's optimizer state does not match its size");
+      }
+    }
+    TALLY_ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> restored,
+                           ParameterShard::Restore(st, std::move(opt), clock_));
+    shard = std::move(restored);
+  }
+  TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
+                                           req.schedule().steps_per_epoch()));
+  std::vector<MemberSpec> members;
+  for (const v1::MemberSpec& m : req.members()) members.push_back(FromProto(m));
+  TALLY_RETURN_IF_ERROR(shard->SetMembers(members));
+  std::shared_ptr<ParameterShard> replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    Range& r = ranges_[req.job_id()];
+    if (r.shard != nullptr && r.map_version >= req.map_version())
+      return absl::OkStatus();  // a concurrent install won
+    replaced = std::move(r.shard);
+    r.job_id = req.job_id();
+    r.map_version = req.map_version();
+    r.offset = req.offset();
+    r.count = count;
+    r.shard = std::move(shard);
+  }
+  if (replaced != nullptr) replaced->CancelWaiters();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Range> ShardHost::Find(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = ranges_.find(job_id);
+  if (it == ranges_.end()) {
+    if (ended_.count(job_id)) {
+      return WithReason(absl::FailedPreconditionError(
+                            absl::StrCat(job_id, " has ended")),
+                        v1::JOB_ENDED);
+    }
+    return NoRange(job_id);
+  }
+  return it->second;
+}
+
+absl::StatusOr<HoldReport> ShardHost::Hold(const std::string& job_id,
+                                           int64_t hold_id,
+                                           absl::Duration hold) {
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id));
+  return r.shard->Hold(hold_id, clock_->Now() + hold);
+}
+
+absl::Status ShardHost::SetMembers(const std::string& job_id,
+                                   const std::vector<MemberSpec>& members,
+                                   int64_t hold_id) {
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id));
+  return r.shard->SetMembers(members, hold_id);
+}
+
+absl::Status ShardHost::Retire(const std::string& job_id) {
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id));
+  r.shard->CancelWaiters();
+  r.shard->Retire();
+  return absl::OkStatus();
+}
+
+void ShardHost::Drop(const std::string& job_id, bool ended) {
+  std::shared_ptr<ParameterShard> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended && ended_.insert(job_id).second) {
+      ended_order_.push_back(job_id);
+      if (ended_order_.size() > 1024) {
+        ended_.erase(ended_order_.front());
+        ended_order_.pop_front();
+      }
+    }
+    auto it = ranges_.find(job_id);
+    if (it == ranges_.end()) return;
+    dropped = std::move(it->second.shard);
+    ranges_.erase(it);
+  }
+  dropped->CancelWaiters();
+}
+
+void ShardHost::SaveAt(const std::string& job_id, int64_t v,
+                       absl::Time deadline,
+                       std::function<void(absl::StatusOr<ShardState>)> done) {
+  absl::StatusOr<Range> r = Find(job_id);
+  if (!r.ok()) {
+    done(r.status());
+    return;
+  }
+  // The callback keeps the shard alive until it has run.
+  std::shared_ptr<ParameterShard> shard = r->shard;
+  shard->SaveAt(v, deadline,
+                [shard, done = std::move(done)](
+                    absl::StatusOr<ShardState> s) { done(std::move(s)); });
+}
+
+std::vector<v1::RangeStatus> ShardHost::Status() const {
+  std::vector<Range> ranges;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : ranges_) ranges.push_back(r);
+  }
+  std::vector<v1::RangeStatus> out;
+  for (const Range& r : ranges) {
+    const ShardMetrics m = r.shard->Metrics();
+    v1::RangeStatus s;
+    s.set_job_id(r.job_id);
+    s.set_map_version(r.map_version);
+    s.set_offset(r.offset);
+    s.set_count(r.count);
+    s.set_version(m.version);
+    s.set_loss(m.loss);
+    s.set_accuracy(m.accuracy);
+    s.set_samples_per_sec(m.samples_per_sec);
+    s.set_samples(m.samples);
+    s.set_rejected_pushes(m.rejected_pushes);
+    s.set_members(m.members);
+    s.set_train_seconds(m.train_seconds);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void ShardHost::Tick() {
+  std::vector<std::shared_ptr<ParameterShard>> shards;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : ranges_) shards.push_back(r.shard);
+  }
+  for (auto& s : shards) s->ExpireWaiters();
+}
+
+}  // namespace tally

@@ -1,0 +1,95 @@
+// The parameter ranges one tally-server process holds: for each job placed
+// here, one ParameterShard over [offset, offset + count) of the job's flat
+// vector. The coordinator installs, re-members, saves and retires ranges
+// (through ShardControl: in process for its own host, over ShardService for
+// a shard process); workers push and pull through ParameterService, which
+// finds the range here.
+//
+// Chunk offsets on the wire are offsets into the whole flat vector; a range
+// accepts only chunks inside it.
+//
+// Thread-safe. Callbacks run without the host's lock held.
+#ifndef TALLY_SERVER_SHARD_HOST_H_
+#define TALLY_SERVER_SHARD_HOST_H_
+
+#include <cstdint>
+#include <functional>
+#include <deque>
+#include <map>
+#include <set>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "proto/tally.pb.h"
+#include "server/shard.h"
+
+namespace tally {
+
+// A range of a job, as the data path sees it.
+struct Range {
+  std::string job_id;
+  int64_t map_version = 0;
+  int64_t offset = 0;
+  int64_t count = 0;
+  std::shared_ptr<ParameterShard> shard;
+};
+
+// MemberSpec <-> its wire form.
+MemberSpec FromProto(const v1::MemberSpec& m);
+v1::MemberSpec ToProto(const MemberSpec& m);
+
+class ShardHost {
+ public:
+  explicit ShardHost(const Clock* clock);  // borrowed; null = real time
+  ShardHost(const ShardHost&) = delete;
+  ShardHost& operator=(const ShardHost&) = delete;
+
+  // Creates the job's range, or replaces it when the request's map version
+  // is newer (the job was re-placed); the same or an older version is a
+  // no-op. Initial weights from the spec's seed, or req.state.
+  // kInvalidArgument when the spec, range or state does not fit.
+  absl::Status Install(const v1::InstallRangeRequest& req);
+  // kNotFound when the job has no range here.
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id, int64_t hold_id,
+                                  absl::Duration hold);
+  absl::Status SetMembers(const std::string& job_id,
+                          const std::vector<MemberSpec>& members,
+                          int64_t hold_id);
+  // The job ended: waiters are released (JOB_ENDED), pushes refused; the
+  // final weights stay for saving until Drop.
+  absl::Status Retire(const std::string& job_id);
+  // Forgets the job's range. With `ended`, the job is over: pushes and
+  // pulls of it are answered JOB_ENDED from now on (kNotFound otherwise,
+  // as for a job never placed here).
+  void Drop(const std::string& job_id, bool ended);
+  // The range's state at version `v` (ParameterShard::SaveAt).
+  void SaveAt(const std::string& job_id, int64_t v, absl::Time deadline,
+              std::function<void(absl::StatusOr<ShardState>)> done);
+
+  // For the data path: kNotFound when the job has no range here.
+  absl::StatusOr<Range> Find(const std::string& job_id) const;
+  std::vector<v1::RangeStatus> Status() const;
+
+  // Releases timed-out waits and lapsed holds. Call every ~100 ms.
+  void Tick();
+
+ private:
+  const Clock* clock_;
+  RealClock real_clock_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Range> ranges_ ABSL_GUARDED_BY(mu_);
+  // Jobs that ended here, the most recent 1024.
+  std::set<std::string> ended_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_SHARD_HOST_H_

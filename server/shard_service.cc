@@ -1,0 +1,417 @@
+#include "server/shard_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "proto/errors.h"
+#include "proto/tensor_chunk.h"
+#include "proto/transport.h"
+#include "server/internal/event_reactor.h"
+#include "server/internal/finite.h"
+
+namespace tally {
+
+namespace {
+
+using internal::EventWriteReactor;
+
+// kInvalidArgument unless `c` is a well-formed chunk inside the range.
+absl::Status CheckRangeChunk(const v1::TensorChunk& c, const Range& r) {
+  TALLY_RETURN_IF_ERROR(CheckChunk(c, r.offset + r.count));
+  if (c.offset() < r.offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk [", c.offset(), ", +", c.count(), ") is outside this shard's [",
+        r.offset, ", +", r.count, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// ----------------------------------------------------------------- push --
+
+// Merged set of covered [begin, end) element ranges.
+class Coverage {
+ public:
+  void Add(int64_t b, int64_t e) {
+    auto it = ranges_.upper_bound(b);
+    if (it != ranges_.begin() && std::prev(it)->second >= b) --it;
+    while (it != ranges_.end() && it->first <= e) {
+      b = std::min(b, it->first);
+      e = std::max(e, it->second);
+      covered_ -= it->second - it->first;
+      it = ranges_.erase(it);
+    }
+    ranges_[b] = e;
+    covered_ += e - b;
+  }
+  int64_t covered() const { return covered_; }
+
+ private:
+  std::map<int64_t, int64_t> ranges_;
+  int64_t covered_ = 0;
+};
+
+// ----------------------------------------------------------------- push --
+
+class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
+ public:
+  PushReactor(ShardHost* host, v1::PushResponse* resp)
+      : host_(host), resp_(resp) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Complete();
+      return;
+    }
+    absl::Status s = Consume();
+    if (!s.ok()) {
+      ReturnStaging();
+      Finish(ToGrpc(s));
+      return;
+    }
+    if (done_early_) return;
+    StartRead(&req_);
+  }
+
+  void OnDone() override {
+    ReturnStaging();
+    delete this;
+  }
+
+ private:
+  // The staging buffer goes back as soon as the push is decided, not when
+  // gRPC finally retires the call.
+  void ReturnStaging() {
+    if (shard_ != nullptr && staging_ != nullptr)
+      shard_->ReleaseStaging(std::move(staging_));
+  }
+
+  absl::Status Consume() {
+    if (!has_header_) {
+      if (!req_.has_header()) {
+        return absl::InvalidArgumentError(
+            "the first push message must carry the header");
+      }
+      const v1::PushHeader& h = req_.header();
+      meta_.worker_id = h.worker_id();
+      meta_.incarnation = h.incarnation();
+      meta_.step = h.step();
+      meta_.base_version = h.base_version();
+      meta_.samples = h.samples();
+      meta_.loss_sum = h.loss_sum();
+      meta_.correct = h.correct();
+      has_header_ = true;
+      TALLY_ASSIGN_OR_RETURN(range_, host_->Find(h.job_id()));
+      shard_ = range_.shard;
+      bool duplicate = false;
+      if (absl::Status s = shard_->CheckPush(meta_, &duplicate); !s.ok())
+        return s;
+      if (!std::isfinite(meta_.loss_sum)) {
+        shard_->Reject(meta_);
+        return WithReason(absl::InvalidArgumentError(
+                              "non-finite loss_sum; push rejected and counted"),
+                          v1::NON_FINITE);
+      }
+      if (duplicate) {
+        // Already counted: acknowledge without reading the rest.
+        resp_->set_duplicate(true);
+        resp_->set_version(shard_->version());
+        done_early_ = true;
+        Finish(grpc::Status::OK);
+        return absl::OkStatus();
+      }
+      if (meta_.samples > 0) {
+        auto staging = shard_->AcquireStaging();
+        if (!staging.ok()) return staging.status();
+        staging_ = *std::move(staging);
+      }
+    } else if (req_.has_header()) {
+      return absl::InvalidArgumentError(
+          "only the first push message may carry a header");
+    }
+    if (!req_.has_chunk()) return absl::OkStatus();
+    const v1::TensorChunk& c = req_.chunk();
+    TALLY_RETURN_IF_ERROR(CheckRangeChunk(c, range_));
+    if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
+    const int64_t local = c.offset() - range_.offset;
+    float* dst = staging_->data() + local;
+    const int64_t bad =
+        c.dtype() == v1::BFLOAT16
+            ? internal::DecodeBfloat16AndFindNonFinite(dst, c.data().data(),
+                                                       c.count())
+            : internal::CopyAndFindNonFinite(dst, c.data().data(), c.count());
+    if (bad >= 0) {
+      shard_->Reject(meta_);
+      return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                            "non-finite gradient value (", dst[bad],
+                            ") at element ", c.offset() + bad,
+                            "; push rejected and counted")),
+                        v1::NON_FINITE);
+    }
+    coverage_.Add(local, local + c.count());
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    if (!has_header_) {
+      Finish(ToGrpc(absl::InvalidArgumentError("empty push stream")));
+      return;
+    }
+    if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
+      ReturnStaging();
+      Finish(ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("the push covers ", coverage_.covered(), " of ",
+                       shard_->num_params(), " gradient elements"))));
+      return;
+    }
+    bool duplicate = false;
+    absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
+    resp_->set_duplicate(duplicate);
+    resp_->set_version(shard_->version());
+    Finish(ToGrpc(s));
+  }
+
+  ShardHost* host_;  // borrowed
+  v1::PushResponse* resp_;
+  v1::PushRequest req_;
+  bool has_header_ = false;
+  bool done_early_ = false;
+  PushMeta meta_;
+  Range range_;
+  std::shared_ptr<ParameterShard> shard_;
+  std::unique_ptr<std::vector<float>> staging_;  // from the shard's pool
+  Coverage coverage_;
+};
+
+// ----------------------------------------------------------------- pull --
+
+class PullReactor final
+    : public EventWriteReactor<PullReactor, v1::PullResponse> {
+ public:
+  PullReactor(ShardHost* host, const v1::PullRequest* req) {
+    chunk_ =
+        req->chunk_elements() > 0
+            ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
+            : kDefaultChunkElements;
+    absl::StatusOr<Range> range = host->Find(req->job_id());
+    absl::Status s = range.status();
+    if (s.ok()) s = DTypeWidth(req->dtype()).status();
+    dtype_ = req->dtype();
+    // Only the job's members read its weights on the data path (clients
+    // fetch them through JobService).
+    if (s.ok()) s = range->shard->CheckMember(req->worker_id(), req->incarnation());
+    if (s.ok() && req->has_commit()) {
+      range->shard->Commit(req->worker_id(), req->incarnation(),
+                           req->commit().step(), req->commit().contributed());
+    }
+    if (s.ok() && req->total_steps() > 0) {
+      s = range->shard->SetSchedule(req->total_steps(), req->steps_per_epoch());
+    }
+    if (!s.ok()) {
+      FinishOnce(ToGrpc(s));
+      return;
+    }
+    range_ = *std::move(range);
+    shard_ = range_.shard;
+    const int64_t wait_ms = req->max_wait_ms() > 0
+                                ? std::min<int64_t>(req->max_wait_ms(), 600000)
+                                : 30000;
+    shard_->WhenVersion(req->min_version(),
+                        absl::Now() + absl::Milliseconds(wait_ms),
+                        WhileLive([](PullReactor* r, const absl::Status& st) {
+                          r->Ready(st);
+                        }));
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (WriteDoneLocked(ok)) WriteNextLocked();
+  }
+
+ private:
+  void Ready(const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (!s.ok()) {
+      FinishOnceLocked(ToGrpc(s));
+      return;
+    }
+    weights_ = shard_->Snapshot(&version_, &total_steps_);
+    WriteNextLocked();
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t n = static_cast<int64_t>(weights_->size());
+    if (next_ >= n && next_ > 0) {
+      FinishOnceLocked(grpc::Status::OK);
+      return;
+    }
+    const int64_t count = std::min(chunk_, n - next_);
+    resp_.Clear();
+    resp_.set_version(version_);
+    resp_.set_total_steps(total_steps_);
+    EncodeChunk(weights_->data() + next_, range_.offset + next_, count, dtype_,
+                resp_.mutable_chunk());
+    next_ += std::max<int64_t>(count, 1);
+    StartWriteLocked(&resp_);
+  }
+
+  Range range_;
+  std::shared_ptr<ParameterShard> shard_;
+  int64_t chunk_ = kDefaultChunkElements;
+  v1::DType dtype_ = v1::FLOAT32;
+  std::shared_ptr<const std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::PullResponse resp_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---------------------------------------------------------------- save --
+
+// A range's state at one version, in pieces of at most 1 MiB.
+class SaveReactor final
+    : public EventWriteReactor<SaveReactor, v1::SaveRangeChunk> {
+ public:
+  SaveReactor(ShardHost* host, const v1::SaveRangeRequest* req)
+      : weights_only_(req->weights_only()) {
+    const int64_t wait_ms = std::clamp<int64_t>(req->max_wait_ms(), 0, 600000);
+    host->SaveAt(req->job_id(), req->version(),
+                 absl::Now() + absl::Milliseconds(wait_ms),
+                 WhileLive([](SaveReactor* r, absl::StatusOr<ShardState> s) {
+                   r->Ready(std::move(s));
+                 }));
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (WriteDoneLocked(ok)) WriteNextLocked();
+  }
+
+ private:
+  void Ready(absl::StatusOr<ShardState> s) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (!s.ok()) {
+      FinishOnceLocked(ToGrpc(s.status()));
+      return;
+    }
+    state_ = *std::move(s);
+    parts_.push_back(state_.weights->data());
+    sizes_.push_back(state_.weights->size());
+    if (!weights_only_) {
+      for (const auto& slot : state_.optimizer.slots) {
+        parts_.push_back(slot.data());
+        sizes_.push_back(slot.size());
+      }
+    }
+    v1::RangeState* rs = msg_.mutable_state();
+    rs->set_version(state_.metrics.version);
+    rs->set_optimizer_step(state_.optimizer.step);
+    rs->set_samples(state_.metrics.samples);
+    rs->set_rejected_pushes(state_.metrics.rejected_pushes);
+    rs->set_loss(state_.metrics.loss);
+    rs->set_accuracy(state_.metrics.accuracy);
+    rs->set_train_seconds(state_.metrics.train_seconds);
+    WriteNextLocked();
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (part_ < parts_.size() && next_ >= sizes_[part_]) {
+      ++part_;
+      next_ = 0;
+    }
+    if (part_ >= parts_.size()) {
+      FinishOnceLocked(grpc::Status::OK);
+      return;
+    }
+    constexpr size_t kPiece = 262144;  // floats: 1 MiB
+    const size_t n = std::min(kPiece, sizes_[part_] - next_);
+    if (sent_any_) msg_.clear_state();
+    msg_.set_part(static_cast<int32_t>(part_));
+    msg_.set_data(reinterpret_cast<const char*>(parts_[part_] + next_), n * 4);
+    next_ += n;
+    sent_any_ = true;
+    StartWriteLocked(&msg_);
+  }
+
+  const bool weights_only_;
+  ShardState state_ ABSL_GUARDED_BY(mu_);
+  std::vector<const float*> parts_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> sizes_ ABSL_GUARDED_BY(mu_);
+  size_t part_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool sent_any_ ABSL_GUARDED_BY(mu_) = false;
+  v1::SaveRangeChunk msg_ ABSL_GUARDED_BY(mu_);
+};
+
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
+                                const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpc(s));
+  return r;
+}
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::PushRequest>* ParameterServiceImpl::PushGradients(
+    grpc::CallbackServerContext*, v1::PushResponse* resp) {
+  return new PushReactor(host_, resp);
+}
+
+grpc::ServerWriteReactor<v1::PullResponse>* ParameterServiceImpl::PullWeights(
+    grpc::CallbackServerContext*, const v1::PullRequest* req) {
+  return new PullReactor(host_, req);
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::InstallRange(
+    grpc::CallbackServerContext* ctx, const v1::InstallRangeRequest* req,
+    v1::InstallRangeResponse*) {
+  return Reply(ctx, host_->Install(*req));
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
+    grpc::CallbackServerContext* ctx, const v1::HoldRangeRequest* req,
+    v1::HoldRangeResponse* resp) {
+  absl::StatusOr<HoldReport> r =
+      host_->Hold(req->job_id(), req->hold_id(),
+                  absl::Milliseconds(std::clamp<int64_t>(req->hold_ms(), 0,
+                                                         60000)));
+  if (!r.ok()) return Reply(ctx, r.status());
+  resp->set_version(r->version);
+  for (const MemberProgress& m : r->members) {
+    v1::MemberProgress* p = resp->add_members();
+    p->set_worker_id(m.worker_id);
+    p->set_incarnation(m.incarnation);
+    p->set_pushed_step(m.pushed_step);
+    p->set_committed_step(m.committed_step);
+  }
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::SetRangeMembers(
+    grpc::CallbackServerContext* ctx, const v1::SetRangeMembersRequest* req,
+    v1::SetRangeMembersResponse*) {
+  std::vector<MemberSpec> members;
+  for (const v1::MemberSpec& m : req->members()) members.push_back(FromProto(m));
+  return Reply(ctx, host_->SetMembers(req->job_id(), members, req->hold_id()));
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::RetireRange(
+    grpc::CallbackServerContext* ctx, const v1::RetireRangeRequest* req,
+    v1::RetireRangeResponse*) {
+  return Reply(ctx, host_->Retire(req->job_id()));
+}
+
+grpc::ServerWriteReactor<v1::SaveRangeChunk>* ShardServiceImpl::SaveRange(
+    grpc::CallbackServerContext*, const v1::SaveRangeRequest* req) {
+  return new SaveReactor(host_, req);
+}
+
+}  // namespace tally

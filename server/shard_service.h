@@ -1,0 +1,56 @@
+// The gRPC services of a parameter shard, over the ranges of a ShardHost:
+// ParameterService for workers (push, pull) and ShardService for the
+// coordinator (install, hold, members, save, retire). Callback API: one
+// reactor per streaming call, nothing blocking inside a reactor;
+// absl::Status becomes grpc::Status here.
+#ifndef TALLY_SERVER_SHARD_SERVICE_H_
+#define TALLY_SERVER_SHARD_SERVICE_H_
+
+#include "proto/tally.grpc.pb.h"
+#include "server/shard_host.h"
+
+namespace tally {
+
+class ParameterServiceImpl final
+    : public v1::ParameterService::CallbackService {
+ public:
+  explicit ParameterServiceImpl(ShardHost* host) : host_(host) {}
+  ParameterServiceImpl(const ParameterServiceImpl&) = delete;
+  ParameterServiceImpl& operator=(const ParameterServiceImpl&) = delete;
+  grpc::ServerReadReactor<v1::PushRequest>* PushGradients(
+      grpc::CallbackServerContext* ctx, v1::PushResponse* resp) override;
+  grpc::ServerWriteReactor<v1::PullResponse>* PullWeights(
+      grpc::CallbackServerContext* ctx, const v1::PullRequest* req) override;
+
+ private:
+  ShardHost* host_;  // borrowed
+};
+
+class ShardServiceImpl final : public v1::ShardService::CallbackService {
+ public:
+  explicit ShardServiceImpl(ShardHost* host) : host_(host) {}
+  ShardServiceImpl(const ShardServiceImpl&) = delete;
+  ShardServiceImpl& operator=(const ShardServiceImpl&) = delete;
+  grpc::ServerUnaryReactor* InstallRange(
+      grpc::CallbackServerContext* ctx, const v1::InstallRangeRequest* req,
+      v1::InstallRangeResponse* resp) override;
+  grpc::ServerUnaryReactor* HoldRange(grpc::CallbackServerContext* ctx,
+                                      const v1::HoldRangeRequest* req,
+                                      v1::HoldRangeResponse* resp) override;
+  grpc::ServerUnaryReactor* SetRangeMembers(
+      grpc::CallbackServerContext* ctx, const v1::SetRangeMembersRequest* req,
+      v1::SetRangeMembersResponse* resp) override;
+  grpc::ServerUnaryReactor* RetireRange(
+      grpc::CallbackServerContext* ctx, const v1::RetireRangeRequest* req,
+      v1::RetireRangeResponse* resp) override;
+  grpc::ServerWriteReactor<v1::SaveRangeChunk>* SaveRange(
+      grpc::CallbackServerContext* ctx,
+      const v1::SaveRangeRequest* req) override;
+
+ private:
+  ShardHost* host_;  // borrowed
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_SHARD_SERVICE_H_
