@@ -6,6 +6,7 @@
 //   tally watch JOB
 //   tally cancel JOB
 //   tally fetch JOB --output=PATH
+//   tally shards
 //   tally health [--service=NAME]
 //
 // Exit codes: 0 success, 1 the request failed (or the job did not succeed,
@@ -52,6 +53,7 @@ constexpr char kUsage[] =
     "  watch JOB                live progress until the job ends\n"
     "  cancel JOB\n"
     "  fetch JOB --output=PATH  trained weights as .safetensors\n"
+    "  shards                   parameter shards and the ranges they hold\n"
     "  health [--service=NAME]  grpc.health.v1 check\n";
 
 std::unique_ptr<grpc::ClientContext> Context() {
@@ -223,6 +225,28 @@ int main(int argc, char** argv) {
   if (cmd == "watch") return need(3) ? Watch(*stub, args[2]) : 2;
   if (cmd == "fetch") return need(3) ? Fetch(*stub, args[2]) : 2;
   if (cmd == "health") return need(2) ? Health(channel) : 2;
+  if (cmd == "shards") {
+    if (!need(2)) return 2;
+    tally::v1::ListShardsResponse resp;
+    auto ctx = Context();
+    grpc::Status s = stub->ListShards(ctx.get(), {}, &resp);
+    if (!s.ok()) return Report(s);
+    if (resp.shards().empty()) std::printf("no shards\n");
+    for (const auto& sh : resp.shards()) {
+      std::printf("%-9s %-24s %-5s %10.1f MB held\n", sh.shard_id().c_str(),
+                  sh.address().empty() ? "(the coordinator)" : sh.address().c_str(),
+                  sh.live() ? "live" : "LOST",
+                  static_cast<double>(sh.bytes()) / 1e6);
+      for (const auto& r : sh.ranges()) {
+        std::printf("          %-8s [%lld, %lld)  %lld elements, at step %lld\n",
+                    r.job_id().c_str(), static_cast<long long>(r.offset()),
+                    static_cast<long long>(r.offset() + r.count()),
+                    static_cast<long long>(r.count()),
+                    static_cast<long long>(r.version()));
+      }
+    }
+    return 0;
+  }
   if (cmd == "list") {
     if (!need(2)) return 2;
     tally::v1::ListJobsResponse resp;

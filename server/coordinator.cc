@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -41,10 +42,12 @@ constexpr absl::Duration kHoldFor = absl::Seconds(2);
 // version.
 constexpr absl::Duration kSaveWait = absl::Seconds(10);
 
-// Every range of a job at one version: the ranges are saved at the highest
-// version any has, which the others reach within a step (a range is never
-// more than one step ahead of another). A range that got past it is asked
-// again for its successor.
+// Every range of a job at one version. All ranges are asked at once to
+// stop at version `version` (the highest one seen) and hand their state
+// over there; a range that was past it already (the coordinator's view of
+// a shard process lags by a heartbeat) says where it is, and all are asked
+// again a little further on. No range can get more than a
+// step ahead of another, so they all get there.
 struct RangeRef {
   std::shared_ptr<ShardControl> control;
   int64_t offset = 0;
@@ -53,55 +56,70 @@ struct RangeRef {
 
 absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
                                      const std::vector<RangeRef>& ranges,
-                                     int64_t version, int64_t num_params,
-                                     bool weights_only) {
-  for (int attempt = 0; attempt < 3; ++attempt, ++version) {
+                                     int64_t version, int64_t last_version,
+                                     int64_t num_params, bool weights_only) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    version = std::min(version, last_version);
+    std::vector<absl::StatusOr<ShardState>> states(
+        ranges.size(), absl::UnknownError("not saved"));
+    {
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < ranges.size(); ++i) {
+        threads.emplace_back([&, i] {
+          states[i] = ranges[i].control->Save(job_id, version, kSaveWait,
+                                              weights_only);
+        });
+      }
+      for (std::thread& t : threads) t.join();
+    }
+    int64_t past = -1;
+    absl::Status failed;
+    for (const auto& st : states) {
+      if (st.ok()) continue;
+      if (ReasonOf(st.status()) == v1::STEP_CLOSED) {
+        past = std::max(past, ReasonStep(st.status()));
+      } else if (failed.ok()) {
+        failed = st.status();
+      }
+    }
+    if (!failed.ok()) return failed;
+    if (past >= 0) {
+      version = past + 2;  // ahead of where the fastest range was
+      continue;
+    }
     StoredJob out;
     auto weights = std::make_shared<std::vector<float>>(num_params);
-    absl::Status failed;
-    for (size_t i = 0; i < ranges.size() && failed.ok(); ++i) {
+    for (size_t i = 0; i < ranges.size(); ++i) {
       const RangeRef& r = ranges[i];
-      absl::StatusOr<ShardState> st =
-          r.control->Save(job_id, version, kSaveWait, weights_only);
-      if (!st.ok()) {
-        failed = st.status();
-        break;
+      const ShardState& st = *states[i];
+      if (static_cast<int64_t>(st.weights->size()) != r.count) {
+        return absl::DataLossError("a range came back with another size");
       }
-      if (static_cast<int64_t>(st->weights->size()) != r.count) {
-        failed = absl::DataLossError("a range came back with another size");
-        break;
-      }
-      std::copy(st->weights->begin(), st->weights->end(),
+      std::copy(st.weights->begin(), st.weights->end(),
                 weights->begin() + r.offset);
       if (i == 0) {
-        out.version = st->metrics.version;
-        out.samples = st->metrics.samples;
-        out.loss = st->metrics.loss;
-        out.accuracy = st->metrics.accuracy;
-        out.train_seconds = st->metrics.train_seconds;
-        out.optimizer_step = st->optimizer.step;
-        out.optimizer_slots.assign(weights_only ? 0 : st->optimizer.slots.size(),
+        out.version = st.metrics.version;
+        out.samples = st.metrics.samples;
+        out.loss = st.metrics.loss;
+        out.accuracy = st.metrics.accuracy;
+        out.train_seconds = st.metrics.train_seconds;
+        out.optimizer_step = st.optimizer.step;
+        out.optimizer_slots.assign(weights_only ? 0 : st.optimizer.slots.size(),
                                    std::vector<float>(num_params));
       }
-      out.rejected_pushes += st->metrics.rejected_pushes;
-      if (!weights_only) {
-        if (st->optimizer.slots.size() != out.optimizer_slots.size()) {
-          failed = absl::DataLossError("ranges with different optimizers");
-          break;
-        }
-        for (size_t k = 0; k < st->optimizer.slots.size(); ++k) {
-          std::copy(st->optimizer.slots[k].begin(),
-                    st->optimizer.slots[k].end(),
-                    out.optimizer_slots[k].begin() + r.offset);
-        }
+      out.rejected_pushes += st.metrics.rejected_pushes;
+      if (weights_only) continue;
+      if (st.optimizer.slots.size() != out.optimizer_slots.size()) {
+        return absl::DataLossError("ranges with different optimizers");
+      }
+      for (size_t k = 0; k < st.optimizer.slots.size(); ++k) {
+        std::copy(st.optimizer.slots[k].begin(), st.optimizer.slots[k].end(),
+                  out.optimizer_slots[k].begin() + r.offset);
       }
     }
-    if (failed.ok()) {
-      out.has_state = true;
-      out.weights = std::move(weights);
-      return out;
-    }
-    if (!absl::IsFailedPrecondition(failed)) return failed;
+    out.has_state = true;
+    out.weights = std::move(weights);
+    return out;
   }
   return absl::AbortedError(
       "the job's ranges kept moving past the version to save");
@@ -308,7 +326,7 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
   ModelLayout layout;
   std::string name;
   std::shared_ptr<const std::vector<float>> weights;
-  int64_t version = 0;
+  int64_t version = 0, total_steps = 0;
   std::vector<RangeRef> ranges;
   {
     absl::MutexLock lock(&mu_);
@@ -319,6 +337,7 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     const JobEntry& job = it->second;
     layout = job.spec.layout;
     name = job.spec.name;
+    total_steps = job.schedule.total_steps;
     if (job.final_weights != nullptr) {
       weights = job.final_weights;
       version = job.proto.metrics().step();
@@ -337,9 +356,10 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     }
   }
   if (weights == nullptr) {
-    TALLY_ASSIGN_OR_RETURN(StoredJob saved,
-                           SaveRanges(job_id, ranges, version,
-                                      layout.num_params, /*weights_only=*/true));
+    TALLY_ASSIGN_OR_RETURN(
+        StoredJob saved,
+        SaveRanges(job_id, ranges, version, total_steps, layout.num_params,
+                   /*weights_only=*/true));
     weights = saved.weights;
     version = saved.version;
   }
@@ -1081,6 +1101,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
   struct Due {
     v1::Job job;
     int64_t num_params = 0;
+    int64_t total_steps = 0;
     int64_t version = -1;  // of the ranges, to save at
     std::vector<RangeRef> ranges;
     std::shared_ptr<const std::vector<float>> final_weights;
@@ -1103,6 +1124,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
       Due d;
       d.job = Render(job);
       d.num_params = job.spec.layout.num_params;
+      d.total_steps = job.schedule.total_steps;
       d.final_weights = job.final_weights;
       d.start = job.start;
       if (placed && !Terminal(job.proto.state())) {
@@ -1119,8 +1141,9 @@ absl::Status Coordinator::Checkpoint(bool force) {
   for (Due& d : due) {
     StoredJob stored;
     if (!d.ranges.empty()) {
-      absl::StatusOr<StoredJob> saved = SaveRanges(
-          d.job.id(), d.ranges, d.version, d.num_params, /*weights_only=*/false);
+      absl::StatusOr<StoredJob> saved =
+          SaveRanges(d.job.id(), d.ranges, d.version, d.total_steps,
+                     d.num_params, /*weights_only=*/false);
       if (!saved.ok()) {
         // Training moves on; the next interval tries again.
         continue;

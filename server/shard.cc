@@ -66,8 +66,9 @@ void ParameterShard::SaveAt(
         // Released by the close that reaches v, or by its deadline.
         waiters_.push_back(
             {v, deadline, [this, v, done](absl::Status s) {
-               absl::StatusOr<ShardState> state = s;
-               if (s.ok()) state = Save();
+               absl::StatusOr<ShardState> state =
+                   s.ok() ? absl::StatusOr<ShardState>(Save())
+                          : absl::StatusOr<ShardState>(s);
                Ready ready;
                {
                  absl::MutexLock lock(&mu_);
@@ -82,8 +83,9 @@ void ParameterShard::SaveAt(
     }
   }
   if (now) {
-    done(absl::FailedPreconditionError(
-        absl::StrCat("the range is past version ", v)));
+    done(WithReason(absl::FailedPreconditionError(
+                        absl::StrCat("the range is past version ", v)),
+                    v1::STEP_CLOSED, version()));
     return;
   }
   // At v already: the state is taken before anything can close.

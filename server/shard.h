@@ -124,8 +124,9 @@ class ParameterShard {
   // The state at exactly version `v`, for a checkpoint consistent across a
   // job's shards: if the shard is below v, it closes steps up to v and no
   // further until the state is taken. Calls done(state), or
-  // done(kFailedPrecondition) when the shard is past v already, or
-  // done(kDeadlineExceeded) at `deadline` (checked by ExpireWaiters).
+  // done(kFailedPrecondition + STEP_CLOSED(its version)) when the shard is
+  // past v already, or done(kDeadlineExceeded) at `deadline` (checked by
+  // ExpireWaiters).
   void SaveAt(int64_t v, absl::Time deadline,
               std::function<void(absl::StatusOr<ShardState>)> done);
   // A shard that goes on from `state`, with no members yet. `optimizer` is

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# A job's parameters split over several tally-server shard processes, on
+# localhost: the coordinator holds none (--noshard), three shards join it.
+#   tests/shards_test.sh BUILD_DIR identical|lost|fresh
+#
+# identical  The same deterministic job trained with 1, 2 and 3 shards
+#            gives bit-identical weights (same membership, same sums), with
+#            SGD + momentum and with Adam; `tally shards` lists the ranges.
+# lost       A shard is killed (SIGKILL) mid-job and started again on the
+#            same port: the job pauses, resumes from its last checkpoint on
+#            every shard alike, and finishes; no worker process restarts.
+# fresh      The same, but a new shard process (another port) takes the
+#            dead one's place.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+case_name=$2
+cd "$(dirname "$0")/.."
+bin_server=$build/server/tally-server
+bin_worker=$build/worker/tally-worker
+bin_tally=$build/client/tally
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$dir"/*.log; do echo "--- $f" >&2; tail -n 25 "$f" >&2; done
+  exit 1
+}
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+port=$(free_port)
+addr=127.0.0.1:$port
+tally() { "$bin_tally" --server="$addr" "$@"; }
+
+start_coordinator() {  # [more flags]
+  "$bin_server" --listen=127.0.0.1 --port="$port" --lease_timeout_ms=1000 --noshard "$@" > "$dir/coordinator.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do
+    grep -q "listening on" "$dir/coordinator.log" && tally health > /dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  fail "coordinator did not come up"
+}
+start_shard() {  # name port
+  "$bin_server" --listen=127.0.0.1 --port="$2" --coordinator="$addr" --advertise="127.0.0.1:$2" --lease_timeout_ms=1000 > "$dir/$1.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$1=$!"
+  for _ in $(seq 100); do grep -q "registered with" "$dir/$1.log" && return 0; sleep 0.05; done
+  fail "shard $1 did not register"
+}
+start_worker() {  # name
+  "$bin_worker" --server="$addr" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$1=$!"
+}
+submit() {  # spec [--wait] -> the job id
+  local out
+  out=$(tally submit "$@") || fail "submit $*: $out"
+  echo "${out%%$'\n'*}"
+}
+job_field() {  # job field
+  tally status "$1" --json |
+    python3 -c "import json,sys; j=json.load(sys.stdin); print(eval('j' + sys.argv[1]))" "$2" 2>/dev/null || echo 0
+}
+wait_state() {  # job state timeout_s
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    [[ $(job_field "$1" "['state']") == "$2" ]] && return 0
+    sleep 0.2
+  done
+  fail "$1 did not reach $2 within $3 s (state $(job_field "$1" "['state']"))"
+}
+wait_step() {  # job min_step timeout_s
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    (( $(job_field "$1" "['metrics']['step']") >= $2 )) && return 0
+    sleep 0.1
+  done
+  fail "$1 did not reach step $2"
+}
+job_spec() {  # shards optimizer epochs -> a path
+  local f=$dir/job-$1-$2-$3.yaml
+  cat > "$f" <<YAML
+name: sharded-$1
+model:
+  layers:
+    - linear: {in_features: 32, out_features: 256}
+    - relu
+    - linear: {in_features: 256, out_features: 64}
+    - relu
+    - linear: {in_features: 64, out_features: 4}
+dataset: {name: synthetic, train_size: 8192, test_size: 1024, features: 32, classes: 4, seed: 1}
+training: {epochs: $3, batch_size: 64, seed: 1, workers: 2, shards: $1}
+optimizer: $2
+YAML
+  echo "$f"
+}
+# The tensors of a .safetensors file, without its metadata (job id, ...).
+tensor_bytes_equal() {  # a b
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return header, raw[8 + n:]
+ha, da = tensors(sys.argv[1])
+hb, db = tensors(sys.argv[2])
+sys.exit(0 if ha == hb and da == db else 1)
+PY
+}
+
+case $case_name in
+  identical)
+    start_coordinator
+    start_shard s1 "$(free_port)"
+    start_shard s2 "$(free_port)"
+    start_shard s3 "$(free_port)"
+    start_worker w1
+    start_worker w2
+    for opt in "{type: sgd, lr: 0.05, momentum: 0.9}" "{type: adam, lr: 0.002}"; do
+      name=$(echo "$opt" | cut -d' ' -f2 | tr -d ',')
+      for k in 1 2 3; do
+        id=$(submit "$(job_spec $k "$opt" 2)" --wait)
+        [[ $(job_field "$id" "['state']") == SUCCEEDED ]] || fail "$id with $k shards did not succeed"
+        tally fetch "$id" --output="$dir/$name-$k.safetensors" > /dev/null || fail "fetch $id"
+      done
+      tensor_bytes_equal "$dir/$name-1.safetensors" "$dir/$name-2.safetensors" ||
+        fail "$name: 2 shards gave other weights than 1"
+      tensor_bytes_equal "$dir/$name-1.safetensors" "$dir/$name-3.safetensors" ||
+        fail "$name: 3 shards gave other weights than 1"
+      acc=$(job_field "$id" "['metrics']['test_accuracy']")
+      python3 -c "import sys; sys.exit(0 if $acc > 0.75 else 1)" || fail "$name: test accuracy $acc"
+    done
+    # A long job, to see its ranges while it trains.
+    id=$(submit "$(job_spec 3 "{type: sgd, lr: 0.05, momentum: 0.9}" 200)")
+    wait_step "$id" 10 30
+    listing=$(tally shards)
+    [[ $(grep -c "^shard-" <<< "$listing") == 3 ]] || fail "tally shards: $listing"
+    [[ $(grep -c "$id " <<< "$listing") == 3 ]] || fail "the job is not on three shards: $listing"
+    tally cancel "$id" > /dev/null
+    echo "identical: SGD and Adam weights bit-identical over 1, 2 and 3 shards"
+    ;;
+  lost|fresh)
+    start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2
+    port1=$(free_port)
+    port2=$(free_port)
+    start_shard s1 "$port1"
+    start_shard s2 "$port2"
+    start_worker w1
+    start_worker w2
+    id=$(submit "$(job_spec 2 "{type: sgd, lr: 0.05, momentum: 0.9}" 30)")
+    wait_step "$id" 300 60
+    sleep 0.5  # a checkpoint past step 300
+    kill -9 "$pid_s2"
+    step_at_kill=$(job_field "$id" "['metrics']['step']")
+    if [[ $case_name == lost ]]; then
+      sleep 2  # the lease runs out; the job waits for a second shard
+      start_shard s2b "$port2"
+    else
+      start_shard s3 "$(free_port)"
+    fi
+    wait_state "$id" SUCCEEDED 180
+    message=$(job_field "$id" "['message']")
+    [[ $message == *"resumed from the checkpoint of step"* ]] || fail "no resume noted: '$message'"
+    resumed=$(sed -E 's/.*checkpoint of step ([0-9]+).*/\1/' <<< "$message")
+    # The checkpoint past step 300 (the coordinator's view of the step lags
+    # the shards' a little, so the kill may come after a later one).
+    (( resumed >= 300 )) || fail "resumed at $resumed, killed at about $step_at_kill"
+    acc=$(job_field "$id" "['metrics']['test_accuracy']")
+    python3 -c "import sys; sys.exit(0 if $acc > 0.75 else 1)" || fail "test accuracy $acc"
+    # No worker restarted: the same two processes trained to the end.
+    kill -0 "$pid_w1" && kill -0 "$pid_w2" || fail "a worker process died"
+    (( $(grep -c "registered with" "$dir/w1.log") == 1 )) || fail "w1 registered again"
+    grep -q "finished at step" "$dir/w1.log" || fail "w1 did not train to the end"
+    grep -q "finished at step" "$dir/w2.log" || fail "w2 did not train to the end"
+    echo "$case_name: killed at step $step_at_kill, resumed at $resumed on every shard, test accuracy $acc"
+    ;;
+  *)
+    echo "unknown case $case_name" >&2
+    exit 2
+    ;;
+esac
