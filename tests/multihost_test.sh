@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Multi-host test: tally-server and two tally-worker daemons, each on its own
-# network host (a Linux network namespace with its own address, joined by
-# veth pairs to a bridge in a fourth namespace), train a job to completion;
-# the client runs on the server's host. The topology is docker-compose.yml's.
+# Multi-host test: the coordinator, two parameter shard processes and two
+# tally-worker daemons, each on its own network host (a Linux network
+# namespace with its own address, joined by veth pairs to a bridge in a sixth
+# namespace), train a job split over both shards to completion; the client
+# runs on the coordinator's host. The topology is docker-compose.yml's.
 # Skips (77) where namespaces cannot be made (not root, no iproute2).
 #   multihost_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
 tag=t$$
 hub=tally-hub-$tag
-hosts=(tally-srv-$tag tally-w1-$tag tally-w2-$tag)
-addrs=(10.231.0.1 10.231.0.2 10.231.0.3)
+hosts=(tally-srv-$tag tally-w1-$tag tally-w2-$tag tally-s1-$tag tally-s2-$tag)
+addrs=(10.231.0.1 10.231.0.2 10.231.0.3 10.231.0.4 10.231.0.5)
 
 if [[ $(id -u) != 0 ]] || ! command -v ip > /dev/null; then
   echo "SKIP: multi-host test needs root and iproute2 (ip netns)"
@@ -37,7 +38,7 @@ fail() {
 
 ip -n "$hub" link add br0 type bridge
 ip -n "$hub" link set br0 up
-for i in 0 1 2; do
+for i in 0 1 2 3 4; do
   h=${hosts[$i]}
   ip netns add "$h"
   ip link add "veth$i-$tag" type veth peer name "eth0-$tag-$i"
@@ -52,8 +53,13 @@ done
 
 server=${addrs[0]}:7070
 ip netns exec "${hosts[0]}" "$build/server/tally-server" --port=7070 --lease_timeout_ms=2000 \
-  > "$dir/server.log" 2>&1 &
+  --noshard > "$dir/server.log" 2>&1 &
 pids+=($!)
+for i in 3 4; do
+  ip netns exec "${hosts[$i]}" "$build/server/tally-server" --port=7070 --lease_timeout_ms=2000 \
+    --coordinator="$server" --advertise="${addrs[$i]}:7070" > "$dir/shard$i.log" 2>&1 &
+  pids+=($!)
+done
 for i in 1 2; do
   ip netns exec "${hosts[$i]}" "$build/worker/tally-worker" --server="$server" --devices=cpu:1 \
     --name="host$i" --health_port=7071 > "$dir/worker$i.log" 2>&1 &
@@ -72,9 +78,18 @@ done
 ip netns exec "${hosts[0]}" "$build/client/tally" --server="${addrs[1]}:7071" health > /dev/null ||
   fail "worker health endpoint unreachable"
 
-out=$(on_server submit examples/synthetic-2workers.yaml --wait) || fail "job did not succeed: $out"
+# Both shards registered from their own hosts.
+for _ in $(seq 100); do
+  (( $(on_server shards 2> /dev/null | grep -c " live ") == 2 )) && break
+  sleep 0.1
+done
+(( $(on_server shards | grep -c " live ") == 2 )) || fail "shards: $(on_server shards)"
+sed 's/workers: 2}/workers: 2, shards: 2}/' examples/synthetic-2workers.yaml > "$dir/job.yaml"
+grep -q "shards: 2" "$dir/job.yaml" || fail "could not make the two-shard spec"
+out=$(on_server submit "$dir/job.yaml" --wait) || fail "job did not succeed: $out"
 id=${out%%$'\n'*}
+grep -q "(2 parameter shards)" "$dir/worker1.log" || fail "the job was not split over two shards"
 grep -q "assigned $id" "$dir/worker1.log" || fail "host1 took no part"
 grep -q "assigned $id" "$dir/worker2.log" || fail "host2 took no part"
 echo "$out" | tail -n 2
-echo "multihost: server ${addrs[0]}, workers ${addrs[1]} and ${addrs[2]}: ok"
+echo "multihost: coordinator ${addrs[0]}, shards ${addrs[3]} and ${addrs[4]}, workers ${addrs[1]} and ${addrs[2]}: ok"
