@@ -91,10 +91,12 @@ std::vector<absl::Status> Work::Results() const {
 class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
  public:
   PushCall(std::shared_ptr<Work> work, int part,
+           std::shared_ptr<ParameterClient::InFlight> in_flight,
            v1::ParameterService::Stub* stub, const ParamClientOptions& o,
            const PushInfo& info, const float* grads, int64_t offset,
            int64_t count)
       : work_(std::move(work)),
+        in_flight_(std::move(in_flight)),
         part_(part),
         grads_(grads),
         next_(offset),
@@ -132,7 +134,10 @@ class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
   void OnDone(const grpc::Status& status) override {
     work_->Finished(part_, &ctx_, FromGrpc(status), resp_.version(),
                     /*cancel_others=*/false);
+    std::shared_ptr<ParameterClient::InFlight> in_flight =
+        std::move(in_flight_);
     delete this;
+    in_flight->Done();
   }
 
  private:
@@ -148,6 +153,7 @@ class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
   }
 
   std::shared_ptr<Work> work_;
+  std::shared_ptr<ParameterClient::InFlight> in_flight_;
   const int part_;
   const float* grads_;  // borrowed: the whole flat gradient
   int64_t next_, end_;
@@ -163,10 +169,12 @@ class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
 class PullCall final : public grpc::ClientReadReactor<v1::PullResponse> {
  public:
   PullCall(std::shared_ptr<Work> work, int part,
+           std::shared_ptr<ParameterClient::InFlight> in_flight,
            v1::ParameterService::Stub* stub, const ParamClientOptions& o,
            int64_t min_version, const v1::StepCommit* commit, float* params,
            int64_t num_params, int64_t offset, int64_t count)
       : work_(std::move(work)),
+        in_flight_(std::move(in_flight)),
         part_(part),
         params_(params),
         num_params_(num_params),
@@ -221,11 +229,15 @@ class PullCall final : public grpc::ClientReadReactor<v1::PullResponse> {
                                            count_, " weights of a shard"));
     }
     work_->Finished(part_, &ctx_, s, version_, /*cancel_others=*/true);
+    std::shared_ptr<ParameterClient::InFlight> in_flight =
+        std::move(in_flight_);
     delete this;
+    in_flight->Done();
   }
 
  private:
   std::shared_ptr<Work> work_;
+  std::shared_ptr<ParameterClient::InFlight> in_flight_;
   const int part_;
   float* params_;  // borrowed: the whole flat vector
   const int64_t num_params_, offset_, count_;
@@ -275,7 +287,14 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
   return client;
 }
 
-ParameterClient::~ParameterClient() = default;
+ParameterClient::~ParameterClient() {
+  absl::MutexLock lock(&in_flight_->mu);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_flight_->mu) {
+    return in_flight_->calls == 0;
+  };
+  // Every call has a deadline, so this ends; the bound is for a stuck library.
+  in_flight_->mu.AwaitWithTimeout(absl::Condition(&idle), absl::Minutes(5));
+}
 
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version,
                                             float* params,
@@ -283,8 +302,9 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version,
   std::shared_ptr<Work> work(new Work(num_shards()));
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
-    new PullCall(work, i, s.stub.get(), options_, min_version, commit, params,
-                 num_params_, s.offset, s.count);
+    in_flight_->Add();
+    new PullCall(work, i, in_flight_, s.stub.get(), options_, min_version,
+                 commit, params, num_params_, s.offset, s.count);
   }
   return work;
 }
@@ -294,8 +314,9 @@ std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
   std::shared_ptr<Work> work(new Work(num_shards()));
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
-    new PushCall(work, i, s.stub.get(), options_, info, grads, s.offset,
-                 s.count);
+    in_flight_->Add();
+    new PushCall(work, i, in_flight_, s.stub.get(), options_, info, grads,
+                 s.offset, s.count);
   }
   return work;
 }

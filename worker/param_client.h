@@ -121,6 +121,7 @@ class ParameterClient {
       const std::string& coordinator, const ParamClientOptions& options);
   ParameterClient(const ParameterClient&) = delete;
   ParameterClient& operator=(const ParameterClient&) = delete;
+  // Waits until every call it started has ended (each has a deadline).
   ~ParameterClient();
 
   int num_shards() const { return static_cast<int>(shards_.size()); }
@@ -142,11 +143,32 @@ class ParameterClient {
     std::unique_ptr<v1::ParameterService::Stub> stub;
   };
   ParameterClient(int64_t num_params, const ParamClientOptions& options)
-      : num_params_(num_params), options_(options) {}
+      : num_params_(num_params),
+        options_(options),
+        in_flight_(std::make_shared<InFlight>()) {}
+
+  // Calls whose reactor has not finished deleting itself. The client (and
+  // so its channels) outlives them: a channel whose last reference went
+  // with a call's context, inside gRPC's callback, crashes gRPC 1.51.
+  struct InFlight {
+    absl::Mutex mu;
+    int calls ABSL_GUARDED_BY(mu) = 0;
+    void Add() {
+      absl::MutexLock lock(&mu);
+      ++calls;
+    }
+    void Done() {
+      absl::MutexLock lock(&mu);
+      --calls;
+    }
+  };
+  friend class PushCall;
+  friend class PullCall;
 
   const int64_t num_params_;
   const ParamClientOptions options_;
   std::vector<Shard> shards_;
+  std::shared_ptr<InFlight> in_flight_;
 };
 
 }  // namespace tally
