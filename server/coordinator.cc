@@ -112,6 +112,12 @@ absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
       if (st.optimizer.slots.size() != out.optimizer_slots.size()) {
         return absl::DataLossError("ranges with different optimizers");
       }
+      for (const auto& slot : st.optimizer.slots) {
+        if (static_cast<int64_t>(slot.size()) != r.count) {
+          return absl::DataLossError(
+              "a range's optimizer state came back with another size");
+        }
+      }
       for (size_t k = 0; k < st.optimizer.slots.size(); ++k) {
         std::copy(st.optimizer.slots[k].begin(), st.optimizer.slots[k].end(),
                   out.optimizer_slots[k].begin() + r.offset);
@@ -147,13 +153,16 @@ struct Coordinator::ControlTask {
   std::shared_ptr<const StoredJob> start;
   std::vector<MemberSpec> members;  // what every range has
   std::vector<MemberSpec> desired;  // from the slots (join/leave unset)
+  std::map<std::pair<std::string, int64_t>, int64_t> leaves;  // decided
   int64_t hold_id = 0;
+  int64_t generation = 0;
   // Results.
   bool progressed = false;  // something was done; run again
   bool failed = false;      // a shard refused or was away: retry at Tick
   bool installed_now = false;
   bool members_now = false;
   std::vector<MemberSpec> new_members;
+  std::map<std::pair<std::string, int64_t>, int64_t> new_leaves;
   bool retired_now = false;
   std::shared_ptr<const std::vector<float>> final_weights;
 };
@@ -569,11 +578,14 @@ absl::StatusOr<v1::ShardHeartbeatResponse> Coordinator::ShardHeartbeat(
         }
       }
       if (placed) continue;
-      if (jit != jobs_.end() && Terminal(jit->second.proto.state())) {
-        out.add_ended_jobs(r.job_id());
-      } else {
-        out.add_drop_jobs(r.job_id());
-      }
+      // Only the placement the shard reported: a newer one may be on its
+      // way to it.
+      v1::ShardHeartbeatResponse::Drop* drop =
+          jit != jobs_.end() && Terminal(jit->second.proto.state())
+              ? out.add_ended()
+              : out.add_drop();
+      drop->set_job_id(r.job_id());
+      drop->set_map_version(r.map_version());
     }
   }
   Settle(notes);
@@ -642,7 +654,7 @@ void Coordinator::AssignLocked(JobEntry& job, int rank,
   w.job_id = job.proto.id();
   w.rank = rank;
   job.slots[rank] = worker_id;
-  job.dirty = true;  // a member to add on every range
+  MarkDirty(job);  // a member to add on every range
 }
 
 bool Coordinator::PlaceLocked(JobEntry& job) {
@@ -669,10 +681,14 @@ bool Coordinator::PlaceLocked(JobEntry& job) {
   for (int i = 0; i < k; ++i) {
     job.ranges.push_back({order[i].second, parts[i].first, parts[i].second});
   }
-  ++job.map_version;
+  // Map versions never repeat, across coordinator restarts too (a shard
+  // process may still hold an older placement of the job).
+  job.map_version =
+      std::max(job.map_version + 1, absl::ToUnixMicros(Now()));
   job.installed = false;
   job.members.clear();
-  job.dirty = true;
+  job.leaves.clear();
+  MarkDirty(job);
   return true;
 }
 
@@ -745,7 +761,7 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
     }
     wid.clear();
   }
-  job.dirty = true;  // retire the ranges, keep the final weights
+  MarkDirty(job);  // retire the ranges, keep the final weights
   NotifyLocked(job.proto.id(), notes);
 }
 
@@ -759,7 +775,7 @@ void Coordinator::VacateLocked(JobEntry& job, const std::string& worker_id,
     it->second.job_id.clear();
     it->second.rank = -1;
   }
-  job.dirty = true;  // a member leaves every range
+  MarkDirty(job);  // a member leaves every range
   NotifyLocked(job.proto.id(), notes);
 }
 
@@ -813,6 +829,8 @@ void Coordinator::RunControl() {
           m.rank = static_cast<int>(r);
           t.desired.push_back(m);
         }
+        t.leaves = job.leaves;
+        t.generation = job.generation;
         t.hold_id = next_hold_++;
         tasks.push_back(std::move(t));
       }
@@ -828,6 +846,8 @@ void Coordinator::RunControl() {
         if (it == jobs_.end()) continue;
         JobEntry& job = it->second;
         if (job.map_version != t.map_version) continue;  // re-placed since
+        // Decided even when not every range took it yet.
+        for (const auto& [key, step] : t.new_leaves) job.leaves[key] = step;
         if (t.installed_now) {
           job.installed = true;
           job.members.clear();
@@ -843,9 +863,10 @@ void Coordinator::RunControl() {
           job.members.clear();
         }
         if (t.progressed) again = true;
-        // Done when nothing failed and nothing is left: the next round
-        // finds out.
-        if (!t.failed && !t.progressed) job.dirty = false;
+        // Done when nothing failed, nothing is left, and nothing changed
+        // since the task was taken: the next round finds out.
+        if (!t.failed && !t.progressed && job.generation == t.generation)
+          job.dirty = false;
       }
     }
     for (auto& n : notes) n();
@@ -982,9 +1003,15 @@ void Coordinator::Reconcile(ControlTask& t) {
     bool stays = false;
     for (const MemberSpec& d : t.desired) stays = stays || same(m, d);
     if (m.leave_step == MemberSpec::kNoStep && !stays) {
-      // It belongs to every step some range saw it commit: that push
-      // reached every range.
-      m.leave_step = std::max(committed(m) + 1, m.join_step);
+      auto decided = t.leaves.find({m.worker_id, m.incarnation});
+      if (decided != t.leaves.end()) {
+        m.leave_step = decided->second;
+      } else {
+        // It belongs to every step some range saw it commit: that push
+        // reached every range.
+        m.leave_step = std::max(committed(m) + 1, m.join_step);
+      }
+      t.new_leaves[{m.worker_id, m.incarnation}] = m.leave_step;
     }
     // Keep a leaver while some range may still need its last step.
     if (m.leave_step > vmin) next.push_back(m);
@@ -1215,8 +1242,10 @@ void Coordinator::Tick() {
         job.ranges.clear();
         job.installed = false;
         job.members.clear();
+        job.leaves.clear();
         job.awaiting_start = true;
-        job.dirty = true;
+        ++job.map_version;  // work in flight for the old map is void
+        MarkDirty(job);
         lost_jobs.push_back(jid);
         NotifyLocked(jid, &notes);
       }

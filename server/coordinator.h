@@ -170,6 +170,10 @@ class Coordinator {
     // placed again once `start` is set.
     bool awaiting_start = false;
     bool dirty = true;     // control-plane work pending
+    int64_t generation = 0;  // bumped with every change that needs work
+    // Leave steps decided and sent to some range: never decided again
+    // (a range that took one may already have closed that step).
+    std::map<std::pair<std::string, int64_t>, int64_t> leaves;
     int64_t notified_version = -1;
     // What the last checkpoint holds: state, version, and when.
     v1::JobState saved_state = v1::JOB_STATE_UNSPECIFIED;
@@ -218,6 +222,11 @@ class Coordinator {
   void NotifyLocked(const std::string& job_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobEntry FromStored(StoredJob stored) const;
+  // The job needs control-plane work (RunControl).
+  static void MarkDirty(JobEntry& job) {
+    job.dirty = true;
+    ++job.generation;
+  }
 
   // Control-plane work for every job that needs it, outside mu_.
   void RunControl() ABSL_LOCKS_EXCLUDED(mu_);

@@ -351,14 +351,16 @@ void TallyServer::ShardLoop() {
                                         absl::Milliseconds(200)));
     absl::Status st = FromGrpc(stub->ShardHeartbeat(&ctx, req, &resp));
     if (st.ok()) {
-      for (const std::string& job : resp.drop_jobs())
-        host_->Drop(job, /*ended=*/false);
-      for (const std::string& job : resp.ended_jobs())
-        host_->Drop(job, /*ended=*/true);
+      for (const auto& d : resp.drop())
+        host_->Drop(d.job_id(), /*ended=*/false, d.map_version());
+      for (const auto& d : resp.ended())
+        host_->Drop(d.job_id(), /*ended=*/true, d.map_version());
     } else if (ReasonOf(st) == v1::REGISTER_AGAIN) {
-      // The coordinator restarted or gave us up: its placement is the truth.
+      // The coordinator restarted or gave us up: what we hold is stale, and
+      // it places its jobs again from its own checkpoints.
       std::fprintf(stderr, "tally-server: %s; registering again\n",
                    std::string(st.message()).c_str());
+      host_->DropAll();
       shard_id.clear();
       continue;
     }

@@ -158,6 +158,7 @@ void ParameterShard::UnstageLocked(Member& m) {
 void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
   std::map<std::string, Member> next;
   for (const MemberSpec& spec : members) {
+    if (next.count(spec.worker_id)) continue;  // the first entry stands
     Member& m = next[spec.worker_id];
     auto old = members_.find(spec.worker_id);
     if (old != members_.end() &&
@@ -167,11 +168,13 @@ void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
     m.spec = spec;
     if (m.staged_step >= 0 && m.staged_step >= spec.leave_step) {
       UnstageLocked(m);  // pushed past its last step: not counted anywhere
-    } else if (m.staged_step >= 0 && m.staged_step == spec.leave_step - 1 &&
-               m.committed_step < m.staged_step) {
-      // Its last step counts: another shard had its commit, so the push
-      // reached every shard, this one included.
-      m.committed_step = m.staged_step;
+    }
+    if (spec.leave_step != MemberSpec::kNoStep &&
+        m.committed_step < spec.leave_step - 1) {
+      // Its last step counts as committed: another shard had its commit,
+      // so its push reached every shard, this one included (staged here,
+      // or refused here and so contributing nothing).
+      m.committed_step = spec.leave_step - 1;
     }
   }
   for (auto& [id, m] : members_) {
@@ -401,6 +404,7 @@ absl::Status ParameterShard::Accept(const PushMeta& meta,
   }
   if (meta.samples > 0 &&
       (grads == nullptr || static_cast<int64_t>(grads->size()) != num_params_)) {
+    if (grads != nullptr) --staging_out_;  // not ours to keep
     return absl::InvalidArgumentError("a push with samples needs a gradient");
   }
   Member& m = members_.at(meta.worker_id);
@@ -666,16 +670,15 @@ void ParameterShard::Retire() {
   staging_pool_.clear();
 }
 
-void ParameterShard::CancelWaiters() {
+void ParameterShard::CancelWaiters(absl::Status why) {
+  if (why.ok()) {
+    why = WithReason(absl::FailedPreconditionError("the job ended"),
+                     v1::JOB_ENDED);
+  }
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    for (Waiter& w : waiters_) {
-      ready.emplace_back(
-          std::move(w.done),
-          WithReason(absl::FailedPreconditionError("the job ended"),
-                     v1::JOB_ENDED));
-    }
+    for (Waiter& w : waiters_) ready.emplace_back(std::move(w.done), why);
     waiters_.clear();
   }
   RunReady(ready);

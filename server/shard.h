@@ -227,8 +227,9 @@ class ParameterShard {
                    std::function<void(absl::Status)> done);
   // Releases waiters and a hold whose deadlines passed.
   void ExpireWaiters();
-  // Releases every waiter with kFailedPrecondition + JOB_ENDED.
-  void CancelWaiters();
+  // Releases every waiter with `why` (default kFailedPrecondition +
+  // JOB_ENDED; a range that moves elsewhere says kUnavailable: retry).
+  void CancelWaiters(absl::Status why = absl::Status());
 
   // The job ended: frees aggregation and optimizer memory, keeping only the
   // final weights (for fetching); later pushes get kFailedPrecondition.

@@ -124,7 +124,10 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
     r.count = count;
     r.shard = std::move(shard);
   }
-  if (replaced != nullptr) replaced->CancelWaiters();
+  if (replaced != nullptr) {
+    replaced->CancelWaiters(
+        absl::UnavailableError("the job was placed again: pull again"));
+  }
   return absl::OkStatus();
 }
 
@@ -163,10 +166,23 @@ absl::Status ShardHost::Retire(const std::string& job_id) {
   return absl::OkStatus();
 }
 
-void ShardHost::Drop(const std::string& job_id, bool ended) {
+void ShardHost::DropAll() {
+  std::vector<std::string> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : ranges_) jobs.push_back(id);
+  }
+  for (const std::string& id : jobs) Drop(id, /*ended=*/false);
+}
+
+void ShardHost::Drop(const std::string& job_id, bool ended,
+                     int64_t map_version) {
   std::shared_ptr<ParameterShard> dropped;
   {
     absl::MutexLock lock(&mu_);
+    auto found = ranges_.find(job_id);
+    if (found != ranges_.end() && found->second.map_version > map_version)
+      return;  // placed again since: keep the new range
     if (ended && ended_.insert(job_id).second) {
       ended_order_.push_back(job_id);
       if (ended_order_.size() > 1024) {
@@ -179,7 +195,9 @@ void ShardHost::Drop(const std::string& job_id, bool ended) {
     dropped = std::move(it->second.shard);
     ranges_.erase(it);
   }
-  dropped->CancelWaiters();
+  dropped->CancelWaiters(
+      ended ? absl::Status()
+            : absl::UnavailableError("the job's range moved: pull again"));
 }
 
 void ShardHost::SaveAt(const std::string& job_id, int64_t v,

@@ -12,6 +12,7 @@
 #ifndef TALLY_SERVER_SHARD_HOST_H_
 #define TALLY_SERVER_SHARD_HOST_H_
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <deque>
@@ -68,7 +69,11 @@ class ShardHost {
   // Forgets the job's range. With `ended`, the job is over: pushes and
   // pulls of it are answered JOB_ENDED from now on (kNotFound otherwise,
   // as for a job never placed here).
-  void Drop(const std::string& job_id, bool ended);
+  // With `map_version`, only a range placed at that version or before.
+  void Drop(const std::string& job_id, bool ended,
+            int64_t map_version = INT64_MAX);
+  // Forgets every range (the coordinator will place its jobs again).
+  void DropAll();
   // The range's state at version `v` (ParameterShard::SaveAt).
   void SaveAt(const std::string& job_id, int64_t v, absl::Time deadline,
               std::function<void(absl::StatusOr<ShardState>)> done);

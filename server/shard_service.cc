@@ -206,12 +206,12 @@ class PullReactor final
     // Only the job's members read its weights on the data path (clients
     // fetch them through JobService).
     if (s.ok()) s = range->shard->CheckMember(req->worker_id(), req->incarnation());
+    if (s.ok() && req->total_steps() > 0) {
+      s = range->shard->SetSchedule(req->total_steps(), req->steps_per_epoch());
+    }
     if (s.ok() && req->has_commit()) {
       range->shard->Commit(req->worker_id(), req->incarnation(),
                            req->commit().step(), req->commit().contributed());
-    }
-    if (s.ok() && req->total_steps() > 0) {
-      s = range->shard->SetSchedule(req->total_steps(), req->steps_per_epoch());
     }
     if (!s.ok()) {
       FinishOnce(ToGrpc(s));

@@ -14,12 +14,19 @@ namespace tally {
 
 namespace {
 
-// Worth trying again: the other side is slow or away, or (NOT_FOUND) the
-// job is being placed on other shards; the loop checks at every turn that
-// the job is still ours, with the same shard map.
+// Worth trying again: the other side is slow, busy or away, or (NOT_FOUND)
+// the job is being placed on other shards; the loop checks at every turn
+// that the job is still ours, with the same shard map.
 bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
-         absl::IsNotFound(s);
+         absl::IsNotFound(s) || absl::IsResourceExhausted(s);
+}
+
+// The job is not (or no longer) this worker's to train: leave it quietly.
+bool NotOurs(const absl::Status& s) {
+  const v1::ErrorReason r = ReasonOf(s);
+  return r == v1::JOB_ENDED || r == v1::NOT_A_MEMBER ||
+         r == v1::REGISTER_AGAIN;
 }
 
 }  // namespace
@@ -45,9 +52,10 @@ absl::Status JobRunner::Run() {
         Backoff();
         continue;
       }
-      if (ReasonOf(s) == v1::SCHEDULE_MISMATCH) return Refuse(s);
-      // The job ended, this worker is off it, the job is unknown: go idle.
-      return s;
+      if (NotOurs(s)) return s;
+      // Anything else (SCHEDULE_MISMATCH, or what should not happen) is
+      // said to the coordinator, so the slot does not wait for us.
+      return Refuse(s);
     }
     backoff_ = absl::Milliseconds(100);
     const int64_t version = *pulled;
@@ -234,7 +242,8 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     next_ = step;
     return absl::OkStatus();
   }
-  return s;  // ended, taken off the job, stale registration
+  if (NotOurs(s)) return s;  // ended, taken off the job, stale registration
+  return Refuse(s);
 }
 
 absl::Status JobRunner::Finish(int64_t version) {
