@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -78,8 +79,34 @@ class RemoteShardControl final : public ShardControl {
 
   absl::Status Install(const v1::InstallRangeRequest& req) override {
     v1::InstallRangeResponse resp;
-    auto ctx = Context(kControlTimeout);
-    return Named(FromGrpc(stub_->InstallRange(ctx.get(), req, &resp)));
+    // The state's bytes take a while on a slow link: a minute more.
+    auto ctx = Context(kControlTimeout +
+                       (req.has_state() ? absl::Minutes(1) : absl::ZeroDuration()));
+    auto writer = stub_->InstallRange(ctx.get(), &resp);
+    v1::InstallRangeChunk msg;
+    *msg.mutable_request() = req;
+    if (req.has_state()) {
+      msg.mutable_request()->mutable_state()->clear_weights();
+      msg.mutable_request()->mutable_state()->clear_optimizer_slots();
+    }
+    bool ok = writer->Write(msg);
+    msg.clear_request();
+    if (req.has_state()) {
+      std::vector<const std::string*> parts = {&req.state().weights()};
+      for (const std::string& slot : req.state().optimizer_slots())
+        parts.push_back(&slot);
+      constexpr size_t kPiece = 1 << 20;
+      for (size_t p = 0; p < parts.size() && ok; ++p) {
+        for (size_t at = 0; at < parts[p]->size() && ok; at += kPiece) {
+          msg.set_part(static_cast<int32_t>(p));
+          msg.set_data(parts[p]->data() + at,
+                       std::min(kPiece, parts[p]->size() - at));
+          ok = writer->Write(msg);
+        }
+      }
+    }
+    if (ok) writer->WritesDone();
+    return Named(FromGrpc(writer->Finish()));
   }
   absl::StatusOr<HoldReport> Hold(const std::string& job_id, int64_t hold_id,
                                   absl::Duration hold) override {

@@ -351,6 +351,74 @@ class SaveReactor final
   v1::SaveRangeChunk msg_ ABSL_GUARDED_BY(mu_);
 };
 
+// ------------------------------------------------------------- install --
+
+// Gathers a range's state from its pieces, then installs it. The pieces
+// may not add up to more than the range's size says.
+class InstallReactor final
+    : public grpc::ServerReadReactor<v1::InstallRangeChunk> {
+ public:
+  explicit InstallReactor(ShardHost* host) : host_(host) { StartRead(&msg_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(ToGrpc(Install()));
+      return;
+    }
+    if (absl::Status s = Add(); !s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    StartRead(&msg_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Add() {
+    if (first_) {
+      if (!msg_.has_request()) {
+        return absl::InvalidArgumentError(
+            "the first install message must carry the request");
+      }
+      req_ = std::move(*msg_.mutable_request());
+      first_ = false;
+      // The state's bytes come in the pieces.
+      if (req_.has_state()) {
+        req_.mutable_state()->clear_weights();
+        req_.mutable_state()->clear_optimizer_slots();
+      }
+    }
+    if (msg_.data().empty()) return absl::OkStatus();
+    if (!req_.has_state() || msg_.part() < 0 || msg_.part() > 16) {
+      return absl::InvalidArgumentError("a piece of no state");
+    }
+    v1::RangeState* st = req_.mutable_state();
+    std::string* part = nullptr;
+    if (msg_.part() == 0) {
+      part = st->mutable_weights();
+    } else {
+      while (st->optimizer_slots_size() < msg_.part()) st->add_optimizer_slots();
+      part = st->mutable_optimizer_slots(msg_.part() - 1);
+    }
+    if (req_.count() <= 0 ||
+        part->size() + msg_.data().size() > static_cast<size_t>(req_.count()) * 4) {
+      return absl::InvalidArgumentError(
+          "the state's pieces are larger than the range");
+    }
+    part->append(msg_.data());
+    return absl::OkStatus();
+  }
+  absl::Status Install() {
+    if (first_) return absl::InvalidArgumentError("an empty install stream");
+    return host_->Install(req_);
+  }
+
+  ShardHost* host_;  // borrowed
+  v1::InstallRangeChunk msg_;
+  v1::InstallRangeRequest req_;
+  bool first_ = true;
+};
+
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
                                 const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
@@ -370,10 +438,9 @@ grpc::ServerWriteReactor<v1::PullResponse>* ParameterServiceImpl::PullWeights(
   return new PullReactor(host_, req);
 }
 
-grpc::ServerUnaryReactor* ShardServiceImpl::InstallRange(
-    grpc::CallbackServerContext* ctx, const v1::InstallRangeRequest* req,
-    v1::InstallRangeResponse*) {
-  return Reply(ctx, host_->Install(*req));
+grpc::ServerReadReactor<v1::InstallRangeChunk>* ShardServiceImpl::InstallRange(
+    grpc::CallbackServerContext*, v1::InstallRangeResponse*) {
+  return new InstallReactor(host_);
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(

@@ -31,8 +31,8 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   explicit ShardServiceImpl(ShardHost* host) : host_(host) {}
   ShardServiceImpl(const ShardServiceImpl&) = delete;
   ShardServiceImpl& operator=(const ShardServiceImpl&) = delete;
-  grpc::ServerUnaryReactor* InstallRange(
-      grpc::CallbackServerContext* ctx, const v1::InstallRangeRequest* req,
+  grpc::ServerReadReactor<v1::InstallRangeChunk>* InstallRange(
+      grpc::CallbackServerContext* ctx,
       v1::InstallRangeResponse* resp) override;
   grpc::ServerUnaryReactor* HoldRange(grpc::CallbackServerContext* ctx,
                                       const v1::HoldRangeRequest* req,
