@@ -168,7 +168,9 @@ struct Coordinator::ControlTask {
 };
 
 Coordinator::Coordinator(const CoordinatorOptions& options)
-    : options_(options) {
+    : options_(options),
+      leases_(options.lease_timeout,
+              (options.clock != nullptr ? options.clock : &real_clock_)->Now()) {
   if (options_.clock == nullptr) options_.clock = &real_clock_;
   if (options_.connect_shard == nullptr) {
     options_.connect_shard = [](const std::string& address) {
@@ -176,15 +178,10 @@ Coordinator::Coordinator(const CoordinatorOptions& options)
     };
   }
   absl::MutexLock lock(&mu_);
-  // Incarnations must never repeat, across restarts of the server too: a
-  // worker or shard that registered before a restart must not hold one a
-  // new registration gets. The clock in microseconds is past every earlier
-  // one.
-  next_incarnation_ = std::max<int64_t>(1, absl::ToUnixMicros(Now()));
   if (options_.local_shard != nullptr) {
     ShardEntry& s = shards_[kLocalShard];
     s.control = MakeLocalShardControl(options_.local_shard);
-    s.incarnation = next_incarnation_++;
+    s.incarnation = leases_.Grant(kLocalShard, Now(), /*forever=*/true);
     s.last_seen = Now();
   }
 }
@@ -392,8 +389,7 @@ v1::RegisterWorkerResponse Coordinator::Register(
     w.name = req.name();
     w.devices = req.devices();
     w.address = req.address();
-    w.incarnation = next_incarnation_++;
-    w.lease_expiry = Now() + options_.lease_timeout;
+    w.incarnation = leases_.Grant(id, Now());
     out.set_worker_id(id);
     out.set_incarnation(w.incarnation);
     out.set_lease_ms(absl::ToInt64Milliseconds(options_.lease_timeout));
@@ -410,21 +406,14 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   {
     absl::MutexLock lock(&mu_);
     auto it = workers_.find(req.worker_id());
-    if (it == workers_.end()) {
-      return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                            "unknown worker '", req.worker_id(),
-                            "' (lease expired or server restarted): register "
-                            "again")),
-                        v1::REGISTER_AGAIN);
+    if (absl::Status s =
+            it == workers_.end()
+                ? leases_.Check(req.worker_id(), req.incarnation())
+                : leases_.Renew(req.worker_id(), req.incarnation(), Now());
+        !s.ok() || it == workers_.end()) {
+      return !s.ok() ? s : absl::InternalError("a lease without a worker");
     }
     WorkerEntry& w = it->second;
-    if (w.incarnation != req.incarnation()) {
-      return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                            "stale incarnation ", req.incarnation(), " of ",
-                            req.worker_id(), ": register again")),
-                        v1::REGISTER_AGAIN);
-    }
-    w.lease_expiry = Now() + options_.lease_timeout;
     ScheduleLocked(&notes);
     const JobEntry* job = w.job_id.empty() ? nullptr : &jobs_.at(w.job_id);
     // The assignment goes out once the worker is a member on every range.
@@ -466,11 +455,9 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
   {
     absl::MutexLock lock(&mu_);
     auto wit = workers_.find(req.worker_id());
-    if (wit == workers_.end() || wit->second.incarnation != req.incarnation()) {
-      return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                            "unknown or stale worker '", req.worker_id(),
-                            "': register again")),
-                        v1::REGISTER_AGAIN);
+    if (absl::Status s = leases_.Check(req.worker_id(), req.incarnation());
+        !s.ok() || wit == workers_.end()) {
+      return !s.ok() ? s : absl::InternalError("a lease without a worker");
     }
     auto jit = jobs_.find(req.job_id());
     if (jit == jobs_.end()) {
@@ -537,8 +524,7 @@ v1::RegisterShardResponse Coordinator::RegisterShard(
     const std::string id = absl::StrCat("shard-", next_shard_++);
     ShardEntry& s = shards_[id];
     s.address = req.address();
-    s.incarnation = next_incarnation_++;
-    s.lease_expiry = Now() + options_.lease_timeout;
+    s.incarnation = leases_.Grant(id, Now());
     s.last_seen = Now();
     s.control = std::move(control);
     out.set_shard_id(id);
@@ -557,15 +543,16 @@ absl::StatusOr<v1::ShardHeartbeatResponse> Coordinator::ShardHeartbeat(
   {
     absl::MutexLock lock(&mu_);
     auto it = shards_.find(req.shard_id());
-    if (it == shards_.end() || !it->second.live ||
-        it->second.incarnation != req.incarnation()) {
-      return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                            "unknown or stale shard '", req.shard_id(),
-                            "': register again")),
-                        v1::REGISTER_AGAIN);
+    if (absl::Status st =
+            leases_.Renew(req.shard_id(), req.incarnation(), Now());
+        !st.ok() || it == shards_.end() || !it->second.live) {
+      return !st.ok() ? st
+                      : WithReason(absl::FailedPreconditionError(absl::StrCat(
+                                       "shard '", req.shard_id(),
+                                       "' was lost: register again")),
+                                   v1::REGISTER_AGAIN);
     }
     ShardEntry& s = it->second;
-    s.lease_expiry = Now() + options_.lease_timeout;
     s.last_seen = Now();
     s.ranges.assign(req.ranges().begin(), req.ranges().end());
     for (const v1::RangeStatus& r : req.ranges()) {
@@ -1216,16 +1203,16 @@ void Coordinator::Tick() {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = Now();
-    std::vector<std::string> expired;
-    for (const auto& [id, w] : workers_) {
-      if (w.lease_expiry < now) expired.push_back(id);
+    std::vector<std::string> lost_shards;
+    for (const std::string& id : leases_.Expire(now)) {
+      if (workers_.count(id)) DropWorkerLocked(id, &notes);
+      if (shards_.count(id)) lost_shards.push_back(id);
     }
-    for (const std::string& id : expired) DropWorkerLocked(id, &notes);
     // A shard that lost its lease took its ranges with it: every running
     // job with a range there starts again, on live shards, from its last
     // checkpoint.
-    for (auto& [sid, s] : shards_) {
-      if (!s.live || s.lease_expiry >= now) continue;
+    for (const std::string& sid : lost_shards) {
+      ShardEntry& s = shards_.at(sid);
       s.live = false;
       s.ranges.clear();
       for (const std::string& jid : job_order_) {
@@ -1252,8 +1239,7 @@ void Coordinator::Tick() {
     }
     // Shards lost long ago are forgotten.
     for (auto it = shards_.begin(); it != shards_.end();) {
-      if (!it->second.live &&
-          now - it->second.lease_expiry > absl::Minutes(10)) {
+      if (!it->second.live && now - it->second.last_seen > absl::Minutes(10)) {
         it = shards_.erase(it);
       } else {
         ++it;

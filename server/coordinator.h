@@ -63,6 +63,7 @@
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
 #include "server/job_store.h"
+#include "server/leases.h"
 #include "server/shard.h"
 #include "server/shard_control.h"
 
@@ -182,15 +183,13 @@ class Coordinator {
   };
   struct WorkerEntry {
     std::string name, devices, address;
-    int64_t incarnation = 0;
-    absl::Time lease_expiry;
+    int64_t incarnation = 0;  // its lease's (leases_)
     std::string job_id;  // "" = idle
     int rank = -1;
   };
   struct ShardEntry {
     std::string address;  // "" for the coordinator's own
-    int64_t incarnation = 0;
-    absl::Time lease_expiry = absl::InfiniteFuture();
+    int64_t incarnation = 0;  // its lease's (leases_)
     absl::Time last_seen;
     bool live = true;
     std::shared_ptr<ShardControl> control;
@@ -246,7 +245,8 @@ class Coordinator {
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_shard_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  // Workers' and shard processes' registrations.
+  Leases leases_ ABSL_GUARDED_BY(mu_);
   int64_t next_subscription_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_hold_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);

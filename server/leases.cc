@@ -1,0 +1,62 @@
+#include "server/leases.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "proto/errors.h"
+
+namespace tally {
+
+Leases::Leases(absl::Duration timeout, absl::Time now)
+    : timeout_(timeout),
+      next_incarnation_(std::max<int64_t>(1, absl::ToUnixMicros(now))) {}
+
+int64_t Leases::Grant(const std::string& id, absl::Time now, bool forever) {
+  Lease& l = leases_[id];
+  l.incarnation = next_incarnation_++;
+  l.expiry = forever ? absl::InfiniteFuture() : now + timeout_;
+  return l.incarnation;
+}
+
+absl::Status Leases::Check(const std::string& id, int64_t incarnation) const {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "unknown '", id,
+                          "' (lease expired or server restarted): register "
+                          "again")),
+                      v1::REGISTER_AGAIN);
+  }
+  if (it->second.incarnation != incarnation) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "stale incarnation ", incarnation, " of ", id,
+                          ": register again")),
+                      v1::REGISTER_AGAIN);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Leases::Renew(const std::string& id, int64_t incarnation,
+                           absl::Time now) {
+  if (absl::Status s = Check(id, incarnation); !s.ok()) return s;
+  Lease& l = leases_.at(id);
+  if (l.expiry != absl::InfiniteFuture()) l.expiry = now + timeout_;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Leases::Expire(absl::Time now) {
+  std::vector<std::string> out;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expiry < now) {
+      out.push_back(it->first);
+      it = leases_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+void Leases::Revoke(const std::string& id) { leases_.erase(id); }
+
+}  // namespace tally

@@ -1,0 +1,54 @@
+// Leases: who is registered with the coordinator (workers, shard
+// processes), under which incarnation, and until when. A holder renews its
+// lease with every heartbeat; one whose lease runs out is expired at the
+// next tick, and must register again, getting a new incarnation.
+// Incarnations never repeat, across coordinator restarts too: they start
+// from the clock in microseconds, so a registration from before a restart
+// is always stale.
+//
+// Not thread-safe: the coordinator's lock guards it.
+#ifndef TALLY_SERVER_LEASES_H_
+#define TALLY_SERVER_LEASES_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace tally {
+
+class Leases {
+ public:
+  Leases(absl::Duration timeout, absl::Time now);
+
+  absl::Duration timeout() const { return timeout_; }
+
+  // A new holder (or a new incarnation of `id`); its incarnation. A lease
+  // granted `forever` never runs out (the coordinator's own shard).
+  int64_t Grant(const std::string& id, absl::Time now, bool forever = false);
+  // kFailedPrecondition + REGISTER_AGAIN unless (id, incarnation) is the
+  // live registration.
+  absl::Status Check(const std::string& id, int64_t incarnation) const;
+  // Check, then extends the lease from `now`.
+  absl::Status Renew(const std::string& id, int64_t incarnation,
+                     absl::Time now);
+  // The holders whose lease ran out before `now`, no longer holders.
+  std::vector<std::string> Expire(absl::Time now);
+  void Revoke(const std::string& id);
+
+ private:
+  struct Lease {
+    int64_t incarnation = 0;
+    absl::Time expiry;
+  };
+  const absl::Duration timeout_;
+  int64_t next_incarnation_;
+  std::map<std::string, Lease> leases_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_LEASES_H_

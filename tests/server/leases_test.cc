@@ -1,0 +1,41 @@
+// Registrations and their leases: renewals, stale incarnations, expiry.
+#include "server/leases.h"
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::HasReason;
+
+TEST(LeasesTest, ALeaseLivesWhileRenewedAndGoesWhenItRunsOut) {
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  Leases leases(absl::Seconds(3), t0);
+  const int64_t a = leases.Grant("worker-1", t0);
+  const int64_t shard = leases.Grant("shard-0", t0, /*forever=*/true);
+  EXPECT_GT(shard, a);  // incarnations never repeat
+  EXPECT_GE(a, absl::ToUnixMicros(t0));  // past any earlier run's
+  TALLY_EXPECT_OK(leases.Renew("worker-1", a, t0 + absl::Seconds(2)));
+  EXPECT_THAT(leases.Renew("worker-1", a + 7, t0 + absl::Seconds(2)),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::REGISTER_AGAIN));
+  EXPECT_TRUE(leases.Expire(t0 + absl::Seconds(4)).empty());  // renewed at 2
+  EXPECT_EQ(leases.Expire(t0 + absl::Seconds(6)),
+            std::vector<std::string>{"worker-1"});
+  EXPECT_THAT(leases.Check("worker-1", a),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::REGISTER_AGAIN));
+  TALLY_EXPECT_OK(leases.Check("shard-0", shard));  // forever
+  // Registering again gives a new incarnation; the old one is stale.
+  const int64_t a2 = leases.Grant("worker-1", t0 + absl::Seconds(7));
+  EXPECT_NE(a2, a);
+  EXPECT_THAT(leases.Check("worker-1", a),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::REGISTER_AGAIN));
+  leases.Revoke("worker-1");
+  EXPECT_FALSE(leases.Check("worker-1", a2).ok());
+}
+
+}  // namespace
+}  // namespace tally
