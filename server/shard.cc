@@ -56,9 +56,13 @@ void ParameterShard::SaveAt(
     int64_t v, absl::Time deadline,
     std::function<void(absl::StatusOr<ShardState>)> done) {
   bool now = false;
+  absl::Status closed;
   {
     absl::MutexLock lock(&mu_);
-    if (version_ > v) {
+    closed = closed_;
+    if (!closed.ok()) {
+      // Nothing to wait for: the range is gone.
+    } else if (version_ > v) {
       now = true;
     } else {
       save_at_.insert(v);
@@ -81,6 +85,10 @@ void ParameterShard::SaveAt(
         return;
       }
     }
+  }
+  if (!closed.ok()) {
+    done(closed);
+    return;
   }
   if (now) {
     done(WithReason(absl::FailedPreconditionError(
@@ -621,16 +629,21 @@ ShardMetrics ParameterShard::MetricsLocked() const {
 
 void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
                                  std::function<void(absl::Status)> done) {
+  absl::Status now;
   {
     absl::MutexLock lock(&mu_);
-    // Training time counts from the first pull of the weights.
-    if (started_ == absl::InfinitePast() && !retired_) started_ = clock_->Now();
-    if (version_ < v) {
-      waiters_.push_back({v, deadline, std::move(done)});
-      return;
+    now = closed_;
+    if (now.ok()) {
+      // Training time counts from the first pull of the weights.
+      if (started_ == absl::InfinitePast() && !retired_)
+        started_ = clock_->Now();
+      if (version_ < v) {
+        waiters_.push_back({v, deadline, std::move(done)});
+        return;
+      }
     }
   }
-  done(absl::OkStatus());
+  done(now);
 }
 
 void ParameterShard::ExpireWaiters() {
@@ -668,6 +681,14 @@ void ParameterShard::Retire() {
   std::vector<float>().swap(weights_);  // snapshot_ holds the final weights
   snapshot_pool_.clear();
   staging_pool_.clear();
+}
+
+void ParameterShard::Close(absl::Status why) {
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = why;
+  }
+  CancelWaiters(why);
 }
 
 void ParameterShard::CancelWaiters(absl::Status why) {

@@ -230,6 +230,10 @@ class ParameterShard {
   // Releases every waiter with `why` (default kFailedPrecondition +
   // JOB_ENDED; a range that moves elsewhere says kUnavailable: retry).
   void CancelWaiters(absl::Status why = absl::Status());
+  // The range is gone from its server: waiters are released with `why`, and
+  // every later wait (WhenVersion, SaveAt) fails with it at once, so
+  // nothing waits on a range nobody ticks any more.
+  void Close(absl::Status why);
 
   // The job ended: frees aggregation and optimizer memory, keeping only the
   // final weights (for fetching); later pushes get kFailedPrecondition.
@@ -306,6 +310,7 @@ class ParameterShard {
   std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   bool retired_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // not OK once Closed
 };
 
 }  // namespace tally

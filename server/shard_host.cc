@@ -125,7 +125,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
     r.shard = std::move(shard);
   }
   if (replaced != nullptr) {
-    replaced->CancelWaiters(
+    replaced->Close(
         absl::UnavailableError("the job was placed again: pull again"));
   }
   return absl::OkStatus();
@@ -195,8 +195,9 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
     dropped = std::move(it->second.shard);
     ranges_.erase(it);
   }
-  dropped->CancelWaiters(
-      ended ? absl::Status()
+  dropped->Close(
+      ended ? WithReason(absl::FailedPreconditionError("the job ended"),
+                         v1::JOB_ENDED)
             : absl::UnavailableError("the job's range moved: pull again"));
 }
 
