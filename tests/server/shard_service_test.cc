@@ -1,0 +1,85 @@
+// A shard process's ShardService over a real socket: a range's state far
+// larger than the 4 MiB message limit goes in (InstallRange, streamed) and
+// comes back out (SaveRange) unchanged, as when a lost shard's job is
+// placed again from its checkpoint.
+#include "server/shard_service.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/service.h"
+#include "server/shard_control.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+constexpr char kSpec[] = R"(
+name: big
+model: {layers: [{linear: {in_features: 1024, out_features: 2048}}]}
+dataset: {name: synthetic, features: 1024, classes: 2048, train_size: 64}
+training: {workers: 1, epochs: 100}
+optimizer: {type: adam, lr: 0.001}
+)";
+
+TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
+  ServerOptions o;
+  o.join = "127.0.0.1:1";  // no coordinator there: it keeps retrying, harmless
+  auto server = TallyServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardControl> shard = MakeRemoteShardControl(
+      absl::StrCat("127.0.0.1:", (*server)->port()));
+  constexpr int64_t kParams = 1024 * 2048 + 2048;
+  const int64_t offset = 1000, count = kParams - 1000;  // 8.4 MB a part
+  v1::InstallRangeRequest req;
+  req.set_job_id("job-9");
+  req.set_spec(kSpec);
+  req.set_map_version(5);
+  req.set_offset(offset);
+  req.set_count(count);
+  req.mutable_schedule()->set_train_size(64);
+  req.mutable_schedule()->set_steps_per_epoch(1);
+  req.mutable_schedule()->set_total_steps(100);
+  std::vector<std::vector<float>> parts(3, std::vector<float>(count));
+  for (int p = 0; p < 3; ++p) {
+    for (int64_t i = 0; i < count; ++i) parts[p][i] = 0.001f * (i % 997) + p;
+  }
+  v1::RangeState* st = req.mutable_state();
+  st->set_version(42);
+  st->set_optimizer_step(42);
+  st->set_weights(parts[0].data(), 4 * count);
+  st->add_optimizer_slots(parts[1].data(), 4 * count);
+  st->add_optimizer_slots(parts[2].data(), 4 * count);
+  TALLY_ASSERT_OK(shard->Install(req));
+
+  absl::StatusOr<Range> range = (*server)->shard_host()->Find("job-9");
+  ASSERT_TRUE(range.ok());
+  EXPECT_EQ(range->offset, offset);
+  EXPECT_EQ(range->shard->version(), 42);
+
+  absl::StatusOr<ShardState> saved =
+      shard->Save("job-9", 42, absl::Seconds(5), /*weights_only=*/false);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->metrics.version, 42);
+  EXPECT_EQ(*saved->weights, parts[0]);
+  ASSERT_EQ(saved->optimizer.slots.size(), 2u);
+  EXPECT_EQ(saved->optimizer.slots[0], parts[1]);
+  EXPECT_EQ(saved->optimizer.slots[1], parts[2]);
+  EXPECT_EQ(saved->optimizer.step, 42);
+  // Past that version: the shard says where it is.
+  EXPECT_THAT(shard->Save("job-9", 41, absl::Seconds(1), true),
+              testing::HasReason(absl::StatusCode::kFailedPrecondition,
+                                 v1::STEP_CLOSED));
+  // A state that does not fit the range is refused, and nothing changes.
+  req.set_map_version(6);
+  req.mutable_state()->set_weights(parts[0].data(), 4 * (count - 1));
+  EXPECT_THAT(shard->Install(req),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("weights")));
+  EXPECT_EQ((*server)->shard_host()->Find("job-9")->map_version, 5);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+}  // namespace
+}  // namespace tally
