@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A job's parameters split over several tally-server shard processes, on
 # localhost: the coordinator holds none (--noshard), three shards join it.
-#   tests/shards_test.sh BUILD_DIR identical|lost|fresh
+#   tests/shards_test.sh BUILD_DIR identical|lost|fresh|coordinator
 #
 # identical  The same deterministic job trained with 1, 2 and 3 shards
 #            gives bit-identical weights (same membership, same sums), with
@@ -11,6 +11,9 @@
 #            every shard alike, and finishes; no worker process restarts.
 # fresh      The same, but a new shard process (another port) takes the
 #            dead one's place.
+# coordinator  The coordinator is killed mid-job and started again on its
+#            state directory: the shards and workers register again by
+#            themselves and the job finishes from its checkpoint.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 case_name=$2
@@ -182,6 +185,28 @@ case $case_name in
     grep -q "finished at step" "$dir/w1.log" || fail "w1 did not train to the end"
     grep -q "finished at step" "$dir/w2.log" || fail "w2 did not train to the end"
     echo "$case_name: killed at step $step_at_kill, resumed at $resumed on every shard, test accuracy $acc"
+    ;;
+  coordinator)
+    start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2
+    start_shard s1 "$(free_port)"
+    start_shard s2 "$(free_port)"
+    start_worker w1
+    start_worker w2
+    id=$(submit "$(job_spec 2 "{type: sgd, lr: 0.05, momentum: 0.9}" 30)")
+    wait_step "$id" 300 60
+    sleep 0.5  # a checkpoint past step 300
+    kill -9 "${pids[0]}"
+    sleep 1
+    start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2
+    grep -q "1 restored" "$dir/coordinator.log" || fail "the job was not restored"
+    step=$(job_field "$id" "['metrics']['step']")
+    (( step >= 300 )) || fail "restored at step $step"
+    wait_state "$id" SUCCEEDED 180
+    (( $(grep -c "registered with" "$dir/s1.log") == 2 )) || fail "s1 did not register again"
+    kill -0 "$pid_w1" && kill -0 "$pid_w2" || fail "a worker process died"
+    acc=$(job_field "$id" "['metrics']['test_accuracy']")
+    python3 -c "import sys; sys.exit(0 if $acc > 0.75 else 1)" || fail "test accuracy $acc"
+    echo "coordinator: restarted at step $step; shards and workers came back; test accuracy $acc"
     ;;
   *)
     echo "unknown case $case_name" >&2
