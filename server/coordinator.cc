@@ -55,6 +55,7 @@ struct RangeRef {
 };
 
 absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
+                                     int64_t map_version,
                                      const std::vector<RangeRef>& ranges,
                                      int64_t version, int64_t last_version,
                                      int64_t num_params, bool weights_only) {
@@ -66,7 +67,8 @@ absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
       std::vector<std::thread> threads;
       for (size_t i = 0; i < ranges.size(); ++i) {
         threads.emplace_back([&, i] {
-          states[i] = ranges[i].control->Save(job_id, version, kSaveWait,
+          states[i] = ranges[i].control->Save(job_id, map_version, version,
+                                              kSaveWait,
                                               weights_only);
         });
       }
@@ -332,7 +334,7 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
   ModelLayout layout;
   std::string name;
   std::shared_ptr<const std::vector<float>> weights;
-  int64_t version = 0, total_steps = 0;
+  int64_t version = 0, total_steps = 0, map_version = 0;
   std::vector<RangeRef> ranges;
   {
     absl::MutexLock lock(&mu_);
@@ -344,6 +346,7 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     layout = job.spec.layout;
     name = job.spec.name;
     total_steps = job.schedule.total_steps;
+    map_version = job.map_version;
     if (job.final_weights != nullptr) {
       weights = job.final_weights;
       version = job.proto.metrics().step();
@@ -364,7 +367,8 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
   if (weights == nullptr) {
     TALLY_ASSIGN_OR_RETURN(
         StoredJob saved,
-        SaveRanges(job_id, ranges, version, total_steps, layout.num_params,
+        SaveRanges(job_id, map_version, ranges, version, total_steps,
+                   layout.num_params,
                    /*weights_only=*/true));
     weights = saved.weights;
     version = saved.version;
@@ -868,13 +872,13 @@ void Coordinator::Reconcile(ControlTask& t) {
     std::vector<RangeRef> refs;
     int64_t version = 0;
     for (const ControlTask::Range& r : t.ranges) {
-      absl::Status s = r.control->Retire(t.job_id);
+      absl::Status s = r.control->Retire(t.job_id, t.map_version);
       if (!s.ok() && !absl::IsNotFound(s)) {
         // Away: its weights went with it; the others' are kept below.
         continue;
       }
-      absl::StatusOr<HoldReport> h = r.control->Hold(t.job_id, t.hold_id,
-                                                     absl::Milliseconds(1));
+      absl::StatusOr<HoldReport> h = r.control->Hold(
+          t.job_id, t.map_version, t.hold_id, absl::Milliseconds(1));
       if (h.ok()) version = std::max(version, h->version);
       refs.push_back({r.control, r.offset, r.count});
     }
@@ -884,9 +888,11 @@ void Coordinator::Reconcile(ControlTask& t) {
       bool ok = true;
       for (const RangeRef& r : refs) {
         absl::StatusOr<HoldReport> h =
-            r.control->Hold(t.job_id, t.hold_id, absl::Milliseconds(1));
+            r.control->Hold(t.job_id, t.map_version, t.hold_id,
+                            absl::Milliseconds(1));
         absl::StatusOr<ShardState> st =
-            h.ok() ? r.control->Save(t.job_id, h->version, absl::Seconds(1),
+            h.ok() ? r.control->Save(t.job_id, t.map_version, h->version,
+                                     absl::Seconds(1),
                                      /*weights_only=*/true)
                    : absl::StatusOr<ShardState>(h.status());
         if (!st.ok() ||
@@ -963,7 +969,8 @@ void Coordinator::Reconcile(ControlTask& t) {
   // out from all their reports.
   std::vector<HoldReport> reports;
   for (const ControlTask::Range& r : t.ranges) {
-    absl::StatusOr<HoldReport> h = r.control->Hold(t.job_id, t.hold_id, kHoldFor);
+    absl::StatusOr<HoldReport> h =
+        r.control->Hold(t.job_id, t.map_version, t.hold_id, kHoldFor);
     if (!h.ok()) {
       t.failed = true;  // the holds lapse by themselves
       return;
@@ -1012,7 +1019,8 @@ void Coordinator::Reconcile(ControlTask& t) {
     next.push_back(m);
   }
   for (const ControlTask::Range& r : t.ranges) {
-    if (!r.control->SetMembers(t.job_id, next, t.hold_id).ok()) {
+    if (!r.control->SetMembers(t.job_id, t.map_version, next, t.hold_id)
+             .ok()) {
       // A range whose hold lapsed kept its members; the others have the
       // new ones. Both are safe until the next try sets them all.
       t.failed = true;
@@ -1116,6 +1124,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
     v1::Job job;
     int64_t num_params = 0;
     int64_t total_steps = 0;
+    int64_t map_version = 0;
     int64_t version = -1;  // of the ranges, to save at
     std::vector<RangeRef> ranges;
     std::shared_ptr<const std::vector<float>> final_weights;
@@ -1139,6 +1148,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
       d.job = Render(job);
       d.num_params = job.spec.layout.num_params;
       d.total_steps = job.schedule.total_steps;
+      d.map_version = job.map_version;
       d.final_weights = job.final_weights;
       d.start = job.start;
       if (placed && !Terminal(job.proto.state())) {
@@ -1156,7 +1166,8 @@ absl::Status Coordinator::Checkpoint(bool force) {
     StoredJob stored;
     if (!d.ranges.empty()) {
       absl::StatusOr<StoredJob> saved =
-          SaveRanges(d.job.id(), d.ranges, d.version, d.total_steps,
+          SaveRanges(d.job.id(), d.map_version, d.ranges, d.version,
+                     d.total_steps,
                      d.num_params, /*weights_only=*/false);
       if (!saved.ok()) {
         // Training moves on; the next interval tries again.

@@ -27,29 +27,31 @@ class LocalShardControl final : public ShardControl {
   absl::Status Install(const v1::InstallRangeRequest& req) override {
     return host_->Install(req);
   }
-  absl::StatusOr<HoldReport> Hold(const std::string& job_id, int64_t hold_id,
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id,
+                                  int64_t map_version, int64_t hold_id,
                                   absl::Duration hold) override {
-    return host_->Hold(job_id, hold_id, hold);
+    return host_->Hold(job_id, map_version, hold_id, hold);
   }
-  absl::Status SetMembers(const std::string& job_id,
+  absl::Status SetMembers(const std::string& job_id, int64_t map_version,
                           const std::vector<MemberSpec>& members,
                           int64_t hold_id) override {
-    return host_->SetMembers(job_id, members, hold_id);
+    return host_->SetMembers(job_id, map_version, members, hold_id);
   }
-  absl::Status Retire(const std::string& job_id) override {
-    return host_->Retire(job_id);
+  absl::Status Retire(const std::string& job_id, int64_t map_version) override {
+    return host_->Retire(job_id, map_version);
   }
   void Drop(const std::string& job_id, bool ended) override {
     host_->Drop(job_id, ended);
   }
-  absl::StatusOr<ShardState> Save(const std::string& job_id, int64_t version,
+  absl::StatusOr<ShardState> Save(const std::string& job_id,
+                                  int64_t map_version, int64_t version,
                                   absl::Duration wait, bool) override {
     struct Result {
       absl::Notification done;
       absl::StatusOr<ShardState> state = absl::UnknownError("not saved");
     };
     auto result = std::make_shared<Result>();
-    host_->SaveAt(job_id, version, absl::Now() + wait,
+    host_->SaveAt(job_id, map_version, version, absl::Now() + wait,
                   [result](absl::StatusOr<ShardState> s) {
                     result->state = std::move(s);
                     result->done.Notify();
@@ -108,10 +110,12 @@ class RemoteShardControl final : public ShardControl {
     if (ok) writer->WritesDone();
     return Named(FromGrpc(writer->Finish()));
   }
-  absl::StatusOr<HoldReport> Hold(const std::string& job_id, int64_t hold_id,
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id,
+                                  int64_t map_version, int64_t hold_id,
                                   absl::Duration hold) override {
     v1::HoldRangeRequest req;
     req.set_job_id(job_id);
+    req.set_map_version(map_version);
     req.set_hold_id(hold_id);
     req.set_hold_ms(absl::ToInt64Milliseconds(hold));
     v1::HoldRangeResponse resp;
@@ -126,30 +130,34 @@ class RemoteShardControl final : public ShardControl {
     }
     return r;
   }
-  absl::Status SetMembers(const std::string& job_id,
+  absl::Status SetMembers(const std::string& job_id, int64_t map_version,
                           const std::vector<MemberSpec>& members,
                           int64_t hold_id) override {
     v1::SetRangeMembersRequest req;
     req.set_job_id(job_id);
+    req.set_map_version(map_version);
     req.set_hold_id(hold_id);
     for (const MemberSpec& m : members) *req.add_members() = ToProto(m);
     v1::SetRangeMembersResponse resp;
     auto ctx = Context(kControlTimeout);
     return Named(FromGrpc(stub_->SetRangeMembers(ctx.get(), req, &resp)));
   }
-  absl::Status Retire(const std::string& job_id) override {
+  absl::Status Retire(const std::string& job_id, int64_t map_version) override {
     v1::RetireRangeRequest req;
     req.set_job_id(job_id);
+    req.set_map_version(map_version);
     v1::RetireRangeResponse resp;
     auto ctx = Context(kControlTimeout);
     return Named(FromGrpc(stub_->RetireRange(ctx.get(), req, &resp)));
   }
   void Drop(const std::string&, bool) override {}
-  absl::StatusOr<ShardState> Save(const std::string& job_id, int64_t version,
+  absl::StatusOr<ShardState> Save(const std::string& job_id,
+                                  int64_t map_version, int64_t version,
                                   absl::Duration wait,
                                   bool weights_only) override {
     v1::SaveRangeRequest req;
     req.set_job_id(job_id);
+    req.set_map_version(map_version);
     req.set_version(version);
     req.set_max_wait_ms(absl::ToInt64Milliseconds(wait));
     req.set_weights_only(weights_only);

@@ -27,19 +27,25 @@ class ShardControl {
  public:
   virtual ~ShardControl() = default;
   virtual absl::Status Install(const v1::InstallRangeRequest& req) = 0;
+  // These name the placement they are about (map_version; 0: any): a range
+  // placed again since is not touched (kNotFound).
   virtual absl::StatusOr<HoldReport> Hold(const std::string& job_id,
+                                          int64_t map_version,
                                           int64_t hold_id,
                                           absl::Duration hold) = 0;
   virtual absl::Status SetMembers(const std::string& job_id,
+                                  int64_t map_version,
                                   const std::vector<MemberSpec>& members,
                                   int64_t hold_id) = 0;
-  virtual absl::Status Retire(const std::string& job_id) = 0;
+  virtual absl::Status Retire(const std::string& job_id,
+                              int64_t map_version) = 0;
   // Forgets the job's range (`ended`: the job is over, ShardHost::Drop). A
   // shard process is told by its next heartbeat answer instead
   // (drop_jobs): this is a no-op for it.
   virtual void Drop(const std::string& job_id, bool ended) = 0;
   // The range's state at exactly `version`, waiting at most `wait` for it.
   virtual absl::StatusOr<ShardState> Save(const std::string& job_id,
+                                          int64_t map_version,
                                           int64_t version,
                                           absl::Duration wait,
                                           bool weights_only) = 0;

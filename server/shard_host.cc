@@ -131,9 +131,16 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Range> ShardHost::Find(const std::string& job_id) const {
+absl::StatusOr<Range> ShardHost::Find(const std::string& job_id,
+                                      int64_t map_version) const {
   absl::MutexLock lock(&mu_);
   auto it = ranges_.find(job_id);
+  if (it != ranges_.end() && map_version != 0 &&
+      it->second.map_version != map_version) {
+    return absl::NotFoundError(absl::StrCat(
+        "the range of ", job_id, " here is placed at map version ",
+        it->second.map_version, ", not ", map_version));
+  }
   if (it == ranges_.end()) {
     if (ended_.count(job_id)) {
       return WithReason(absl::FailedPreconditionError(
@@ -146,21 +153,24 @@ absl::StatusOr<Range> ShardHost::Find(const std::string& job_id) const {
 }
 
 absl::StatusOr<HoldReport> ShardHost::Hold(const std::string& job_id,
+                                           int64_t map_version,
                                            int64_t hold_id,
                                            absl::Duration hold) {
-  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id));
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
   return r.shard->Hold(hold_id, clock_->Now() + hold);
 }
 
 absl::Status ShardHost::SetMembers(const std::string& job_id,
+                                   int64_t map_version,
                                    const std::vector<MemberSpec>& members,
                                    int64_t hold_id) {
-  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id));
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
   return r.shard->SetMembers(members, hold_id);
 }
 
-absl::Status ShardHost::Retire(const std::string& job_id) {
-  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id));
+absl::Status ShardHost::Retire(const std::string& job_id,
+                               int64_t map_version) {
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
   r.shard->CancelWaiters();
   r.shard->Retire();
   return absl::OkStatus();
@@ -201,10 +211,10 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
             : absl::UnavailableError("the job's range moved: pull again"));
 }
 
-void ShardHost::SaveAt(const std::string& job_id, int64_t v,
-                       absl::Time deadline,
+void ShardHost::SaveAt(const std::string& job_id, int64_t map_version,
+                       int64_t v, absl::Time deadline,
                        std::function<void(absl::StatusOr<ShardState>)> done) {
-  absl::StatusOr<Range> r = Find(job_id);
+  absl::StatusOr<Range> r = Find(job_id, map_version);
   if (!r.ok()) {
     done(r.status());
     return;

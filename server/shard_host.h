@@ -57,15 +57,17 @@ class ShardHost {
   // no-op. Initial weights from the spec's seed, or req.state.
   // kInvalidArgument when the spec, range or state does not fit.
   absl::Status Install(const v1::InstallRangeRequest& req);
-  // kNotFound when the job has no range here.
-  absl::StatusOr<HoldReport> Hold(const std::string& job_id, int64_t hold_id,
+  // These name the placement they are about (map_version; 0: any):
+  // kNotFound when the job has no range here placed at that version.
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id,
+                                  int64_t map_version, int64_t hold_id,
                                   absl::Duration hold);
-  absl::Status SetMembers(const std::string& job_id,
+  absl::Status SetMembers(const std::string& job_id, int64_t map_version,
                           const std::vector<MemberSpec>& members,
                           int64_t hold_id);
   // The job ended: waiters are released (JOB_ENDED), pushes refused; the
   // final weights stay for saving until Drop.
-  absl::Status Retire(const std::string& job_id);
+  absl::Status Retire(const std::string& job_id, int64_t map_version);
   // Forgets the job's range. With `ended`, the job is over: pushes and
   // pulls of it are answered JOB_ENDED from now on (kNotFound otherwise,
   // as for a job never placed here).
@@ -75,11 +77,14 @@ class ShardHost {
   // Forgets every range (the coordinator will place its jobs again).
   void DropAll();
   // The range's state at version `v` (ParameterShard::SaveAt).
-  void SaveAt(const std::string& job_id, int64_t v, absl::Time deadline,
+  void SaveAt(const std::string& job_id, int64_t map_version, int64_t v,
+              absl::Time deadline,
               std::function<void(absl::StatusOr<ShardState>)> done);
 
-  // For the data path: kNotFound when the job has no range here.
-  absl::StatusOr<Range> Find(const std::string& job_id) const;
+  // For the data path: kNotFound when the job has no range here (or, with
+  // a map_version, none placed at that version: the job moved since).
+  absl::StatusOr<Range> Find(const std::string& job_id,
+                             int64_t map_version = 0) const;
   std::vector<v1::RangeStatus> Status() const;
 
   // Releases timed-out waits and lapsed holds. Call every ~100 ms.

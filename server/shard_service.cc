@@ -282,7 +282,7 @@ class SaveReactor final
   SaveReactor(ShardHost* host, const v1::SaveRangeRequest* req)
       : weights_only_(req->weights_only()) {
     const int64_t wait_ms = std::clamp<int64_t>(req->max_wait_ms(), 0, 600000);
-    host->SaveAt(req->job_id(), req->version(),
+    host->SaveAt(req->job_id(), req->map_version(), req->version(),
                  absl::Now() + absl::Milliseconds(wait_ms),
                  WhileLive([](SaveReactor* r, absl::StatusOr<ShardState> s) {
                    r->Ready(std::move(s));
@@ -447,7 +447,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
     grpc::CallbackServerContext* ctx, const v1::HoldRangeRequest* req,
     v1::HoldRangeResponse* resp) {
   absl::StatusOr<HoldReport> r =
-      host_->Hold(req->job_id(), req->hold_id(),
+      host_->Hold(req->job_id(), req->map_version(), req->hold_id(),
                   absl::Milliseconds(std::clamp<int64_t>(req->hold_ms(), 0,
                                                          60000)));
   if (!r.ok()) return Reply(ctx, r.status());
@@ -467,13 +467,14 @@ grpc::ServerUnaryReactor* ShardServiceImpl::SetRangeMembers(
     v1::SetRangeMembersResponse*) {
   std::vector<MemberSpec> members;
   for (const v1::MemberSpec& m : req->members()) members.push_back(FromProto(m));
-  return Reply(ctx, host_->SetMembers(req->job_id(), members, req->hold_id()));
+  return Reply(ctx, host_->SetMembers(req->job_id(), req->map_version(),
+                                      members, req->hold_id()));
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::RetireRange(
     grpc::CallbackServerContext* ctx, const v1::RetireRangeRequest* req,
     v1::RetireRangeResponse*) {
-  return Reply(ctx, host_->Retire(req->job_id()));
+  return Reply(ctx, host_->Retire(req->job_id(), req->map_version()));
 }
 
 grpc::ServerWriteReactor<v1::SaveRangeChunk>* ShardServiceImpl::SaveRange(

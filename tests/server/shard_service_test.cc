@@ -59,7 +59,7 @@ TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   EXPECT_EQ(range->shard->version(), 42);
 
   absl::StatusOr<ShardState> saved =
-      shard->Save("job-9", 42, absl::Seconds(5), /*weights_only=*/false);
+      shard->Save("job-9", 5, 42, absl::Seconds(5), /*weights_only=*/false);
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->metrics.version, 42);
   EXPECT_EQ(*saved->weights, parts[0]);
@@ -68,9 +68,13 @@ TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   EXPECT_EQ(saved->optimizer.slots[1], parts[2]);
   EXPECT_EQ(saved->optimizer.step, 42);
   // Past that version: the shard says where it is.
-  EXPECT_THAT(shard->Save("job-9", 41, absl::Seconds(1), true),
+  EXPECT_THAT(shard->Save("job-9", 5, 41, absl::Seconds(1), true),
               testing::HasReason(absl::StatusCode::kFailedPrecondition,
                                  v1::STEP_CLOSED));
+  // Another placement of the job is not this one.
+  EXPECT_THAT(shard->Save("job-9", 4, 42, absl::Seconds(1), true),
+              testing::StatusIs(absl::StatusCode::kNotFound,
+                                ::testing::HasSubstr("map version 5")));
   // A state that does not fit the range is refused, and nothing changes.
   req.set_map_version(6);
   req.mutable_state()->set_weights(parts[0].data(), 4 * (count - 1));
