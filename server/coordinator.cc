@@ -1248,9 +1248,14 @@ void Coordinator::Tick() {
         NotifyLocked(jid, &notes);
       }
     }
-    // Shards lost long ago are forgotten.
+    // Shards lost long ago are forgotten, once no placement names them.
+    std::set<std::string> placed;
+    for (const auto& [jid, job] : jobs_) {
+      for (const Placement& p : job.ranges) placed.insert(p.shard_id);
+    }
     for (auto it = shards_.begin(); it != shards_.end();) {
-      if (!it->second.live && now - it->second.last_seen > absl::Minutes(10)) {
+      if (!it->second.live && !placed.count(it->first) &&
+          now - it->second.last_seen > absl::Minutes(10)) {
         it = shards_.erase(it);
       } else {
         ++it;
