@@ -11,6 +11,15 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
+bool CheckedNumElements(const Shape& shape, int64_t* n) {
+  int64_t out = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(out, d, &out)) return false;
+  }
+  *n = out;
+  return true;
+}
+
 std::string ShapeString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }

@@ -17,6 +17,9 @@ using Shape = std::vector<int64_t>;
 
 // Product of the dimensions; 1 for a scalar (empty shape).
 int64_t NumElements(const Shape& shape);
+// The element count, or false when it overflows int64 (a shape from
+// outside: a spec, a file).
+bool CheckedNumElements(const Shape& shape, int64_t* n);
 
 // "[64, 1, 28, 28]".
 std::string ShapeString(const Shape& shape);

@@ -193,7 +193,8 @@ Coordinator::~Coordinator() = default;
 // ------------------------------------------------------------------ jobs --
 
 absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
-  TALLY_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(spec_text));
+  TALLY_ASSIGN_OR_RETURN(JobSpec spec,
+                         ParseJobSpec(spec_text, options_.spec_limits));
   Notes notes;
   v1::Job out;
   {
@@ -1037,8 +1038,9 @@ void Coordinator::Reconcile(ControlTask& t) {
 Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   JobEntry job;
   job.proto = stored.job;
-  // The spec was checked when the file was read.
-  job.spec = *ParseJobSpec(job.proto.spec());
+  // The spec was checked when the file was read (with the default limits;
+  // a spec a larger --max_params admitted is read with that).
+  job.spec = *ParseJobSpec(job.proto.spec(), options_.spec_limits);
   job.schedule = MakeSchedule(job.spec, TrainSize(job.spec.dataset),
                               static_cast<int>(job.spec.training.workers));
   job.slots.assign(job.spec.training.workers, "");
@@ -1073,7 +1075,7 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
 absl::Status Coordinator::Restore() {
   if (options_.state_dir.empty()) return absl::OkStatus();
   if (store_ == nullptr) {
-    auto store = std::make_unique<JobStore>(options_.state_dir);
+    auto store = std::make_unique<JobStore>(options_.state_dir, options_.spec_limits);
     TALLY_RETURN_IF_ERROR(store->Open());
     store_ = std::move(store);
   }
@@ -1116,7 +1118,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
   if (options_.state_dir.empty()) return absl::OkStatus();
   absl::MutexLock writing(&checkpoint_mu_);  // one writer at a time
   if (store_ == nullptr) {
-    auto store = std::make_unique<JobStore>(options_.state_dir);
+    auto store = std::make_unique<JobStore>(options_.state_dir, options_.spec_limits);
     TALLY_RETURN_IF_ERROR(store->Open());
     store_ = std::move(store);
   }

@@ -83,6 +83,8 @@ struct CoordinatorOptions {
   // coordinator's address); borrowed; null: the coordinator holds no
   // parameters and jobs wait for shard processes.
   ShardHost* local_shard = nullptr;
+  // What a submitted spec may ask for (docs/job-spec.md, "Limits").
+  SpecLimits spec_limits;
   // How a registered shard process is reached (a seam for tests).
   std::function<std::unique_ptr<ShardControl>(const std::string& address)>
       connect_shard;

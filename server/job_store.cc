@@ -115,7 +115,7 @@ absl::StatusOr<StoredJob> JobStore::LoadFile(const std::string& path) const {
                             kFormat));
   }
   if (ck.job().id().empty()) return bad("the job has no id");
-  auto spec = ParseJobSpec(ck.job().spec());
+  auto spec = ParseJobSpec(ck.job().spec(), limits_);
   if (!spec.ok()) return bad(spec.status().message());
   const int64_t n = spec->layout.num_params;
   StoredJob out;

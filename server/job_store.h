@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
 
 namespace tally {
@@ -38,7 +39,9 @@ struct StoredJob {
 
 class JobStore {
  public:
-  explicit JobStore(std::string dir) : dir_(std::move(dir)) {}
+  // Specs are read back under `limits` (the coordinator's).
+  JobStore(std::string dir, const SpecLimits& limits)
+      : dir_(std::move(dir)), limits_(limits) {}
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
   ~JobStore();
@@ -60,6 +63,7 @@ class JobStore {
   absl::StatusOr<StoredJob> LoadFile(const std::string& path) const;
 
   const std::string dir_;
+  const SpecLimits limits_;
   int lock_fd_ = -1;
 };
 

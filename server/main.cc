@@ -31,6 +31,11 @@ ABSL_FLAG(bool, shard, true,
 ABSL_FLAG(std::string, advertise, "",
           "A shard's host:port as workers and the coordinator reach it "
           "(default: this host's name and --port)");
+ABSL_FLAG(int64_t, max_spec_bytes, tally::SpecLimits().max_spec_bytes,
+          "Refuse job specs longer than this");
+ABSL_FLAG(int64_t, max_params, tally::SpecLimits().max_params,
+          "Refuse models with more parameters than this (workers and shards "
+          "hold the default; see docs/job-spec.md)");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
@@ -59,6 +64,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.spec_limits.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
+  options.spec_limits.max_params = absl::GetFlag(FLAGS_max_params);
+  if (options.spec_limits.max_spec_bytes <= 0 ||
+      options.spec_limits.max_params <= 0) {
+    std::cerr << "tally-server: --max_spec_bytes and --max_params must be "
+                 "positive\n";
+    return 2;
+  }
   options.checkpoint_interval =
       absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   if (options.checkpoint_interval < absl::ZeroDuration()) {

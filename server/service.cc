@@ -245,7 +245,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   s->options_ = options;
   const bool coordinator = options.join.empty();
   if (!coordinator || options.shard) {
-    s->host_ = std::make_unique<ShardHost>(options.coordinator.clock);
+    s->host_ = std::make_unique<ShardHost>(options.coordinator.clock,
+                                           options.coordinator.spec_limits);
     s->params_ = std::make_unique<ParameterServiceImpl>(s->host_.get());
     s->shard_service_ = std::make_unique<ShardServiceImpl>(s->host_.get());
   }

@@ -48,8 +48,8 @@ v1::MemberSpec ToProto(const MemberSpec& m) {
   return s;
 }
 
-ShardHost::ShardHost(const Clock* clock)
-    : clock_(clock != nullptr ? clock : &real_clock_) {}
+ShardHost::ShardHost(const Clock* clock, const SpecLimits& limits)
+    : clock_(clock != nullptr ? clock : &real_clock_), limits_(limits) {}
 
 absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   {
@@ -58,7 +58,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
     if (it != ranges_.end() && it->second.map_version >= req.map_version())
       return absl::OkStatus();  // installed already (a retried call)
   }
-  TALLY_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec()));
+  TALLY_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec(), limits_));
   const int64_t n = spec.layout.num_params;
   if (req.offset() < 0 || req.count() <= 0 || req.count() > n ||
       req.offset() > n - req.count()) {

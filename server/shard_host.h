@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
 #include "server/shard.h"
 
@@ -48,7 +49,9 @@ v1::MemberSpec ToProto(const MemberSpec& m);
 
 class ShardHost {
  public:
-  explicit ShardHost(const Clock* clock);  // borrowed; null = real time
+  // `clock` is borrowed (null: real time); specs are checked against
+  // `limits` before a range is allocated.
+  explicit ShardHost(const Clock* clock, const SpecLimits& limits = {});
   ShardHost(const ShardHost&) = delete;
   ShardHost& operator=(const ShardHost&) = delete;
 
@@ -92,6 +95,7 @@ class ShardHost {
 
  private:
   const Clock* clock_;
+  const SpecLimits limits_;
   RealClock real_clock_;
   mutable absl::Mutex mu_;
   std::map<std::string, Range> ranges_ ABSL_GUARDED_BY(mu_);

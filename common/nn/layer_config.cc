@@ -127,13 +127,24 @@ absl::StatusOr<ModelLayout> ComputeLayout(
           absl::StrCat("layers[", i, "] (", LayerTypeName(l.type),
                        "): ", out.status().message()));
     }
+    // Sizes come from outside: every product and sum is checked.
+    auto too_large = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers[", i, "] (", LayerTypeName(l.type), "): ",
+                       what, " overflows a 64-bit count"));
+    };
+    absl::Status bad;
     auto add = [&](std::string suffix, Shape s) {
       ParamInfo p;
       p.name = absl::StrCat(i, ".", suffix);
-      p.numel = NumElements(s);
+      if (!CheckedNumElements(s, &p.numel) ||
+          __builtin_add_overflow(layout.num_params, p.numel,
+                                 &layout.num_params)) {
+        if (bad.ok()) bad = too_large("the parameter count");
+        return;
+      }
       p.shape = std::move(s);
-      p.offset = layout.num_params;
-      layout.num_params += p.numel;
+      p.offset = layout.num_params - p.numel;
       layout.params.push_back(std::move(p));
     };
     if (l.type == LayerType::kLinear) {
@@ -144,7 +155,12 @@ absl::StatusOr<ModelLayout> ComputeLayout(
           {l.out_channels, l.in_channels, l.kernel_size, l.kernel_size});
       if (l.bias) add("bias", {l.out_channels});
     }
+    if (!bad.ok()) return bad;
     shape = *std::move(out);
+    int64_t elements = 0;
+    if (!CheckedNumElements(shape, &elements)) {
+      return too_large("the output size");
+    }
     layout.activation_shapes.push_back(shape);
   }
   return layout;

@@ -303,7 +303,8 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
+absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
+                                         const SpecLimits& limits) {
   TALLY_RETURN_IF_ERROR(CheckKeys(
       root, "",
       {"version", "name", "model", "dataset", "training", "optimizer"}));
@@ -333,6 +334,12 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
     spec.layers = *std::move(layers);
   } else {
     const YAML::Node layers = model["layers"];
+    if (layers && layers.IsSequence() &&
+        static_cast<int64_t>(layers.size()) > limits.max_layers) {
+      return FieldError(
+          "model.layers", absl::StrCat(layers.size(), " layers, over the limit of ",
+                                       limits.max_layers, " (max_layers)"));
+    }
     if (!layers || !layers.IsSequence() || layers.size() == 0) {
       return FieldError(
           "model", "needs a preset (mlp, cnn) or a non-empty list of layers");
@@ -349,6 +356,36 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.", layout.status().message(), " (dataset samples are ",
         ShapeString(spec.input_shape), ")"));
+  }
+  if (layout->num_params > limits.max_params) {
+    return FieldError(
+        "model", absl::StrCat(layout->num_params,
+                              " parameters, over the limit of ",
+                              limits.max_params, " (max_params)"));
+  }
+  for (size_t i = 0; i < layout->activation_shapes.size(); ++i) {
+    const int64_t n = NumElements(layout->activation_shapes[i]);  // checked
+    if (n > limits.max_sample_elements) {
+      return FieldError(
+          absl::StrCat("model.layers[", i, "]"),
+          absl::StrCat("its output has ", n,
+                       " elements per sample, over the limit of ",
+                       limits.max_sample_elements, " (max_sample_elements)"));
+    }
+  }
+  // A generated dataset is made on every worker: its values and its
+  // teacher network's.
+  if (spec.dataset.name == "synthetic") {
+    const SyntheticOptions& s = spec.dataset.synthetic;
+    const int64_t values = s.features * (s.train_size + s.test_size) +
+                           s.teacher_hidden * (s.features + s.num_classes);
+    if (values > limits.max_dataset_values) {
+      return FieldError(
+          "dataset", absl::StrCat("a synthetic dataset of ", values,
+                                  " values, over the limit of ",
+                                  limits.max_dataset_values,
+                                  " (max_dataset_values)"));
+    }
   }
   const Shape& out = layout->activation_shapes.back();
   if (out != Shape{spec.num_classes}) {
@@ -457,7 +494,13 @@ absl::StatusOr<std::vector<LayerConfig>> PresetLayers(absl::string_view preset,
       absl::StrCat("unknown preset '", preset, "' (known: mlp, cnn)"));
 }
 
-absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text) {
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
+                                     const SpecLimits& limits) {
+  if (static_cast<int64_t>(text.size()) > limits.max_spec_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: ", text.size(), " bytes, over the limit of ",
+                     limits.max_spec_bytes, " (max_spec_bytes)"));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -470,7 +513,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text) {
         "job spec must be a mapping at the top level");
   }
   try {
-    return ParseAndValidate(root);
+    return ParseAndValidate(root, limits);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
   }

@@ -90,8 +90,24 @@ Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world);
 // definition; a worker whose files hold another count cannot train the job).
 int64_t TrainSize(const DatasetSpec& spec);
 
+// What a spec may ask for, checked before anything is allocated (sizes are
+// multiplied with overflow checks). A spec past a limit is refused with
+// kInvalidArgument naming the limit. The coordinator's are configurable
+// (tally-server --max_spec_bytes, --max_params); workers and shards apply
+// the defaults.
+struct SpecLimits {
+  int64_t max_spec_bytes = 1 << 20;      // the spec's text: 1 MiB
+  int64_t max_layers = 1024;
+  int64_t max_params = int64_t{1} << 28;  // 268M float32 values: 1 GiB
+  // Elements of one sample's largest activation (an image, a feature map).
+  int64_t max_sample_elements = int64_t{1} << 24;
+  // Values of a generated (synthetic) dataset, teacher network included.
+  int64_t max_dataset_values = int64_t{1} << 28;
+};
+
 // Parses and validates. kInvalidArgument with the offending field's path.
-absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text);
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
+                                     const SpecLimits& limits = SpecLimits());
 // Reads `path` and parses it; kNotFound when it cannot be read.
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 

@@ -194,6 +194,24 @@ TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
   v1::Job j;
   EXPECT_THAT(FromGrpc(jobs_->GetJob(Ctx().get(), g, &j)),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
+  // Models no server could hold are refused at submission, naming the
+  // limit, and the server serves on (it used to die scheduling them).
+  for (const char* absurd :
+       {"model: {layers: [{linear: {in_features: 32, out_features: 1000000}}, "
+        "{linear: {in_features: 1000000, out_features: 1000000}}, {linear: "
+        "{in_features: 1000000, out_features: 4}}]}\n"
+        "dataset: {name: synthetic, features: 32, classes: 4}\n",
+        "model: {layers: [flatten, {linear: {in_features: 16777216, "
+        "out_features: 4}}]}\ndataset: {name: synthetic, features: 16777216, "
+        "classes: 4, teacher_hidden: 4096, train_size: 1, test_size: 0}\n"}) {
+    req.set_spec(absurd);
+    EXPECT_THAT(FromGrpc(jobs_->SubmitJob(Ctx().get(), req, &resp)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("max_")));
+  }
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(jobs_->ListJobs(Ctx().get(), {}, &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 0);  // nothing was stored
   job_ = "job-42";
   EXPECT_THAT(Push({Header(0)}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));

@@ -188,3 +188,61 @@ TEST(JobSpecTest, WireDtype) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Specs that ask for more than a server could hold are refused before
+// anything is allocated, naming the limit; counts that would wrap around
+// int64 are caught, not multiplied.
+TEST(JobSpecLimitsTest, AbsurdModelsAreRefusedNamingTheLimit) {
+  const std::string synthetic =
+      "dataset: {name: synthetic, features: 32, classes: 4}\n";
+  // 10^12 parameters.
+  EXPECT_THAT(
+      ParseJobSpec("model: {layers: [{linear: {in_features: 32, out_features: "
+                   "1000000}}, {linear: {in_features: 1000000, out_features: "
+                   "1000000}}, {linear: {in_features: 1000000, out_features: "
+                   "4}}]}\n" + synthetic),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_params")));
+  // A convolution whose weight count wraps around int64.
+  EXPECT_THAT(
+      ParseJobSpec("model: {layers: [{conv2d: {in_channels: 1, out_channels: "
+                   "16777216, kernel_size: 1}}, {conv2d: {in_channels: "
+                   "16777216, out_channels: 16777216, kernel_size: 1024}}]}\n"
+                   "dataset: {name: fashion-mnist}\n"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               ::testing::AnyOf(HasSubstr("overflows"),
+                                HasSubstr("max_"), HasSubstr("kernel"))));
+  // A synthetic teacher of 4096 x 2^24.
+  EXPECT_THAT(
+      ParseJobSpec("model: {layers: [flatten, {linear: {in_features: 16777216, "
+                   "out_features: 4}}]}\ndataset: {name: synthetic, features: "
+                   "16777216, classes: 4, teacher_hidden: 4096, train_size: 1, "
+                   "test_size: 0}\n"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("max_dataset_values")));
+  // 300,000 layers, and a spec over 1 MiB.
+  std::string many = "model: {layers: [";
+  for (int i = 0; i < 2000; ++i) many += "relu, ";
+  many += "{linear: {in_features: 32, out_features: 4}}]}\n" + synthetic;
+  EXPECT_THAT(ParseJobSpec(many),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_layers")));
+  EXPECT_THAT(ParseJobSpec(std::string(2 << 20, ' ') + synthetic),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_spec_bytes")));
+  // The limits are the caller's: a server may allow more.
+  SpecLimits big;
+  big.max_params = int64_t{1} << 40;
+  EXPECT_THAT(
+      ParseJobSpec("model: {layers: [{linear: {in_features: 32, out_features: "
+                   "100000}}, {linear: {in_features: 100000, out_features: "
+                   "4000}}, {linear: {in_features: 4000, out_features: 4}}]}\n" +
+                       synthetic,
+                   big),
+      ::tally::testing::IsOk());
+}
+
+}  // namespace
+}  // namespace tally
