@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 
 namespace tally {
 
@@ -39,6 +40,12 @@ v1::ErrorReason ReasonOf(const absl::Status& status) {
 int64_t ReasonStep(const absl::Status& status) {
   auto detail = DetailOf(status);
   return detail.has_value() ? detail->step() : 0;
+}
+
+std::string Quoted(absl::string_view s) {
+  constexpr size_t kMax = 64;
+  if (s.size() <= kMax) return absl::StrCat("'", s, "'");
+  return absl::StrCat("'", s.substr(0, kMax), "...' (", s.size(), " bytes)");
 }
 
 grpc::Status ToGrpc(const absl::Status& status) {

@@ -17,8 +17,10 @@
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "proto/tally.pb.h"
 
 namespace tally {
@@ -31,6 +33,10 @@ absl::Status WithReason(absl::Status status, v1::ErrorReason reason,
 v1::ErrorReason ReasonOf(const absl::Status& status);
 // The step attached with the reason (0 when none).
 int64_t ReasonStep(const absl::Status& status);
+
+// `s` quoted for an error message, cut to its first 64 bytes (with its
+// length said): a message never echoes unbounded input back.
+std::string Quoted(absl::string_view s);
 
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status);

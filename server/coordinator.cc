@@ -295,7 +295,7 @@ absl::StatusOr<v1::Job> Coordinator::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
   }
   return Render(it->second);
 }
@@ -314,7 +314,7 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+      return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
     }
     if (Terminal(it->second.proto.state())) {
       return WithReason(absl::FailedPreconditionError(absl::StrCat(
@@ -341,7 +341,7 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+      return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
     }
     const JobEntry& job = it->second;
     layout = job.spec.layout;
@@ -466,7 +466,7 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     }
     auto jit = jobs_.find(req.job_id());
     if (jit == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
+      return absl::NotFoundError(absl::StrCat("no job ", Quoted(req.job_id())));
     }
     JobEntry& job = jit->second;
     // Another worker's report may have ended the job already.
@@ -474,7 +474,8 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     if (wit->second.job_id != req.job_id()) {
       return WithReason(
           absl::FailedPreconditionError(absl::StrCat(
-              req.worker_id(), " is not assigned to ", req.job_id())),
+              Quoted(req.worker_id()), " is not assigned to ",
+              Quoted(req.job_id()))),
           v1::NOT_A_MEMBER);
     }
     const std::string who =
@@ -553,8 +554,8 @@ absl::StatusOr<v1::ShardHeartbeatResponse> Coordinator::ShardHeartbeat(
         !st.ok() || it == shards_.end() || !it->second.live) {
       return !st.ok() ? st
                       : WithReason(absl::FailedPreconditionError(absl::StrCat(
-                                       "shard '", req.shard_id(),
-                                       "' was lost: register again")),
+                                       "shard ", Quoted(req.shard_id()),
+                                       " was lost: register again")),
                                    v1::REGISTER_AGAIN);
     }
     ShardEntry& s = it->second;
@@ -620,7 +621,7 @@ absl::StatusOr<int64_t> Coordinator::Subscribe(
     const std::string& job_id, std::function<void()> on_change) {
   absl::MutexLock lock(&mu_);
   if (!jobs_.count(job_id)) {
-    return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
   }
   const int64_t id = next_subscription_++;
   subscribers_[id] = {job_id, std::move(on_change)};

@@ -22,14 +22,14 @@ absl::Status Leases::Check(const std::string& id, int64_t incarnation) const {
   auto it = leases_.find(id);
   if (it == leases_.end()) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "unknown '", id,
-                          "' (lease expired or server restarted): register "
+                          "unknown ", Quoted(id),
+                          " (lease expired or server restarted): register "
                           "again")),
                       v1::REGISTER_AGAIN);
   }
   if (it->second.incarnation != incarnation) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "stale incarnation ", incarnation, " of ", id,
+                          "stale incarnation ", incarnation, " of ", Quoted(id),
                           ": register again")),
                       v1::REGISTER_AGAIN);
   }

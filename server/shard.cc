@@ -1,6 +1,7 @@
 #include "server/shard.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,10 +23,19 @@ TALLY_VECTORIZE void SetScaled(float* __restrict sum, const float* __restrict g,
   for (int64_t i = 0; i < n; ++i) sum[i] = w * g[i];
 }
 
-TALLY_VECTORIZE void ScaleInto(float* __restrict out,
-                               const float* __restrict sum, float inv,
-                               int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = sum[i] * inv;
+// out = sum * inv; false when a value of out is infinite or NaN (a sum of
+// finite gradients can still overflow).
+TALLY_VECTORIZE bool ScaleIntoFinite(float* __restrict out,
+                                     const float* __restrict sum, float inv,
+                                     int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = sum[i] * inv;
+    uint32_t bits;
+    std::memcpy(&bits, &out[i], sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 }  // namespace
@@ -283,6 +293,11 @@ bool ParameterShard::IsMember(const std::string& worker_id,
   return CheckMember(worker_id, incarnation).ok();
 }
 
+void ParameterShard::SetMaxSamples(int64_t max_samples) {
+  absl::MutexLock lock(&mu_);
+  max_samples_ = max_samples;
+}
+
 absl::Status ParameterShard::SetSchedule(int64_t total_steps,
                                          int64_t steps_per_epoch) {
   if (total_steps <= 0 || steps_per_epoch <= 0) {
@@ -323,14 +338,14 @@ absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
   auto it = members_.find(worker_id);
   if (it == members_.end()) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "worker ", worker_id,
+                          "worker ", Quoted(worker_id),
                           " is not a member of this job (lease lost?)")),
                       v1::NOT_A_MEMBER);
   }
   if (it->second.spec.incarnation != incarnation) {
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
-            "stale incarnation ", incarnation, " of worker ", worker_id,
+            "stale incarnation ", incarnation, " of worker ", Quoted(worker_id),
             " (current ", it->second.spec.incarnation, ")")),
         v1::REGISTER_AGAIN);
   }
@@ -353,6 +368,11 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
   const Member& m = members_.at(meta.worker_id);
   if (meta.samples < 0) {
     return absl::InvalidArgumentError("samples must not be negative");
+  }
+  if (max_samples_ > 0 && meta.samples > max_samples_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples ", meta.samples, " is over the job's batch size ",
+                     max_samples_));
   }
   if (meta.step < version_ && m.pushed_step >= meta.step) {
     *duplicate = true;
@@ -503,8 +523,15 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
   for (auto& [id, m] : members_) {
     if (m.staged_step <= version_) UnstageLocked(m);
   }
+  if (samples > 0 &&
+      !ScaleIntoFinite(mean_.data(), sum_.data(), 1.0f / samples,
+                       num_params_)) {
+    // The step's mean is not finite: it is not applied (the weights stay
+    // as they are), and it is counted with the refused pushes.
+    ++rejected_;
+    samples = 0;
+  }
   if (samples > 0) {
-    ScaleInto(mean_.data(), sum_.data(), 1.0f / samples, num_params_);
     optimizer_->Step(weights_.data(), mean_.data());
     // Publish the new weights in a snapshot buffer no reader holds.
     std::shared_ptr<std::vector<float>> fresh;

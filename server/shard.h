@@ -168,6 +168,9 @@ class ParameterShard {
   // coordinator does, when the job starts); later calls must agree:
   // kFailedPrecondition + SCHEDULE_MISMATCH otherwise, changing nothing.
   absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch);
+  // Pushes of more samples than this (the job's batch size) are refused,
+  // so the weighted sums and counters stay bounded. 0: no bound.
+  void SetMaxSamples(int64_t max_samples);
 
   // Checks a push before its data is read (codes and their ErrorReason,
   // proto/errors.h):
@@ -291,6 +294,7 @@ class ParameterShard {
       ABSL_GUARDED_BY(mu_);
   int staging_out_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_samples_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

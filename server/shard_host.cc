@@ -23,7 +23,7 @@ bool BytesToFloats(const std::string& bytes, int64_t want,
 
 absl::Status NoRange(const std::string& job_id) {
   return absl::NotFoundError(
-      absl::StrCat("no range of job '", job_id, "' on this shard"));
+      absl::StrCat("no range of job ", Quoted(job_id), " on this shard"));
 }
 
 }  // namespace
@@ -108,6 +108,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   }
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
+  shard->SetMaxSamples(spec.training.batch_size);
   std::vector<MemberSpec> members;
   for (const v1::MemberSpec& m : req.members()) members.push_back(FromProto(m));
   TALLY_RETURN_IF_ERROR(shard->SetMembers(members));
@@ -138,13 +139,13 @@ absl::StatusOr<Range> ShardHost::Find(const std::string& job_id,
   if (it != ranges_.end() && map_version != 0 &&
       it->second.map_version != map_version) {
     return absl::NotFoundError(absl::StrCat(
-        "the range of ", job_id, " here is placed at map version ",
+        "the range of ", Quoted(job_id), " here is placed at map version ",
         it->second.map_version, ", not ", map_version));
   }
   if (it == ranges_.end()) {
     if (ended_.count(job_id)) {
       return WithReason(absl::FailedPreconditionError(
-                            absl::StrCat(job_id, " has ended")),
+                            absl::StrCat(Quoted(job_id), " has ended")),
                         v1::JOB_ENDED);
     }
     return NoRange(job_id);

@@ -212,6 +212,13 @@ TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
   v1::ListJobsResponse listed;
   ASSERT_TRUE(jobs_->ListJobs(Ctx().get(), {}, &listed).ok());
   EXPECT_EQ(listed.jobs_size(), 0);  // nothing was stored
+  // A 1 MiB job id: NOT_FOUND with a short message (it used to be echoed
+  // whole, and the reply outgrew gRPC's limit).
+  g.set_job_id(std::string(1 << 20, 'x'));
+  absl::Status huge = FromGrpc(jobs_->GetJob(Ctx().get(), g, &j));
+  EXPECT_THAT(huge, StatusIs(absl::StatusCode::kNotFound,
+                             HasSubstr("(1048576 bytes)")));
+  EXPECT_LT(huge.message().size(), 200u);
   job_ = "job-42";
   EXPECT_THAT(Push({Header(0)}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));

@@ -292,3 +292,39 @@ TEST(ShardStateTest, ARestoredShardContinuesLikeTheOriginal) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Finite gradients whose weighted sum overflows: the step is not applied
+// (the weights stay finite), and it is counted. Pushes of more samples than
+// the job's batch are refused, so the sums stay bounded.
+TEST(ShardNumericsTest, AnOverflowingStepIsNotAppliedAndSamplesAreBounded) {
+  FakeClock clock;
+  OptimizerConfig c;
+  c.lr = 1.0;
+  ParameterShard shard({1, 2, 3}, *Optimizer::Create(c, 3), &clock);
+  shard.AddMember("a", 1);
+  shard.AddMember("b", 1);
+  shard.SetMaxSamples(64);
+  bool dup = false;
+  PushMeta m;
+  m.worker_id = "a";
+  m.incarnation = 1;
+  m.samples = 65;
+  std::vector<float> g(3, 3.0e38f);
+  EXPECT_THAT(shard.Accept(m, g.data(), &dup),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("batch size")));
+  m.samples = 64;
+  TALLY_ASSERT_OK(PushAndCommit(shard, m, g.data(), &dup));
+  m.worker_id = "b";
+  TALLY_ASSERT_OK(PushAndCommit(shard, m, g.data(), &dup));
+  EXPECT_EQ(shard.version(), 1);  // the step closed...
+  int64_t v;
+  EXPECT_EQ(*shard.Snapshot(&v), (std::vector<float>{1, 2, 3}));  // ...unapplied
+  EXPECT_EQ(shard.Metrics().rejected_pushes, 1);
+}
+
+}  // namespace
+}  // namespace tally
