@@ -13,9 +13,12 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "proto/errors.h"
 #include "common/io/safetensors.h"
 #include "common/spec/job_spec.h"
 #include "proto/checkpoint.pb.h"
+#include "zlib.h"
 
 namespace tally {
 
@@ -26,6 +29,30 @@ constexpr uint32_t kFormat = 1;
 absl::string_view FloatBytes(const std::vector<float>& v) {
   return absl::string_view(reinterpret_cast<const char*>(v.data()),
                            v.size() * sizeof(float));
+}
+
+uint32_t Crc32(uint32_t crc, absl::string_view bytes) {
+  // zlib takes at most 4 GiB a call.
+  while (!bytes.empty()) {
+    const size_t n = std::min<size_t>(bytes.size(), 1u << 30);
+    crc = static_cast<uint32_t>(
+        crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()),
+              static_cast<uInt>(n)));
+    bytes.remove_prefix(n);
+  }
+  return crc;
+}
+
+// A job id as this coordinator makes them ("job-12"): nothing else names a
+// file in the state directory.
+bool ValidJobId(const std::string& id) {
+  absl::string_view rest = id;
+  if (!absl::ConsumePrefix(&rest, "job-") || rest.empty() || rest.size() > 18)
+    return false;
+  for (char c : rest) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
 }
 
 bool BytesToFloats(const std::string& bytes, int64_t want,
@@ -114,7 +141,14 @@ absl::StatusOr<StoredJob> JobStore::LoadFile(const std::string& path) const {
     return bad(absl::StrCat("format ", ck.format(), ", this server reads ",
                             kFormat));
   }
-  if (ck.job().id().empty()) return bad("the job has no id");
+  if (!ValidJobId(ck.job().id())) {
+    return bad(absl::StrCat("the job id ", Quoted(ck.job().id()),
+                            " is not one this server makes"));
+  }
+  if (std::filesystem::path(path).filename().string() !=
+      ck.job().id() + ".ckpt") {
+    return bad("the file's name is not its job's");
+  }
   auto spec = ParseJobSpec(ck.job().spec(), limits_);
   if (!spec.ok()) return bad(spec.status().message());
   const int64_t n = spec->layout.num_params;
@@ -122,6 +156,13 @@ absl::StatusOr<StoredJob> JobStore::LoadFile(const std::string& path) const {
   out.job = ck.job();
   out.has_state = ck.has_shard();
   if (!out.has_state) return out;
+  if (ck.has_data_crc32()) {
+    uint32_t crc = Crc32(0, ck.weights());
+    for (const std::string& slot : ck.optimizer_slots()) crc = Crc32(crc, slot);
+    if (crc != ck.data_crc32()) {
+      return bad("its parameters do not match their checksum (damaged)");
+    }
+  }
   out.version = ck.version();
   out.samples = ck.samples();
   out.rejected_pushes = ck.rejected_pushes();
@@ -184,6 +225,9 @@ absl::Status JobStore::Save(const StoredJob& job) const {
     ck.set_train_seconds(job.train_seconds);
     ck.set_optimizer_step(job.optimizer_step);
     data.push_back(FloatBytes(*job.weights));
+    uint32_t crc = Crc32(0, data.back());
+    for (const auto& slot : job.optimizer_slots) crc = Crc32(crc, FloatBytes(slot));
+    ck.set_data_crc32(crc);
     prefixes.push_back(BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
                                         data.back().size()));
     for (const auto& slot : job.optimizer_slots) {

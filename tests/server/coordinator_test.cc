@@ -3,6 +3,8 @@
 
 #include "server/shard_host.h"
 
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common/io/safetensors.h"
@@ -384,6 +386,50 @@ TEST(CoordinatorStateTest, AnUnreadableCheckpointStopsTheRestoreAndSaysWhich) {
   EXPECT_THAT(c.Restore(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job-7.ckpt")));
   EXPECT_TRUE(c.List().empty());
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// A checkpoint whose parameters changed since it was written, or whose job
+// id could name a file elsewhere, is refused, naming the file.
+TEST(JobStoreTest, DamagedFilesAndForeignIdsAreRefused) {
+  const std::string dir = testing::TempDir("job_store_damage");
+  JobStore store(dir, SpecLimits());
+  TALLY_ASSERT_OK(store.Open());
+  StoredJob job;
+  job.job.set_id("job-3");
+  job.job.set_state(v1::RUNNING);
+  job.job.set_spec(kSpec);
+  job.has_state = true;
+  job.version = 7;
+  job.weights = std::make_shared<std::vector<float>>(10, 0.5f);
+  job.optimizer_slots.assign(1, std::vector<float>(10, 0.25f));
+  TALLY_ASSERT_OK(store.Save(job));
+  auto loaded = store.Load("job-3");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded->weights, *job.weights);
+  // One weight turned into a NaN, same size: refused.
+  std::string bytes = *ReadFile(dir + "/job-3.ckpt");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::string half(reinterpret_cast<const char*>(job.weights->data()), 4);
+  const size_t at = bytes.find(std::string(half) + half);
+  ASSERT_NE(at, std::string::npos);
+  std::memcpy(&bytes[at], &nan, 4);
+  TALLY_ASSERT_OK(WriteFileAtomic(dir + "/job-3.ckpt", bytes));
+  EXPECT_THAT(store.Load("job-3"), StatusIs(absl::StatusCode::kDataLoss,
+                                            HasSubstr("checksum")));
+  // A record whose id is a path.
+  job.job.set_id("../../etc/job-4");
+  v1::JobCheckpoint ck;
+  ck.set_format(1);
+  *ck.mutable_job() = job.job;
+  TALLY_ASSERT_OK(WriteFileAtomic(dir + "/job-4.ckpt", ck.SerializeAsString()));
+  EXPECT_THAT(store.Load("job-4"), StatusIs(absl::StatusCode::kDataLoss,
+                                            HasSubstr("not one this server")));
 }
 
 }  // namespace
