@@ -245,8 +245,12 @@ std::vector<v1::RangeStatus> Coordinator::RangeStatusLocked(
 int64_t Coordinator::VersionLocked(const JobEntry& job) const {
   if (job.ranges.empty() || !job.installed) return job.proto.metrics().step();
   int64_t v = INT64_MAX;
-  for (const v1::RangeStatus& r : RangeStatusLocked(job))
+  for (const v1::RangeStatus& r : RangeStatusLocked(job)) {
+    // A range not reported yet (a shard process's next heartbeat tells):
+    // the job is where it was placed from.
+    if (r.job_id().empty()) return job.proto.metrics().step();
     v = std::min(v, r.version());
+  }
   return v;
 }
 
@@ -261,6 +265,10 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
     return j;
   }
   const std::vector<v1::RangeStatus> ranges = RangeStatusLocked(job);
+  for (const v1::RangeStatus& r : ranges) {
+    // A range not reported yet: the figures it was placed with stand.
+    if (r.job_id().empty()) return j;
+  }
   // The job is at the version every range has reached; the other figures
   // are the same on every range (every push reaches every range).
   int64_t version = INT64_MAX, rejected = 0;
