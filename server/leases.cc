@@ -1,5 +1,7 @@
 #include "server/leases.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -7,13 +9,29 @@
 
 namespace tally {
 
-Leases::Leases(absl::Duration timeout, absl::Time now)
-    : timeout_(timeout),
-      next_incarnation_(std::max<int64_t>(1, absl::ToUnixMicros(now))) {}
+Leases::Leases(absl::Duration timeout, absl::Time) : timeout_(timeout) {}
+
+int64_t Leases::NewIncarnation() const {
+  while (true) {
+    uint64_t bits = 0;
+    char* p = reinterpret_cast<char*>(&bits);
+    size_t got = 0;
+    while (got < sizeof(bits)) {
+      const ssize_t n = getrandom(p + got, sizeof(bits) - got, 0);
+      if (n > 0) got += static_cast<size_t>(n);
+    }
+    const int64_t v = static_cast<int64_t>(bits >> 1);
+    if (v == 0) continue;
+    bool taken = false;
+    for (const auto& [id, l] : leases_) taken = taken || l.incarnation == v;
+    if (!taken) return v;
+  }
+}
 
 int64_t Leases::Grant(const std::string& id, absl::Time now, bool forever) {
+  const int64_t incarnation = NewIncarnation();
   Lease& l = leases_[id];
-  l.incarnation = next_incarnation_++;
+  l.incarnation = incarnation;
   l.expiry = forever ? absl::InfiniteFuture() : now + timeout_;
   return l.incarnation;
 }

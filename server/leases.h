@@ -2,9 +2,9 @@
 // processes), under which incarnation, and until when. A holder renews its
 // lease with every heartbeat; one whose lease runs out is expired at the
 // next tick, and must register again, getting a new incarnation.
-// Incarnations never repeat, across coordinator restarts too: they start
-// from the clock in microseconds, so a registration from before a restart
-// is always stale.
+// Incarnations are random 63-bit numbers from the kernel (getrandom): a
+// peer cannot guess another's from its own, and one from before a
+// coordinator restart is stale after it (a repeat is a 2^-63 chance).
 //
 // Not thread-safe: the coordinator's lock guards it.
 #ifndef TALLY_SERVER_LEASES_H_
@@ -44,8 +44,10 @@ class Leases {
     int64_t incarnation = 0;
     absl::Time expiry;
   };
+  // A fresh random incarnation, positive, not held by anyone now.
+  int64_t NewIncarnation() const;
+
   const absl::Duration timeout_;
-  int64_t next_incarnation_;
   std::map<std::string, Lease> leases_;
 };
 
