@@ -91,13 +91,13 @@ done
 
 run_tally() {  # k -> appends the aggregate GB/s to $tmp/tally-k
   local k=$1 i
-  ip netns exec "$coord" "$B/server/tally-server" --listen=$coord_ip --port=7070 --noshard \
+  ip netns exec "$coord" "$B/server/tally-server" --insecure --listen=$coord_ip --port=7070 --noshard \
     --lease_timeout_ms=600000 > "$tmp/coordinator.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do tally health > /dev/null 2>&1 && break; sleep 0.1; done
   tally health > /dev/null 2>&1 || fail "the coordinator did not come up"
   for ((i = 0; i < k; i++)); do
-    ip netns exec "${hosts[$((1 + i))]}" "$B/server/tally-server" --listen="${shard_ips[$i]}" \
+    ip netns exec "${hosts[$((1 + i))]}" "$B/server/tally-server" --insecure --listen="${shard_ips[$i]}" \
       --port=7071 --coordinator=$coord_ip:7070 --advertise="${shard_ips[$i]}:7071" \
       --lease_timeout_ms=600000 > "$tmp/shard$i.log" 2>&1 &
     pids+=($!)

@@ -51,7 +51,7 @@ for ((r = 0; r < repeats; r++)); do
     # A fresh server each run: the bench registers one worker per run.
     # Not through in_srv: a function in the background is a subshell, and
     # $! would be its pid, not the server's.
-    ip netns exec "${hosts[0]}" "$B/server/tally-server" --port=7070 --lease_timeout_ms=600000 \
+    ip netns exec "${hosts[0]}" "$B/server/tally-server" --insecure --port=7070 --lease_timeout_ms=600000 \
       > /dev/null 2>&1 &
     pids=($!)
     for _ in $(seq 100); do

@@ -30,6 +30,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/tally.grpc.pb.h"
 #include "proto/transport.h"
+#include "proto/transport_flags.h"
 
 ABSL_FLAG(std::string, server, "localhost:7070",
           "tally-server address HOST:PORT");
@@ -46,7 +47,8 @@ namespace {
 using tally::v1::Job;
 
 constexpr char kUsage[] =
-    "usage: tally [--server=HOST:PORT] COMMAND\n"
+    "usage: tally [--server=HOST:PORT] [--tls_ca=F --tls_cert=F --tls_key=F]\n"
+    "             [--token_file=F] COMMAND\n"
     "  submit FILE [--wait]     submit a job spec; prints the job id first\n"
     "  list                     all jobs\n"
     "  status JOB [--json]      one job\n"
@@ -219,7 +221,12 @@ int main(int argc, char** argv) {
     }
     return true;
   };
-  auto channel = tally::Dial(absl::GetFlag(FLAGS_server));
+  auto transport = tally::TransportFromFlags();
+  if (!transport.ok()) {
+    std::cerr << "tally: " << transport.status().message() << "\n";
+    return 2;
+  }
+  auto channel = tally::Dial(absl::GetFlag(FLAGS_server), *transport);
   auto stub = tally::v1::JobService::NewStub(channel);
   if (cmd == "submit") return need(3) ? Submit(*stub, args[2]) : 2;
   if (cmd == "watch") return need(3) ? Watch(*stub, args[2]) : 2;
@@ -249,12 +256,20 @@ int main(int argc, char** argv) {
   }
   if (cmd == "list") {
     if (!need(2)) return 2;
-    tally::v1::ListJobsResponse resp;
-    auto ctx = Context();
-    grpc::Status s = stub->ListJobs(ctx.get(), {}, &resp);
-    if (!s.ok()) return Report(s);
-    if (resp.jobs().empty()) std::printf("no jobs\n");
-    for (const Job& j : resp.jobs()) std::printf("%s\n", Line(j).c_str());
+    tally::v1::ListJobsRequest req;
+    req.set_omit_spec(true);
+    req.set_page_size(500);
+    int shown = 0;
+    do {  // every page
+      tally::v1::ListJobsResponse resp;
+      auto ctx = Context();
+      grpc::Status s = stub->ListJobs(ctx.get(), req, &resp);
+      if (!s.ok()) return Report(s);
+      for (const Job& j : resp.jobs()) std::printf("%s\n", Line(j).c_str());
+      shown += resp.jobs_size();
+      req.set_page_token(resp.next_page_token());
+    } while (!req.page_token().empty());
+    if (shown == 0) std::printf("no jobs\n");
     return 0;
   }
   if (cmd == "status" || cmd == "cancel") {

@@ -11,6 +11,7 @@ PACKAGES=(
   dataset-fashion-mnist
   python3 python3-numpy
   docker-compose iproute2   # compose-file validation, multi-host tests
+  openssl                   # deploy/make-certs.sh (TLS certificates)
 )
 # `--with-torch` adds PyTorch (the interop test, golden values, benchmarks)
 # and iperf3 (the network benchmark's reference).

@@ -5,7 +5,10 @@
 # end, prints the final test accuracy, fetches the weights to out/, and stops
 # everything, also on Ctrl-C. With --shards=N (N > 1) the coordinator holds
 # no parameters and N shard processes (ports PORT+1 ...) split the job's
-# between them (the spec gets `training.shards: N`).
+# between them (the spec gets `training.shards: N`). Every process speaks
+# mTLS and the server checks bearer tokens: deploy/make-certs.sh makes the
+# CA, certificate and tokens in out/certs the first time (the client below
+# acts as the admin; give a colleague alice.token, a submitter's).
 #   deploy/local-cluster.sh [JOB_SPEC] [--port=7070] [--workers=2] [--shards=1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +26,11 @@ for arg in "$@"; do
 done
 deploy/build.sh
 bin=build
+certs=out/certs
+[[ -f $certs/tokens.txt ]] || deploy/make-certs.sh "$certs"
+tls=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/node.pem" --tls_key="$certs/node.key")
+server_auth=("${tls[@]}" --tokens="$certs/tokens.txt" --token_file="$certs/admin.token")
+tally() { $bin/client/tally --server="localhost:$port" "${tls[@]}" --token_file="$certs/admin.token" "$@"; }
 mkdir -p out/logs
 pids=()
 cleanup() {
@@ -34,20 +42,20 @@ trap 'echo "interrupted: stopping the cluster" >&2; exit 130' INT TERM
 
 server_flags=()
 ((shards > 1)) && server_flags+=(--noshard)
-$bin/server/tally-server --port="$port" "${server_flags[@]}" > out/logs/server.log 2>&1 &
+$bin/server/tally-server "${server_auth[@]}" --port="$port" "${server_flags[@]}" > out/logs/server.log 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do
-  $bin/client/tally --server="localhost:$port" health >/dev/null 2>&1 && break
+  tally health >/dev/null 2>&1 && break
   sleep 0.1
 done
 if ((shards > 1)); then
   for i in $(seq "$shards"); do
-    $bin/server/tally-server --port=$((port + i)) --coordinator="localhost:$port" \
+    $bin/server/tally-server "${server_auth[@]}" --port=$((port + i)) --coordinator="localhost:$port" \
       --advertise="localhost:$((port + i))" > "out/logs/shard$i.log" 2>&1 &
     pids+=($!)
   done
   for _ in $(seq 50); do
-    (($($bin/client/tally --server="localhost:$port" shards | grep -c " live ") == shards)) && break
+    (($(tally shards | grep -c " live ") == shards)) && break
     sleep 0.1
   done
   # Split the job over all of them (a small model would stay on one).
@@ -58,17 +66,17 @@ if ((shards > 1)); then
   job=$spec
 fi
 for i in $(seq "$workers"); do
-  $bin/worker/tally-worker --server="localhost:$port" --devices=cpu:1 --name="worker$i" \
+  $bin/worker/tally-worker --server="localhost:$port" "${tls[@]}" --token_file="$certs/worker.token" --devices=cpu:1 --name="worker$i" \
     > "out/logs/worker$i.log" 2>&1 &
   pids+=($!)
 done
-submitted=$($bin/client/tally --server="localhost:$port" submit "$job")
+submitted=$(tally submit "$job")
 id=${submitted%%$'\n'*}
 echo "submitted $id ($job); logs in out/logs/"
-((shards > 1)) && $bin/client/tally --server="localhost:$port" shards
+((shards > 1)) && tally shards
 status=0
-$bin/client/tally --server="localhost:$port" watch "$id" || status=$?
+tally watch "$id" || status=$?
 name=$(basename "$job" .yaml)
-$bin/client/tally --server="localhost:$port" status "$id" --json > "out/$name.json"
-$bin/client/tally --server="localhost:$port" fetch "$id" --output="out/$name.safetensors"
+tally status "$id" --json > "out/$name.json"
+tally fetch "$id" --output="out/$name.safetensors"
 exit $status

@@ -1,6 +1,15 @@
 #include "proto/transport.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "proto/auth.h"
 
 namespace tally {
 
@@ -23,7 +32,76 @@ void SetBulkTuning(Args& set) {
   set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kHttp2FrameBytes);
 }
 
+absl::StatusOr<std::string> ReadPem(const std::string& path,
+                                    absl::string_view flag) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", flag, "=", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!absl::StrContains(text.str(), "-----BEGIN ")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, "=", path, " is not a PEM file"));
+  }
+  return text.str();
+}
+
+// The host part of "host:port", "[v6]:port" or "host".
+absl::string_view HostOf(absl::string_view address) {
+  if (absl::ConsumePrefix(&address, "[")) {
+    return address.substr(0, address.find(']'));
+  }
+  if (address.find(':') != address.rfind(':')) return address;  // bare v6
+  return address.substr(0, address.find(':'));
+}
+
 }  // namespace
+
+absl::StatusOr<TlsMaterial> LoadTls(const std::string& ca_path,
+                                    const std::string& cert_path,
+                                    const std::string& key_path) {
+  TlsMaterial tls;
+  const int given =
+      !ca_path.empty() + !cert_path.empty() + !key_path.empty();
+  if (given == 0) return tls;
+  if (given != 3) {
+    return absl::InvalidArgumentError(
+        "TLS needs all of --tls_ca, --tls_cert and --tls_key (mTLS: every "
+        "program presents its own certificate)");
+  }
+  auto ca = ReadPem(ca_path, "--tls_ca");
+  if (!ca.ok()) return ca.status();
+  auto cert = ReadPem(cert_path, "--tls_cert");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem(key_path, "--tls_key");
+  if (!key.ok()) return key.status();
+  tls.ca_pem = *std::move(ca);
+  tls.cert_pem = *std::move(cert);
+  tls.key_pem = *std::move(key);
+  return tls;
+}
+
+absl::Status CheckServerSecurity(const std::string& address,
+                                 const ServerSecurity& security) {
+  if (security.tokens != nullptr && !security.tls.enabled()) {
+    return absl::FailedPreconditionError(
+        "--tokens needs TLS (--tls_ca, --tls_cert, --tls_key): bearer tokens "
+        "are not sent in plaintext");
+  }
+  if (security.tls.enabled() || security.insecure) return absl::OkStatus();
+  const absl::string_view host = HostOf(address);
+  if (host == "127.0.0.1" || host == "localhost" || host == "::1" ||
+      absl::StartsWith(host, "127.")) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "refusing to listen on ", address,
+      " without TLS: anyone who reaches the port could submit, cancel and "
+      "read jobs. Give --tls_ca, --tls_cert and --tls_key (deploy/"
+      "make-certs.sh makes them), listen on 127.0.0.1, or pass --insecure"));
+}
 
 std::shared_ptr<grpc::Channel> Dial(const std::string& target,
                                     const TransportOptions& options) {
@@ -37,13 +115,41 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& target,
     args.SetInt(name, value);
   };
   SetBulkTuning(set);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
-                                   args);
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (options.tls.enabled()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls.ca_pem;
+    ssl.pem_cert_chain = options.tls.cert_pem;
+    ssl.pem_private_key = options.tls.key_pem;
+    creds = grpc::SslCredentials(ssl);
+    if (!options.token.empty()) {
+      creds = grpc::CompositeChannelCredentials(
+          creds, grpc::AccessTokenCredentials(options.token));
+    }
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  return grpc::CreateCustomChannel(target, creds, args);
 }
 
 void ConfigureServer(const std::string& address, grpc::ServerBuilder* builder,
-                     int* port) {
-  builder->AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+                     int* port, const ServerSecurity& security) {
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (security.tls.enabled()) {
+    grpc::SslServerCredentialsOptions ssl(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = security.tls.ca_pem;
+    ssl.pem_key_cert_pairs.push_back(
+        {security.tls.key_pem, security.tls.cert_pem});
+    creds = grpc::SslServerCredentials(ssl);
+    if (security.tokens != nullptr) {
+      creds->SetAuthMetadataProcessor(
+          std::make_shared<TokenAuthProcessor>(security.tokens));
+    }
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+  builder->AddListeningPort(address, creds, port);
   builder->SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   auto set = [builder](const char* name, int value) {

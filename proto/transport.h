@@ -4,8 +4,10 @@
 // `tally` client, the tests and the benchmarks all dial and listen through
 // these functions, so a setting changes in one place.
 //
-// Credentials: plaintext today (TransportOptions is where TLS and tokens
-// come in). Thread-safe (no shared state).
+// Credentials: plaintext, or TLS with client certificates (mTLS) and a
+// bearer token per call (proto/auth.h says who may call what). Every
+// program takes the same flags, read in its main() through
+// proto/transport_flags.h. Thread-safe (no shared state).
 #ifndef TALLY_PROTO_TRANSPORT_H_
 #define TALLY_PROTO_TRANSPORT_H_
 
@@ -13,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace grpc {
@@ -22,6 +26,8 @@ class ServerBuilder;
 
 namespace tally {
 
+class TokenTable;
+
 // Largest message a server accepts; a push chunk is at most 1 MiB of data.
 inline constexpr int kMaxMessageBytes = 4 * 1024 * 1024;
 // Largest message a client accepts (a pull chunk, a job record).
@@ -29,12 +35,48 @@ inline constexpr int kMaxClientReceiveBytes = 8 * 1024 * 1024;
 // Elements per tensor chunk unless a caller asks for fewer: 1 MiB of float32.
 inline constexpr int64_t kDefaultChunkElements = 262144;
 
+// What a program holds to speak TLS: PEM text, not paths.
+struct TlsMaterial {
+  std::string ca_pem;    // trust anchors for the peer's certificate
+  std::string cert_pem;  // this program's certificate chain
+  std::string key_pem;   // and its private key
+  bool enabled() const { return !ca_pem.empty(); }
+};
+
+// Reads --tls_ca, --tls_cert and --tls_key: all three or none (a TLS peer
+// without a certificate of its own cannot pass mTLS). NOT_FOUND or
+// INVALID_ARGUMENT names the file.
+absl::StatusOr<TlsMaterial> LoadTls(const std::string& ca_path,
+                                    const std::string& cert_path,
+                                    const std::string& key_path);
+
 struct TransportOptions {
   // How soon a client retries a server that went away (reconnect backoff).
   absl::Duration max_reconnect_backoff = absl::Seconds(2);
   // Largest message a client accepts.
   int max_receive_bytes = kMaxClientReceiveBytes;
+  // TLS (with this program's certificate) when enabled; plaintext if not.
+  TlsMaterial tls;
+  // Sent as "authorization: Bearer TOKEN" on every call (TLS only).
+  std::string token;
 };
+
+struct ServerSecurity {
+  // TLS when enabled, and every client must present a certificate signed by
+  // tls.ca_pem (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY).
+  TlsMaterial tls;
+  // Bearer tokens and roles checked on every call (needs TLS); null: every
+  // caller that completes the handshake may call everything.
+  std::shared_ptr<const TokenTable> tokens;
+  // Allow listening beyond loopback in plaintext.
+  bool insecure = false;
+};
+
+// Secure by default: FAILED_PRECONDITION for a plaintext server on an
+// address other than loopback unless `insecure`, and for a token table
+// without TLS (tokens would cross the network in the clear).
+absl::Status CheckServerSecurity(const std::string& address,
+                                 const ServerSecurity& security);
 
 // A channel to `target` ("host:port") with Tally's settings.
 std::shared_ptr<grpc::Channel> Dial(const std::string& target,
@@ -45,7 +87,7 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& target,
 // settings: message limit, HTTP/2 tuning, and no port sharing, so a second
 // server on a busy port fails instead of silently taking half its calls.
 void ConfigureServer(const std::string& address, grpc::ServerBuilder* builder,
-                     int* port);
+                     int* port, const ServerSecurity& security = {});
 
 }  // namespace tally
 

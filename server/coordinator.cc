@@ -175,8 +175,9 @@ Coordinator::Coordinator(const CoordinatorOptions& options)
               (options.clock != nullptr ? options.clock : &real_clock_)->Now()) {
   if (options_.clock == nullptr) options_.clock = &real_clock_;
   if (options_.connect_shard == nullptr) {
-    options_.connect_shard = [](const std::string& address) {
-      return MakeRemoteShardControl(address);
+    options_.connect_shard = [transport = options_.transport](
+                                 const std::string& address) {
+      return MakeRemoteShardControl(address, transport);
     };
   }
   absl::MutexLock lock(&mu_);
@@ -192,13 +193,27 @@ Coordinator::~Coordinator() = default;
 
 // ------------------------------------------------------------------ jobs --
 
-absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
+absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text,
+                                            const std::string& owner) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (QueuedLocked() >= options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          options_.max_queued_jobs, " jobs already wait for workers "
+          "(--max_queued_jobs); cancel some or try later"));
+    }
+  }
   TALLY_ASSIGN_OR_RETURN(JobSpec spec,
                          ParseJobSpec(spec_text, options_.spec_limits));
   Notes notes;
   v1::Job out;
   {
     absl::MutexLock lock(&mu_);
+    if (QueuedLocked() >= options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          options_.max_queued_jobs, " jobs already wait for workers "
+          "(--max_queued_jobs); cancel some or try later"));
+    }
     const std::string id = absl::StrCat("job-", next_job_++);
     JobEntry& job = jobs_[id];
     job.spec = std::move(spec);
@@ -212,6 +227,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text) {
     job.proto.set_workers_wanted(
         static_cast<int32_t>(job.spec.training.workers));
     job.proto.set_created_unix(UnixSeconds(Now()));
+    job.proto.set_owner(owner);
     job.slots.assign(job.spec.training.workers, "");
     job_order_.push_back(id);
     ScheduleLocked(&notes);
@@ -315,6 +331,116 @@ std::vector<v1::Job> Coordinator::List() const {
   return out;
 }
 
+int64_t Coordinator::QueuedLocked() const {
+  int64_t n = 0;
+  for (const auto& [id, job] : jobs_) n += job.proto.state() == v1::PENDING;
+  return n;
+}
+
+absl::StatusOr<JobPage> Coordinator::ListPage(const JobQuery& query) const {
+  int64_t after = 0;
+  if (!query.page_token.empty() &&
+      (!absl::SimpleAtoi(query.page_token, &after) || after <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token ", Quoted(query.page_token),
+                     " is not one this server gave"));
+  }
+  JobPage page;
+  absl::MutexLock lock(&mu_);
+  // job_order_ is sorted by job number.
+  auto it = std::upper_bound(
+      job_order_.begin(), job_order_.end(), after,
+      [](int64_t n, const std::string& id) { return n < JobNumber(id); });
+  for (; it != job_order_.end(); ++it) {
+    const JobEntry& job = jobs_.at(*it);
+    if (!query.owner.empty() && job.proto.owner() != query.owner) continue;
+    if (static_cast<int>(page.jobs.size()) == query.page_size) {
+      page.next_page_token = absl::StrCat(JobNumber(page.jobs.back().id()));
+      break;
+    }
+    page.jobs.push_back(Render(job));
+    if (query.omit_spec) page.jobs.back().clear_spec();
+  }
+  return page;
+}
+
+int Coordinator::DropOldJobs() {
+  // Not while a checkpoint is being written (it could write a dropped job
+  // back); the next call drops it.
+  if (!checkpoint_mu_.TryLock()) return 0;
+  struct Unlock {
+    absl::Mutex* mu;
+    ~Unlock() { mu->Unlock(); }
+  } unlock{&checkpoint_mu_};
+  struct Dropped {
+    std::string id;
+    std::string weights;  // .safetensors, when kept
+  };
+  std::vector<Dropped> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    std::vector<std::string> ended;  // oldest first (by job number)
+    for (const std::string& id : job_order_) {
+      const JobEntry& job = jobs_.at(id);
+      // Only once the ranges are gone and the end is on disk.
+      if (Terminal(job.proto.state()) &&
+          (job.retired || job.ranges.empty()) &&
+          (options_.state_dir.empty() ||
+           job.saved_state == job.proto.state())) {
+        ended.push_back(id);
+      }
+    }
+    for (const auto& [wid, w] : workers_) {  // still leaving it: not yet
+      auto it = std::find(ended.begin(), ended.end(), w.job_id);
+      if (it != ended.end()) ended.erase(it);
+    }
+    const int64_t excess =
+        static_cast<int64_t>(ended.size()) - options_.max_finished_jobs;
+    for (size_t i = 0; i < ended.size(); ++i) {
+      const JobEntry& job = jobs_.at(ended[i]);
+      const bool too_many = static_cast<int64_t>(i) < excess;
+      const bool too_old =
+          options_.finished_job_ttl > absl::ZeroDuration() &&
+          now - absl::FromUnixSeconds(static_cast<int64_t>(
+                    job.proto.finished_unix())) >
+              options_.finished_job_ttl;
+      if (!too_many && !too_old) continue;
+      Dropped d{ended[i], {}};
+      if (!options_.keep_weights_dir.empty() && job.final_weights != nullptr) {
+        d.weights = EncodeSafetensors(
+            job.spec.layout.params, job.final_weights->data(),
+            {{"format", "pt"},
+             {"job", d.id},
+             {"name", job.spec.name},
+             {"version", absl::StrCat(job.proto.metrics().step())}});
+      }
+      dropped.push_back(std::move(d));
+    }
+    for (const Dropped& d : dropped) {
+      jobs_.erase(d.id);
+      job_order_.erase(std::find(job_order_.begin(), job_order_.end(), d.id));
+    }
+  }
+  for (const Dropped& d : dropped) {
+    if (!d.weights.empty()) {
+      const std::string path =
+          absl::StrCat(options_.keep_weights_dir, "/", d.id, ".safetensors");
+      if (absl::Status s = WriteFileAtomic(path, d.weights); !s.ok()) {
+        std::fprintf(stderr, "tally-server: keeping %s's weights: %s\n",
+                     d.id.c_str(), std::string(s.message()).c_str());
+      }
+    }
+    if (store_ != nullptr) {
+      if (absl::Status s = store_->Remove(d.id); !s.ok()) {
+        std::fprintf(stderr, "tally-server: dropping %s: %s\n", d.id.c_str(),
+                     std::string(s.message()).c_str());
+      }
+    }
+  }
+  return static_cast<int>(dropped.size());
+}
+
 absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
   Notes notes;
   v1::Job out;
@@ -391,12 +517,24 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
 
 // --------------------------------------------------------------- workers --
 
-v1::RegisterWorkerResponse Coordinator::Register(
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     const v1::RegisterWorkerRequest& req) {
+  constexpr size_t kMaxField = 256;
+  if (req.name().size() > kMaxField || req.devices().size() > kMaxField ||
+      req.address().size() > kMaxField) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a worker's name, devices and address are at most ",
+                     kMaxField, " bytes each"));
+  }
   Notes notes;
   v1::RegisterWorkerResponse out;
   {
     absl::MutexLock lock(&mu_);
+    if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          options_.max_workers, " workers are registered already "
+          "(--max_workers)"));
+    }
     const std::string id = absl::StrCat("worker-", next_worker_++);
     WorkerEntry& w = workers_[id];
     w.name = req.name();
@@ -1312,6 +1450,7 @@ void Coordinator::Tick() {
     }
   }
   Settle(notes);
+  DropOldJobs();
 }
 
 }  // namespace tally

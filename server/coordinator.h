@@ -88,6 +88,33 @@ struct CoordinatorOptions {
   // How a registered shard process is reached (a seam for tests).
   std::function<std::unique_ptr<ShardControl>(const std::string& address)>
       connect_shard;
+  // How shard processes are dialled (TLS, the coordinator's own token).
+  TransportOptions transport;
+  // Jobs waiting for workers (PENDING) beyond this: SubmitJob answers
+  // kResourceExhausted.
+  int64_t max_queued_jobs = 1000;
+  // Registered workers beyond this: RegisterWorker answers
+  // kResourceExhausted (a lapsed lease frees its place).
+  int64_t max_workers = 4096;
+  // Ended jobs kept (in memory and in state_dir) beyond this many, oldest
+  // first, and ended longer ago than finished_job_ttl (zero: no age limit),
+  // are dropped. With keep_weights_dir, a dropped job's final weights are
+  // written there first, as <job id>.safetensors.
+  int64_t max_finished_jobs = 1000;
+  absl::Duration finished_job_ttl = absl::ZeroDuration();
+  std::string keep_weights_dir;
+};
+
+struct JobQuery {
+  int page_size = 100;
+  std::string page_token;  // empty: from the first job
+  bool omit_spec = false;
+  std::string owner;  // non-empty: only this submitter's jobs
+};
+
+struct JobPage {
+  std::vector<v1::Job> jobs;
+  std::string next_page_token;  // empty: no more
 };
 
 class Coordinator {
@@ -97,17 +124,25 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
   ~Coordinator();
 
-  // Jobs. Submit validates the spec (kInvalidArgument names the field).
-  absl::StatusOr<v1::Job> Submit(const std::string& spec_text);
+  // Jobs. Submit validates the spec (kInvalidArgument names the field;
+  // kResourceExhausted when max_queued_jobs wait already). `owner` is the
+  // submitter's name (empty without tokens).
+  absl::StatusOr<v1::Job> Submit(const std::string& spec_text,
+                                 const std::string& owner = "");
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   std::vector<v1::Job> List() const;
+  // A page of jobs in submission order; kInvalidArgument for a page token
+  // this coordinator did not give.
+  absl::StatusOr<JobPage> ListPage(const JobQuery& query) const;
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // The job's current weights as a .safetensors file. For a running job,
   // every range at one version (waits for it, bounded).
   absl::StatusOr<std::string> WeightsFile(const std::string& job_id);
 
-  // Workers.
-  v1::RegisterWorkerResponse Register(const v1::RegisterWorkerRequest& req);
+  // Workers. kResourceExhausted past max_workers; kInvalidArgument for a
+  // name, devices or address longer than 256 bytes.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(
+      const v1::RegisterWorkerRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& req);
   absl::Status ReportResult(const v1::ReportResultRequest& req);
@@ -142,6 +177,10 @@ class Coordinator {
   // thread, and with `force` at shutdown. Errors name the file; the jobs go
   // on in memory.
   absl::Status Checkpoint(bool force);
+
+  // Drops ended jobs past max_finished_jobs or finished_job_ttl (Tick calls
+  // it; skipped while a checkpoint is being written); returns how many.
+  int DropOldJobs();
 
  private:
   struct Placement {
@@ -200,6 +239,8 @@ class Coordinator {
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs PENDING.
+  int64_t QueuedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live progress of a job's ranges, in map order (empty entries for
   // ranges not reported yet).
   std::vector<v1::RangeStatus> RangeStatusLocked(const JobEntry& job) const

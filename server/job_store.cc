@@ -207,6 +207,15 @@ absl::StatusOr<StoredJob> JobStore::Load(const std::string& job_id) const {
   return LoadFile(path);
 }
 
+absl::Status JobStore::Remove(const std::string& job_id) const {
+  const std::string path = PathOf(job_id);
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::InternalError(
+        absl::StrCat("cannot remove ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobStore::Save(const StoredJob& job) const {
   // The small fields are serialised; weights and optimizer slots follow as
   // raw fields, straight from their vectors.

@@ -57,6 +57,8 @@ class JobStore {
   // Replaces the job's file. kResourceExhausted past 2 GiB (protobuf's
   // limit); errors name the file.
   absl::Status Save(const StoredJob& job) const;
+  // Deletes the job's file (OK when it has none).
+  absl::Status Remove(const std::string& job_id) const;
 
  private:
   std::string PathOf(const std::string& job_id) const;

@@ -3,6 +3,9 @@
 //   tally-server [--port=7070] [--lease_timeout_ms=3000] [--noshard]
 //                [--state_dir=DIR [--checkpoint_interval_s=30]]
 //   tally-server --coordinator=HOST:7070 --port=7071 [--advertise=HOST:7071]
+// Every form takes --tls_ca/--tls_cert/--tls_key (mTLS) and --tokens=FILE
+// (roles; proto/auth.h); without TLS it listens only on loopback unless
+// --insecure.
 #include <cstdio>
 #include <iostream>
 
@@ -13,9 +16,33 @@
 #include "absl/synchronization/notification.h"
 #include "common/malloc_tuning.h"
 #include "common/stop_signal.h"
+#include "proto/auth.h"
+#include "proto/transport_flags.h"
 #include "server/service.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(std::string, listen, "0.0.0.0",
+          "Address to listen on (anything but loopback needs TLS or "
+          "--insecure)");
+ABSL_FLAG(bool, insecure, false,
+          "Allow listening beyond loopback without TLS (anyone who reaches "
+          "the port may do anything)");
+ABSL_FLAG(std::string, tokens, "",
+          "Token file (lines \"TOKEN ROLE NAME\"; roles admin, submitter, "
+          "viewer, worker): every call must carry a token whose role allows "
+          "it. Needs TLS. A shard process and the coordinator also present "
+          "--token_file (an admin token) to each other");
+ABSL_FLAG(int64_t, max_queued_jobs, tally::CoordinatorOptions().max_queued_jobs,
+          "Refuse submissions while this many jobs wait for workers");
+ABSL_FLAG(int64_t, max_workers, tally::CoordinatorOptions().max_workers,
+          "Refuse worker registrations beyond this many");
+ABSL_FLAG(int64_t, max_finished_jobs,
+          tally::CoordinatorOptions().max_finished_jobs,
+          "Keep at most this many ended jobs (oldest are dropped, with their "
+          "files)");
+ABSL_FLAG(double, finished_job_ttl_h, 0,
+          "Drop ended jobs this many hours after they end (0: never by age)");
+ABSL_FLAG(std::string, keep_weights_dir, "",
+          "Write a dropped job's final weights here as JOB.safetensors");
 ABSL_FLAG(int, port, 7070, "Port to listen on (0 picks a free one)");
 ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
           "A worker that sends no heartbeat for this long leaves its job");
@@ -72,6 +99,37 @@ int main(int argc, char** argv) {
                  "positive\n";
     return 2;
   }
+  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  options.max_workers = absl::GetFlag(FLAGS_max_workers);
+  options.max_finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs);
+  options.finished_job_ttl =
+      absl::Hours(absl::GetFlag(FLAGS_finished_job_ttl_h));
+  options.keep_weights_dir = absl::GetFlag(FLAGS_keep_weights_dir);
+  if (options.max_queued_jobs <= 0 || options.max_workers <= 0 ||
+      options.max_finished_jobs < 0 ||
+      options.finished_job_ttl < absl::ZeroDuration()) {
+    std::cerr << "tally-server: --max_queued_jobs and --max_workers must be "
+                 "positive, --max_finished_jobs and --finished_job_ttl_h not "
+                 "negative\n";
+    return 2;
+  }
+  auto transport = tally::TransportFromFlags();
+  if (!transport.ok()) {
+    std::cerr << "tally-server: " << transport.status().message() << "\n";
+    return 2;
+  }
+  options.transport = *transport;
+  server_options.security.tls = transport->tls;
+  server_options.security.insecure = absl::GetFlag(FLAGS_insecure);
+  if (const std::string path = absl::GetFlag(FLAGS_tokens); !path.empty()) {
+    auto tokens = tally::TokenTable::Load(path);
+    if (!tokens.ok()) {
+      std::cerr << "tally-server: --tokens: " << tokens.status().message()
+                << "\n";
+      return 2;
+    }
+    server_options.security.tokens = *std::move(tokens);
+  }
   options.checkpoint_interval =
       absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   if (options.checkpoint_interval < absl::ZeroDuration()) {
@@ -85,8 +143,12 @@ int main(int argc, char** argv) {
     std::cerr << "tally-server: " << server.status().message() << "\n";
     return 1;
   }
-  std::printf("tally-server listening on %s:%d (lease %lld ms; %s)\n",
+  std::printf("tally-server listening on %s:%d (%s; lease %lld ms; %s)\n",
               absl::GetFlag(FLAGS_listen).c_str(), (*server)->port(),
+              !transport->tls.enabled() ? "plaintext"
+              : server_options.security.tokens != nullptr
+                  ? "mTLS, tokens"
+                  : "mTLS",
               static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)),
               !server_options.join.empty()
                   ? ("shard of " + server_options.join).c_str()

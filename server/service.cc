@@ -35,6 +35,16 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
   return r;
 }
 
+// A streaming call refused before it starts.
+template <typename T>
+class RefusedWrite final : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit RefusedWrite(const absl::Status& status) {
+    this->Finish(ToGrpc(status));
+  }
+  void OnDone() override { delete this; }
+};
+
 // ---------------------------------------------------------------- watch --
 
 class WatchReactor final : public EventWriteReactor<WatchReactor, v1::Job> {
@@ -137,10 +147,23 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
 
 // ------------------------------------------------------------ services --
 
+absl::StatusOr<v1::Job> JobServiceImpl::Visible(
+    const grpc::CallbackServerContext& ctx, const std::string& job_id) const {
+  auto job = coord_->Get(job_id);
+  if (!job.ok()) return job.status();
+  const Caller caller = CallerOf(ctx, tokens_);
+  if (caller.role == Role::kSubmitter && job->owner() != caller.name) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        Quoted(job_id), " was submitted by someone else; a submitter sees "
+        "and changes only its own jobs"));
+  }
+  return job;
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
     grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
     v1::SubmitJobResponse* resp) {
-  auto job = coord_->Submit(req->spec());
+  auto job = coord_->Submit(req->spec(), CallerOf(*ctx, tokens_).name);
   if (!job.ok()) return Reply(ctx, job.status());
   *resp->mutable_job() = *std::move(job);
   return Reply(ctx, absl::OkStatus());
@@ -149,27 +172,40 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
     grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
     v1::Job* resp) {
-  auto job = coord_->Get(req->job_id());
+  auto job = Visible(*ctx, req->job_id());
   if (!job.ok()) return Reply(ctx, job.status());
   *resp = *std::move(job);
   return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
-    grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
+    grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
     v1::ListJobsResponse* resp) {
-  for (v1::Job& j : coord_->List()) *resp->add_jobs() = std::move(j);
+  JobQuery q;
+  q.page_size = req->page_size() <= 0 ? 100 : std::min(req->page_size(), 1000);
+  q.page_token = req->page_token();
+  q.omit_spec = req->omit_spec();
+  const Caller caller = CallerOf(*ctx, tokens_);
+  if (caller.role == Role::kSubmitter) q.owner = caller.name;
+  auto page = coord_->ListPage(q);
+  if (!page.ok()) return Reply(ctx, page.status());
+  for (v1::Job& j : page->jobs) *resp->add_jobs() = std::move(j);
+  resp->set_next_page_token(page->next_page_token);
   return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerWriteReactor<v1::Job>* JobServiceImpl::WatchJob(
-    grpc::CallbackServerContext*, const v1::WatchJobRequest* req) {
+    grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req) {
+  if (auto job = Visible(*ctx, req->job_id()); !job.ok())
+    return new RefusedWrite<v1::Job>(job.status());
   return new WatchReactor(coord_, req->job_id());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
     grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
     v1::Job* resp) {
+  if (auto job = Visible(*ctx, req->job_id()); !job.ok())
+    return Reply(ctx, job.status());
   auto job = coord_->Cancel(req->job_id());
   if (!job.ok()) return Reply(ctx, job.status());
   *resp = *std::move(job);
@@ -177,14 +213,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
 }
 
 grpc::ServerWriteReactor<v1::FileChunk>* JobServiceImpl::FetchWeights(
-    grpc::CallbackServerContext*, const v1::FetchWeightsRequest* req) {
+    grpc::CallbackServerContext* ctx, const v1::FetchWeightsRequest* req) {
+  if (auto job = Visible(*ctx, req->job_id()); !job.ok())
+    return new RefusedWrite<v1::FileChunk>(job.status());
   return new FetchReactor(coord_, req->job_id());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
     v1::RegisterWorkerResponse* resp) {
-  *resp = coord_->Register(*req);
+  auto r = coord_->Register(*req);
+  if (!r.ok()) return Reply(ctx, r.status());
+  *resp = *std::move(r);
   return Reply(ctx, absl::OkStatus());
 }
 
@@ -241,6 +281,10 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
 
 absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
     const std::string& address, const ServerOptions& options) {
+  if (absl::Status st = CheckServerSecurity(address, options.security);
+      !st.ok()) {
+    return st;
+  }
   std::unique_ptr<TallyServer> s(new TallyServer());
   s->options_ = options;
   const bool coordinator = options.join.empty();
@@ -256,14 +300,15 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
     s->coordinator_ = std::make_unique<Coordinator>(co);
     // Jobs kept from an earlier run come back before anyone can connect.
     if (absl::Status r = s->coordinator_->Restore(); !r.ok()) return r;
-    s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get());
+    s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(),
+                                                options.security.tokens.get());
     s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
     s->coordination_ =
         std::make_unique<CoordinatorServiceImpl>(s->coordinator_.get());
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  ConfigureServer(address, &builder, &s->port_);
+  ConfigureServer(address, &builder, &s->port_, options.security);
   if (s->jobs_ != nullptr) {
     builder.RegisterService(s->jobs_.get());
     builder.RegisterService(s->workers_.get());
@@ -306,7 +351,7 @@ void TallyServer::TickLoop() {
 }
 
 void TallyServer::ShardLoop() {
-  auto channel = Dial(options_.join);
+  auto channel = Dial(options_.join, options_.coordinator.transport);
   auto stub = v1::CoordinatorService::NewStub(channel);
   std::string shard_id;
   int64_t incarnation = 0;

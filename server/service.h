@@ -12,7 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "proto/auth.h"
 #include "proto/tally.grpc.pb.h"
+#include "proto/transport.h"
 #include "server/coordinator.h"
 #include "server/shard_host.h"
 #include "server/shard_service.h"
@@ -23,9 +25,14 @@ class Server;
 
 namespace tally {
 
+// Who may see or change a job: with a token table, a submitter only its own
+// jobs (PERMISSION_DENIED otherwise); the method itself was checked by
+// TokenAuthProcessor (proto/auth.h).
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  explicit JobServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}
+  // `tokens` is borrowed; null: no tokens, every caller is an admin.
+  JobServiceImpl(Coordinator* coordinator, const TokenTable* tokens)
+      : coord_(coordinator), tokens_(tokens) {}
   JobServiceImpl(const JobServiceImpl&) = delete;
   JobServiceImpl& operator=(const JobServiceImpl&) = delete;
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
@@ -51,7 +58,12 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
                                        v1::ListShardsResponse* resp) override;
 
  private:
-  Coordinator* coord_;  // borrowed
+  // The job, if the caller may see and act on it.
+  absl::StatusOr<v1::Job> Visible(const grpc::CallbackServerContext& ctx,
+                                  const std::string& job_id) const;
+
+  Coordinator* coord_;          // borrowed
+  const TokenTable* tokens_;    // borrowed; may be null
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
@@ -102,6 +114,10 @@ struct ServerOptions {
   // How workers and the coordinator reach this shard (host:port); empty:
   // this host's name and the bound port.
   std::string advertise;
+  // TLS, tokens and the plaintext rule for the listening port; how this
+  // server dials others (a shard its coordinator, the coordinator its
+  // shards) is coordinator.transport.
+  ServerSecurity security;
 };
 
 // A running tally-server: its services plus grpc.health.v1.

@@ -337,7 +337,7 @@ absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
   }
   auto it = members_.find(worker_id);
   if (it == members_.end()) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+    return WithReason(absl::PermissionDeniedError(absl::StrCat(
                           "worker ", Quoted(worker_id),
                           " is not a member of this job (lease lost?)")),
                       v1::NOT_A_MEMBER);
@@ -350,8 +350,8 @@ absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
         v1::REGISTER_AGAIN);
   }
   if (it->second.spec.leave_step <= version_) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "worker ", worker_id, " left this job at step ",
+    return WithReason(absl::PermissionDeniedError(absl::StrCat(
+                          "worker ", Quoted(worker_id), " left this job at step ",
                           it->second.spec.leave_step)),
                       v1::NOT_A_MEMBER);
   }

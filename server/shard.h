@@ -158,9 +158,9 @@ class ParameterShard {
   void AddMember(const std::string& worker_id, int64_t incarnation);
   void RemoveMember(const std::string& worker_id);
   bool IsMember(const std::string& worker_id, int64_t incarnation) const;
-  // OK when (worker_id, incarnation) is a member; else kFailedPrecondition
-  // with JOB_ENDED (retired), NOT_A_MEMBER or REGISTER_AGAIN (another
-  // incarnation is the member).
+  // OK when (worker_id, incarnation) is a member; else kPermissionDenied +
+  // NOT_A_MEMBER, or kFailedPrecondition with JOB_ENDED (retired) or
+  // REGISTER_AGAIN (another incarnation is the member).
   absl::Status CheckMember(const std::string& worker_id,
                            int64_t incarnation) const;
 
@@ -175,7 +175,7 @@ class ParameterShard {
   // Checks a push before its data is read (codes and their ErrorReason,
   // proto/errors.h):
   //   kFailedPrecondition + JOB_ENDED      the job ended (retired)
-  //   kFailedPrecondition + NOT_A_MEMBER   not a member (or past its leave)
+  //   kPermissionDenied + NOT_A_MEMBER     not a member (or past its leave)
   //   kFailedPrecondition + REGISTER_AGAIN stale incarnation
   //   kAborted + STEP_CLOSED(version)      the step closed without this push,
   //                                        or training is over: pull, go on

@@ -76,8 +76,10 @@ class LocalShardControl final : public ShardControl {
 
 class RemoteShardControl final : public ShardControl {
  public:
-  explicit RemoteShardControl(const std::string& address)
-      : address_(address), stub_(v1::ShardService::NewStub(Dial(address))) {}
+  RemoteShardControl(const std::string& address,
+                     const TransportOptions& transport)
+      : address_(address),
+        stub_(v1::ShardService::NewStub(Dial(address, transport))) {}
 
   absl::Status Install(const v1::InstallRangeRequest& req) override {
     v1::InstallRangeResponse resp;
@@ -235,8 +237,8 @@ std::unique_ptr<ShardControl> MakeLocalShardControl(ShardHost* host) {
 }
 
 std::unique_ptr<ShardControl> MakeRemoteShardControl(
-    const std::string& address) {
-  return std::make_unique<RemoteShardControl>(address);
+    const std::string& address, const TransportOptions& transport) {
+  return std::make_unique<RemoteShardControl>(address, transport);
 }
 
 }  // namespace tally

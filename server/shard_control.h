@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/tally.pb.h"
+#include "proto/transport.h"
 #include "server/shard.h"
 
 namespace tally {
@@ -57,9 +58,9 @@ class ShardControl {
 
 // `host` is borrowed and must outlive the control.
 std::unique_ptr<ShardControl> MakeLocalShardControl(ShardHost* host);
-// Over ShardService at `address`.
+// Over ShardService at `address`, dialled with `transport`.
 std::unique_ptr<ShardControl> MakeRemoteShardControl(
-    const std::string& address);
+    const std::string& address, const TransportOptions& transport);
 
 }  // namespace tally
 

@@ -25,10 +25,17 @@ fail() {
 # A free port, so parallel tests do not collide.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 addr=127.0.0.1:$port
-tally() { "$bin_tally" --server="$addr" "$@"; }
+# Every process speaks mTLS; the server checks tokens (deploy/make-certs.sh
+# made them: ctest's certs fixture).
+certs=$build/test-certs
+tls=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/node.pem" --tls_key="$certs/node.key")
+[[ -f $certs/tokens.txt ]] || fail "no $certs/tokens.txt: run deploy/make-certs.sh $certs"
+server_auth=("${tls[@]}" --tokens="$certs/tokens.txt" --token_file="$certs/admin.token")
+worker_auth=("${tls[@]}" --token_file="$certs/worker.token")
+tally() { "$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/admin.token" "$@"; }
 
 start_server() {  # [lease_ms [more flags]]
-  "$bin_server" --listen=127.0.0.1 --port="$port" --lease_timeout_ms="${1:-3000}" "${@:2}" > "$dir/server.log" 2>&1 &
+  "$bin_server" "${server_auth[@]}" --listen=127.0.0.1 --port="$port" --lease_timeout_ms="${1:-3000}" "${@:2}" > "$dir/server.log" 2>&1 &
   pids+=($!)
   # Ours must be the one answering: another test may have taken the port
   # while it was free (a restart), and then ours refuses to start.
@@ -39,7 +46,7 @@ start_server() {  # [lease_ms [more flags]]
   fail "server did not come up"
 }
 start_worker() {  # name
-  "$bin_worker" --server="$addr" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
+  "$bin_worker" --server="$addr" "${worker_auth[@]}" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
 }
@@ -131,7 +138,7 @@ case $case_name in
       (( $(grep -c registered "$dir/w1.log") >= 2 && $(grep -c registered "$dir/w2.log") >= 2 )) && break
       sleep 0.1
     done
-    out=$(timeout 120 "$bin_tally" --server="$addr" submit examples/synthetic-2workers.yaml --wait) || fail "job after the restart: $out"
+    out=$(timeout 120 "$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/admin.token" submit examples/synthetic-2workers.yaml --wait) || fail "job after the restart: $out"
     echo "reconnect: workers re-registered and trained"
     ;;
   resume)
@@ -185,6 +192,21 @@ case $case_name in
     tally cancel "$id" > /dev/null
     [[ $(job_field "$id" "['state']") == CANCELLED ]] || fail "not cancelled"
     tally list | grep -q "$id" || fail "list"
+    # Security from the command line: a plaintext client cannot connect, a
+    # client without a token or with a viewer's is refused, and nothing
+    # changes; a plaintext server beyond loopback does not start.
+    set +e
+    msg=$("$bin_tally" --server="$addr" --timeout_s=2 list 2>&1); code=$?
+    [[ $code == 3 ]] || fail "plaintext client: code $code, '$msg'"
+    msg=$("$bin_tally" --server="$addr" "${tls[@]}" list 2>&1); code=$?
+    [[ $code == 1 && $msg == *"no bearer token"* ]] || fail "no token: code $code, '$msg'"
+    id2=$(submit examples/synthetic-2workers.yaml)
+    msg=$("$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/viewer.token" cancel "$id2" 2>&1); code=$?
+    [[ $code == 1 && $msg == *"role viewer"* ]] || fail "viewer cancel: code $code, '$msg'"
+    [[ $(job_field "$id2" "['state']") == PENDING ]] || fail "the viewer's cancel changed the job"
+    msg=$("$bin_server" --listen=0.0.0.0 --port=0 2>&1); code=$?
+    [[ $code == 1 && $msg == *"without TLS"* ]] || fail "plaintext on 0.0.0.0: code $code, '$msg'"
+    set -e
     echo "cli: ok"
     ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;

@@ -3,7 +3,9 @@
 # tally-worker daemons, each on its own network host (a Linux network
 # namespace with its own address, joined by veth pairs to a bridge in a sixth
 # namespace), train a job split over both shards to completion; the client
-# runs on the coordinator's host. The topology is docker-compose.yml's.
+# runs on the coordinator's host. The topology is docker-compose.yml's. Every
+# process speaks mTLS and the servers check tokens (certificates made here,
+# with the hosts' addresses).
 # Skips (77) where namespaces cannot be made (not root, no iproute2).
 #   multihost_test.sh BUILD_DIR
 set -euo pipefail
@@ -51,31 +53,36 @@ for i in 0 1 2 3 4; do
   ip -n "$h" link set lo up
 done
 
+"$(dirname "$0")/../deploy/make-certs.sh" "$dir/certs" "${addrs[@]}" > /dev/null
+c=$dir/certs
+tls=(--tls_ca="$c/ca.pem" --tls_cert="$c/node.pem" --tls_key="$c/node.key")
+server_auth=("${tls[@]}" --tokens="$c/tokens.txt" --token_file="$c/admin.token")
 server=${addrs[0]}:7070
-ip netns exec "${hosts[0]}" "$build/server/tally-server" --port=7070 --lease_timeout_ms=2000 \
+ip netns exec "${hosts[0]}" "$build/server/tally-server" "${server_auth[@]}" --port=7070 --lease_timeout_ms=2000 \
   --noshard > "$dir/server.log" 2>&1 &
 pids+=($!)
 for i in 3 4; do
-  ip netns exec "${hosts[$i]}" "$build/server/tally-server" --port=7070 --lease_timeout_ms=2000 \
+  ip netns exec "${hosts[$i]}" "$build/server/tally-server" "${server_auth[@]}" --port=7070 --lease_timeout_ms=2000 \
     --coordinator="$server" --advertise="${addrs[$i]}:7070" > "$dir/shard$i.log" 2>&1 &
   pids+=($!)
 done
 for i in 1 2; do
-  ip netns exec "${hosts[$i]}" "$build/worker/tally-worker" --server="$server" --devices=cpu:1 \
+  ip netns exec "${hosts[$i]}" "$build/worker/tally-worker" --server="$server" "${tls[@]}" --token_file="$c/worker.token" --devices=cpu:1 \
     --name="host$i" --health_port=7071 > "$dir/worker$i.log" 2>&1 &
   pids+=($!)
 done
-on_server() { ip netns exec "${hosts[0]}" "$build/client/tally" --server="$server" "$@"; }
+client=("$build/client/tally" "${tls[@]}" --token_file="$c/admin.token")
+on_server() { ip netns exec "${hosts[0]}" "${client[@]}" --server="$server" "$@"; }
 for _ in $(seq 100); do on_server health > /dev/null 2>&1 && break; sleep 0.1; done
 # A worker host reaches the server across the bridge.
-ip netns exec "${hosts[1]}" "$build/client/tally" --server="$server" health > /dev/null ||
+ip netns exec "${hosts[1]}" "${client[@]}" --server="$server" health > /dev/null ||
   fail "the server is unreachable from a worker host"
 # Each worker's own health endpoint answers across the network too.
 for _ in $(seq 100); do
-  ip netns exec "${hosts[0]}" "$build/client/tally" --server="${addrs[1]}:7071" health > /dev/null 2>&1 && break
+  ip netns exec "${hosts[0]}" "${client[@]}" --server="${addrs[1]}:7071" health > /dev/null 2>&1 && break
   sleep 0.1
 done
-ip netns exec "${hosts[0]}" "$build/client/tally" --server="${addrs[1]}:7071" health > /dev/null ||
+ip netns exec "${hosts[0]}" "${client[@]}" --server="${addrs[1]}:7071" health > /dev/null ||
   fail "worker health endpoint unreachable"
 
 # Both shards registered from their own hosts.

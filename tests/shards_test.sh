@@ -39,10 +39,17 @@ free_port() {
 }
 port=$(free_port)
 addr=127.0.0.1:$port
-tally() { "$bin_tally" --server="$addr" "$@"; }
+# Every process speaks mTLS; the server checks tokens (deploy/make-certs.sh
+# made them: ctest's certs fixture).
+certs=$build/test-certs
+tls=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/node.pem" --tls_key="$certs/node.key")
+[[ -f $certs/tokens.txt ]] || fail "no $certs/tokens.txt: run deploy/make-certs.sh $certs"
+server_auth=("${tls[@]}" --tokens="$certs/tokens.txt" --token_file="$certs/admin.token")
+worker_auth=("${tls[@]}" --token_file="$certs/worker.token")
+tally() { "$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/admin.token" "$@"; }
 
 start_coordinator() {  # [more flags]
-  "$bin_server" --listen=127.0.0.1 --port="$port" --lease_timeout_ms=1000 --noshard "$@" > "$dir/coordinator.log" 2>&1 &
+  "$bin_server" "${server_auth[@]}" --listen=127.0.0.1 --port="$port" --lease_timeout_ms=1000 --noshard "$@" > "$dir/coordinator.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do
     grep -q "listening on" "$dir/coordinator.log" && tally health > /dev/null 2>&1 && return 0
@@ -51,14 +58,14 @@ start_coordinator() {  # [more flags]
   fail "coordinator did not come up"
 }
 start_shard() {  # name port
-  "$bin_server" --listen=127.0.0.1 --port="$2" --coordinator="$addr" --advertise="127.0.0.1:$2" --lease_timeout_ms=1000 > "$dir/$1.log" 2>&1 &
+  "$bin_server" "${server_auth[@]}" --listen=127.0.0.1 --port="$2" --coordinator="$addr" --advertise="127.0.0.1:$2" --lease_timeout_ms=1000 > "$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
   for _ in $(seq 100); do grep -q "registered with" "$dir/$1.log" && return 0; sleep 0.05; done
   fail "shard $1 did not register"
 }
 start_worker() {  # name
-  "$bin_worker" --server="$addr" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
+  "$bin_worker" --server="$addr" "${worker_auth[@]}" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
 }

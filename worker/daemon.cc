@@ -30,7 +30,7 @@ struct Lease {
 class WorkerDaemon::Impl {
  public:
   explicit Impl(const DaemonOptions& o) : options_(o) {
-    channel_ = Dial(o.server);
+    channel_ = Dial(o.server, o.transport);
     workers_ = v1::WorkerService::NewStub(channel_);
   }
 

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/device.h"
+#include "proto/transport.h"
 
 namespace tally {
 
@@ -33,6 +34,8 @@ struct DaemonOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   int64_t chunk_elements = 262144;  // push chunks: 1 MiB
   bool verbose = true;
+  // TLS material and bearer token for the coordinator and every shard.
+  TransportOptions transport;
 };
 
 class WorkerDaemon {

@@ -122,6 +122,7 @@ absl::Status JobRunner::Prepare() {
                                                                : v1::FLOAT32;
   po.chunk_elements = options_.chunk_elements;
   po.rpc_timeout = options_.rpc_timeout;
+  po.transport = options_.transport;
   po.total_steps = schedule_.total_steps;
   po.steps_per_epoch = schedule_.steps_per_epoch;
   v1::ShardMap map = assignment_.shard_map();

@@ -27,6 +27,7 @@
 #include "common/spec/job_spec.h"
 #include "common/stop_signal.h"
 #include "proto/transport.h"
+#include "proto/transport_flags.h"
 #include "worker/daemon.h"
 #include "worker/health.h"
 #include "worker/standalone.h"
@@ -97,6 +98,9 @@ int RunDaemon() {
     options.name = host;
   }
   options.verbose = !absl::GetFlag(FLAGS_quiet);
+  auto transport = tally::TransportFromFlags();
+  if (!transport.ok()) return Fail(transport.status());
+  options.transport = *transport;
 
   std::unique_ptr<grpc::Server> health;
   tally::HealthService health_service;
@@ -104,7 +108,12 @@ int RunDaemon() {
     grpc::ServerBuilder builder;
     builder.RegisterService(&health_service);
     int bound = 0;
-    tally::ConfigureServer(absl::StrCat("0.0.0.0:", port), &builder, &bound);
+    // Health only (nothing else is served here): TLS when the worker has
+    // it, else plaintext on every interface, as probes expect.
+    tally::ServerSecurity security;
+    security.tls = options.transport.tls;
+    tally::ConfigureServer(absl::StrCat("0.0.0.0:", port), &builder, &bound,
+                           security);
     health = builder.BuildAndStart();
     if (health == nullptr || bound == 0) {
       std::cerr << "tally-worker: cannot serve health checks on port " << port

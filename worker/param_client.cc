@@ -275,7 +275,7 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
     s.offset = e.offset();
     s.count = e.count();
     std::shared_ptr<grpc::Channel>& ch = channels[s.address];
-    if (ch == nullptr) ch = Dial(s.address);
+    if (ch == nullptr) ch = Dial(s.address, options.transport);
     s.stub = v1::ParameterService::NewStub(ch);
     client->shards_.push_back(std::move(s));
   }

@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/tally.grpc.pb.h"
+#include "proto/transport.h"
 
 namespace grpc {
 class Channel;
@@ -100,6 +101,8 @@ struct ParamClientOptions {
   // The worker's view of the schedule, sent with pulls (0: no claim).
   int64_t total_steps = 0;
   int64_t steps_per_epoch = 0;
+  // How shards are dialled (TLS, token).
+  TransportOptions transport;
 };
 
 // What a push says besides its gradient.

@@ -68,7 +68,7 @@ class CoordinatorTest : public ::testing::Test {
   v1::RegisterWorkerResponse Register(const std::string& name) {
     v1::RegisterWorkerRequest r;
     r.set_name(name);
-    return coord_.Register(r);
+    return *coord_.Register(r);
   }
   absl::StatusOr<v1::HeartbeatResponse> Beat(
       const v1::RegisterWorkerResponse& w) {
@@ -283,7 +283,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   auto reg = [](Coordinator& c, const std::string& name) {
     v1::RegisterWorkerRequest r;
     r.set_name(name);
-    return c.Register(r);
+    return *c.Register(r);
   };
   std::vector<float> weights_at_3;
   OptimizerState optimizer_at_3;

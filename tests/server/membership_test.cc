@@ -69,7 +69,7 @@ class MembershipTest : public ::testing::Test {
   v1::RegisterWorkerResponse Register(const std::string& name) {
     v1::RegisterWorkerRequest r;
     r.set_name(name);
-    return coord_.Register(r);
+    return *coord_.Register(r);
   }
   absl::StatusOr<v1::HeartbeatResponse> Beat(
       const v1::RegisterWorkerResponse& w) {

@@ -487,12 +487,12 @@ TEST_F(ServiceTest, NonMembersAndWrongSchedulesAreRefusedOnTheDataPath) {
   while (r->Read(&resp)) {
   }
   EXPECT_THAT(FromGrpc(r->Finish()),
-              HasReason(absl::StatusCode::kFailedPrecondition,
+              HasReason(absl::StatusCode::kPermissionDenied,
                         v1::NOT_A_MEMBER));
   auto push = FullPush(0, 1.0f);
   push[0].mutable_header()->set_worker_id(stranger.worker_id());
   push[0].mutable_header()->set_incarnation(stranger.incarnation());
-  EXPECT_THAT(Push(push), HasReason(absl::StatusCode::kFailedPrecondition,
+  EXPECT_THAT(Push(push), HasReason(absl::StatusCode::kPermissionDenied,
                                     v1::NOT_A_MEMBER));
   // The member, with another dataset's schedule.
   req = PullRequest(0);

@@ -29,7 +29,7 @@ TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   auto server = TallyServer::Start("127.0.0.1:0", o);
   ASSERT_TRUE(server.ok()) << server.status();
   std::unique_ptr<ShardControl> shard = MakeRemoteShardControl(
-      absl::StrCat("127.0.0.1:", (*server)->port()));
+      absl::StrCat("127.0.0.1:", (*server)->port()), TransportOptions{});
   constexpr int64_t kParams = 1024 * 2048 + 2048;
   const int64_t offset = 1000, count = kParams - 1000;  // 8.4 MB a part
   v1::InstallRangeRequest req;

@@ -99,7 +99,7 @@ TEST_F(ShardTest, ClosedFutureAndStaleStepsGetSpecificCodes) {
               HasReason(absl::StatusCode::kFailedPrecondition,
                         v1::REGISTER_AGAIN));
   EXPECT_THAT(PushAndCommit(*shard_, Meta("zed", 1, 1), g.data(), &dup),
-              HasReason(absl::StatusCode::kFailedPrecondition,
+              HasReason(absl::StatusCode::kPermissionDenied,
                         v1::NOT_A_MEMBER));
   PushMeta wrong_base = Meta("a", 1, 1);
   wrong_base.base_version = 0;

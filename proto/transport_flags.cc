@@ -1,0 +1,49 @@
+#include "proto/transport_flags.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the CA whose certificates peers must present (mTLS)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM file of this program's certificate");
+ABSL_FLAG(std::string, tls_key, "", "PEM file of this program's private key");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding this program's bearer token (sent on every call; "
+          "needs TLS)");
+
+namespace tally {
+
+absl::StatusOr<TransportOptions> TransportFromFlags() {
+  TransportOptions options;
+  auto tls = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+                     absl::GetFlag(FLAGS_tls_key));
+  if (!tls.ok()) return tls.status();
+  options.tls = *std::move(tls);
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    if (!options.tls.enabled()) {
+      return absl::InvalidArgumentError(
+          "--token_file needs TLS (--tls_ca, --tls_cert, --tls_key): a "
+          "bearer token is never sent in plaintext");
+    }
+    std::ifstream in(path);
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("cannot read --token_file=", path));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    options.token = std::string(absl::StripAsciiWhitespace(text.str()));
+    if (options.token.empty() ||
+        options.token.find_first_of(" \t\r\n") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--token_file=", path, " must hold one token and nothing else"));
+    }
+  }
+  return options;
+}
+
+}  // namespace tally

@@ -1,0 +1,20 @@
+// The transport flags every Tally program takes (tally-server, tally-worker,
+// tally), defined once:
+//   --tls_ca=FILE --tls_cert=FILE --tls_key=FILE   mTLS (all three or none)
+//   --token_file=FILE                              this program's bearer token
+// Call from main() only, after absl::ParseCommandLine.
+#ifndef TALLY_PROTO_TRANSPORT_FLAGS_H_
+#define TALLY_PROTO_TRANSPORT_FLAGS_H_
+
+#include "absl/status/statusor.h"
+#include "proto/transport.h"
+
+namespace tally {
+
+// TransportOptions with the TLS material and token the flags name.
+// NOT_FOUND or INVALID_ARGUMENT names the flag and file.
+absl::StatusOr<TransportOptions> TransportFromFlags();
+
+}  // namespace tally
+
+#endif  // TALLY_PROTO_TRANSPORT_FLAGS_H_
