@@ -19,6 +19,7 @@
 #include "common/malloc_tuning.h"
 #include "proto/tally.grpc.pb.h"
 #include "proto/transport.h"
+#include "proto/transport_flags.h"
 #include "proto/tensor_chunk.h"
 
 ABSL_FLAG(std::string, server, "localhost:7070", "tally-server");
@@ -50,7 +51,12 @@ void Check(const grpc::Status& s, const char* what) {
 int main(int argc, char** argv) {
   tally::TuneMallocForBulkTransfers();
   absl::ParseCommandLine(argc, argv);
-  auto ch = tally::Dial(absl::GetFlag(FLAGS_server));
+  auto transport = tally::TransportFromFlags();  // --tls_*, --token_file
+  if (!transport.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(transport.status().message()).c_str());
+    return 2;
+  }
+  auto ch = tally::Dial(absl::GetFlag(FLAGS_server), *transport);
   auto jobs = v1::JobService::NewStub(ch);
   auto workers = v1::WorkerService::NewStub(ch);
   auto params = v1::ParameterService::NewStub(ch);

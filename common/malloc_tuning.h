@@ -21,6 +21,22 @@ inline void TuneMallocForBulkTransfers() {
 #endif
 }
 
+// The other side of the high trim threshold: memory freed after a large
+// transient buffer (an oversized request gRPC read whole before refusing
+// it, a burst of pushes) stays in the heap. Returns it to the kernel when
+// more than `keep_bytes` lie free; call every few seconds from one thread.
+// Returns whether it trimmed.
+inline bool ReturnFreeMemory(size_t keep_bytes) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const struct mallinfo2 info = mallinfo2();
+  if (info.fordblks <= keep_bytes) return false;
+  return malloc_trim(keep_bytes) != 0;
+#else
+  (void)keep_bytes;
+  return false;
+#endif
+}
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_MALLOC_TUNING_H_

@@ -19,6 +19,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+namespace google::protobuf {
+class MessageLite;
+}
 namespace grpc {
 class Channel;
 class ServerBuilder;
@@ -32,6 +35,14 @@ class TokenTable;
 inline constexpr int kMaxMessageBytes = 4 * 1024 * 1024;
 // Largest message a client accepts (a pull chunk, a job record).
 inline constexpr int kMaxClientReceiveBytes = 8 * 1024 * 1024;
+// Largest control message (everything but tensor chunks and job specs): a
+// handler refuses a bigger one with kResourceExhausted (CheckControlMessage).
+inline constexpr size_t kMaxControlBytes = 256 * 1024;
+// What gRPC's own buffers may take in a server (its resource quota): under
+// pressure it shrinks flow-control windows and cuts oversized calls.
+inline constexpr size_t kServerMemoryQuotaBytes = 256 << 20;
+// Calls one connection may have open at once (HTTP/2 streams).
+inline constexpr int kMaxStreamsPerConnection = 128;
 // Elements per tensor chunk unless a caller asks for fewer: 1 MiB of float32.
 inline constexpr int64_t kDefaultChunkElements = 262144;
 
@@ -77,6 +88,11 @@ struct ServerSecurity {
 // without TLS (tokens would cross the network in the clear).
 absl::Status CheckServerSecurity(const std::string& address,
                                  const ServerSecurity& security);
+
+// kResourceExhausted when a control request is over kMaxControlBytes (gRPC
+// has one receive limit per port, the bulk one; control methods apply this
+// smaller one to the parsed request).
+absl::Status CheckControlMessage(const google::protobuf::MessageLite& request);
 
 // A channel to `target` ("host:port") with Tally's settings.
 std::shared_ptr<grpc::Channel> Dial(const std::string& target,

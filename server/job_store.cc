@@ -128,15 +128,26 @@ absl::Status JobStore::Open() {
 }
 
 absl::StatusOr<StoredJob> JobStore::LoadFile(const std::string& path) const {
+  auto bytes = ReadFile(path);
+  if (!bytes.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": ", bytes.status().message()));
+  }
+  return ParseCheckpoint(*bytes, path, limits_);
+}
+
+absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
+                                                    const std::string& path,
+                                                    const SpecLimits& limits) {
   auto bad = [&path](absl::string_view why) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", path, ": ", why,
                      " (move the file away to start without that job)"));
   };
-  auto bytes = ReadFile(path);
-  if (!bytes.ok()) return bad(bytes.status().message());
+  if (bytes.size() >= static_cast<size_t>(INT_MAX)) return bad("over 2 GiB");
   v1::JobCheckpoint ck;
-  if (!ck.ParseFromString(*bytes)) return bad("not a job checkpoint");
+  if (!ck.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    return bad("not a job checkpoint");
   if (ck.format() != kFormat) {
     return bad(absl::StrCat("format ", ck.format(), ", this server reads ",
                             kFormat));
@@ -149,7 +160,7 @@ absl::StatusOr<StoredJob> JobStore::LoadFile(const std::string& path) const {
       ck.job().id() + ".ckpt") {
     return bad("the file's name is not its job's");
   }
-  auto spec = ParseJobSpec(ck.job().spec(), limits_);
+  auto spec = ParseJobSpec(ck.job().spec(), limits);
   if (!spec.ok()) return bad(spec.status().message());
   const int64_t n = spec->layout.num_params;
   StoredJob out;

@@ -57,6 +57,12 @@ class JobStore {
   // Replaces the job's file. kResourceExhausted past 2 GiB (protobuf's
   // limit); errors name the file.
   absl::Status Save(const StoredJob& job) const;
+  // A checkpoint file's bytes, checked (format, job id against the file
+  // name `path`, spec under `limits`, sizes, checksum); kDataLoss names the
+  // file and what is wrong.
+  static absl::StatusOr<StoredJob> ParseCheckpoint(absl::string_view bytes,
+                                                   const std::string& path,
+                                                   const SpecLimits& limits);
   // Deletes the job's file (OK when it has none).
   absl::Status Remove(const std::string& job_id) const;
 

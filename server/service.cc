@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
 #include "proto/tensor_chunk.h"
@@ -172,6 +173,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
     grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
     v1::Job* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   auto job = Visible(*ctx, req->job_id());
   if (!job.ok()) return Reply(ctx, job.status());
   *resp = *std::move(job);
@@ -181,6 +184,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
     grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
     v1::ListJobsResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   JobQuery q;
   q.page_size = req->page_size() <= 0 ? 100 : std::min(req->page_size(), 1000);
   q.page_token = req->page_token();
@@ -204,6 +209,8 @@ grpc::ServerWriteReactor<v1::Job>* JobServiceImpl::WatchJob(
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
     grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
     v1::Job* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   if (auto job = Visible(*ctx, req->job_id()); !job.ok())
     return Reply(ctx, job.status());
   auto job = coord_->Cancel(req->job_id());
@@ -222,6 +229,8 @@ grpc::ServerWriteReactor<v1::FileChunk>* JobServiceImpl::FetchWeights(
 grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
     v1::RegisterWorkerResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   auto r = coord_->Register(*req);
   if (!r.ok()) return Reply(ctx, r.status());
   *resp = *std::move(r);
@@ -231,6 +240,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
     grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
     v1::HeartbeatResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   auto r = coord_->Heartbeat(*req);
   if (!r.ok()) return Reply(ctx, r.status());
   *resp = *std::move(r);
@@ -240,6 +251,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
     grpc::CallbackServerContext* ctx, const v1::ReportResultRequest* req,
     v1::ReportResultResponse*) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   return Reply(ctx, coord_->ReportResult(*req));
 }
 
@@ -253,6 +266,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListShards(
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::RegisterShard(
     grpc::CallbackServerContext* ctx, const v1::RegisterShardRequest* req,
     v1::RegisterShardResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   if (req->address().empty() || req->address().size() > 1024) {
     return Reply(ctx, absl::InvalidArgumentError(
                           "a shard registers with its host:port"));
@@ -264,6 +279,8 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::RegisterShard(
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::ShardHeartbeat(
     grpc::CallbackServerContext* ctx, const v1::ShardHeartbeatRequest* req,
     v1::ShardHeartbeatResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   auto r = coord_->ShardHeartbeat(*req);
   if (!r.ok()) return Reply(ctx, r.status());
   *resp = *std::move(r);
@@ -344,9 +361,12 @@ bool TallyServer::SleepUnlessStopped(absl::Duration d) {
 }
 
 void TallyServer::TickLoop() {
-  while (!SleepUnlessStopped(absl::Milliseconds(100))) {
+  for (int64_t tick = 1; !SleepUnlessStopped(absl::Milliseconds(100)); ++tick) {
     if (host_ != nullptr) host_->Tick();
     if (coordinator_ != nullptr) coordinator_->Tick();
+    // Every 2 s: give back what large transient buffers left free (more
+    // than 64 MiB of it), so a refused 1 GB request costs nothing after.
+    if (tick % 20 == 0) ReturnFreeMemory(64 << 20);
   }
 }
 

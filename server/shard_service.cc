@@ -446,6 +446,8 @@ grpc::ServerReadReactor<v1::InstallRangeChunk>* ShardServiceImpl::InstallRange(
 grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
     grpc::CallbackServerContext* ctx, const v1::HoldRangeRequest* req,
     v1::HoldRangeResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   absl::StatusOr<HoldReport> r =
       host_->Hold(req->job_id(), req->map_version(), req->hold_id(),
                   absl::Milliseconds(std::clamp<int64_t>(req->hold_ms(), 0,
@@ -465,6 +467,8 @@ grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
 grpc::ServerUnaryReactor* ShardServiceImpl::SetRangeMembers(
     grpc::CallbackServerContext* ctx, const v1::SetRangeMembersRequest* req,
     v1::SetRangeMembersResponse*) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   std::vector<MemberSpec> members;
   for (const v1::MemberSpec& m : req->members()) members.push_back(FromProto(m));
   return Reply(ctx, host_->SetMembers(req->job_id(), req->map_version(),
@@ -474,6 +478,8 @@ grpc::ServerUnaryReactor* ShardServiceImpl::SetRangeMembers(
 grpc::ServerUnaryReactor* ShardServiceImpl::RetireRange(
     grpc::CallbackServerContext* ctx, const v1::RetireRangeRequest* req,
     v1::RetireRangeResponse*) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
   return Reply(ctx, host_->Retire(req->job_id(), req->map_version()));
 }
 

@@ -434,3 +434,110 @@ TEST(JobStoreTest, DamagedFilesAndForeignIdsAreRefused) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Limits and retention: each refused with its code, nothing half-done.
+class CoordinatorLimitsTest : public ::testing::Test {
+ protected:
+  void Make(const CoordinatorOptions& base) {
+    CoordinatorOptions o = base;
+    o.clock = &clock_;
+    o.local_shard = &host_;
+    coord_ = std::make_unique<Coordinator>(o);
+  }
+  FakeClock clock_;
+  ShardHost host_{&clock_};
+  std::unique_ptr<Coordinator> coord_;
+};
+
+TEST_F(CoordinatorLimitsTest, QueuedJobsAndWorkersAreBounded) {
+  CoordinatorOptions o;
+  o.max_queued_jobs = 2;
+  o.max_workers = 1;
+  Make(o);
+  ASSERT_TRUE(coord_->Submit(kSpec).ok());
+  ASSERT_TRUE(coord_->Submit(kSpec).ok());
+  EXPECT_THAT(coord_->Submit(kSpec),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max_queued_jobs")));
+  EXPECT_EQ(coord_->List().size(), 2u);
+  // A cancelled job no longer counts.
+  ASSERT_TRUE(coord_->Cancel("job-1").ok());
+  EXPECT_TRUE(coord_->Submit(kSpec).ok());
+
+  v1::RegisterWorkerRequest r;
+  r.set_name("a");
+  ASSERT_TRUE(coord_->Register(r).ok());
+  EXPECT_THAT(coord_->Register(r),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max_workers")));
+  r.set_name(std::string(100000, 'n'));
+  EXPECT_THAT(coord_->Register(r),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("at most 256 bytes")));
+}
+
+TEST_F(CoordinatorLimitsTest, ListPagesInOrderAndFiltersByOwner) {
+  Make(CoordinatorOptions{});
+  for (int i = 0; i < 7; ++i)
+    ASSERT_TRUE(coord_->Submit(kSpec, i % 2 == 0 ? "alice" : "bob").ok());
+  JobQuery q;
+  q.page_size = 3;
+  q.omit_spec = true;
+  std::vector<std::string> seen;
+  for (int pages = 1;; ++pages) {
+    auto page = coord_->ListPage(q);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ASSERT_LE(page->jobs.size(), 3u);
+    for (const v1::Job& j : page->jobs) {
+      EXPECT_TRUE(j.spec().empty());
+      seen.push_back(j.id());
+    }
+    if (page->next_page_token.empty()) {
+      EXPECT_EQ(pages, 3);
+      break;
+    }
+    q.page_token = page->next_page_token;
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"job-1", "job-2", "job-3", "job-4",
+                                            "job-5", "job-6", "job-7"}));
+  JobQuery mine;
+  mine.owner = "bob";
+  auto page = coord_->ListPage(mine);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->jobs.size(), 3u);
+  EXPECT_EQ(page->jobs[0].id(), "job-2");
+  EXPECT_FALSE(page->jobs[0].spec().empty());
+  q.page_token = "job-1";
+  EXPECT_THAT(coord_->ListPage(q),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("page_token")));
+}
+
+TEST_F(CoordinatorLimitsTest, EndedJobsBeyondTheRetentionAreDropped) {
+  CoordinatorOptions o;
+  o.max_finished_jobs = 2;
+  o.finished_job_ttl = absl::Hours(1);
+  o.keep_weights_dir = testing::TempDir("retention");
+  Make(o);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(coord_->Submit(kSpec).ok());
+  for (const char* id : {"job-1", "job-2", "job-3"})
+    ASSERT_TRUE(coord_->Cancel(id).ok());
+  coord_->Tick();
+  // Three ended, two kept: the oldest went; the pending one stays.
+  std::vector<std::string> ids;
+  for (const v1::Job& j : coord_->List()) ids.push_back(j.id());
+  EXPECT_EQ(ids, (std::vector<std::string>{"job-2", "job-3", "job-4"}));
+  EXPECT_THAT(coord_->Get("job-1"),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  // An hour later the others go by age; job-4 has not ended.
+  clock_.Advance(absl::Hours(2));
+  coord_->Tick();
+  ASSERT_EQ(coord_->List().size(), 1u);
+  EXPECT_EQ(coord_->List()[0].id(), "job-4");
+}
+
+}  // namespace
+}  // namespace tally

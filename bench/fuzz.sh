@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Fuzzes what Tally reads from outside: the job spec parser and validator, a
+# pushed tensor chunk, a checkpoint file, a .safetensors file. Builds the
+# libFuzzer harnesses (tests/fuzz) with clang, AddressSanitizer and UBSan in
+# build-fuzz/, then runs each for SECONDS (default 600) from its committed
+# seed corpus (tests/fuzz/corpus/NAME; new inputs go to build-fuzz/corpus/NAME),
+# and prints one line per harness: executions, executions per second, corpus
+# size, and whether it crashed (the crashing input is kept in build-fuzz/).
+#   bench/fuzz.sh [SECONDS] [HARNESS ...]     HARNESS: job_spec tensor_chunk
+#                                             checkpoint safetensors
+#   bench/fuzz.sh --build-only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=600
+build_only=0
+harnesses=()
+for a in "$@"; do
+  case $a in
+    --build-only) build_only=1 ;;
+    [0-9]*) seconds=$a ;;
+    *) harnesses+=("$a") ;;
+  esac
+done
+((${#harnesses[@]})) || harnesses=(job_spec tensor_chunk checkpoint safetensors)
+B=build-fuzz
+if [[ ! -f $B/build.ninja ]]; then
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DTALLY_FUZZ=ON -DTALLY_CUDA=OFF -DTALLY_BUILD_TESTS=OFF > /dev/null
+fi
+targets=()
+for h in "${harnesses[@]}"; do targets+=("${h}_fuzz"); done
+ninja -C "$B" "${targets[@]}" > "$B/build.log" 2>&1 || { tail -n 30 "$B/build.log" >&2; exit 1; }
+((build_only)) && exit 0
+
+status=0
+printf '%-13s %12s %10s %8s  %s\n' harness executions "exec/s" corpus result
+for h in "${harnesses[@]}"; do
+  corpus=$B/corpus/$h
+  mkdir -p "$corpus" "$B/crashes/$h"
+  log=$B/$h.log
+  set +e
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$B/tests/fuzz/${h}_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 \
+      -malloc_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="$B/crashes/$h/" "$corpus" "tests/fuzz/corpus/$h" > "$log" 2>&1
+  rc=$?
+  set -e
+  runs=$(grep -oE "stat::number_of_executed_units: *[0-9]+" "$log" | grep -oE "[0-9]+$" || echo 0)
+  rate=$(grep -oE "stat::average_exec_per_sec: *[0-9]+" "$log" | grep -oE "[0-9]+$" || echo 0)
+  size=$(ls "$corpus" "tests/fuzz/corpus/$h" | grep -vc ":$" || true)
+  if ((rc == 0)); then
+    result=ok
+  else
+    result="CRASH (exit $rc): $(ls "$B/crashes/$h" | head -n 1), see $log"
+    status=1
+  fi
+  printf '%-13s %12s %10s %8s  %s\n' "$h" "$runs" "$rate" "$size" "$result"
+done
+exit $status
