@@ -9,28 +9,33 @@
 #   bench/fuzz.sh [SECONDS] [HARNESS ...]     HARNESS: job_spec tensor_chunk
 #                                             checkpoint safetensors
 #   bench/fuzz.sh --build-only
+#   bench/fuzz.sh --no-build SECONDS HARNESS   (ctest's fuzz_* tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=600
 build_only=0
+no_build=0
 harnesses=()
 for a in "$@"; do
   case $a in
     --build-only) build_only=1 ;;
+    --no-build) no_build=1 ;;
     [0-9]*) seconds=$a ;;
     *) harnesses+=("$a") ;;
   esac
 done
 ((${#harnesses[@]})) || harnesses=(job_spec tensor_chunk checkpoint safetensors)
 B=build-fuzz
-if [[ ! -f $B/build.ninja ]]; then
+if ((!no_build)) && [[ ! -f $B/build.ninja ]]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DTALLY_FUZZ=ON -DTALLY_CUDA=OFF -DTALLY_BUILD_TESTS=OFF > /dev/null
 fi
 targets=()
 for h in "${harnesses[@]}"; do targets+=("${h}_fuzz"); done
-ninja -C "$B" "${targets[@]}" > "$B/build.log" 2>&1 || { tail -n 30 "$B/build.log" >&2; exit 1; }
+if ((!no_build)); then
+  ninja -C "$B" "${targets[@]}" > "$B/build.log" 2>&1 || { tail -n 30 "$B/build.log" >&2; exit 1; }
+fi
 ((build_only)) && exit 0
 
 status=0

@@ -12,6 +12,7 @@ PACKAGES=(
   python3 python3-numpy
   docker-compose iproute2   # compose-file validation, multi-host tests
   openssl                   # deploy/make-certs.sh (TLS certificates)
+  clang libclang-rt-14-dev libfuzzer-14-dev   # bench/fuzz.sh (libFuzzer, sanitizers)
 )
 # `--with-torch` adds PyTorch (the interop test, golden values, benchmarks)
 # and iperf3 (the network benchmark's reference).

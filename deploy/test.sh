@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/build.sh --with-torch
+bench/fuzz.sh --build-only  # the libFuzzer harnesses (clang), run 30 s each by ctest
 cd build
 status=0
 ctest -j "$(nproc)" --output-on-failure --timeout 600 | tee ctest-output.log || status=$?
