@@ -43,7 +43,7 @@ printf '%-13s %12s %10s %8s  %s\n' harness executions "exec/s" corpus result
 for h in "${harnesses[@]}"; do
   corpus=$B/corpus/$h
   mkdir -p "$corpus" "$B/crashes/$h"
-  log=$B/$h.log
+  log=$B/$h-${seconds}s.log
   set +e
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

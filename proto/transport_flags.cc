@@ -1,5 +1,9 @@
 #include "proto/transport_flags.h"
 
+#include <google/protobuf/stubs/logging.h>
+
+#include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -17,6 +21,25 @@ ABSL_FLAG(std::string, token_file, "",
           "needs TLS)");
 
 namespace tally {
+
+namespace {
+
+void LimitedLog(google::protobuf::LogLevel level, const char* filename,
+                int line, const std::string& message) {
+  static std::atomic<int64_t> lines{0};
+  const int64_t n = lines.fetch_add(1, std::memory_order_relaxed);
+  if (n >= 20 && n % 10000 != 0) return;
+  std::fprintf(stderr, "[protobuf %s %s:%d] %s%s\n",
+               level >= google::protobuf::LOGLEVEL_ERROR ? "error" : "note",
+               filename, line, message.c_str(),
+               n >= 20 ? absl::StrCat(" (", n, " such lines so far; most not "
+                                      "printed)").c_str()
+                       : "");
+}
+
+}  // namespace
+
+void LimitProtobufLogs() { google::protobuf::SetLogHandler(&LimitedLog); }
 
 absl::StatusOr<TransportOptions> TransportFromFlags() {
   TransportOptions options;

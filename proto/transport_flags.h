@@ -15,6 +15,12 @@ namespace tally {
 // NOT_FOUND or INVALID_ARGUMENT names the flag and file.
 absl::StatusOr<TransportOptions> TransportFromFlags();
 
+// protobuf logs every request it cannot parse (a string field with invalid
+// UTF-8, for one): a client could fill a server's log. After this, the
+// first 20 such lines are printed, then one per 10,000. protobuf's handler
+// is process-wide (a plain function), hence a call from main().
+void LimitProtobufLogs();
+
 }  // namespace tally
 
 #endif  // TALLY_PROTO_TRANSPORT_FLAGS_H_

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   tally::TuneMallocForBulkTransfers();
   absl::SetProgramUsageMessage("Tally parameter server and coordinator.");
   absl::ParseCommandLine(argc, argv);
+  tally::LimitProtobufLogs();
   // Before anything slow: a signal during start-up then stops the server
   // as soon as it is up, instead of being lost.
   tally::InstallStopSignals();

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "common/bfloat16.h"
 #include "common/io/safetensors.h"
@@ -212,18 +213,75 @@ TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
   v1::ListJobsResponse listed;
   ASSERT_TRUE(jobs_->ListJobs(Ctx().get(), {}, &listed).ok());
   EXPECT_EQ(listed.jobs_size(), 0);  // nothing was stored
-  // A 1 MiB job id: NOT_FOUND with a short message (it used to be echoed
+  // A 100 KiB job id: NOT_FOUND with a short message (it used to be echoed
   // whole, and the reply outgrew gRPC's limit).
-  g.set_job_id(std::string(1 << 20, 'x'));
+  g.set_job_id(std::string(100 << 10, 'x'));
   absl::Status huge = FromGrpc(jobs_->GetJob(Ctx().get(), g, &j));
   EXPECT_THAT(huge, StatusIs(absl::StatusCode::kNotFound,
-                             HasSubstr("(1048576 bytes)")));
+                             HasSubstr("(102400 bytes)")));
   EXPECT_LT(huge.message().size(), 200u);
+  // A 1 MiB one is over the control-message limit, said briefly too.
+  g.set_job_id(std::string(1 << 20, 'x'));
+  huge = FromGrpc(jobs_->GetJob(Ctx().get(), g, &j));
+  EXPECT_THAT(huge, StatusIs(absl::StatusCode::kResourceExhausted,
+                             HasSubstr("limit of control messages")));
+  EXPECT_LT(huge.message().size(), 200u);
+  // Over the transport's limit: refused before any handler, and the
+  // server serves on.
+  v1::RegisterWorkerRequest big;
+  big.set_name(std::string(5 << 20, 'n'));
+  v1::RegisterWorkerResponse reg;
+  EXPECT_THAT(FromGrpc(workers_->RegisterWorker(Ctx().get(), big, &reg)),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  EXPECT_TRUE(jobs_->ListJobs(Ctx().get(), {}, &listed).ok());
   job_ = "job-42";
   EXPECT_THAT(Push({Header(0)}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
   EXPECT_THAT(Pull(0),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
+}
+
+// More jobs than one reply could carry (3,000 specs of 3 KB: 9 MB, over
+// the client's 8 MiB limit) are listed page by page, every job once.
+TEST(ServiceListTest, ManyJobsArePaged) {
+  CoordinatorOptions o;
+  o.max_queued_jobs = 5000;
+  auto server = TallyServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto jobs = v1::JobService::NewStub(
+      Dial(absl::StrCat("127.0.0.1:", (*server)->port())));
+  v1::SubmitJobRequest req;
+  req.set_spec(std::string(kSpec) + "# " + std::string(3000, 'c') + "\n");
+  constexpr int kJobs = 3000;
+  for (int i = 0; i < kJobs; ++i) {
+    grpc::ClientContext ctx;
+    v1::SubmitJobResponse resp;
+    ASSERT_TRUE(jobs->SubmitJob(&ctx, req, &resp).ok()) << i;
+  }
+  v1::ListJobsRequest list;
+  list.set_page_size(1000);
+  std::set<std::string> seen;
+  int pages = 0;
+  do {
+    grpc::ClientContext ctx;
+    v1::ListJobsResponse resp;
+    ASSERT_TRUE(jobs->ListJobs(&ctx, list, &resp).ok()) << "page " << pages;
+    ++pages;
+    for (const v1::Job& j : resp.jobs()) {
+      EXPECT_FALSE(j.spec().empty());
+      seen.insert(j.id());
+    }
+    list.set_page_token(resp.next_page_token());
+  } while (!list.page_token().empty());
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kJobs));
+  // A token the server never gave.
+  list.set_page_token("not-a-token");
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse resp;
+  EXPECT_THAT(FromGrpc(jobs->ListJobs(&ctx, list, &resp)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("page_token")));
 }
 
 TEST_F(ServiceTest, ASyncStepOverTheWire) {
