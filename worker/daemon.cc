@@ -66,7 +66,8 @@ class WorkerDaemon::Impl {
       finished_incarnation_ = incarnation;
       finished_map_ = a->shard_map().version();
     }
-    return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    return fatal_;
   }
 
  private:
@@ -120,6 +121,14 @@ class WorkerDaemon::Impl {
           Log(absl::StrCat("registered with ", options_.server, " as ",
                            lease_.worker_id, " (incarnation ",
                            lease_.incarnation, ")"));
+        } else if (absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) {
+          // A wrong or missing token does not fix itself: stop and say so.
+          absl::MutexLock lock(&mu_);
+          fatal_ = absl::PermissionDeniedError(absl::StrCat(
+              options_.server, " refuses this worker: ", s.message(),
+              " (give --token_file a token with the worker role)"));
+          stop_ = true;
+          return;
         } else {
           Log(absl::StrCat("cannot register with ", options_.server, ": ",
                            s.message(), "; retrying in ",
@@ -244,6 +253,7 @@ class WorkerDaemon::Impl {
 
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // why the daemon stopped itself
   Lease lease_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 3000;
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);

@@ -45,7 +45,9 @@ class WorkerDaemon {
   WorkerDaemon(const WorkerDaemon&) = delete;
   WorkerDaemon& operator=(const WorkerDaemon&) = delete;
 
-  // Runs until Stop(); returns OK then.
+  // Runs until Stop(); returns OK then. Returns kPermissionDenied by itself
+  // when the coordinator refuses the worker's token (a misconfiguration
+  // that retrying cannot fix).
   absl::Status Run();
   // Thread-safe; Run returns within about a step.
   void Stop();
