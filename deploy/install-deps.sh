@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+  prometheus-cpp-dev prometheus   # /metrics (prometheus-cpp); the scrape test (prometheus, promtool)
   libopenblas-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev
   dataset-fashion-mnist
   python3 python3-numpy

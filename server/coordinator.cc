@@ -731,6 +731,25 @@ absl::StatusOr<v1::ShardHeartbeatResponse> Coordinator::ShardHeartbeat(
   return out;
 }
 
+CoordinatorStats Coordinator::Stats() const {
+  absl::MutexLock lock(&mu_);
+  CoordinatorStats s;
+  s.workers = static_cast<int64_t>(workers_.size());
+  for (const auto& [id, w] : workers_) s.idle_workers += w.job_id.empty();
+  for (const auto& [id, sh] : shards_) s.live_shards += sh.live;
+  s.lease_expiries = lease_expiries_;
+  s.checkpoints_written = checkpoints_written_;
+  s.checkpoint_seconds = checkpoint_seconds_;
+  const absl::Time now = Now();
+  for (const auto& [id, job] : jobs_) {
+    if (job.proto.state() == v1::RUNNING &&
+        job.saved_at != absl::InfinitePast()) {
+      s.checkpoint_age_seconds[id] = absl::ToDoubleSeconds(now - job.saved_at);
+    }
+  }
+  return s;
+}
+
 std::vector<v1::ShardInfo> Coordinator::ListShards() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::ShardInfo> out;
@@ -1312,6 +1331,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
   }
   absl::Status first_error;
   for (Due& d : due) {
+    const absl::Time began = absl::Now();  // real time: work, not schedule
     StoredJob stored;
     if (!d.ranges.empty()) {
       absl::StatusOr<StoredJob> saved =
@@ -1351,6 +1371,8 @@ absl::Status Coordinator::Checkpoint(bool force) {
     it->second.saved_state = d.job.state();
     it->second.saved_version = stored.has_state ? stored.version : -1;
     it->second.saved_at = Now();
+    ++checkpoints_written_;
+    checkpoint_seconds_ += absl::ToDoubleSeconds(absl::Now() - began);
   }
   return first_error;
 }
@@ -1365,6 +1387,7 @@ void Coordinator::Tick() {
     const absl::Time now = Now();
     std::vector<std::string> lost_shards;
     for (const std::string& id : leases_.Expire(now)) {
+      ++lease_expiries_;
       if (workers_.count(id)) DropWorkerLocked(id, &notes);
       if (shards_.count(id)) lost_shards.push_back(id);
     }

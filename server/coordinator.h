@@ -105,6 +105,18 @@ struct CoordinatorOptions {
   std::string keep_weights_dir;
 };
 
+// Counters and gauges of the coordinator, for its metrics.
+struct CoordinatorStats {
+  int64_t workers = 0;       // registered (holding a lease)
+  int64_t idle_workers = 0;  // of them, without a job
+  int64_t live_shards = 0;
+  int64_t lease_expiries = 0;       // workers' and shards', since start
+  int64_t checkpoints_written = 0;  // job files, since start
+  double checkpoint_seconds = 0.0;  // spent writing them
+  // Running jobs that have a checkpoint: seconds since it was written.
+  std::map<std::string, double> checkpoint_age_seconds;
+};
+
 struct JobQuery {
   int page_size = 100;
   std::string page_token;  // empty: from the first job
@@ -152,6 +164,7 @@ class Coordinator {
   absl::StatusOr<v1::ShardHeartbeatResponse> ShardHeartbeat(
       const v1::ShardHeartbeatRequest& req);
   std::vector<v1::ShardInfo> ListShards() const;
+  CoordinatorStats Stats() const;
 
   // Calls `on_change` after every change of the job (state, a closed step);
   // returns an id for Unsubscribe. kNotFound for an unknown job.
@@ -286,6 +299,9 @@ class Coordinator {
   absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serialises RunControl
   mutable absl::Mutex mu_;
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t checkpoints_written_ ABSL_GUARDED_BY(mu_) = 0;
+  double checkpoint_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_shard_ ABSL_GUARDED_BY(mu_) = 1;
   // Workers' and shard processes' registrations.

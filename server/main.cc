@@ -63,6 +63,8 @@ ABSL_FLAG(int64_t, max_spec_bytes, tally::SpecLimits().max_spec_bytes,
 ABSL_FLAG(int64_t, max_params, tally::SpecLimits().max_params,
           "Refuse models with more parameters than this (workers and shards "
           "hold the default; see docs/job-spec.md)");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics at http://LISTEN:PORT/metrics (0: off)");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
@@ -137,6 +139,17 @@ int main(int argc, char** argv) {
     std::cerr << "tally-server: --checkpoint_interval_s must not be negative\n";
     return 2;
   }
+  std::unique_ptr<tally::MetricsEndpoint> metrics;
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+    auto m = tally::MetricsEndpoint::Start(
+        absl::StrCat(absl::GetFlag(FLAGS_listen), ":", port));
+    if (!m.ok()) {
+      std::cerr << "tally-server: " << m.status().message() << "\n";
+      return 1;
+    }
+    metrics = *std::move(m);
+    server_options.metrics = metrics.get();
+  }
   const std::string address =
       absl::StrCat(absl::GetFlag(FLAGS_listen), ":", absl::GetFlag(FLAGS_port));
   auto server = tally::TallyServer::Start(address, server_options);
@@ -155,6 +168,10 @@ int main(int argc, char** argv) {
                   ? ("shard of " + server_options.join).c_str()
               : server_options.shard ? "coordinator and shard"
                                      : "coordinator");
+  if (metrics != nullptr) {
+    std::printf("tally-server: metrics at http://%s:%d/metrics\n",
+                absl::GetFlag(FLAGS_listen).c_str(), metrics->port());
+  }
   if (!options.state_dir.empty()) {
     std::printf("tally-server: keeping jobs in %s (%zu restored)\n",
                 options.state_dir.c_str(),
@@ -164,5 +181,6 @@ int main(int argc, char** argv) {
   const int sig = tally::WaitForStopSignal();
   std::printf("tally-server: signal %d, shutting down\n", sig);
   (*server)->Shutdown(absl::Seconds(2));
+  server->reset();  // before the metrics endpoint it reports to
   return 0;
 }

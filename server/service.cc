@@ -308,7 +308,12 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   if (!coordinator || options.shard) {
     s->host_ = std::make_unique<ShardHost>(options.coordinator.clock,
                                            options.coordinator.spec_limits);
-    s->params_ = std::make_unique<ParameterServiceImpl>(s->host_.get());
+    if (options.metrics != nullptr) {
+      s->data_metrics_ =
+          std::make_unique<DataPlaneMetrics>(options.metrics->registry());
+    }
+    s->params_ = std::make_unique<ParameterServiceImpl>(
+        s->host_.get(), s->data_metrics_.get());
     s->shard_service_ = std::make_unique<ShardServiceImpl>(s->host_.get());
   }
   if (coordinator) {
@@ -322,6 +327,11 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
     s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
     s->coordination_ =
         std::make_unique<CoordinatorServiceImpl>(s->coordinator_.get());
+    if (options.metrics != nullptr) {
+      s->collector_ =
+          std::make_shared<CoordinatorCollector>(s->coordinator_.get());
+      options.metrics->Add(s->collector_);
+    }
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -473,6 +483,10 @@ void TallyServer::Shutdown(absl::Duration grace) {
   }
 }
 
-TallyServer::~TallyServer() { Shutdown(absl::Seconds(1)); }
+TallyServer::~TallyServer() {
+  // First: a scrape must not read a coordinator that is going away.
+  if (collector_ != nullptr) options_.metrics->Remove(collector_);
+  Shutdown(absl::Seconds(1));
+}
 
 }  // namespace tally

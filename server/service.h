@@ -15,7 +15,9 @@
 #include "proto/auth.h"
 #include "proto/tally.grpc.pb.h"
 #include "proto/transport.h"
+#include "common/metrics/metrics.h"
 #include "server/coordinator.h"
+#include "server/server_metrics.h"
 #include "server/shard_host.h"
 #include "server/shard_service.h"
 
@@ -118,6 +120,9 @@ struct ServerOptions {
   // server dials others (a shard its coordinator, the coordinator its
   // shards) is coordinator.transport.
   ServerSecurity security;
+  // Where this server's metrics go (server/server_metrics.h); borrowed,
+  // must outlive the server; null: none.
+  MetricsEndpoint* metrics = nullptr;
 };
 
 // A running tally-server: its services plus grpc.health.v1.
@@ -151,6 +156,8 @@ class TallyServer {
   bool SleepUnlessStopped(absl::Duration d);
 
   ServerOptions options_;
+  std::unique_ptr<DataPlaneMetrics> data_metrics_;
+  std::shared_ptr<CoordinatorCollector> collector_;  // served by options_.metrics
   std::unique_ptr<ShardHost> host_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> jobs_;

@@ -59,8 +59,9 @@ class Coverage {
 
 class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
  public:
-  PushReactor(ShardHost* host, v1::PushResponse* resp)
-      : host_(host), resp_(resp) {
+  PushReactor(ShardHost* host, DataPlaneMetrics* metrics,
+              v1::PushResponse* resp)
+      : host_(host), metrics_(metrics), resp_(resp) {
     StartRead(&req_);
   }
 
@@ -72,7 +73,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     absl::Status s = Consume();
     if (!s.ok()) {
       ReturnStaging();
-      Finish(ToGrpc(s));
+      End(s);
       return;
     }
     if (done_early_) return;
@@ -123,7 +124,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
         resp_->set_duplicate(true);
         resp_->set_version(shard_->version());
         done_early_ = true;
-        Finish(grpc::Status::OK);
+        End(absl::OkStatus());
         return absl::OkStatus();
       }
       if (meta_.samples > 0) {
@@ -137,6 +138,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     }
     if (!req_.has_chunk()) return absl::OkStatus();
     const v1::TensorChunk& c = req_.chunk();
+    bytes_ += static_cast<double>(c.data().size());
     TALLY_RETURN_IF_ERROR(CheckRangeChunk(c, range_));
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
     const int64_t local = c.offset() - range_.offset;
@@ -160,24 +162,36 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
 
   void Complete() {
     if (!has_header_) {
-      Finish(ToGrpc(absl::InvalidArgumentError("empty push stream")));
+      End(absl::InvalidArgumentError("empty push stream"));
       return;
     }
     if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
       ReturnStaging();
-      Finish(ToGrpc(absl::InvalidArgumentError(
+      End(absl::InvalidArgumentError(
           absl::StrCat("the push covers ", coverage_.covered(), " of ",
-                       shard_->num_params(), " gradient elements"))));
+                       shard_->num_params(), " gradient elements")));
       return;
     }
     bool duplicate = false;
     absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
     resp_->set_duplicate(duplicate);
     resp_->set_version(shard_->version());
+    End(s);
+  }
+
+  // Answers the push (once) and counts it.
+  void End(const absl::Status& s) {
+    if (metrics_ != nullptr) {
+      metrics_->Pushed(s, resp_->duplicate(),
+                       absl::ToDoubleSeconds(absl::Now() - started_), bytes_);
+    }
     Finish(ToGrpc(s));
   }
 
   ShardHost* host_;  // borrowed
+  DataPlaneMetrics* metrics_;  // borrowed; may be null
+  const absl::Time started_ = absl::Now();
+  double bytes_ = 0;  // tensor bytes received
   v1::PushResponse* resp_;
   v1::PushRequest req_;
   bool has_header_ = false;
@@ -194,7 +208,9 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
 class PullReactor final
     : public EventWriteReactor<PullReactor, v1::PullResponse> {
  public:
-  PullReactor(ShardHost* host, const v1::PullRequest* req) {
+  PullReactor(ShardHost* host, DataPlaneMetrics* metrics,
+              const v1::PullRequest* req)
+      : metrics_(metrics) {
     chunk_ =
         req->chunk_elements() > 0
             ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
@@ -242,6 +258,7 @@ class PullReactor final
       FinishOnceLocked(ToGrpc(s));
       return;
     }
+    waited_ = absl::Now() - started_;
     weights_ = shard_->Snapshot(&version_, &total_steps_);
     WriteNextLocked();
   }
@@ -249,6 +266,11 @@ class PullReactor final
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t n = static_cast<int64_t>(weights_->size());
     if (next_ >= n && next_ > 0) {
+      if (metrics_ != nullptr) {
+        metrics_->Pulled(absl::ToDoubleSeconds(waited_),
+                         absl::ToDoubleSeconds(absl::Now() - started_),
+                         static_cast<double>(bytes_));
+      }
       FinishOnceLocked(grpc::Status::OK);
       return;
     }
@@ -259,9 +281,14 @@ class PullReactor final
     EncodeChunk(weights_->data() + next_, range_.offset + next_, count, dtype_,
                 resp_.mutable_chunk());
     next_ += std::max<int64_t>(count, 1);
+    bytes_ += static_cast<int64_t>(resp_.chunk().data().size());
     StartWriteLocked(&resp_);
   }
 
+  DataPlaneMetrics* metrics_;  // borrowed; may be null
+  const absl::Time started_ = absl::Now();
+  absl::Duration waited_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   Range range_;
   std::shared_ptr<ParameterShard> shard_;
   int64_t chunk_ = kDefaultChunkElements;
@@ -430,12 +457,12 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
 
 grpc::ServerReadReactor<v1::PushRequest>* ParameterServiceImpl::PushGradients(
     grpc::CallbackServerContext*, v1::PushResponse* resp) {
-  return new PushReactor(host_, resp);
+  return new PushReactor(host_, metrics_, resp);
 }
 
 grpc::ServerWriteReactor<v1::PullResponse>* ParameterServiceImpl::PullWeights(
     grpc::CallbackServerContext*, const v1::PullRequest* req) {
-  return new PullReactor(host_, req);
+  return new PullReactor(host_, metrics_, req);
 }
 
 grpc::ServerReadReactor<v1::InstallRangeChunk>* ShardServiceImpl::InstallRange(

@@ -7,6 +7,7 @@
 #define TALLY_SERVER_SHARD_SERVICE_H_
 
 #include "proto/tally.grpc.pb.h"
+#include "server/server_metrics.h"
 #include "server/shard_host.h"
 
 namespace tally {
@@ -14,7 +15,9 @@ namespace tally {
 class ParameterServiceImpl final
     : public v1::ParameterService::CallbackService {
  public:
-  explicit ParameterServiceImpl(ShardHost* host) : host_(host) {}
+  // `metrics` (borrowed) may be null: nothing is counted.
+  ParameterServiceImpl(ShardHost* host, DataPlaneMetrics* metrics)
+      : host_(host), metrics_(metrics) {}
   ParameterServiceImpl(const ParameterServiceImpl&) = delete;
   ParameterServiceImpl& operator=(const ParameterServiceImpl&) = delete;
   grpc::ServerReadReactor<v1::PushRequest>* PushGradients(
@@ -23,7 +26,8 @@ class ParameterServiceImpl final
       grpc::CallbackServerContext* ctx, const v1::PullRequest* req) override;
 
  private:
-  ShardHost* host_;  // borrowed
+  ShardHost* host_;             // borrowed
+  DataPlaneMetrics* metrics_;   // borrowed; may be null
 };
 
 class ShardServiceImpl final : public v1::ShardService::CallbackService {

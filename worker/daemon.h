@@ -24,6 +24,8 @@
 
 namespace tally {
 
+struct WorkerMetrics;
+
 struct DaemonOptions {
   std::string server = "localhost:7070";
   std::vector<DeviceId> devices = {DeviceId{DeviceType::kCpu, 0}};
@@ -36,6 +38,8 @@ struct DaemonOptions {
   bool verbose = true;
   // TLS material and bearer token for the coordinator and every shard.
   TransportOptions transport;
+  // Where the worker counts its steps (borrowed; null: nowhere).
+  WorkerMetrics* metrics = nullptr;
 };
 
 class WorkerDaemon {

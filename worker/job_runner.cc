@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "worker/worker_metrics.h"
 
 namespace tally {
 
@@ -138,6 +139,7 @@ absl::Status JobRunner::Prepare() {
 }
 
 absl::StatusOr<int64_t> JobRunner::PullNext() {
+  const absl::Time began = absl::Now();
   std::shared_ptr<Work> pull =
       client_->Pull(next_, engine_->params(), have_commit_ ? &commit_ : nullptr);
   // The server bounds its wait (pull_wait); this bound covers the transfer.
@@ -152,6 +154,9 @@ absl::StatusOr<int64_t> JobRunner::PullNext() {
     }
   }
   if (v.ok()) have_commit_ = false;  // every shard has it
+  if (v.ok() && options_.metrics != nullptr)
+    options_.metrics->pull_seconds.Observe(
+        absl::ToDoubleSeconds(absl::Now() - began));
   return v;
 }
 
@@ -176,8 +181,15 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
   TALLY_ASSIGN_OR_RETURN(std::unique_ptr<HostBatch> batch,
                          loader_->Next(absl::Minutes(1)));
   BatchView view{batch->x.data(), batch->y.data(), batch->size};
+  const absl::Time began = absl::Now();
   absl::StatusOr<StepStats> stats =
       engine_->Step(view, spec_.training.seed + step);
+  if (stats.ok() && options_.metrics != nullptr) {
+    options_.metrics->compute_seconds.Observe(
+        absl::ToDoubleSeconds(absl::Now() - began));
+    options_.metrics->steps.Increment();
+    options_.metrics->samples.Increment(static_cast<double>(stats->samples));
+  }
   loader_->Recycle(std::move(batch));
   if (!stats.ok()) return Refuse(stats.status());
   loader_next_ = index + 1 < rank_batches_
@@ -192,8 +204,12 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
   info.samples = stats.samples;
   info.loss_sum = stats.loss_sum;
   info.correct = stats.correct;
+  const absl::Time began = absl::Now();
   std::shared_ptr<Work> push = client_->Push(info, engine_->grads());
   absl::Status s = push->Wait(absl::Now() + options_.rpc_timeout);
+  if (s.ok() && options_.metrics != nullptr)
+    options_.metrics->push_seconds.Observe(
+        absl::ToDoubleSeconds(absl::Now() - began));
   if (absl::IsDeadlineExceeded(s) && !push->Done()) {
     push->Cancel();
     push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();

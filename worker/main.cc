@@ -1,7 +1,7 @@
 // tally-worker: trains on this machine's devices.
 //
 //   tally-worker --server=HOST:PORT [--devices=cpu:1] [--name=NAME]
-//                [--health_port=0]
+//                [--health_port=0] [--metrics_port=0]
 //   tally-worker --standalone --job=FILE [--devices=cpu:1]
 //                [--output=model.safetensors] [--summary_json=PATH]
 #include <grpcpp/grpcpp.h>
@@ -24,6 +24,7 @@
 #include "common/device.h"
 #include "common/io/safetensors.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics/metrics.h"
 #include "common/spec/job_spec.h"
 #include "common/stop_signal.h"
 #include "proto/transport.h"
@@ -31,6 +32,7 @@
 #include "worker/daemon.h"
 #include "worker/health.h"
 #include "worker/standalone.h"
+#include "worker/worker_metrics.h"
 
 ABSL_FLAG(bool, standalone, false,
           "Train --job in this process, without a parameter server");
@@ -46,6 +48,8 @@ ABSL_FLAG(std::string, server, "",
           "Coordinator address HOST:PORT (daemon mode)");
 ABSL_FLAG(std::string, name, "",
           "Worker name shown by the server (default: hostname)");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: off)");
 ABSL_FLAG(int, health_port, 0,
           "Serve grpc.health.v1 on this port (0: any free port, -1: none)");
 
@@ -101,6 +105,17 @@ int RunDaemon() {
   auto transport = tally::TransportFromFlags();
   if (!transport.ok()) return Fail(transport.status());
   options.transport = *transport;
+  std::unique_ptr<tally::MetricsEndpoint> metrics;
+  std::unique_ptr<tally::WorkerMetrics> worker_metrics;
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+    auto m = tally::MetricsEndpoint::Start(absl::StrCat("0.0.0.0:", port));
+    if (!m.ok()) return Fail(m.status());
+    metrics = *std::move(m);
+    worker_metrics = std::make_unique<tally::WorkerMetrics>(metrics->registry());
+    options.metrics = worker_metrics.get();
+    std::fprintf(stderr, "tally-worker[%s]: metrics on port %d\n",
+                 options.name.c_str(), metrics->port());
+  }
 
   std::unique_ptr<grpc::Server> health;
   tally::HealthService health_service;

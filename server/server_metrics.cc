@@ -1,0 +1,167 @@
+#include "server/server_metrics.h"
+
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "proto/errors.h"
+#include "server/coordinator.h"
+
+namespace tally {
+
+namespace {
+
+using prometheus::MetricType;
+
+bool Live(v1::JobState s) { return s == v1::PENDING || s == v1::RUNNING; }
+
+prometheus::Counter& OneCounter(prometheus::Registry& r, const char* name,
+                                const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Histogram& OneHistogram(prometheus::Registry& r, const char* name,
+                                    const char* help) {
+  return prometheus::BuildHistogram()
+      .Name(name)
+      .Help(help)
+      .Register(r)
+      .Add({}, LatencyBuckets());
+}
+
+}  // namespace
+
+std::vector<prometheus::MetricFamily> CoordinatorCollector::Collect() const {
+  const std::vector<v1::Job> jobs = coord_->List();
+  const CoordinatorStats stats = coord_->Stats();
+  std::vector<prometheus::MetricFamily> out;
+
+  auto states = Family("tally_jobs", "Jobs the coordinator keeps, by state",
+                       MetricType::Gauge);
+  int64_t by_state[v1::JobState_ARRAYSIZE] = {};
+  for (const v1::Job& j : jobs) ++by_state[j.state()];
+  for (int s = 1; s < v1::JobState_ARRAYSIZE; ++s) {
+    if (!v1::JobState_IsValid(s)) continue;
+    AddSample(&states,
+              {{"state", absl::AsciiStrToLower(v1::JobState_Name(
+                             static_cast<v1::JobState>(s)))}},
+              static_cast<double>(by_state[s]));
+  }
+  out.push_back(std::move(states));
+
+  auto gauge = [&out](const char* name, const char* help, double v) {
+    auto f = Family(name, help, MetricType::Gauge);
+    AddSample(&f, {}, v);
+    out.push_back(std::move(f));
+  };
+  auto counter = [&out](const char* name, const char* help, double v) {
+    auto f = Family(name, help, MetricType::Counter);
+    AddSample(&f, {}, v);
+    out.push_back(std::move(f));
+  };
+  gauge("tally_queued_jobs", "Jobs waiting for workers (PENDING)",
+        static_cast<double>(by_state[v1::PENDING]));
+  gauge("tally_workers", "Registered workers holding a lease",
+        static_cast<double>(stats.workers));
+  gauge("tally_idle_workers", "Registered workers without a job",
+        static_cast<double>(stats.idle_workers));
+  gauge("tally_live_shards", "Parameter shards holding their lease",
+        static_cast<double>(stats.live_shards));
+  counter("tally_lease_expiries_total",
+          "Workers and shards whose lease lapsed",
+          static_cast<double>(stats.lease_expiries));
+  counter("tally_checkpoints_total", "Job checkpoint files written",
+          static_cast<double>(stats.checkpoints_written));
+  counter("tally_checkpoint_seconds_total",
+          "Time spent writing job checkpoints", stats.checkpoint_seconds);
+
+  auto age = Family("tally_checkpoint_age_seconds",
+                    "Seconds since a running job's last checkpoint",
+                    MetricType::Gauge);
+  for (const auto& [id, seconds] : stats.checkpoint_age_seconds)
+    AddSample(&age, {{"job_id", id}}, seconds);
+  out.push_back(std::move(age));
+
+  struct PerJob {
+    const char* name;
+    const char* help;
+    MetricType type;
+    double (*value)(const v1::JobMetrics&);
+  };
+  const PerJob per_job[] = {
+      {"tally_job_steps_total", "Steps closed (the weights' version)",
+       MetricType::Counter,
+       [](const v1::JobMetrics& m) { return static_cast<double>(m.step()); }},
+      {"tally_job_samples_total", "Training samples consumed",
+       MetricType::Counter,
+       [](const v1::JobMetrics& m) { return static_cast<double>(m.samples()); }},
+      {"tally_job_rejected_pushes_total",
+       "Pushes refused (non-finite values, overflowing steps)",
+       MetricType::Counter,
+       [](const v1::JobMetrics& m) {
+         return static_cast<double>(m.rejected_pushes());
+       }},
+      {"tally_job_samples_per_second", "Samples per second, last few seconds",
+       MetricType::Gauge,
+       [](const v1::JobMetrics& m) { return m.samples_per_sec(); }},
+      {"tally_job_loss", "Mean training loss of the last closed step",
+       MetricType::Gauge, [](const v1::JobMetrics& m) { return m.loss(); }},
+      {"tally_job_accuracy", "Training accuracy of the last closed step",
+       MetricType::Gauge,
+       [](const v1::JobMetrics& m) { return m.accuracy(); }},
+      {"tally_job_workers", "Live members of the job", MetricType::Gauge,
+       [](const v1::JobMetrics& m) { return static_cast<double>(m.workers()); }},
+  };
+  for (const PerJob& p : per_job) {
+    auto f = Family(p.name, p.help, p.type);
+    for (const v1::Job& j : jobs) {
+      if (Live(j.state())) AddSample(&f, {{"job_id", j.id()}}, p.value(j.metrics()));
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& r)
+    : push_bytes_(OneCounter(r, "tally_push_bytes_total",
+                             "Gradient bytes received in pushes")),
+      pull_bytes_(OneCounter(r, "tally_pull_bytes_total",
+                             "Weight bytes sent in pulls")),
+      push_seconds_(OneHistogram(r, "tally_push_seconds",
+                                 "Duration of a push call")),
+      pull_seconds_(OneHistogram(r, "tally_pull_seconds",
+                                 "Duration of a pull call, waiting included")),
+      pull_wait_seconds_(OneHistogram(
+          r, "tally_pull_wait_seconds",
+          "Time a pull waited for its version (the step to close)")),
+      pushes_(prometheus::BuildCounter()
+                  .Name("tally_pushes_total")
+                  .Help("Push calls by result")
+                  .Register(r)) {}
+
+void DataPlaneMetrics::Pushed(const absl::Status& status, bool duplicate,
+                              double seconds, double bytes) {
+  const char* result = "other";
+  if (status.ok()) {
+    result = duplicate ? "duplicate" : "ok";
+  } else if (ReasonOf(status) == v1::STEP_CLOSED) {
+    result = "step_closed";
+  } else if (ReasonOf(status) == v1::NON_FINITE) {
+    result = "non_finite";
+  } else if (ReasonOf(status) == v1::NOT_A_MEMBER) {
+    result = "not_member";
+  } else if (absl::IsInvalidArgument(status)) {
+    result = "invalid";
+  }
+  pushes_.Add({{"result", result}}).Increment();
+  push_seconds_.Observe(seconds);
+  push_bytes_.Increment(bytes);
+}
+
+void DataPlaneMetrics::Pulled(double wait_seconds, double seconds,
+                              double bytes) {
+  pull_wait_seconds_.Observe(wait_seconds);
+  pull_seconds_.Observe(seconds);
+  pull_bytes_.Increment(bytes);
+}
+
+}  // namespace tally

@@ -1,0 +1,32 @@
+// tally-worker's metrics (common/metrics), counted as it trains:
+//   tally_worker_steps_total                 counter, steps computed
+//   tally_worker_samples_total               counter, training samples
+//   tally_worker_compute_seconds             histogram, forward + backward
+//   tally_worker_push_seconds                histogram, a step's push to
+//                                            every shard
+//   tally_worker_pull_seconds                histogram, a pull from every
+//                                            shard, waiting for the step to
+//                                            close included
+// A process trains one job at a time: the series are the process's.
+#ifndef TALLY_WORKER_WORKER_METRICS_H_
+#define TALLY_WORKER_WORKER_METRICS_H_
+
+#include "common/metrics/metrics.h"
+
+namespace tally {
+
+struct WorkerMetrics {
+  explicit WorkerMetrics(prometheus::Registry& registry);
+  WorkerMetrics(const WorkerMetrics&) = delete;
+  WorkerMetrics& operator=(const WorkerMetrics&) = delete;
+
+  prometheus::Counter& steps;
+  prometheus::Counter& samples;
+  prometheus::Histogram& compute_seconds;
+  prometheus::Histogram& push_seconds;
+  prometheus::Histogram& pull_seconds;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_WORKER_METRICS_H_
