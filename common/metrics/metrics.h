@@ -2,7 +2,7 @@
 // program counts as it goes (counters, histograms), collectors that read a
 // state at scrape time (jobs, shards, workers), and an HTTP endpoint serving
 // both at /metrics in the text exposition format (prometheus-cpp's
-// TextSerializer). The HTTP side is a small server of our own, not
+// TextSerializer). The HTTP side is common/http's small server, not
 // prometheus-cpp's civetweb one: civetweb starts its threads with a 100 KiB
 // stack, which fails in a process that links cuBLAS (its libraries' static
 // TLS alone is over 90 KiB).
@@ -23,15 +23,14 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/http/http_server.h"
 
 namespace tally {
 
@@ -45,7 +44,7 @@ class MetricsEndpoint {
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
 
-  int port() const { return port_; }
+  int port() const { return http_->port(); }
   // Also served: a collector read at every scrape. Kept alive by the
   // endpoint until removed.
   void Add(std::shared_ptr<prometheus::Collectable> collectable);
@@ -57,16 +56,11 @@ class MetricsEndpoint {
 
  private:
   MetricsEndpoint() = default;
-  void Serve();  // the accept loop, on thread_
-  void Answer(int fd) const;
 
   std::shared_ptr<prometheus::Registry> registry_;
   mutable std::mutex mu_;  // guards collectables_
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::unique_ptr<HttpServer> http_;  // last: stops before the rest goes
 };
 
 // Building families in a collector's Collect().
