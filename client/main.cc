@@ -31,6 +31,7 @@
 #include "proto/tally.grpc.pb.h"
 #include "proto/transport.h"
 #include "proto/transport_flags.h"
+#include "server/dashboard/page.h"
 
 ABSL_FLAG(std::string, server, "localhost:7070",
           "tally-server address HOST:PORT");
@@ -55,6 +56,7 @@ constexpr char kUsage[] =
     "  watch JOB                live progress until the job ends\n"
     "  cancel JOB\n"
     "  fetch JOB --output=PATH  trained weights as .safetensors\n"
+    "  report JOB --output=F.html  curves, events and record in one HTML file\n"
     "  shards                   parameter shards and the ranges they hold\n"
     "  health [--service=NAME]  grpc.health.v1 check\n";
 
@@ -189,6 +191,60 @@ int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
   return 0;
 }
 
+std::string Json(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+// One self-contained HTML file: the dashboard's job page with the job's
+// record, curves, events and the shards that hold it built in.
+int WriteReport(tally::v1::JobService::Stub& stub, const std::string& id) {
+  const std::string out = absl::GetFlag(FLAGS_output);
+  if (out.empty()) {
+    std::cerr << "tally: report needs --output=FILE.html\n";
+    return 2;
+  }
+  tally::v1::GetJobRequest req;
+  req.set_job_id(id);
+  Job job;
+  grpc::Status s = stub.GetJob(Context().get(), req, &job);
+  if (!s.ok()) return Report(s);
+  tally::v1::JobHistory history;
+  s = stub.GetJobHistory(Context().get(), req, &history);
+  if (!s.ok()) return Report(s);
+  std::string shards;
+  tally::v1::ListShardsResponse listed;
+  // Shards are an admin's or a viewer's to see; a report goes on without.
+  if (stub.ListShards(Context().get(), {}, &listed).ok()) {
+    for (const auto& sh : listed.shards()) {
+      for (const auto& r : sh.ranges()) {
+        if (r.job_id() != id) continue;
+        absl::StrAppend(&shards, shards.empty() ? "" : ",",
+                        "{\"shard_id\":\"", sh.shard_id(), "\",\"address\":\"",
+                        sh.address(), "\",\"live\":", sh.live() ? "true" : "false",
+                        ",\"offset\":", r.offset(), ",\"count\":", r.count(),
+                        ",\"version\":", r.version(), "}");
+      }
+    }
+  }
+  const std::string detail = absl::StrCat(
+      "{\"job\":", Json(job), ",\"history\":", Json(history),
+      ",\"workers\":[],\"shards\":[", shards, "],\"written_unix\":",
+      absl::ToUnixSeconds(absl::Now()), "}");
+  absl::Status w = tally::WriteFileAtomic(out, tally::StaticReportPage(detail));
+  if (!w.ok()) {
+    std::cerr << "tally: " << w.message() << "\n";
+    return 1;
+  }
+  std::printf("wrote %s (%s, %d curve points, %d events)\n", out.c_str(),
+              id.c_str(), history.curve_size(), history.events_size());
+  return 0;
+}
+
 int Health(const std::shared_ptr<grpc::Channel>& channel) {
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::health::v1::HealthCheckRequest req;
@@ -231,6 +287,7 @@ int main(int argc, char** argv) {
   if (cmd == "submit") return need(3) ? Submit(*stub, args[2]) : 2;
   if (cmd == "watch") return need(3) ? Watch(*stub, args[2]) : 2;
   if (cmd == "fetch") return need(3) ? Fetch(*stub, args[2]) : 2;
+  if (cmd == "report") return need(3) ? WriteReport(*stub, args[2]) : 2;
   if (cmd == "health") return need(2) ? Health(channel) : 2;
   if (cmd == "shards") {
     if (!need(2)) return 2;

@@ -14,6 +14,7 @@ PACKAGES=(
   docker-compose iproute2   # compose-file validation, multi-host tests
   openssl                   # deploy/make-certs.sh (TLS certificates)
   clang libclang-rt-14-dev libfuzzer-14-dev   # bench/fuzz.sh (libFuzzer, sanitizers)
+  chromium chromium-driver python3-selenium   # the dashboard's browser test
 )
 # `--with-torch` adds PyTorch (the interop test, golden values, benchmarks)
 # and iperf3 (the network benchmark's reference).

@@ -56,7 +56,7 @@ bool RoleMayCall(Role role, absl::string_view path) {
     case Role::kViewer: {
       if (!absl::ConsumePrefix(&path, kJobService)) return false;
       const bool read = path == "GetJob" || path == "ListJobs" ||
-                        path == "WatchJob";
+                        path == "WatchJob" || path == "GetJobHistory";
       if (role == Role::kViewer) return read || path == "ListShards";
       return read || path == "SubmitJob" || path == "CancelJob" ||
              path == "FetchWeights";

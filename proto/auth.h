@@ -4,9 +4,10 @@
 // A token file has one token per line, "TOKEN ROLE NAME" ('#' starts a
 // comment); roles:
 //   admin      everything (the coordinator and shard processes use one)
-//   submitter  SubmitJob, and GetJob/WatchJob/ListJobs/CancelJob/
-//              FetchWeights on the jobs it submitted
-//   viewer     GetJob, ListJobs, WatchJob, ListShards on every job
+//   submitter  SubmitJob, and GetJob/GetJobHistory/WatchJob/ListJobs/
+//              CancelJob/FetchWeights on the jobs it submitted
+//   viewer     GetJob, GetJobHistory, ListJobs, WatchJob, ListShards on
+//              every job
 //   worker     WorkerService and ParameterService only
 // grpc.health.v1 is open to every caller that completes the TLS handshake.
 //

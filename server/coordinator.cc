@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -228,6 +229,8 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text,
         static_cast<int32_t>(job.spec.training.workers));
     job.proto.set_created_unix(UnixSeconds(Now()));
     job.proto.set_owner(owner);
+    EventLocked(job, owner.empty() ? "submitted"
+                                   : absl::StrCat("submitted by ", owner));
     job.slots.assign(job.spec.training.workers, "");
     job_order_.push_back(id);
     ScheduleLocked(&notes);
@@ -328,6 +331,71 @@ std::vector<v1::Job> Coordinator::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
   for (const std::string& id : job_order_) out.push_back(Render(jobs_.at(id)));
+  return out;
+}
+
+void Coordinator::EventLocked(JobEntry& job, std::string text) {
+  constexpr int kMaxEvents = 200;
+  auto* events = job.history.mutable_events();
+  if (events->size() >= kMaxEvents) events->DeleteSubrange(0, 1);
+  v1::JobEvent* e = events->Add();
+  e->set_unix_time(UnixSeconds(Now()));
+  e->set_text(std::move(text));
+}
+
+void Coordinator::CurvePointLocked(JobEntry& job, const v1::JobMetrics& m,
+                                   bool force) {
+  constexpr int kMaxPoints = 1000;
+  const absl::Time now = Now();
+  if (!force && now - job.last_point < job.point_every) return;
+  auto* curve = job.history.mutable_curve();
+  if (m.step() == 0) return;  // no step closed: no loss to show
+  if (!curve->empty() && curve->rbegin()->step() == m.step()) return;
+  if (curve->size() >= kMaxPoints) {
+    // Keep the whole run at half the resolution.
+    int kept = 0;
+    for (int i = 0; i < curve->size(); i += 2) curve->SwapElements(kept++, i);
+    curve->DeleteSubrange(kept, curve->size() - kept);
+    job.point_every *= 2;
+  }
+  v1::CurvePoint* p = curve->Add();
+  p->set_step(m.step());
+  p->set_unix_time(UnixSeconds(now));
+  p->set_loss(m.loss());
+  p->set_accuracy(m.accuracy());
+  p->set_samples_per_sec(m.samples_per_sec());
+  job.last_point = now;
+}
+
+absl::StatusOr<v1::JobHistory> Coordinator::History(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
+  }
+  return it->second.history;
+}
+
+absl::StatusOr<std::vector<v1::JobWorker>> Coordinator::JobWorkers(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
+  }
+  std::vector<v1::JobWorker> out;
+  const std::vector<std::string>& slots = it->second.slots;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    auto w = workers_.find(slots[r]);
+    if (slots[r].empty() || w == workers_.end()) continue;
+    v1::JobWorker jw;
+    jw.set_worker_id(slots[r]);
+    jw.set_name(w->second.name);
+    jw.set_devices(w->second.devices);
+    jw.set_rank(static_cast<int32_t>(r));
+    out.push_back(std::move(jw));
+  }
   return out;
 }
 
@@ -812,6 +880,8 @@ void Coordinator::AssignLocked(JobEntry& job, int rank,
   w.job_id = job.proto.id();
   w.rank = rank;
   job.slots[rank] = worker_id;
+  EventLocked(job, absl::StrCat(worker_id, " (", w.name, ") joined as rank ",
+                                rank));
   MarkDirty(job);  // a member to add on every range
 }
 
@@ -895,6 +965,10 @@ void Coordinator::ScheduleLocked(Notes* notes) {
       free.pop_back();
     }
     job.proto.set_state(v1::RUNNING);
+    EventLocked(job, absl::StrCat("started: ", job.slots.size(), " worker",
+                                  job.slots.size() == 1 ? "" : "s", ", ",
+                                  job.ranges.size(), " parameter shard",
+                                  job.ranges.size() == 1 ? "" : "s"));
     NotifyLocked(jid, notes);
   }
 }
@@ -903,6 +977,10 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
                                const std::string& message, Notes* notes) {
   // The figures as they stand, kept with the record from now on.
   const v1::Job now = Render(job);
+  CurvePointLocked(job, now.metrics(), /*force=*/true);
+  EventLocked(job, absl::StrCat(absl::AsciiStrToLower(v1::JobState_Name(state)),
+                                " at step ", now.metrics().step(),
+                                message.empty() ? "" : ": ", message));
   *job.proto.mutable_metrics() = now.metrics();
   job.proto.mutable_metrics()->set_samples_per_sec(0.0);
   job.proto.mutable_metrics()->set_workers(0);
@@ -925,6 +1003,7 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
 
 void Coordinator::VacateLocked(JobEntry& job, const std::string& worker_id,
                                Notes* notes) {
+  EventLocked(job, absl::StrCat(worker_id, " left"));
   for (std::string& slot : job.slots) {
     if (slot == worker_id) slot.clear();
   }
@@ -1204,6 +1283,7 @@ void Coordinator::Reconcile(ControlTask& t) {
 Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   JobEntry job;
   job.proto = stored.job;
+  job.history = stored.history;
   // The spec was checked when the file was read (with the default limits;
   // a spec a larger --max_params admitted is read with that).
   job.spec = *ParseJobSpec(job.proto.spec(), options_.spec_limits);
@@ -1297,6 +1377,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
     std::vector<RangeRef> ranges;
     std::shared_ptr<const std::vector<float>> final_weights;
     std::shared_ptr<const StoredJob> start;
+    v1::JobHistory history;
   };
   std::vector<Due> due;
   {
@@ -1314,6 +1395,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
         continue;
       Due d;
       d.job = Render(job);
+      d.history = job.history;
       d.num_params = job.spec.layout.num_params;
       d.total_steps = job.schedule.total_steps;
       d.map_version = job.map_version;
@@ -1356,6 +1438,7 @@ absl::Status Coordinator::Checkpoint(bool force) {
       stored = *d.start;  // restored, not placed yet: as it was
     }
     stored.job = d.job;
+    stored.history = std::move(d.history);
     if (stored.has_state) {
       v1::JobMetrics* m = stored.job.mutable_metrics();
       m->set_step(stored.version);
@@ -1371,6 +1454,10 @@ absl::Status Coordinator::Checkpoint(bool force) {
     it->second.saved_state = d.job.state();
     it->second.saved_version = stored.has_state ? stored.version : -1;
     it->second.saved_at = Now();
+    if (stored.has_state && !Terminal(d.job.state())) {
+      EventLocked(it->second,
+                  absl::StrCat("checkpoint at step ", stored.version));
+    }
     ++checkpoints_written_;
     checkpoint_seconds_ += absl::ToDoubleSeconds(absl::Now() - began);
   }
@@ -1457,6 +1544,7 @@ void Coordinator::Tick() {
     job.proto.set_message(job.proto.message().empty()
                               ? note
                               : absl::StrCat(job.proto.message(), "; ", note));
+    EventLocked(job, note);
     job.proto.mutable_metrics()->set_step(start != nullptr ? start->version
                                                            : 0);
   }
@@ -1468,6 +1556,7 @@ void Coordinator::Tick() {
       const int64_t v = VersionLocked(job);
       if (v != job.notified_version) {
         job.notified_version = v;
+        CurvePointLocked(job, Render(job).metrics(), /*force=*/false);
         NotifyLocked(id, &notes);
       }
     }

@@ -165,6 +165,11 @@ class Coordinator {
       const v1::ShardHeartbeatRequest& req);
   std::vector<v1::ShardInfo> ListShards() const;
   CoordinatorStats Stats() const;
+  // A job's curves and events; kNotFound for an unknown job.
+  absl::StatusOr<v1::JobHistory> History(const std::string& job_id) const;
+  // The workers on a job now, by rank; kNotFound for an unknown job.
+  absl::StatusOr<std::vector<v1::JobWorker>> JobWorkers(
+      const std::string& job_id) const;
 
   // Calls `on_change` after every change of the job (state, a closed step);
   // returns an id for Unsubscribe. kNotFound for an unknown job.
@@ -234,6 +239,10 @@ class Coordinator {
     v1::JobState saved_state = v1::JOB_STATE_UNSPECIFIED;
     int64_t saved_version = -1;
     absl::Time saved_at = absl::InfinitePast();
+    // The dashboard's curves and events (v1::JobHistory says the bounds).
+    v1::JobHistory history;
+    absl::Time last_point = absl::InfinitePast();
+    absl::Duration point_every = absl::Milliseconds(500);
   };
   struct WorkerEntry {
     std::string name, devices, address;
@@ -252,6 +261,11 @@ class Coordinator {
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends to the job's history (bounded).
+  void EventLocked(JobEntry& job, std::string text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CurvePointLocked(JobEntry& job, const v1::JobMetrics& m, bool force)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Jobs PENDING.
   int64_t QueuedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live progress of a job's ranges, in map order (empty entries for

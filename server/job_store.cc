@@ -165,6 +165,7 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   const int64_t n = spec->layout.num_params;
   StoredJob out;
   out.job = ck.job();
+  out.history = ck.history();
   out.has_state = ck.has_shard();
   if (!out.has_state) return out;
   if (ck.has_data_crc32()) {
@@ -233,6 +234,7 @@ absl::Status JobStore::Save(const StoredJob& job) const {
   v1::JobCheckpoint ck;
   ck.set_format(kFormat);
   *ck.mutable_job() = job.job;
+  *ck.mutable_history() = job.history;
   std::vector<std::string> prefixes;
   std::vector<absl::string_view> data;
   if (job.has_state) {

@@ -35,6 +35,7 @@ struct StoredJob {
   std::shared_ptr<const std::vector<float>> weights;  // num_params
   int64_t optimizer_step = 0;
   std::vector<std::vector<float>> optimizer_slots;  // num_params each
+  v1::JobHistory history;  // curves and events (the dashboard's)
 };
 
 class JobStore {

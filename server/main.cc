@@ -16,8 +16,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/malloc_tuning.h"
 #include "common/stop_signal.h"
+#include "common/http/http_server.h"
 #include "proto/auth.h"
 #include "proto/transport_flags.h"
+#include "server/dashboard/dashboard.h"
 #include "server/service.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0",
@@ -63,6 +65,11 @@ ABSL_FLAG(int64_t, max_spec_bytes, tally::SpecLimits().max_spec_bytes,
 ABSL_FLAG(int64_t, max_params, tally::SpecLimits().max_params,
           "Refuse models with more parameters than this (workers and shards "
           "hold the default; see docs/job-spec.md)");
+ABSL_FLAG(int, http_port, 0,
+          "The coordinator's dashboard at http://HTTP_LISTEN:PORT/ (0: off)");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1",
+          "Address the dashboard listens on (it checks no tokens: loopback "
+          "unless you put it behind a proxy)");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics at http://LISTEN:PORT/metrics (0: off)");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
@@ -168,6 +175,27 @@ int main(int argc, char** argv) {
                   ? ("shard of " + server_options.join).c_str()
               : server_options.shard ? "coordinator and shard"
                                      : "coordinator");
+  std::unique_ptr<tally::Dashboard> dashboard;
+  std::unique_ptr<tally::HttpServer> http;
+  if (const int port = absl::GetFlag(FLAGS_http_port); port > 0) {
+    if ((*server)->coordinator() == nullptr) {
+      std::cerr << "tally-server: --http_port belongs to the coordinator\n";
+      return 2;
+    }
+    dashboard = std::make_unique<tally::Dashboard>((*server)->coordinator());
+    auto h = tally::HttpServer::Start(
+        absl::StrCat(absl::GetFlag(FLAGS_http_listen), ":", port),
+        [d = dashboard.get()](const std::string& path) {
+          return d->Handle(path);
+        });
+    if (!h.ok()) {
+      std::cerr << "tally-server: " << h.status().message() << "\n";
+      return 1;
+    }
+    http = *std::move(h);
+    std::printf("tally-server: dashboard at http://%s:%d/\n",
+                absl::GetFlag(FLAGS_http_listen).c_str(), http->port());
+  }
   if (metrics != nullptr) {
     std::printf("tally-server: metrics at http://%s:%d/metrics\n",
                 absl::GetFlag(FLAGS_listen).c_str(), metrics->port());
@@ -180,6 +208,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   const int sig = tally::WaitForStopSignal();
   std::printf("tally-server: signal %d, shutting down\n", sig);
+  http.reset();  // no page reads the coordinator from now on
   (*server)->Shutdown(absl::Seconds(2));
   server->reset();  // before the metrics endpoint it reports to
   return 0;

@@ -181,6 +181,19 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
   return Reply(ctx, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::GetJobHistory(
+    grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+    v1::JobHistory* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
+  if (auto job = Visible(*ctx, req->job_id()); !job.ok())
+    return Reply(ctx, job.status());
+  auto history = coord_->History(req->job_id());
+  if (!history.ok()) return Reply(ctx, history.status());
+  *resp = *std::move(history);
+  return Reply(ctx, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
     grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
     v1::ListJobsResponse* resp) {

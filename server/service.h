@@ -58,6 +58,9 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListShards(grpc::CallbackServerContext* ctx,
                                        const v1::ListShardsRequest* req,
                                        v1::ListShardsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetJobHistory(grpc::CallbackServerContext* ctx,
+                                          const v1::GetJobRequest* req,
+                                          v1::JobHistory* resp) override;
 
  private:
   // The job, if the caller may see and act on it.
