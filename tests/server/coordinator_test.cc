@@ -320,6 +320,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     };
     step(0);
     step(1);
+    a.Tick();  // notices step 2: a point on the job's curve
     TALLY_ASSERT_OK(a.Checkpoint(false));  // new jobs: written at once
     step(2);
     TALLY_ASSERT_OK(a.Checkpoint(false));  // progress only: not yet due
@@ -355,6 +356,20 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   EXPECT_EQ(jobs[0].metrics().workers(), 0);
   EXPECT_EQ(jobs[1].state(), v1::PENDING);
   EXPECT_EQ(jobs[2].state(), v1::CANCELLED);
+  // The dashboard's history came back with the jobs.
+  auto history = b.History("job-1");
+  ASSERT_TRUE(history.ok());
+  ASSERT_GE(history->curve_size(), 1);
+  EXPECT_EQ(history->curve(0).step(), 2);
+  std::string events;
+  for (const auto& e : history->events()) events += e.text() + "; ";
+  EXPECT_THAT(events, HasSubstr("submitted; "));
+  EXPECT_THAT(events, HasSubstr("joined as rank 0"));
+  EXPECT_THAT(events, HasSubstr("started: 2 workers, 1 parameter shard"));
+  EXPECT_THAT(events, HasSubstr("checkpoint at step 2"));
+  EXPECT_THAT((*b.History("job-3")).events(1).text(), HasSubstr("cancelled"));
+  EXPECT_THAT(b.History("job-9").status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   int64_t v = 0;
   EXPECT_EQ(*(*ShardOf(host_b, "job-1"))->Snapshot(&v), weights_at_3);
   const OptimizerState restored = (*ShardOf(host_b, "job-1"))->Save().optimizer;
