@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package Tally needs to build, test and run.
 # Idempotent: when everything is present it only checks and exits.
+#   install-deps.sh [--with-torch | --build-only]
 set -euo pipefail
 
-PACKAGES=(
+PACKAGES=(  # to build
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-  prometheus-cpp-dev prometheus   # /metrics (prometheus-cpp); the scrape test (prometheus, promtool)
+  prometheus-cpp-dev        # /metrics (prometheus-cpp)
   libopenblas-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev
   dataset-fashion-mnist
-  python3 python3-numpy
-  docker-compose iproute2   # compose-file validation, multi-host tests
   openssl                   # deploy/make-certs.sh (TLS certificates)
-  clang libclang-rt-14-dev libfuzzer-14-dev   # bench/fuzz.sh (libFuzzer, sanitizers)
-  chromium chromium-driver python3-selenium   # the dashboard's browser test
 )
+if [[ "${1:-}" != "--build-only" ]]; then  # to test
+  PACKAGES+=(
+    python3 python3-numpy
+    docker-compose iproute2   # compose-file validation, multi-host tests
+    prometheus                # the scrape test (prometheus, promtool)
+    clang libclang-rt-14-dev libfuzzer-14-dev   # bench/fuzz.sh (libFuzzer, sanitizers)
+    chromium chromium-driver python3-selenium   # the dashboard's browser test
+  )
+  # The Kubernetes manifests' validation: any Node.js with npm will do.
+  command -v npm > /dev/null || PACKAGES+=(nodejs npm)
+fi
 # `--with-torch` adds PyTorch (the interop test, golden values, benchmarks)
 # and iperf3 (the network benchmark's reference).
 if [[ "${1:-}" == "--with-torch" ]]; then

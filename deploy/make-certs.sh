@@ -10,7 +10,8 @@
 #                         coordinator and shards), worker, viewer, and two
 #                         submitters, alice and bob
 # The SANs are localhost, 127.0.0.1, ::1, the compose service names, the
-# Kubernetes service names, and every extra NAME or IP given.
+# Kubernetes service names (deploy/k8s: tally-server, tally-coordinator and
+# the shards' *.tally-shard), and every extra NAME or IP given.
 #   deploy/make-certs.sh DIR [--test-extras] [NAME|IP ...]
 # --test-extras also makes, for the TLS tests, a certificate from another CA
 # (stranger.pem/.key, stranger-ca.pem) and one of the cluster's CA that has
@@ -23,7 +24,8 @@ extras=0
 sans="DNS:localhost,IP:127.0.0.1,IP:::1"
 # docker-compose.yml and deploy/k8s service names.
 for n in server shard1 shard2 worker1 worker2 submit tally-server \
-         tally-coordinator tally-shard-0 tally-shard-1 tally-shard-2 tally-shard-3; do
+         tally-coordinator tally-shard-0 tally-shard-1 tally-shard-2 tally-shard-3 \
+         '*.tally-shard'; do
   sans+=",DNS:$n"
 done
 for a in "$@"; do
