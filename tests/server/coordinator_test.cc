@@ -554,5 +554,45 @@ TEST_F(CoordinatorLimitsTest, EndedJobsBeyondTheRetentionAreDropped) {
   EXPECT_EQ(coord_->List()[0].id(), "job-4");
 }
 
+TEST_F(CoordinatorLimitsTest, ADroppedJobLeavesItsFinalWeightsWhenAsked) {
+  CoordinatorOptions o;
+  o.max_finished_jobs = 0;  // drop every ended job
+  o.keep_weights_dir = testing::TempDir("kept_weights");
+  Make(o);
+  auto job = coord_->Submit(SpecWith("max_steps: 1"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<v1::RegisterWorkerResponse> workers;
+  for (const char* name : {"a", "b"}) {
+    v1::RegisterWorkerRequest r;
+    r.set_name(name);
+    workers.push_back(*coord_->Register(r));
+  }
+  auto shard = *ShardOf(host_, job->id());
+  std::vector<float> g(shard->num_params(), 0.1f);
+  bool dup;
+  for (const auto& w : workers) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.samples = 1;
+    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
+  }
+  v1::ReportResultRequest r;
+  r.set_worker_id(workers[0].worker_id());
+  r.set_incarnation(workers[0].incarnation());
+  r.set_job_id(job->id());
+  r.set_ok(true);
+  r.set_steps(1);
+  TALLY_ASSERT_OK(coord_->ReportResult(r));
+  coord_->Tick();
+  EXPECT_THAT(coord_->Get(job->id()),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  auto kept = ReadFile(o.keep_weights_dir + "/" + job->id() + ".safetensors");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  auto tensors = DecodeSafetensors(*kept);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  EXPECT_EQ(tensors->size(), 2u);  // the linear layer's weight and bias
+}
+
 }  // namespace
 }  // namespace tally
