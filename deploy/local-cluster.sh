@@ -8,7 +8,9 @@
 # between them (the spec gets `training.shards: N`). Every process speaks
 # mTLS and the server checks bearer tokens: deploy/make-certs.sh makes the
 # CA, certificate and tokens in out/certs the first time (the client below
-# acts as the admin; give a colleague alice.token, a submitter's).
+# acts as the admin; give a colleague alice.token, a submitter's). While it
+# runs, the dashboard is at http://127.0.0.1:PORT+1010/ (8080 by default)
+# and the coordinator's metrics at http://127.0.0.1:PORT+2030/metrics (9100).
 #   deploy/local-cluster.sh [JOB_SPEC] [--port=7070] [--workers=2] [--shards=1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +44,8 @@ trap 'echo "interrupted: stopping the cluster" >&2; exit 130' INT TERM
 
 server_flags=()
 ((shards > 1)) && server_flags+=(--noshard)
-$bin/server/tally-server "${server_auth[@]}" --port="$port" "${server_flags[@]}" > out/logs/server.log 2>&1 &
+$bin/server/tally-server "${server_auth[@]}" --port="$port" "${server_flags[@]}" \
+  --http_port=$((port + 1010)) --metrics_port=$((port + 2030)) > out/logs/server.log 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do
   tally health >/dev/null 2>&1 && break
@@ -73,6 +76,7 @@ done
 submitted=$(tally submit "$job")
 id=${submitted%%$'\n'*}
 echo "submitted $id ($job); logs in out/logs/"
+echo "dashboard: http://127.0.0.1:$((port + 1010))/#/job/$id   metrics: http://127.0.0.1:$((port + 2030))/metrics"
 ((shards > 1)) && tally shards
 status=0
 tally watch "$id" || status=$?
