@@ -42,6 +42,7 @@ status=0
 printf '%-13s %12s %10s %8s  %s\n' harness executions "exec/s" corpus result
 for h in "${harnesses[@]}"; do
   corpus=$B/corpus/$h
+  rm -rf "$B/crashes/$h"  # only this run's findings
   mkdir -p "$corpus" "$B/crashes/$h"
   log=$B/$h-${seconds}s.log
   set +e
@@ -54,7 +55,7 @@ for h in "${harnesses[@]}"; do
   set -e
   runs=$(grep -oE "stat::number_of_executed_units: *[0-9]+" "$log" | grep -oE "[0-9]+$" || echo 0)
   rate=$(grep -oE "stat::average_exec_per_sec: *[0-9]+" "$log" | grep -oE "[0-9]+$" || echo 0)
-  size=$(ls "$corpus" "tests/fuzz/corpus/$h" | grep -vc ":$" || true)
+  size=$(find "$corpus" "tests/fuzz/corpus/$h" -type f -printf '%f\n' | sort -u | wc -l)
   if ((rc == 0)); then
     result=ok
   else

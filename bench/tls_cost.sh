@@ -58,7 +58,7 @@ pushpull() {  # mode -> GB/s
   start_server "$1" --lease_timeout_ms=600000
   $B/bench/tally-bench-pushpull --server=127.0.0.1:$port "${client[@]}" --steps=10 > "$tmp/p.json"
   $PY -c "import json; print(json.load(open('$tmp/p.json'))['gb_per_sec'])"
-  kill "${pids[@]}"; wait 2> /dev/null || true
+  kill "${pids[@]}" 2> /dev/null || true; wait 2> /dev/null || true
 }
 cluster() {  # mode -> samples/s
   start_server "$1"
@@ -73,7 +73,7 @@ cluster() {  # mode -> samples/s
   id=${out%%$'\n'*}
   $B/client/tally --server=127.0.0.1:$port "${client[@]}" status "$id" --json |
     $PY -c "import json,sys; print(json.load(sys.stdin)['metrics']['mean_samples_per_sec'])"
-  kill "${pids[@]}"; wait 2> /dev/null || true
+  kill "${pids[@]}" 2> /dev/null || true; wait 2> /dev/null || true
 }
 linked() {  # mode -> GB/s, server and client on two hosts joined by the link
   flags "$1"
@@ -89,7 +89,7 @@ linked() {  # mode -> GB/s, server and client on two hosts joined by the link
   ip netns exec "${hosts[1]}" $B/bench/tally-bench-pushpull --server="${addrs[0]}:7070" \
     "${client[@]}" --steps=10 > "$tmp/p.json"
   $PY -c "import json; print(json.load(open('$tmp/p.json'))['gb_per_sec'])"
-  kill "${pids[@]}"; wait 2> /dev/null || true
+  kill "${pids[@]}" 2> /dev/null || true; wait 2> /dev/null || true
 }
 link=0
 if [[ $(id -u) == 0 ]] && command -v tc > /dev/null && ip netns add "${hosts[0]}" 2> /dev/null; then

@@ -216,24 +216,16 @@ int WriteReport(tally::v1::JobService::Stub& stub, const std::string& id) {
   tally::v1::JobHistory history;
   s = stub.GetJobHistory(Context().get(), req, &history);
   if (!s.ok()) return Report(s);
-  std::string shards;
+  std::string shards = "[]";
   tally::v1::ListShardsResponse listed;
   // Shards are an admin's or a viewer's to see; a report goes on without.
   if (stub.ListShards(Context().get(), {}, &listed).ok()) {
-    for (const auto& sh : listed.shards()) {
-      for (const auto& r : sh.ranges()) {
-        if (r.job_id() != id) continue;
-        absl::StrAppend(&shards, shards.empty() ? "" : ",",
-                        "{\"shard_id\":\"", sh.shard_id(), "\",\"address\":\"",
-                        sh.address(), "\",\"live\":", sh.live() ? "true" : "false",
-                        ",\"offset\":", r.offset(), ",\"count\":", r.count(),
-                        ",\"version\":", r.version(), "}");
-      }
-    }
+    shards = tally::JobShardsJson(
+        {listed.shards().begin(), listed.shards().end()}, id);
   }
   const std::string detail = absl::StrCat(
       "{\"job\":", Json(job), ",\"history\":", Json(history),
-      ",\"workers\":[],\"shards\":[", shards, "],\"written_unix\":",
+      ",\"workers\":[],\"shards\":", shards, ",\"written_unix\":",
       absl::ToUnixSeconds(absl::Now()), "}");
   absl::Status w = tally::WriteFileAtomic(out, tally::StaticReportPage(detail));
   if (!w.ok()) {

@@ -37,6 +37,7 @@ cleanup() {
   docker-compose down -v --remove-orphans > /dev/null 2>&1 || true
   for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
   wait 2> /dev/null || true
+  rm -f "${conf:-}"
 }
 trap cleanup EXIT
 fail() {
@@ -46,17 +47,17 @@ fail() {
   exit 1
 }
 
-# Podman's settings here: runc (crun refuses this cgroup layout) and limits
-# no higher than the kernel lets a container set.
-if ! grep -qs 'runtime = "runc"' /etc/containers/containers.conf; then
-  mkdir -p /etc/containers
-  cat >> /etc/containers/containers.conf <<'CONF'
+# Podman's settings for this check alone (CONTAINERS_CONF, not the host's
+# file): runc (crun refuses this cgroup layout) and limits no higher than
+# the kernel lets a container set.
+conf=$(mktemp)
+cat > "$conf" <<'CONF'
 [containers]
 default_ulimits = ["nofile=16384:16384", "nproc=8192:8192"]
 [engine]
 runtime = "runc"
 CONF
-fi
+export CONTAINERS_CONF=$conf
 
 # 1. The base image, once.
 if ! podman image exists localhost/debian:12; then

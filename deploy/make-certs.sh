@@ -31,6 +31,7 @@ done
 for a in "$@"; do
   case $a in
     --test-extras) extras=1 ;;
+    *:*) sans+=",IP:$a" ;;        # IPv6
     *[!0-9.]*) sans+=",DNS:$a" ;;
     *) sans+=",IP:$a" ;;
   esac
@@ -68,11 +69,13 @@ leaf_request node tally-node
 sign node ca
 
 token() { head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+rm -f tokens.txt
 : > tokens.txt
 for entry in "admin admin admin" "worker worker workers" "viewer viewer viewer" \
              "alice submitter alice" "bob submitter bob"; do
   read -r file role name <<< "$entry"
   t=$(token)
+  rm -f "$file.token"  # a file made now gets the umask (owner only)
   echo "$t" > "$file.token"
   echo "$t $role $name" >> tokens.txt
 done

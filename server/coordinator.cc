@@ -442,12 +442,20 @@ int Coordinator::DropOldJobs() {
   } unlock{&checkpoint_mu_};
   struct Dropped {
     std::string id;
-    std::string weights;  // .safetensors, when kept
+    // Kept weights, encoded after the lock: the final vector, its layout.
+    std::shared_ptr<const std::vector<float>> weights;
+    std::vector<ParamInfo> params;
+    std::string name;
+    int64_t step = 0;
   };
   std::vector<Dropped> dropped;
+  int64_t next_job = 0;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = Now();
+    next_job = next_job_;
+    std::set<std::string> busy;  // jobs a worker is still leaving
+    for (const auto& [wid, w] : workers_) busy.insert(w.job_id);
     std::vector<std::string> ended;  // oldest first (by job number)
     for (const std::string& id : job_order_) {
       const JobEntry& job = jobs_.at(id);
@@ -455,13 +463,10 @@ int Coordinator::DropOldJobs() {
       if (Terminal(job.proto.state()) &&
           (job.retired || job.ranges.empty()) &&
           (options_.state_dir.empty() ||
-           job.saved_state == job.proto.state())) {
+           job.saved_state == job.proto.state()) &&
+          !busy.count(id)) {
         ended.push_back(id);
       }
-    }
-    for (const auto& [wid, w] : workers_) {  // still leaving it: not yet
-      auto it = std::find(ended.begin(), ended.end(), w.job_id);
-      if (it != ended.end()) ended.erase(it);
     }
     const int64_t excess =
         static_cast<int64_t>(ended.size()) - options_.max_finished_jobs;
@@ -474,14 +479,13 @@ int Coordinator::DropOldJobs() {
                     job.proto.finished_unix())) >
               options_.finished_job_ttl;
       if (!too_many && !too_old) continue;
-      Dropped d{ended[i], {}};
+      Dropped d;
+      d.id = ended[i];
       if (!options_.keep_weights_dir.empty() && job.final_weights != nullptr) {
-        d.weights = EncodeSafetensors(
-            job.spec.layout.params, job.final_weights->data(),
-            {{"format", "pt"},
-             {"job", d.id},
-             {"name", job.spec.name},
-             {"version", absl::StrCat(job.proto.metrics().step())}});
+        d.weights = job.final_weights;
+        d.params = job.spec.layout.params;
+        d.name = job.spec.name;
+        d.step = job.proto.metrics().step();
       }
       dropped.push_back(std::move(d));
     }
@@ -490,13 +494,28 @@ int Coordinator::DropOldJobs() {
       job_order_.erase(std::find(job_order_.begin(), job_order_.end(), d.id));
     }
   }
+  // Job numbers are never given twice, even once every file is gone.
+  if (store_ != nullptr && !dropped.empty()) {
+    if (absl::Status s = store_->SaveNextJob(next_job); !s.ok()) {
+      std::fprintf(stderr, "tally-server: %s\n", std::string(s.message()).c_str());
+    }
+  }
   for (const Dropped& d : dropped) {
-    if (!d.weights.empty()) {
+    if (d.weights != nullptr) {
       const std::string path =
           absl::StrCat(options_.keep_weights_dir, "/", d.id, ".safetensors");
-      if (absl::Status s = WriteFileAtomic(path, d.weights); !s.ok()) {
+      absl::Status s = WriteFileAtomic(
+          path, EncodeSafetensors(d.params, d.weights->data(),
+                                  {{"format", "pt"},
+                                   {"job", d.id},
+                                   {"name", d.name},
+                                   {"version", absl::StrCat(d.step)}}));
+      if (!s.ok()) {
+        // The checkpoint stays: the weights are not lost (the job comes
+        // back at the next restart, and is dropped again then).
         std::fprintf(stderr, "tally-server: keeping %s's weights: %s\n",
                      d.id.c_str(), std::string(s.message()).c_str());
+        continue;
       }
     }
     if (store_ != nullptr) {
@@ -1348,6 +1367,7 @@ absl::Status Coordinator::Restore() {
       order.push_back(id);
       next_job_ = std::max(next_job_, JobNumber(id) + 1);
     }
+    next_job_ = std::max(next_job_, store_->LoadNextJob());
     std::sort(order.begin(), order.end(),
               [](const std::string& a, const std::string& b) {
                 return JobNumber(a) < JobNumber(b);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "proto/errors.h"
@@ -217,6 +218,18 @@ absl::StatusOr<StoredJob> JobStore::Load(const std::string& job_id) const {
     return absl::NotFoundError(absl::StrCat("no checkpoint of ", job_id));
   }
   return LoadFile(path);
+}
+
+absl::Status JobStore::SaveNextJob(int64_t next) const {
+  return WriteFileAtomic(dir_ + "/NEXT_JOB", absl::StrCat(next, "\n"));
+}
+
+int64_t JobStore::LoadNextJob() const {
+  auto text = ReadFile(dir_ + "/NEXT_JOB");
+  int64_t n = 0;
+  if (!text.ok() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &n))
+    return 0;
+  return n;
 }
 
 absl::Status JobStore::Remove(const std::string& job_id) const {

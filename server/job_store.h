@@ -64,6 +64,10 @@ class JobStore {
   static absl::StatusOr<StoredJob> ParseCheckpoint(absl::string_view bytes,
                                                    const std::string& path,
                                                    const SpecLimits& limits);
+  // The next job number, kept beside the jobs (<dir>/NEXT_JOB) so that
+  // numbers are not given again after every file was dropped; 0 when none.
+  absl::Status SaveNextJob(int64_t next) const;
+  int64_t LoadNextJob() const;
   // Deletes the job's file (OK when it has none).
   absl::Status Remove(const std::string& job_id) const;
 

@@ -281,9 +281,16 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::RegisterShard(
     v1::RegisterShardResponse* resp) {
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return Reply(ctx, st);
-  if (req->address().empty() || req->address().size() > 1024) {
+  const std::string& a = req->address();
+  const bool host_port =
+      !a.empty() && a.size() <= 256 && a.find(':') != std::string::npos &&
+      a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          "0123456789.-_:[]") == std::string::npos;
+  if (!host_port) {
     return Reply(ctx, absl::InvalidArgumentError(
-                          "a shard registers with its host:port"));
+                          "a shard registers with its host:port (letters, "
+                          "digits, '.', '-', '_', ':', '[', ']'; 256 bytes "
+                          "at most)"));
   }
   *resp = coord_->RegisterShard(*req);
   return Reply(ctx, absl::OkStatus());

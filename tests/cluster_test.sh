@@ -204,7 +204,7 @@ case $case_name in
     msg=$("$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/viewer.token" cancel "$id2" 2>&1); code=$?
     [[ $code == 1 && $msg == *"role viewer"* ]] || fail "viewer cancel: code $code, '$msg'"
     [[ $(job_field "$id2" "['state']") == PENDING ]] || fail "the viewer's cancel changed the job"
-    msg=$("$bin_server" --listen=0.0.0.0 --port=0 2>&1); code=$?
+    msg=$(timeout 10 "$bin_server" --listen=0.0.0.0 --port=0 2>&1); code=$?
     [[ $code == 1 && $msg == *"without TLS"* ]] || fail "plaintext on 0.0.0.0: code $code, '$msg'"
     set -e
     echo "cli: ok"

@@ -6,12 +6,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace tally {
 
@@ -20,14 +23,22 @@ namespace {
 constexpr size_t kMaxRequestBytes = 8192;
 constexpr int kIoTimeoutMs = 2000;
 
-std::string ReadHead(int fd) {
+// Milliseconds left until `deadline` (0 once passed).
+int Left(absl::Time deadline) {
+  return static_cast<int>(std::max<int64_t>(
+      0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+}
+
+// Reads the request head (up to the blank line), bounded in size and in
+// time as a whole: a client trickling bytes gets no more than the deadline.
+std::string ReadHead(int fd, absl::Time deadline) {
   std::string head;
   char buf[1024];
   while (head.size() < kMaxRequestBytes &&
          head.find("\r\n\r\n") == std::string::npos &&
          head.find("\n\n") == std::string::npos) {
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, kIoTimeoutMs) <= 0) break;
+    if (poll(&p, 1, Left(deadline)) <= 0) break;
     const ssize_t n = read(fd, buf, sizeof(buf));
     if (n <= 0) break;
     head.append(buf, static_cast<size_t>(n));
@@ -35,11 +46,11 @@ std::string ReadHead(int fd) {
   return head;
 }
 
-void WriteAll(int fd, const std::string& bytes) {
+void WriteAll(int fd, const std::string& bytes, absl::Time deadline) {
   size_t done = 0;
   while (done < bytes.size()) {
     pollfd p{fd, POLLOUT, 0};
-    if (poll(&p, 1, kIoTimeoutMs) <= 0) return;
+    if (poll(&p, 1, Left(deadline)) <= 0) return;
     const ssize_t n =
         send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n <= 0) return;
@@ -122,7 +133,8 @@ void HttpServer::Serve() {
 }
 
 void HttpServer::Answer(int fd) const {
-  const std::string head = ReadHead(fd);
+  const std::string head =
+      ReadHead(fd, absl::Now() + absl::Milliseconds(kIoTimeoutMs));
   const std::string line = head.substr(0, head.find_first_of("\r\n"));
   HttpResponse r;
   // "GET /path HTTP/1.1"
@@ -140,7 +152,8 @@ void HttpServer::Answer(int fd) const {
                             "\r\nContent-Length: ", r.body.size(),
                             "\r\nCache-Control: no-store"
                             "\r\nConnection: close\r\n\r\n",
-                            r.body));
+                            r.body),
+           absl::Now() + absl::Seconds(10));
 }
 
 }  // namespace tally

@@ -1,6 +1,7 @@
 // A small HTTP/1.1 server for Tally's read-only pages: /metrics and the
 // coordinator's dashboard. One thread answers one request per connection
-// (GET only, request head at most 8 KiB, 2 s to send it), then closes it:
+// (GET only, request head at most 8 KiB, 2 s in all to send it, 10 s to
+// take the answer), then closes it:
 // enough for Prometheus and a browser refreshing every few seconds, and
 // nothing a client sends can hold it longer than that.
 //

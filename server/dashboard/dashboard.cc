@@ -70,20 +70,8 @@ absl::StatusOr<std::string> Dashboard::JobDetailJson(
                                  ",\"workers\":[");
   for (size_t i = 0; i < workers->size(); ++i)
     absl::StrAppend(&out, i ? "," : "", Json((*workers)[i]));
-  out += "],\"shards\":[";
-  bool first = true;
-  for (const v1::ShardInfo& s : coord_->ListShards()) {
-    for (const auto& r : s.ranges()) {
-      if (r.job_id() != job_id) continue;
-      absl::StrAppend(&out, first ? "" : ",", "{\"shard_id\":\"", s.shard_id(),
-                      "\",\"address\":\"", s.address(), "\",\"live\":",
-                      s.live() ? "true" : "false", ",\"offset\":", r.offset(),
-                      ",\"count\":", r.count(), ",\"version\":", r.version(),
-                      "}");
-      first = false;
-    }
-  }
-  out += "]";
+  out += "],\"shards\":";
+  out += JobShardsJson(coord_->ListShards(), job_id);
   const CoordinatorStats stats = coord_->Stats();
   if (auto it = stats.checkpoint_age_seconds.find(job_id);
       it != stats.checkpoint_age_seconds.end()) {

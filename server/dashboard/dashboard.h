@@ -19,6 +19,7 @@ namespace tally {
 
 class Coordinator;
 
+
 class Dashboard {
  public:
   // `coordinator` is borrowed.

@@ -4,6 +4,9 @@
 #define TALLY_SERVER_DASHBOARD_PAGE_H_
 
 #include <string>
+#include <vector>
+
+#include "proto/tally.pb.h"
 
 namespace tally {
 
@@ -12,6 +15,11 @@ const char* DashboardPage();
 // The page with `detail_json` (the JSON of /api/jobs/ID, plus
 // "written_unix") built in, for a file that needs no server.
 std::string StaticReportPage(const std::string& detail_json);
+
+// The ranges of `job_id` on `shards`, as the page's "shards" array (every
+// string through protobuf's JSON printer, so escaped).
+std::string JobShardsJson(const std::vector<v1::ShardInfo>& shards,
+                          const std::string& job_id);
 
 }  // namespace tally
 

@@ -554,6 +554,29 @@ TEST_F(CoordinatorLimitsTest, EndedJobsBeyondTheRetentionAreDropped) {
   EXPECT_EQ(coord_->List()[0].id(), "job-4");
 }
 
+TEST_F(CoordinatorLimitsTest, JobNumbersAreNotGivenTwiceAfterEveryFileIsGone) {
+  CoordinatorOptions o;
+  o.max_finished_jobs = 0;
+  o.state_dir = testing::TempDir("next_job") + "/state";
+  {
+    Make(o);
+    TALLY_ASSERT_OK(coord_->Restore());
+    auto job = coord_->Submit(kSpec);
+    ASSERT_TRUE(job.ok());
+    ASSERT_TRUE(coord_->Cancel(job->id()).ok());
+    TALLY_ASSERT_OK(coord_->Checkpoint(false));  // the end on disk
+    coord_->Tick();                               // then dropped
+    ASSERT_TRUE(coord_->List().empty());
+    coord_.reset();
+  }
+  Make(o);
+  TALLY_ASSERT_OK(coord_->Restore());
+  EXPECT_TRUE(coord_->List().empty());
+  auto next = coord_->Submit(kSpec);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->id(), "job-2");
+}
+
 TEST_F(CoordinatorLimitsTest, ADroppedJobLeavesItsFinalWeightsWhenAsked) {
   CoordinatorOptions o;
   o.max_finished_jobs = 0;  // drop every ended job

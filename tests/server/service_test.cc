@@ -234,6 +234,14 @@ TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
   EXPECT_THAT(FromGrpc(workers_->RegisterWorker(Ctx().get(), big, &reg)),
               StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
   EXPECT_TRUE(jobs_->ListJobs(Ctx().get(), {}, &listed).ok());
+  // A shard address is host:port: nothing a page could run.
+  auto coordination = v1::CoordinatorService::NewStub(channel_);
+  v1::RegisterShardRequest shard;
+  shard.set_address("a\"}],\"job\":{\"x\":\"<img src=x onerror=alert(1)>:1");
+  v1::RegisterShardResponse registered;
+  EXPECT_THAT(
+      FromGrpc(coordination->RegisterShard(Ctx().get(), shard, &registered)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host:port")));
   job_ = "job-42";
   EXPECT_THAT(Push({Header(0)}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-42")));
