@@ -413,6 +413,7 @@ absl::StatusOr<JobPage> Coordinator::ListPage(const JobQuery& query) const {
         absl::StrCat("page_token ", Quoted(query.page_token),
                      " is not one this server gave"));
   }
+  const int page_size = query.page_size > 0 ? query.page_size : 100;
   JobPage page;
   absl::MutexLock lock(&mu_);
   // job_order_ is sorted by job number.
@@ -422,7 +423,7 @@ absl::StatusOr<JobPage> Coordinator::ListPage(const JobQuery& query) const {
   for (; it != job_order_.end(); ++it) {
     const JobEntry& job = jobs_.at(*it);
     if (!query.owner.empty() && job.proto.owner() != query.owner) continue;
-    if (static_cast<int>(page.jobs.size()) == query.page_size) {
+    if (static_cast<int>(page.jobs.size()) == page_size) {
       page.next_page_token = absl::StrCat(JobNumber(page.jobs.back().id()));
       break;
     }

@@ -118,7 +118,7 @@ struct CoordinatorStats {
 };
 
 struct JobQuery {
-  int page_size = 100;
+  int page_size = 100;  // 0 or less: 100
   std::string page_token;  // empty: from the first job
   bool omit_spec = false;
   std::string owner;  // non-empty: only this submitter's jobs
