@@ -27,7 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-. bench/lib.sh  # median, ratio
+. bench/lib.sh  # median, ratio, linked_hosts
 deploy/make-certs.sh "$tmp/certs" "${addrs[0]}" > /dev/null
 c=$tmp/certs
 tls=(--tls_ca="$c/ca.pem" --tls_cert="$c/node.pem" --tls_key="$c/node.key")
@@ -92,20 +92,9 @@ linked() {  # mode -> GB/s, server and client on two hosts joined by the link
   kill "${pids[@]}" 2> /dev/null || true; wait 2> /dev/null || true
 }
 link=0
-if [[ $(id -u) == 0 ]] && command -v tc > /dev/null && ip netns add "${hosts[0]}" 2> /dev/null; then
+if [[ $(id -u) == 0 ]] && command -v tc > /dev/null &&
+   linked_hosts "${hosts[@]}" "${addrs[@]}" "$rate" "$tag" 2> /dev/null; then
   link=1
-  ip netns add "${hosts[1]}"
-  ip link add "vs-$tag" type veth peer name "vc-$tag"
-  ip link set "vs-$tag" netns "${hosts[0]}"
-  ip link set "vc-$tag" netns "${hosts[1]}"
-  for i in 0 1; do
-    h=${hosts[$i]}
-    dev=$([[ $i == 0 ]] && echo "vs-$tag" || echo "vc-$tag")
-    ip -n "$h" addr add "${addrs[$i]}/24" dev "$dev"
-    ip -n "$h" link set "$dev" up
-    ip -n "$h" link set lo up
-    tc -n "$h" qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
-  done
 fi
 sed -e 's/epochs: 2/epochs: 1/' examples/fashion-mnist-mlp.yaml > "$tmp/mlp.yaml"
 for f in pp_plain pp_tls cl_plain cl_tls ln_plain ln_tls; do : > "$tmp/$f"; done

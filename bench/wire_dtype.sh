@@ -28,20 +28,9 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-. bench/lib.sh  # median, ratio, iperf_gbps
+. bench/lib.sh  # median, ratio, iperf_gbps, linked_hosts
 
-for h in "${hosts[@]}"; do ip netns add "$h"; done
-ip link add "vs-$tag" type veth peer name "vc-$tag"
-ip link set "vs-$tag" netns "${hosts[0]}"
-ip link set "vc-$tag" netns "${hosts[1]}"
-for i in 0 1; do
-  h=${hosts[$i]}
-  dev=$([[ $i == 0 ]] && echo "vs-$tag" || echo "vc-$tag")
-  ip -n "$h" addr add "${addrs[$i]}/24" dev "$dev"
-  ip -n "$h" link set "$dev" up
-  ip -n "$h" link set lo up
-  tc -n "$h" qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
-done
+linked_hosts "${hosts[@]}" "${addrs[@]}" "$rate" "$tag"
 
 in_srv() { ip netns exec "${hosts[0]}" "$@"; }
 in_cli() { ip netns exec "${hosts[1]}" "$@"; }

@@ -191,15 +191,6 @@ int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
   return 0;
 }
 
-std::string Json(const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions o;
-  o.always_print_primitive_fields = true;
-  o.preserve_proto_field_names = true;
-  std::string out;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
-}
-
 // One self-contained HTML file: the dashboard's job page with the job's
 // record, curves, events and the shards that hold it built in.
 int WriteReport(tally::v1::JobService::Stub& stub, const std::string& id) {
@@ -224,7 +215,7 @@ int WriteReport(tally::v1::JobService::Stub& stub, const std::string& id) {
         {listed.shards().begin(), listed.shards().end()}, id);
   }
   const std::string detail = absl::StrCat(
-      "{\"job\":", Json(job), ",\"history\":", Json(history),
+      "{\"job\":", tally::PageJson(job), ",\"history\":", tally::PageJson(history),
       ",\"workers\":[],\"shards\":", shards, ",\"written_unix\":",
       absl::ToUnixSeconds(absl::Now()), "}");
   absl::Status w = tally::WriteFileAtomic(out, tally::StaticReportPage(detail));

@@ -15,13 +15,14 @@ PACKAGES=(  # to build
 )
 if [[ "${1:-}" != "--build-only" ]]; then  # to test
   PACKAGES+=(
-    python3 python3-numpy
+    python3 python3-numpy curl
     docker-compose iproute2   # compose-file validation, multi-host tests
     prometheus                # the scrape test (prometheus, promtool)
     clang libclang-rt-14-dev libfuzzer-14-dev   # bench/fuzz.sh (libFuzzer, sanitizers)
     chromium chromium-driver python3-selenium   # the dashboard's browser test
     # docker-compose.yml run for real (deploy/compose-check.sh)
-    podman runc debootstrap golang-github-containernetworking-plugin-dnsname
+    podman runc debootstrap containernetworking-plugins iptables
+    golang-github-containernetworking-plugin-dnsname
   )
   # The Kubernetes manifests' validation: any Node.js with npm will do.
   command -v npm > /dev/null || PACKAGES+=(nodejs npm)

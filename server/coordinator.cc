@@ -327,10 +327,13 @@ absl::StatusOr<v1::Job> Coordinator::Get(const std::string& job_id) const {
   return Render(it->second);
 }
 
-std::vector<v1::Job> Coordinator::List() const {
+std::vector<v1::Job> Coordinator::List(bool with_specs) const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
-  for (const std::string& id : job_order_) out.push_back(Render(jobs_.at(id)));
+  for (const std::string& id : job_order_) {
+    out.push_back(Render(jobs_.at(id)));
+    if (!with_specs) out.back().clear_spec();
+  }
   return out;
 }
 
@@ -343,11 +346,9 @@ void Coordinator::EventLocked(JobEntry& job, std::string text) {
   e->set_text(std::move(text));
 }
 
-void Coordinator::CurvePointLocked(JobEntry& job, const v1::JobMetrics& m,
-                                   bool force) {
+void Coordinator::CurvePointLocked(JobEntry& job, const v1::JobMetrics& m) {
   constexpr int kMaxPoints = 1000;
   const absl::Time now = Now();
-  if (!force && now - job.last_point < job.point_every) return;
   auto* curve = job.history.mutable_curve();
   if (m.step() == 0) return;  // no step closed: no loss to show
   if (!curve->empty() && curve->rbegin()->step() == m.step()) return;
@@ -997,7 +998,7 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
                                const std::string& message, Notes* notes) {
   // The figures as they stand, kept with the record from now on.
   const v1::Job now = Render(job);
-  CurvePointLocked(job, now.metrics(), /*force=*/true);
+  CurvePointLocked(job, now.metrics());
   EventLocked(job, absl::StrCat(absl::AsciiStrToLower(v1::JobState_Name(state)),
                                 " at step ", now.metrics().step(),
                                 message.empty() ? "" : ": ", message));
@@ -1577,7 +1578,9 @@ void Coordinator::Tick() {
       const int64_t v = VersionLocked(job);
       if (v != job.notified_version) {
         job.notified_version = v;
-        CurvePointLocked(job, Render(job).metrics(), /*force=*/false);
+        // Render only when a point is due: this runs every tick.
+        if (Now() - job.last_point >= job.point_every)
+          CurvePointLocked(job, Render(job).metrics());
         NotifyLocked(id, &notes);
       }
     }

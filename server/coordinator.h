@@ -142,7 +142,9 @@ class Coordinator {
   absl::StatusOr<v1::Job> Submit(const std::string& spec_text,
                                  const std::string& owner = "");
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
-  std::vector<v1::Job> List() const;
+  // Every job, in submission order; without their specs when asked (what
+  // a scrape or the dashboard's list needs).
+  std::vector<v1::Job> List(bool with_specs = true) const;
   // A page of jobs in submission order; kInvalidArgument for a page token
   // this coordinator did not give.
   absl::StatusOr<JobPage> ListPage(const JobQuery& query) const;
@@ -261,10 +263,11 @@ class Coordinator {
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends to the job's history (bounded).
+  // Append to the job's history (bounded; a step is on the curve once).
+  // Tick adds a point every point_every; the end adds one always.
   void EventLocked(JobEntry& job, std::string text)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CurvePointLocked(JobEntry& job, const v1::JobMetrics& m, bool force)
+  void CurvePointLocked(JobEntry& job, const v1::JobMetrics& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Jobs PENDING.
   int64_t QueuedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

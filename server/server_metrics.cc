@@ -14,24 +14,10 @@ using prometheus::MetricType;
 
 bool Live(v1::JobState s) { return s == v1::PENDING || s == v1::RUNNING; }
 
-prometheus::Counter& OneCounter(prometheus::Registry& r, const char* name,
-                                const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Histogram& OneHistogram(prometheus::Registry& r, const char* name,
-                                    const char* help) {
-  return prometheus::BuildHistogram()
-      .Name(name)
-      .Help(help)
-      .Register(r)
-      .Add({}, LatencyBuckets());
-}
-
 }  // namespace
 
 std::vector<prometheus::MetricFamily> CoordinatorCollector::Collect() const {
-  const std::vector<v1::Job> jobs = coord_->List();
+  const std::vector<v1::Job> jobs = coord_->List(/*with_specs=*/false);
   const CoordinatorStats stats = coord_->Stats();
   std::vector<prometheus::MetricFamily> out;
 
@@ -122,15 +108,15 @@ std::vector<prometheus::MetricFamily> CoordinatorCollector::Collect() const {
 }
 
 DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& r)
-    : push_bytes_(OneCounter(r, "tally_push_bytes_total",
+    : push_bytes_(AddCounter(r, "tally_push_bytes_total",
                              "Gradient bytes received in pushes")),
-      pull_bytes_(OneCounter(r, "tally_pull_bytes_total",
+      pull_bytes_(AddCounter(r, "tally_pull_bytes_total",
                              "Weight bytes sent in pulls")),
-      push_seconds_(OneHistogram(r, "tally_push_seconds",
+      push_seconds_(AddLatencyHistogram(r, "tally_push_seconds",
                                  "Duration of a push call")),
-      pull_seconds_(OneHistogram(r, "tally_pull_seconds",
+      pull_seconds_(AddLatencyHistogram(r, "tally_pull_seconds",
                                  "Duration of a pull call, waiting included")),
-      pull_wait_seconds_(OneHistogram(
+      pull_wait_seconds_(AddLatencyHistogram(
           r, "tally_pull_wait_seconds",
           "Time a pull waited for its version (the step to close)")),
       pushes_(prometheus::BuildCounter()

@@ -25,14 +25,8 @@ fail() {
 # A free port, so parallel tests do not collide.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 addr=127.0.0.1:$port
-# Every process speaks mTLS; the server checks tokens (deploy/make-certs.sh
-# made them: ctest's certs fixture).
-certs=$build/test-certs
-tls=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/node.pem" --tls_key="$certs/node.key")
-[[ -f $certs/tokens.txt ]] || fail "no $certs/tokens.txt: run deploy/make-certs.sh $certs"
-server_auth=("${tls[@]}" --tokens="$certs/tokens.txt" --token_file="$certs/admin.token")
-worker_auth=("${tls[@]}" --token_file="$certs/worker.token")
-tally() { "$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/admin.token" "$@"; }
+# mTLS and tokens (server_auth, worker_auth, tally) and the job helpers.
+. "$(dirname "${BASH_SOURCE[0]}")/job_helpers.sh"
 
 start_server() {  # [lease_ms [more flags]]
   "$bin_server" "${server_auth[@]}" --listen=127.0.0.1 --port="$port" --lease_timeout_ms="${1:-3000}" "${@:2}" > "$dir/server.log" 2>&1 &
@@ -49,21 +43,6 @@ start_worker() {  # name
   "$bin_worker" --server="$addr" "${worker_auth[@]}" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
-}
-. "$(dirname "${BASH_SOURCE[0]}")/job_helpers.sh"  # submit, job_field, wait_state, wait_step
-long_job() {
-  cat > "$dir/long.yaml" <<'YAML'
-name: long-synthetic
-model:
-  layers:
-    - linear: {in_features: 32, out_features: 64}
-    - relu
-    - linear: {in_features: 64, out_features: 4}
-dataset: {name: synthetic, train_size: 16384, test_size: 1024, features: 32, classes: 4, seed: 2}
-training: {epochs: 40, batch_size: 64, seed: 3, workers: 2}
-optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
-YAML
-  echo "$dir/long.yaml"
 }
 
 case $case_name in
@@ -94,7 +73,7 @@ case $case_name in
     start_server 1000
     start_worker w1
     start_worker w2
-    id=$(submit "$(long_job)")
+    id=$(submit tests/long-synthetic.yaml)
     wait_step "$id" 100 60
     kill -9 "$pid_w2"
     killed_at=$SECONDS
@@ -111,7 +90,7 @@ case $case_name in
     start_server 1000
     start_worker w1
     start_worker w2
-    id=$(submit "$(long_job)")
+    id=$(submit tests/long-synthetic.yaml)
     wait_step "$id" 100 60
     kill -9 "$pid_w2"
     sleep 1.5
@@ -149,7 +128,7 @@ case $case_name in
     start_server 1000 --state_dir="$state" --checkpoint_interval_s=0.2
     start_worker w1
     start_worker w2
-    id=$(submit "$(long_job)")
+    id=$(submit tests/long-synthetic.yaml)
     done_id=$(submit examples/synthetic-2workers.yaml)  # queued behind it
     wait_step "$id" 200 60
     sleep 0.5  # a checkpoint after step 200

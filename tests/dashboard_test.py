@@ -63,18 +63,7 @@ def main():
             procs.append(subprocess.Popen(
                 [f"{build}/worker/tally-worker", f"--server={addr}", "--devices=cpu:1",
                  f"--name={name}", "--health_port=-1"], stdout=log(name), stderr=subprocess.STDOUT))
-        spec = os.path.join(tmp, "job.yaml")
-        with open(spec, "w") as f:
-            f.write("""name: dashboard-mlp
-model:
-  layers:
-    - linear: {in_features: 32, out_features: 64}
-    - relu
-    - linear: {in_features: 64, out_features: 4}
-dataset: {name: synthetic, train_size: 16384, test_size: 1024, features: 32, classes: 4, seed: 2}
-training: {epochs: 30, batch_size: 64, seed: 3, workers: 2}
-optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
-""")
+        spec = os.path.join(os.path.dirname(os.path.abspath(__file__)), "long-synthetic.yaml")
         out = tally("submit", spec)
         assert out.returncode == 0, out.stderr
         job = out.stdout.splitlines()[0]

@@ -1,5 +1,14 @@
-# Job helpers shared by the process tests (source it after defining
-# `tally` (the client, pointed at the cluster) and `fail`).
+# What the process tests share (source it after setting `build`,
+# `bin_tally`, `addr` and defining `fail`): every process speaks mTLS and
+# the server checks tokens (deploy/make-certs.sh made them: ctest's certs
+# fixture), so this gives the flags (`tls`, `server_auth`, `worker_auth`),
+# the client `tally` (as the admin), and the job helpers below.
+certs=$build/test-certs
+tls=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/node.pem" --tls_key="$certs/node.key")
+[[ -f $certs/tokens.txt ]] || fail "no $certs/tokens.txt: run deploy/make-certs.sh $certs"
+server_auth=("${tls[@]}" --tokens="$certs/tokens.txt" --token_file="$certs/admin.token")
+worker_auth=("${tls[@]}" --token_file="$certs/worker.token")
+tally() { "$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/admin.token" "$@"; }
 
 submit() {  # spec [--wait] -> prints the job id
   local out

@@ -58,18 +58,7 @@ query() {  # PromQL -> the first sample's value, or empty
 for _ in $(seq 100); do [[ $(query 'count(up == 1)' 2> /dev/null) == 3 ]] && break; sleep 0.1; done
 [[ $(query 'count(up == 1)') == 3 ]] || fail "Prometheus does not see the three endpoints up"
 
-cat > "$dir/job.yaml" <<'YAML'
-name: scraped
-model:
-  layers:
-    - linear: {in_features: 32, out_features: 64}
-    - relu
-    - linear: {in_features: 64, out_features: 4}
-dataset: {name: synthetic, train_size: 16384, test_size: 1024, features: 32, classes: 4, seed: 2}
-training: {epochs: 40, batch_size: 64, seed: 3, workers: 2}
-optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
-YAML
-id=$(tally submit "$dir/job.yaml") || fail "submit: $id"
+id=$(tally submit "$(dirname "$0")/long-synthetic.yaml") || fail "submit: $id"
 id=${id%%$'\n'*}
 # While the job runs: every endpoint passes promtool, and the job's step
 # counter, as Prometheus stored it, grows.

@@ -39,14 +39,8 @@ free_port() {
 }
 port=$(free_port)
 addr=127.0.0.1:$port
-# Every process speaks mTLS; the server checks tokens (deploy/make-certs.sh
-# made them: ctest's certs fixture).
-certs=$build/test-certs
-tls=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/node.pem" --tls_key="$certs/node.key")
-[[ -f $certs/tokens.txt ]] || fail "no $certs/tokens.txt: run deploy/make-certs.sh $certs"
-server_auth=("${tls[@]}" --tokens="$certs/tokens.txt" --token_file="$certs/admin.token")
-worker_auth=("${tls[@]}" --token_file="$certs/worker.token")
-tally() { "$bin_tally" --server="$addr" "${tls[@]}" --token_file="$certs/admin.token" "$@"; }
+# mTLS and tokens (server_auth, worker_auth, tally) and the job helpers.
+. "$(dirname "${BASH_SOURCE[0]}")/job_helpers.sh"
 
 start_coordinator() {  # [more flags]
   "$bin_server" "${server_auth[@]}" --listen=127.0.0.1 --port="$port" --lease_timeout_ms=1000 --noshard "$@" > "$dir/coordinator.log" 2>&1 &
@@ -69,7 +63,6 @@ start_worker() {  # name
   pids+=($!)
   eval "pid_$1=$!"
 }
-. "$(dirname "${BASH_SOURCE[0]}")/job_helpers.sh"  # submit, job_field, wait_state, wait_step
 job_spec() {  # shards optimizer epochs -> a path
   local f=$dir/job-$1-$2-$3.yaml
   cat > "$f" <<YAML

@@ -28,7 +28,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
 
 MetricsEndpoint::~MetricsEndpoint() { http_.reset(); }
 
-void MetricsEndpoint::Add(std::shared_ptr<prometheus::Collectable> collectable) {
+void MetricsEndpoint::Add(
+    std::shared_ptr<prometheus::Collectable> collectable) {
   std::lock_guard<std::mutex> lock(mu_);
   collectables_.push_back(std::move(collectable));
 }
@@ -84,8 +85,26 @@ void AddSample(prometheus::MetricFamily* family,
 }
 
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,     10, 30};
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30};
+}
+
+prometheus::Counter& AddCounter(prometheus::Registry& registry,
+                                const char* name, const char* help) {
+  return prometheus::BuildCounter()
+      .Name(name)
+      .Help(help)
+      .Register(registry)
+      .Add({});
+}
+
+prometheus::Histogram& AddLatencyHistogram(prometheus::Registry& registry,
+                                           const char* name, const char* help) {
+  return prometheus::BuildHistogram()
+      .Name(name)
+      .Help(help)
+      .Register(registry)
+      .Add({}, LatencyBuckets());
 }
 
 }  // namespace tally

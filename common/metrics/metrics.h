@@ -73,6 +73,13 @@ void AddSample(prometheus::MetricFamily* family,
 // Buckets for latencies from 100 µs to 30 s.
 prometheus::Histogram::BucketBoundaries LatencyBuckets();
 
+// A counter, or a latency histogram, with no labels, registered in
+// `registry` (which owns it).
+prometheus::Counter& AddCounter(prometheus::Registry& registry,
+                                const char* name, const char* help);
+prometheus::Histogram& AddLatencyHistogram(prometheus::Registry& registry,
+                                           const char* name, const char* help);
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_METRICS_METRICS_H_

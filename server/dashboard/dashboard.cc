@@ -1,7 +1,5 @@
 #include "server/dashboard/dashboard.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <cctype>
 #include <string>
 
@@ -15,22 +13,17 @@ namespace tally {
 
 namespace {
 
-std::string Json(const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions o;
-  o.always_print_primitive_fields = true;
-  o.preserve_proto_field_names = true;
-  std::string out;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
-}
-
 HttpResponse NotFound(const std::string& what) {
   std::string safe;
   for (char c : what.substr(0, 200)) {
-    if (c == '<') safe += "&lt;";
-    else if (c == '>') safe += "&gt;";
-    else if (c == '&') safe += "&amp;";
-    else safe += c;
+    if (c == '<')
+      safe += "&lt;";
+    else if (c == '>')
+      safe += "&gt;";
+    else if (c == '&')
+      safe += "&amp;";
+    else
+      safe += c;
   }
   return {404, "text/html; charset=utf-8",
           absl::StrCat("<!doctype html><title>Not found</title><h1>Not "
@@ -45,8 +38,8 @@ std::string Unescape(absl::string_view s) {
     if (s[i] == '%' && i + 2 < s.size() &&
         isxdigit(static_cast<unsigned char>(s[i + 1])) &&
         isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)),
-                                         nullptr, 16));
+      out += static_cast<char>(
+          std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
       i += 2;
     } else {
       out += s[i];
@@ -65,11 +58,11 @@ absl::StatusOr<std::string> Dashboard::JobDetailJson(
   if (!history.ok()) return history.status();
   auto workers = coord_->JobWorkers(job_id);
   if (!workers.ok()) return workers.status();
-  std::string out = absl::StrCat("{\"job\":", Json(*job),
-                                 ",\"history\":", Json(*history),
-                                 ",\"workers\":[");
+  std::string out =
+      absl::StrCat("{\"job\":", PageJson(*job),
+                   ",\"history\":", PageJson(*history), ",\"workers\":[");
   for (size_t i = 0; i < workers->size(); ++i)
-    absl::StrAppend(&out, i ? "," : "", Json((*workers)[i]));
+    absl::StrAppend(&out, i ? "," : "", PageJson((*workers)[i]));
   out += "],\"shards\":";
   out += JobShardsJson(coord_->ListShards(), job_id);
   const CoordinatorStats stats = coord_->Stats();
@@ -88,20 +81,11 @@ HttpResponse Dashboard::Handle(const std::string& raw_path) const {
     return {200, "text/html; charset=utf-8", DashboardPage()};
   }
   if (path == "/api/jobs") {
-    JobQuery q;
-    q.page_size = 1000;
-    q.omit_spec = true;
     std::string out = "{\"jobs\":[";
     bool first = true;
-    while (true) {
-      auto page = coord_->ListPage(q);
-      if (!page.ok()) break;
-      for (const v1::Job& j : page->jobs) {
-        absl::StrAppend(&out, first ? "" : ",", Json(j));
-        first = false;
-      }
-      if (page->next_page_token.empty()) break;
-      q.page_token = page->next_page_token;
+    for (const v1::Job& j : coord_->List(/*with_specs=*/false)) {
+      absl::StrAppend(&out, first ? "" : ",", PageJson(j));
+      first = false;
     }
     out += "]}";
     return {200, "application/json", out};
@@ -109,7 +93,8 @@ HttpResponse Dashboard::Handle(const std::string& raw_path) const {
   if (absl::ConsumePrefix(&path, "/api/jobs/")) {
     const std::string id = Unescape(path);
     auto json = JobDetailJson(id);
-    if (!json.ok()) return {404, "application/json", "{\"error\":\"no such job\"}"};
+    if (!json.ok())
+      return {404, "application/json", "{\"error\":\"no such job\"}"};
     return {200, "application/json", *json};
   }
   return NotFound(absl::StrCat("Nothing at ", raw_path, "."));

@@ -16,6 +16,9 @@ const char* DashboardPage();
 // "written_unix") built in, for a file that needs no server.
 std::string StaticReportPage(const std::string& detail_json);
 
+// `m` as the page reads it: proto field names, every field printed.
+std::string PageJson(const google::protobuf::Message& m);
+
 // The ranges of `job_id` on `shards`, as the page's "shards" array (every
 // string through protobuf's JSON printer, so escaped).
 std::string JobShardsJson(const std::vector<v1::ShardInfo>& shards,

@@ -5,6 +5,15 @@
 
 namespace tally {
 
+std::string PageJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
 std::string JobShardsJson(const std::vector<v1::ShardInfo>& shards,
                           const std::string& job_id) {
   // Each entry through protobuf's JSON printer: every string escaped.
@@ -16,11 +25,7 @@ std::string JobShardsJson(const std::vector<v1::ShardInfo>& shards,
       one.set_shard_id(s.shard_id());
       one.set_address(s.address());
       one.set_live(s.live());
-      std::string entry;
-      google::protobuf::util::JsonPrintOptions o;
-      o.always_print_primitive_fields = true;
-      o.preserve_proto_field_names = true;
-      (void)google::protobuf::util::MessageToJsonString(one, &entry, o);
+      std::string entry = PageJson(one);
       entry.pop_back();
       absl::StrAppend(&out, out.size() > 1 ? "," : "", entry,
                       ",\"offset\":", r.offset(), ",\"count\":", r.count(),
