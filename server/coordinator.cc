@@ -290,17 +290,22 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   }
   // The job is at the version every range has reached; the other figures
   // are the same on every range (every push reaches every range).
-  int64_t version = INT64_MAX, rejected = 0;
+  int64_t version = INT64_MAX, rejected = 0, stale = 0, late = 0;
   for (const v1::RangeStatus& r : ranges) {
     version = std::min(version, r.version());
     rejected += r.rejected_pushes();
+    stale = std::max(stale, r.stale_pushes());
+    late = std::max(late, r.late_pushes());
   }
   const v1::RangeStatus& first = ranges.front();
   out->set_step(version);
-  out->set_epoch(job.schedule.steps_per_epoch > 0
+  out->set_epoch(job.schedule.versions_per_epoch > 0
                      ? std::max<int64_t>(0, version - 1) /
-                           job.schedule.steps_per_epoch
+                           job.schedule.versions_per_epoch
                      : 0);
+  out->set_stale_pushes(stale);
+  out->set_late_pushes(late);
+  RenderProgressLocked(job, version, out);
   out->set_loss(first.loss());
   out->set_accuracy(first.accuracy());
   out->set_samples_per_sec(first.samples_per_sec());
@@ -316,6 +321,49 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   }
   out->set_workers(workers);
   return j;
+}
+
+void Coordinator::RenderProgressLocked(const JobEntry& job, int64_t version,
+                                       v1::JobMetrics* out) const {
+  int64_t fastest = -1;
+  v1::WorkerProgress* slowest = nullptr;
+  for (const std::string& id : job.slots) {
+    auto it = workers_.find(id);
+    if (id.empty() || it == workers_.end() || it->second.job_id != job.proto.id())
+      continue;
+    const WorkerEntry& w = it->second;
+    v1::WorkerProgress* p = out->add_progress();
+    p->set_worker_id(id);
+    p->set_name(w.name);
+    p->set_rank(w.rank);
+    p->set_clock(std::max<int64_t>(0, w.clock));
+    p->set_compute_seconds(w.compute_seconds);
+    p->set_wait_seconds(w.wait_seconds);
+    p->set_push_seconds(w.push_seconds);
+    fastest = std::max(fastest, p->clock());
+  }
+  for (v1::WorkerProgress& p : *out->mutable_progress()) {
+    p.set_lag(fastest - p.clock());
+    if (slowest == nullptr || p.clock() < slowest->clock() ||
+        (p.clock() == slowest->clock() &&
+         p.compute_seconds() > slowest->compute_seconds())) {
+      slowest = &p;
+    }
+  }
+  if (slowest != nullptr && out->progress_size() > 1) slowest->set_slowest(true);
+  if (job.moved_at == absl::InfinitePast()) return;
+  const double stalled = absl::ToDoubleSeconds(Now() - job.moved_at);
+  if (stalled < 1.0) return;
+  out->set_stalled_seconds(stalled);
+  if (stalled < kStallReport) return;
+  // The open step waits on the workers that have not pushed it.
+  for (const v1::WorkerProgress& p : out->progress()) {
+    if (p.clock() <= version) {
+      out->add_waiting_on(
+          p.name().empty() ? p.worker_id()
+                           : absl::StrCat(p.worker_id(), " (", p.name(), ")"));
+    }
+  }
 }
 
 absl::StatusOr<v1::Job> Coordinator::Get(const std::string& job_id) const {
@@ -654,6 +702,12 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       return !s.ok() ? s : absl::InternalError("a lease without a worker");
     }
     WorkerEntry& w = it->second;
+    if (!req.job_id().empty() && req.job_id() == w.job_id) {
+      w.clock = req.clock();
+      w.compute_seconds = req.compute_seconds();
+      w.wait_seconds = req.wait_seconds();
+      w.push_seconds = req.push_seconds();
+    }
     ScheduleLocked(&notes);
     const JobEntry* job = w.job_id.empty() ? nullptr : &jobs_.at(w.job_id);
     // The assignment goes out once the worker is a member on every range.
@@ -900,6 +954,8 @@ void Coordinator::AssignLocked(JobEntry& job, int rank,
   WorkerEntry& w = workers_.at(worker_id);
   w.job_id = job.proto.id();
   w.rank = rank;
+  w.clock = -1;
+  w.compute_seconds = w.wait_seconds = w.push_seconds = 0;
   job.slots[rank] = worker_id;
   EventLocked(job, absl::StrCat(worker_id, " (", w.name, ") joined as rank ",
                                 rank));
@@ -922,8 +978,11 @@ bool Coordinator::PlaceLocked(JobEntry& job) {
   for (const auto& [id, bytes] : load) order.emplace_back(bytes, id);
   std::sort(order.begin(), order.end());
   const int64_t n = job.spec.layout.num_params;
-  const int k = ShardCount(n, static_cast<int>(job.spec.training.shards),
-                           static_cast<int>(order.size()));
+  // Backup workers need one shard: shards would each pick the late pushes.
+  const int wanted = job.spec.training.consistency.backup_workers > 0
+                         ? 1
+                         : static_cast<int>(job.spec.training.shards);
+  const int k = ShardCount(n, wanted, static_cast<int>(order.size()));
   if (k == 0) return false;
   job.ranges.clear();
   const auto parts = PartitionRanges(n, k);
@@ -1576,6 +1635,15 @@ void Coordinator::Tick() {
     for (auto& [id, job] : jobs_) {
       if (job.ranges.empty() || !job.installed) continue;
       const int64_t v = VersionLocked(job);
+      const absl::Time now = Now();
+      if (v != job.notified_version) {
+        job.moved_at = now;
+      } else if (now - job.moved_at > absl::Seconds(kStallReport) &&
+                 now - job.stall_noted >= absl::Seconds(1)) {
+        // Watchers hear which workers a stalled step waits on.
+        job.stall_noted = now;
+        NotifyLocked(id, &notes);
+      }
       if (v != job.notified_version) {
         job.notified_version = v;
         // Render only when a point is due: this runs every tick.

@@ -237,6 +237,10 @@ class Coordinator {
     // (a range that took one may already have closed that step).
     std::map<std::pair<std::string, int64_t>, int64_t> leaves;
     int64_t notified_version = -1;
+    // When the weights last moved (Tick), for the stall report; and when
+    // watchers were last told about a stall.
+    absl::Time moved_at = absl::InfinitePast();
+    absl::Time stall_noted = absl::InfinitePast();
     // What the last checkpoint holds: state, version, and when.
     v1::JobState saved_state = v1::JOB_STATE_UNSPECIFIED;
     int64_t saved_version = -1;
@@ -251,6 +255,9 @@ class Coordinator {
     int64_t incarnation = 0;  // its lease's (leases_)
     std::string job_id;  // "" = idle
     int rank = -1;
+    // Its progress on job_id, as its heartbeats say (v1::WorkerProgress).
+    int64_t clock = -1;  // -1: not reported yet
+    double compute_seconds = 0, wait_seconds = 0, push_seconds = 0;
   };
   struct ShardEntry {
     std::string address;  // "" for the coordinator's own
@@ -263,6 +270,12 @@ class Coordinator {
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every worker's clock, lag and times; the slowest; a stall and whom it
+  // waits on (after kStallReport seconds).
+  void RenderProgressLocked(const JobEntry& job, int64_t version,
+                            v1::JobMetrics* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr double kStallReport = 3.0;
   // Append to the job's history (bounded; a step is on the curve once).
   // Tick adds a point every point_every; the end adds one always.
   void EventLocked(JobEntry& job, std::string text)

@@ -159,18 +159,26 @@ bool ParameterShard::RequiredLocked(const Member& m, int64_t step) const {
   return m.spec.join_step <= step && step < m.spec.leave_step;
 }
 
+void ParameterShard::ReleaseLocked(std::unique_ptr<std::vector<float>> b) {
+  if (b == nullptr) return;
+  --staging_out_;
+  if (!retired_ && staging_pool_.size() < 8)
+    staging_pool_.push_back(std::move(b));
+}
+
 void ParameterShard::UnstageLocked(Member& m) {
-  if (m.staged != nullptr) {
-    --staging_out_;
-    if (!retired_ && staging_pool_.size() < 8) {
-      staging_pool_.push_back(std::move(m.staged));
-    }
-    m.staged.reset();
-  }
-  m.staged_step = -1;
-  m.samples = 0;
-  m.loss_sum = 0.0;
-  m.correct = 0;
+  for (auto& [step, st] : m.staged) ReleaseLocked(std::move(st.grads));
+  m.staged.clear();
+}
+
+float ParameterShard::ScaleLocked(int64_t tau) const {
+  if (consistency_.lr_scaling != LrScaling::kStaleness || tau <= 1) return 1.0f;
+  return 1.0f / static_cast<float>(tau);
+}
+
+void ParameterShard::SetConsistency(const ConsistencySpec& consistency) {
+  absl::MutexLock lock(&mu_);
+  consistency_ = consistency;
 }
 
 void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
@@ -184,15 +192,35 @@ void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
       m = std::move(old->second);  // progress and staged push go on
     }
     m.spec = spec;
-    if (m.staged_step >= 0 && m.staged_step >= spec.leave_step) {
-      UnstageLocked(m);  // pushed past its last step: not counted anywhere
+    for (auto it = m.staged.lower_bound(spec.leave_step);
+         it != m.staged.end();) {
+      // Pushed past its last step: not counted anywhere.
+      ReleaseLocked(std::move(it->second.grads));
+      it = m.staged.erase(it);
     }
     if (spec.leave_step != MemberSpec::kNoStep &&
         m.committed_step < spec.leave_step - 1) {
       // Its last step counts as committed: another shard had its commit,
       // so its push reached every shard, this one included (staged here,
       // or refused here and so contributing nothing).
+      if (consistency_.mode == ConsistencyMode::kAsync) {
+        // Each of its pushes up to there is one version, here as there.
+        for (int64_t step = m.committed_step + 1; step < spec.leave_step;
+             ++step) {
+          auto it = m.staged.find(step);
+          if (it != m.staged.end()) {
+            apply_queue_.push_back(std::move(it->second));
+            m.staged.erase(it);
+          } else if (step <= m.pushed_step) {
+            apply_queue_.push_back(Staged{});
+          }
+        }
+      }
       m.committed_step = spec.leave_step - 1;
+    }
+    if (consistency_.mode == ConsistencyMode::kAsync &&
+        spec.leave_step != MemberSpec::kNoStep) {
+      next.erase(spec.worker_id);  // left; its pushes are queued
     }
   }
   for (auto& [id, m] : members_) {
@@ -248,7 +276,9 @@ void ParameterShard::AddMember(const std::string& worker_id,
     int rank = 0;
     std::vector<MemberSpec> specs;
     for (const auto& [id, m] : members_) {
-      if (m.pushed_step >= version_) pushed = true;
+      if (m.pushed_step >= version_ &&
+          consistency_.mode != ConsistencyMode::kAsync)
+        pushed = true;
       rank = std::max(rank, m.spec.rank + 1);
       if (id != worker_id) specs.push_back(m.spec);
     }
@@ -272,9 +302,11 @@ void ParameterShard::RemoveMember(const std::string& worker_id) {
     std::vector<MemberSpec> specs;
     for (const auto& [id, m] : members_) {
       if (id == worker_id) {
-        // Out from the open step, unless it already committed it.
+        // Out from the open step, unless it already committed it (async:
+        // out at once; what it committed is queued already).
         MemberSpec spec = m.spec;
-        if (m.committed_step >= version_) {
+        if (consistency_.mode != ConsistencyMode::kAsync &&
+            m.committed_step >= version_) {
           spec.leave_step = version_ + 1;
           specs.push_back(spec);
         }
@@ -374,13 +406,44 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
         absl::StrCat("samples ", meta.samples, " is over the job's batch size ",
                      max_samples_));
   }
+  const int64_t max_stale = consistency_.max_staleness;
+  auto stale = [&](int64_t tau) {
+    ++stale_;
+    return WithReason(
+        absl::AbortedError(absl::StrCat(
+            "the push was computed from version ", meta.base_version,
+            ", staleness ", tau, " > max_staleness ", max_stale,
+            "; refused and counted: pull and go on")),
+        v1::STALE_GRADIENT, version_);
+  };
+  if (consistency_.mode == ConsistencyMode::kAsync) {
+    // A member's steps are its own clock; every push is applied alone.
+    if (meta.step <= m.pushed_step) {
+      *duplicate = true;
+      return absl::OkStatus();
+    }
+    if (EndedLocked()) {
+      return WithReason(absl::AbortedError(absl::StrCat(
+                            "the training is over at version ", version_)),
+                        v1::STEP_CLOSED, version_);
+    }
+    if (meta.base_version < 0 || meta.base_version > version_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "async: base version ", meta.base_version,
+          " is not one this shard served (at ", version_, ")"));
+    }
+    const int64_t tau = version_ - meta.base_version;
+    if (max_stale >= 0 && tau > max_stale) return stale(tau);
+    return absl::OkStatus();
+  }
   if (meta.step < version_ && m.pushed_step >= meta.step) {
     *duplicate = true;
     return absl::OkStatus();
   }
   // A step that closed without this push, or one that will never open (the
   // training is over): either way, the next thing to do is to pull.
-  if (meta.step < version_ || (total_steps_ > 0 && version_ >= total_steps_)) {
+  if (meta.step < version_ || EndedLocked()) {
+    if (meta.step < version_ && RequiredLocked(m, meta.step)) ++late_;
     return WithReason(
         absl::AbortedError(absl::StrCat("step ", meta.step,
                                         " is closed; the weights are at "
@@ -388,19 +451,31 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
                                         version_, ": pull and go on")),
         v1::STEP_CLOSED, version_);
   }
-  if (meta.step > version_) {
+  const int64_t window =
+      consistency_.mode == ConsistencyMode::kSsp ? consistency_.staleness : 0;
+  if (meta.step > version_ + window) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "step ", meta.step, " is not open yet (open: ",
-                          version_, ")")),
+                          version_, window > 0 ? absl::StrCat(" to ", version_ + window) : "",
+                          ")")),
                       v1::STEP_NOT_OPEN, version_);
   }
-  if (meta.base_version != meta.step) {
+  if (meta.base_version > meta.step || meta.base_version < meta.step - window ||
+      meta.base_version > version_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sync mode: a push for step ", meta.step,
-                     " must be computed from version ", meta.step, ", not ",
-                     meta.base_version));
+        window == 0
+            ? absl::StrCat("bsp: a push for step ", meta.step,
+                           " must be computed from version ", meta.step,
+                           ", not ", meta.base_version)
+            : absl::StrCat("ssp(", window, "): a push for step ", meta.step,
+                           " must be computed from a version in [",
+                           meta.step - window, ", ",
+                           std::min(meta.step, version_), "], not ",
+                           meta.base_version));
   }
-  if (m.spec.join_step > version_) {
+  if (max_stale >= 0 && meta.step - meta.base_version > max_stale)
+    return stale(meta.step - meta.base_version);
+  if (m.spec.join_step > meta.step) {
     return WithReason(
         absl::FailedPreconditionError(
             absl::StrCat("worker ", meta.worker_id, " joins at step ",
@@ -423,11 +498,7 @@ absl::Status ParameterShard::Accept(const PushMeta& meta,
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckPushLocked(meta, duplicate);
   if (!s.ok() || *duplicate) {
-    if (grads != nullptr) {
-      --staging_out_;
-      if (!retired_ && staging_pool_.size() < 8)
-        staging_pool_.push_back(std::move(grads));
-    }
+    ReleaseLocked(std::move(grads));
     return s;
   }
   if (meta.samples > 0 &&
@@ -436,17 +507,18 @@ absl::Status ParameterShard::Accept(const PushMeta& meta,
     return absl::InvalidArgumentError("a push with samples needs a gradient");
   }
   Member& m = members_.at(meta.worker_id);
-  UnstageLocked(m);
   m.pushed_step = meta.step;
-  m.staged_step = meta.step;
+  Staged& st = m.staged[meta.step];
+  ReleaseLocked(std::move(st.grads));
+  st = Staged{};
+  st.base = meta.base_version;
   if (meta.samples > 0) {
-    m.staged = std::move(grads);
-    m.samples = meta.samples;
-    m.loss_sum = meta.loss_sum;
-    m.correct = meta.correct;
-  } else if (grads != nullptr) {
-    --staging_out_;
-    if (staging_pool_.size() < 8) staging_pool_.push_back(std::move(grads));
+    st.grads = std::move(grads);
+    st.samples = meta.samples;
+    st.loss_sum = meta.loss_sum;
+    st.correct = meta.correct;
+  } else {
+    ReleaseLocked(std::move(grads));
   }
   return absl::OkStatus();
 }
@@ -467,11 +539,38 @@ void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
   {
     absl::MutexLock lock(&mu_);
     if (!CheckMemberLocked(worker_id, incarnation).ok()) return;
-    if (step != version_) return;  // settled already, or nonsense
     Member& m = members_.at(worker_id);
-    if (!RequiredLocked(m, step) || m.committed_step >= step) return;
-    if (!contributed || m.staged_step != step) UnstageLocked(m);
-    m.committed_step = step;
+    if (m.committed_step >= step) return;  // settled already
+    if (consistency_.mode == ConsistencyMode::kAsync) {
+      if (EndedLocked() || step > m.pushed_step) return;
+      // Its push of `step` is one version, whatever it holds; pushes it
+      // abandoned before (never committed) go.
+      Staged st;
+      for (auto it = m.staged.begin();
+           it != m.staged.end() && it->first <= step;) {
+        if (it->first == step && contributed) {
+          st = std::move(it->second);
+        } else {
+          ReleaseLocked(std::move(it->second.grads));
+        }
+        it = m.staged.erase(it);
+      }
+      apply_queue_.push_back(std::move(st));
+      m.committed_step = step;
+    } else {
+      const int64_t window = consistency_.mode == ConsistencyMode::kSsp
+                                 ? consistency_.staleness
+                                 : 0;
+      // Settled already, or nonsense.
+      if (step < version_ || step > version_ + window) return;
+      if (!RequiredLocked(m, step)) return;
+      auto it = m.staged.find(step);
+      if (it != m.staged.end() && !contributed) {
+        ReleaseLocked(std::move(it->second.grads));
+        m.staged.erase(it);
+      }
+      m.committed_step = step;
+    }
     MaybeCloseLocked(&ready);
   }
   RunReady(ready);
@@ -483,24 +582,73 @@ void ParameterShard::Reject(const PushMeta& meta) {
   bool duplicate = false;
   if (!CheckPushLocked(meta, &duplicate).ok() || duplicate) return;
   Member& m = members_.at(meta.worker_id);
-  UnstageLocked(m);  // settled as nothing; the commit still comes
-  m.pushed_step = meta.step;
+  // Settled as nothing; the commit still comes.
+  auto it = m.staged.find(meta.step);
+  if (it != m.staged.end()) {
+    ReleaseLocked(std::move(it->second.grads));
+    m.staged.erase(it);
+  }
+  m.pushed_step = std::max(m.pushed_step, meta.step);
 }
 
 void ParameterShard::MaybeCloseLocked(Ready* ready) {
-  if (retired_ || hold_id_ != 0 ||
-      (!save_at_.empty() && version_ >= *save_at_.begin()) ||
-      (total_steps_ > 0 && version_ >= total_steps_)) {
-    return;
+  const int64_t before = version_;
+  while (!retired_ && hold_id_ == 0 &&
+         (save_at_.empty() || version_ < *save_at_.begin()) && !EndedLocked()) {
+    if (consistency_.mode != ConsistencyMode::kAsync) {
+      if (!CloseStepLocked()) break;
+      continue;
+    }
+    if (apply_queue_.empty()) break;
+    Staged st = std::move(apply_queue_.front());
+    apply_queue_.pop_front();
+    int64_t samples = 0;
+    if (st.grads != nullptr && st.samples > 0) {
+      // One push is its own step: its mean gradient, scaled by staleness.
+      const float scale = ScaleLocked(version_ - st.base);
+      if (ScaleIntoFinite(mean_.data(), st.grads->data(), scale,
+                          num_params_)) {
+        samples = st.samples;
+      } else {
+        ++rejected_;
+      }
+    }
+    ReleaseLocked(std::move(st.grads));
+    AdvanceLocked(samples, st.loss_sum, st.correct);
   }
+  if (EndedLocked()) {
+    // Nothing more is applied: pushes still queued go.
+    for (Staged& st : apply_queue_) ReleaseLocked(std::move(st.grads));
+    apply_queue_.clear();
+  }
+  if (version_ == before) return;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->version <= version_) {
+      ready->emplace_back(std::move(it->done), absl::OkStatus());
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool ParameterShard::CloseStepLocked() {
   // Required members in the order of summation.
   std::vector<Member*> required;
+  int64_t committed = 0;
   for (auto& [id, m] : members_) {
     if (!RequiredLocked(m, version_)) continue;
-    if (m.committed_step < version_) return;  // still waiting for this one
     required.push_back(&m);
+    if (m.committed_step >= version_) ++committed;
   }
-  if (required.empty()) return;  // nobody to close it with
+  if (required.empty()) return false;  // nobody to close it with
+  // bsp with backup workers: all but b suffice (at least one).
+  const int64_t backups =
+      consistency_.mode == ConsistencyMode::kBsp ? consistency_.backup_workers
+                                                 : 0;
+  const int64_t need = std::max<int64_t>(
+      1, static_cast<int64_t>(required.size()) - backups);
+  if (committed < need) return false;  // still waiting
   std::sort(required.begin(), required.end(), [](Member* a, Member* b) {
     return a->spec.rank != b->spec.rank ? a->spec.rank < b->spec.rank
                                         : a->spec.worker_id < b->spec.worker_id;
@@ -508,20 +656,37 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
   int64_t samples = 0, correct = 0;
   double loss = 0.0;
   for (Member* m : required) {
-    if (m->staged_step != version_ || m->staged == nullptr) continue;
-    // The first gradient sets the sum: no zeroing pass per step.
-    const float w = static_cast<float>(m->samples);
-    if (samples == 0) {
-      SetScaled(sum_.data(), m->staged->data(), w, num_params_);
-    } else {
-      AddScaled(sum_.data(), m->staged->data(), w, num_params_);
+    auto it = m->staged.find(version_);
+    if (m->committed_step < version_) {
+      // A backup: its push of this step, if any, is late.
+      if (it != m->staged.end()) {
+        ++late_;
+        ReleaseLocked(std::move(it->second.grads));
+        m->staged.erase(it);
+      }
+      continue;
     }
-    samples += m->samples;
-    loss += m->loss_sum;
-    correct += m->correct;
+    if (it == m->staged.end() || it->second.grads == nullptr) continue;
+    const Staged& st = it->second;
+    // Weighted by samples (and staleness): the first gradient sets the
+    // sum, so there is no zeroing pass per step.
+    const float w = static_cast<float>(st.samples) *
+                    ScaleLocked(version_ - st.base);
+    if (samples == 0) {
+      SetScaled(sum_.data(), st.grads->data(), w, num_params_);
+    } else {
+      AddScaled(sum_.data(), st.grads->data(), w, num_params_);
+    }
+    samples += st.samples;
+    loss += st.loss_sum;
+    correct += st.correct;
   }
   for (auto& [id, m] : members_) {
-    if (m.staged_step <= version_) UnstageLocked(m);
+    for (auto it = m.staged.begin();
+         it != m.staged.end() && it->first <= version_;) {
+      ReleaseLocked(std::move(it->second.grads));
+      it = m.staged.erase(it);
+    }
   }
   if (samples > 0 &&
       !ScaleIntoFinite(mean_.data(), sum_.data(), 1.0f / samples,
@@ -531,6 +696,21 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
     ++rejected_;
     samples = 0;
   }
+  AdvanceLocked(samples, loss, correct);
+  // Members whose last step this was are done here.
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (it->second.spec.leave_step <= version_) {
+      UnstageLocked(it->second);
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return true;
+}
+
+void ParameterShard::AdvanceLocked(int64_t samples, double loss,
+                                   int64_t correct) {
   if (samples > 0) {
     optimizer_->Step(weights_.data(), mean_.data());
     // Publish the new weights in a snapshot buffer no reader holds.
@@ -558,24 +738,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
     closes_.erase(closes_.begin());
   }
   ++version_;
-  // Members whose last step this was are done here.
-  for (auto it = members_.begin(); it != members_.end();) {
-    if (it->second.spec.leave_step <= version_) {
-      UnstageLocked(it->second);
-      it = members_.erase(it);
-    } else {
-      ++it;
-    }
-  }
   if (version_ == total_steps_) finished_ = now;
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->version <= version_) {
-      ready->emplace_back(std::move(it->done), absl::OkStatus());
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
-  }
 }
 
 void ParameterShard::RunReady(Ready& ready) {
@@ -586,7 +749,12 @@ absl::StatusOr<std::unique_ptr<std::vector<float>>>
 ParameterShard::AcquireStaging() {
   {
     absl::MutexLock lock(&mu_);
-    const int limit = 2 * static_cast<int>(members_.size()) + 4;
+    // Each member may have a push in flight and one staged per open step.
+    const int window =
+        consistency_.mode == ConsistencyMode::kSsp
+            ? static_cast<int>(consistency_.staleness)
+            : 0;
+    const int limit = (2 + window) * static_cast<int>(members_.size()) + 4;
     if (staging_out_ >= limit) {
       return absl::ResourceExhaustedError(absl::StrCat(
           staging_out_, " pushes already in flight for this job (limit ", limit,
@@ -638,6 +806,8 @@ ShardMetrics ParameterShard::MetricsLocked() const {
   m.accuracy = last_accuracy_;
   m.samples = samples_total_;
   m.rejected_pushes = rejected_;
+  m.stale_pushes = stale_;
+  m.late_pushes = late_;
   m.members = static_cast<int>(members_.size());
   if (started_ != absl::InfinitePast()) {
     const absl::Time end =
@@ -652,6 +822,17 @@ ShardMetrics ParameterShard::MetricsLocked() const {
     }
   }
   return m;
+}
+
+void ParameterShard::WhenClock(int64_t clock, int64_t min_version,
+                               absl::Time deadline,
+                               std::function<void(absl::Status)> done) {
+  int64_t v = min_version;
+  {
+    absl::MutexLock lock(&mu_);
+    v = std::max(v, consistency_.FirstUsableVersion(clock));
+  }
+  WhenVersion(v, deadline, std::move(done));
 }
 
 void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
@@ -700,6 +881,8 @@ void ParameterShard::ExpireWaiters() {
 void ParameterShard::Retire() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, m] : members_) UnstageLocked(m);
+  for (Staged& st : apply_queue_) ReleaseLocked(std::move(st.grads));
+  apply_queue_.clear();
   retired_ = true;
   members_.clear();
   optimizer_.reset();

@@ -20,6 +20,23 @@
 // between its pushes to two shards has committed on neither, so no shard
 // counts a push another shard lacks.
 //
+// The job's consistency rule (SetConsistency, docs/cluster.md) changes
+// what is open and when things close:
+//   bsp     as above: one open step; with backup_workers b, a step closes
+//           once all but b required members committed it, and the others'
+//           pushes of it are late (STEP_CLOSED, counted).
+//   ssp(s)  steps version() .. version() + s are open: a member may push
+//           step c computed from any version in [c - s, c]; steps still
+//           close in order, each once every required member committed it.
+//           ssp(0) is bsp.
+//   async   no step is shared: a member's pushes are its own clock, each
+//           committed push is applied on its own (in commit order) and is
+//           one version.
+// A gradient computed from version b and applied as version v has
+// staleness v - b (ssp: its step minus b); with lr_scaling it weighs
+// 1 / max(1, staleness) of its samples, and beyond max_staleness it is
+// refused (STALE_GRADIENT, counted).
+//
 // Membership is the coordinator's: SetMembers gives every member with the
 // steps it belongs to, [join_step, leave_step). To change it consistently
 // the coordinator first Holds every shard of the job (no step closes; each
@@ -35,6 +52,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -49,6 +67,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/optim/optimizer.h"
+#include "common/spec/consistency.h"
 
 namespace tally {
 
@@ -71,6 +90,8 @@ struct ShardMetrics {
   double samples_per_sec = 0.0;
   int64_t samples = 0;
   int64_t rejected_pushes = 0;
+  int64_t stale_pushes = 0;  // refused: staler than max_staleness
+  int64_t late_pushes = 0;   // came after their step closed
   int members = 0;
   double train_seconds = 0.0;  // first schedule (pull) to last close, or now
 };
@@ -168,6 +189,10 @@ class ParameterShard {
   // coordinator does, when the job starts); later calls must agree:
   // kFailedPrecondition + SCHEDULE_MISMATCH otherwise, changing nothing.
   absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch);
+  // The job's consistency rule; before the first member joins (default:
+  // bsp).
+  void SetConsistency(const ConsistencySpec& consistency);
+
   // Pushes of more samples than this (the job's batch size) are refused,
   // so the weighted sums and counters stay bounded. 0: no bound.
   void SetMaxSamples(int64_t max_samples);
@@ -181,7 +206,9 @@ class ParameterShard {
   //                                        or training is over: pull, go on
   //   kFailedPrecondition + STEP_NOT_OPEN(version)  a step beyond the open one
   //   kFailedPrecondition + JOIN_LATER(join step)   required only from then
-  //   kInvalidArgument                     negative samples, wrong base
+  //   kAborted + STALE_GRADIENT(version)   staler than max_staleness
+  //   kInvalidArgument                     negative samples, a base version
+  //                                        the rule does not allow
   // OK with *duplicate = true when this worker already pushed this step.
   absl::Status CheckPush(const PushMeta& meta, bool* duplicate) const;
 
@@ -223,6 +250,11 @@ class ParameterShard {
   absl::StatusOr<std::unique_ptr<std::vector<float>>> AcquireStaging();
   void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
 
+  // WhenVersion for a member about to compute step `clock`: the version
+  // the consistency rule lets it start from (bsp: clock; ssp(s): clock - s;
+  // async: none), and at least `min_version`.
+  void WhenClock(int64_t clock, int64_t min_version, absl::Time deadline,
+                 std::function<void(absl::Status)> done);
   // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
   // `deadline` (checked by ExpireWaiters), or done(kFailedPrecondition +
   // JOB_ENDED) on CancelWaiters. The first call starts the training clock.
@@ -243,16 +275,19 @@ class ParameterShard {
   void Retire();
 
  private:
+  // A push kept until its step closes (async: until it is applied).
+  struct Staged {
+    std::unique_ptr<std::vector<float>> grads;  // null: contributes nothing
+    int64_t base = 0;  // the version it was computed from
+    int64_t samples = 0;
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+  };
   struct Member {
     MemberSpec spec;
     int64_t pushed_step = -1;     // last step pushed (staged or rejected)
     int64_t committed_step = -1;  // last step committed
-    // The push of staged_step: its gradient (null: contributes nothing).
-    int64_t staged_step = -1;
-    std::unique_ptr<std::vector<float>> staged;
-    int64_t samples = 0;
-    double loss_sum = 0.0;
-    int64_t correct = 0;
+    std::map<int64_t, Staged> staged;  // by step: at most staleness + 1
   };
   struct Waiter {
     int64_t version;
@@ -269,13 +304,26 @@ class ParameterShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RequiredLocked(const Member& m, int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands a staged buffer back to the pool.
+  // Hands staged buffers back to the pool: all of a member's, or one.
   void UnstageLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(std::unique_ptr<std::vector<float>> buffer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return total_steps_ > 0 && version_ >= total_steps_;
+  }
+  // How much a gradient of staleness `tau` weighs (lr_scaling).
+  float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the open step (bsp, ssp) if it may; false if not.
+  bool CloseStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps the optimizer with mean_ (if `samples` > 0) and publishes the
+  // weights as version + 1.
+  void AdvanceLocked(int64_t samples, double loss, int64_t correct)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetMembersLocked(const std::vector<MemberSpec>& members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes the open step if every required member committed it and no hold
-  // is in force; collects released waiters into `ready` (run them after
-  // unlocking).
+  // Closes every step that may close (async: applies committed pushes)
+  // unless a hold or a save is in force; collects released waiters into
+  // `ready` (run them after unlocking).
   void MaybeCloseLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(Ready& ready);
   ShardMetrics MetricsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -300,6 +348,9 @@ class ParameterShard {
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time finished_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
+  ConsistencySpec consistency_ ABSL_GUARDED_BY(mu_);
+  // async: committed pushes in commit order, applied as holds allow.
+  std::deque<Staged> apply_queue_ ABSL_GUARDED_BY(mu_);
   int64_t hold_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no hold
   // Versions a SaveAt waits for: no step closes at or past the lowest.
   std::multiset<int64_t> save_at_ ABSL_GUARDED_BY(mu_);
@@ -311,6 +362,9 @@ class ParameterShard {
   double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0.0;
   int64_t samples_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
+  // Counted where a push is checked, which is const.
+  mutable int64_t stale_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t late_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   bool retired_ ABSL_GUARDED_BY(mu_) = false;

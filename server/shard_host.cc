@@ -106,6 +106,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
                            ParameterShard::Restore(st, std::move(opt), clock_));
     shard = std::move(restored);
   }
+  shard->SetConsistency(spec.training.consistency);
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
   shard->SetMaxSamples(spec.training.batch_size);
@@ -247,6 +248,8 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
     s.set_samples_per_sec(m.samples_per_sec);
     s.set_samples(m.samples);
     s.set_rejected_pushes(m.rejected_pushes);
+    s.set_stale_pushes(m.stale_pushes);
+    s.set_late_pushes(m.late_pushes);
     s.set_members(m.members);
     s.set_train_seconds(m.train_seconds);
     out.push_back(std::move(s));

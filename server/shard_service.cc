@@ -238,11 +238,15 @@ class PullReactor final
     const int64_t wait_ms = req->max_wait_ms() > 0
                                 ? std::min<int64_t>(req->max_wait_ms(), 600000)
                                 : 30000;
-    shard_->WhenVersion(req->min_version(),
-                        absl::Now() + absl::Milliseconds(wait_ms),
-                        WhileLive([](PullReactor* r, const absl::Status& st) {
-                          r->Ready(st);
-                        }));
+    auto ready = WhileLive(
+        [](PullReactor* r, const absl::Status& st) { r->Ready(st); });
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
+    if (req->has_clock()) {
+      shard_->WhenClock(req->clock(), req->min_version(), deadline,
+                        std::move(ready));
+    } else {
+      shard_->WhenVersion(req->min_version(), deadline, std::move(ready));
+    }
   }
 
   void OnWriteDone(bool ok) override {

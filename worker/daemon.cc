@@ -144,7 +144,15 @@ class WorkerDaemon::Impl {
         absl::MutexLock lock(&mu_);
         req.set_worker_id(lease_.worker_id);
         req.set_incarnation(lease_.incarnation);
-        if (assignment_.has_value()) req.set_job_id(assignment_->job_id());
+        if (assignment_.has_value()) {
+          req.set_job_id(assignment_->job_id());
+          if (progress_.job_id == assignment_->job_id()) {
+            req.set_clock(progress_.clock);
+            req.set_compute_seconds(progress_.compute_seconds);
+            req.set_wait_seconds(progress_.wait_seconds);
+            req.set_push_seconds(progress_.push_seconds);
+          }
+        }
         lease_ms = lease_ms_;
       }
       v1::HeartbeatResponse resp;
@@ -240,6 +248,10 @@ class WorkerDaemon::Impl {
     };
     context.sleep = [this](absl::Duration d) { SleepUnlessStopped(d); };
     context.log = [this](const std::string& line) { Log(line); };
+    context.progress = [this](const JobProgress& p) {
+      absl::MutexLock lock(&mu_);
+      progress_ = p;
+    };
     JobRunner runner(a, options_, std::move(context));
     return runner.Run();
   }
@@ -257,6 +269,7 @@ class WorkerDaemon::Impl {
   Lease lease_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 3000;
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
+  JobProgress progress_ ABSL_GUARDED_BY(mu_);
   std::string finished_job_ ABSL_GUARDED_BY(mu_);
   int64_t finished_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t finished_map_ ABSL_GUARDED_BY(mu_) = 0;

@@ -60,10 +60,17 @@ absl::Status JobRunner::Run() {
     }
     backoff_ = absl::Milliseconds(100);
     const int64_t version = *pulled;
-    if (version >= schedule_.total_steps) return Finish(version);
-    const int64_t step = version;
+    if (version >= end_version_) return Finish(version);
+    base_ = version;
+    // bsp and ssp: a step below the weights' version closed without us
+    // (we joined late, or were away): go on from the version.
+    const int64_t step =
+        spec_.training.consistency.mode == ConsistencyMode::kAsync
+            ? next_
+            : std::max(next_, version);
     TALLY_ASSIGN_OR_RETURN(StepStats stats, Compute(step));
     TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
+    if (context_.progress) context_.progress(progress_);
     if (absl::Now() - last_log_ > absl::Seconds(5)) {
       last_log_ = absl::Now();
       context_.log(absl::StrFormat(
@@ -100,6 +107,8 @@ absl::Status JobRunner::Prepare() {
       train_size / world_ + (assignment_.rank() < train_size % world_ ? 1 : 0);
   rank_batches_ = (rank_samples + spec_.training.batch_size - 1) /
                   spec_.training.batch_size;
+  end_version_ = schedule_.total_steps;
+  progress_.job_id = assignment_.job_id();
 
   EngineOptions eo;
   eo.devices = options_.devices;
@@ -126,6 +135,8 @@ absl::Status JobRunner::Prepare() {
   po.transport = options_.transport;
   po.total_steps = schedule_.total_steps;
   po.steps_per_epoch = schedule_.steps_per_epoch;
+  po.mixed_versions =
+      spec_.training.consistency.mode != ConsistencyMode::kBsp;
   v1::ShardMap map = assignment_.shard_map();
   if (map.shards().empty()) {
     // A coordinator that predates shard maps holds the whole vector.
@@ -140,8 +151,12 @@ absl::Status JobRunner::Prepare() {
 
 absl::StatusOr<int64_t> JobRunner::PullNext() {
   const absl::Time began = absl::Now();
-  std::shared_ptr<Work> pull =
-      client_->Pull(next_, engine_->params(), have_commit_ ? &commit_ : nullptr);
+  // The shards wait as the job's rule says for a worker at clock next_;
+  // past its last step (bsp, ssp) a worker waits for the final weights.
+  const bool sync = spec_.training.consistency.mode != ConsistencyMode::kAsync;
+  const int64_t at_least = sync && next_ >= end_version_ ? end_version_ : 0;
+  std::shared_ptr<Work> pull = client_->Pull(
+      at_least, engine_->params(), have_commit_ ? &commit_ : nullptr, next_);
   // The server bounds its wait (pull_wait); this bound covers the transfer.
   absl::StatusOr<int64_t> v = pull->WaitVersion(
       absl::Now() + absl::Seconds(5) + options_.rpc_timeout);
@@ -154,9 +169,12 @@ absl::StatusOr<int64_t> JobRunner::PullNext() {
     }
   }
   if (v.ok()) have_commit_ = false;  // every shard has it
-  if (v.ok() && options_.metrics != nullptr)
-    options_.metrics->pull_seconds.Observe(
-        absl::ToDoubleSeconds(absl::Now() - began));
+  if (v.ok()) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
+    Smooth(&progress_.wait_seconds, seconds);
+    if (options_.metrics != nullptr)
+      options_.metrics->pull_seconds.Observe(seconds);
+  }
   return v;
 }
 
@@ -174,7 +192,9 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
     lo.world = world_;
     lo.first_epoch = epoch;
     lo.first_batch = index;
-    lo.epochs = spec_.training.epochs - epoch;
+    // An async worker faster than others goes round its data shard more
+    // often than the spec's epochs (the job ends on versions, not epochs).
+    lo.epochs = std::max<int64_t>(1, spec_.training.epochs - epoch);
     loader_.reset();
     loader_ = std::make_unique<BatchLoader>(&data_->train, lo);
   }
@@ -184,6 +204,10 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
   const absl::Time began = absl::Now();
   absl::StatusOr<StepStats> stats =
       engine_->Step(view, spec_.training.seed + step);
+  if (stats.ok()) {
+    Smooth(&progress_.compute_seconds,
+           absl::ToDoubleSeconds(absl::Now() - began));
+  }
   if (stats.ok() && options_.metrics != nullptr) {
     options_.metrics->compute_seconds.Observe(
         absl::ToDoubleSeconds(absl::Now() - began));
@@ -204,23 +228,27 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
   info.samples = stats.samples;
   info.loss_sum = stats.loss_sum;
   info.correct = stats.correct;
+  info.base_version = base_;
   const absl::Time began = absl::Now();
   std::shared_ptr<Work> push = client_->Push(info, engine_->grads());
   absl::Status s = push->Wait(absl::Now() + options_.rpc_timeout);
-  if (s.ok() && options_.metrics != nullptr)
-    options_.metrics->push_seconds.Observe(
-        absl::ToDoubleSeconds(absl::Now() - began));
+  if (s.ok()) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
+    Smooth(&progress_.push_seconds, seconds);
+    if (options_.metrics != nullptr)
+      options_.metrics->push_seconds.Observe(seconds);
+  }
   if (absl::IsDeadlineExceeded(s) && !push->Done()) {
     push->Cancel();
     push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();
   }
   // Every shard answered OK (or duplicate), or refused the push's content
-  // (a non-finite value; a malformed push, a bug of ours): the push is
-  // settled everywhere, and the next pull commits it, as nothing if any
-  // shard refused it.
+  // (a non-finite value, a gradient too stale; a malformed push, a bug of
+  // ours): the push is settled everywhere, and the next pull commits it,
+  // as nothing if any shard refused it.
   bool settled = push->Done(), contributed = true;
   for (const absl::Status& r : push->Results()) {
-    if (absl::IsInvalidArgument(r)) {
+    if (absl::IsInvalidArgument(r) || ReasonOf(r) == v1::STALE_GRADIENT) {
       contributed = false;
     } else if (!r.ok()) {
       settled = false;
@@ -234,12 +262,14 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     commit_.set_step(step);
     commit_.set_contributed(contributed);
     next_ = step + 1;
+    progress_.clock = next_;
     return absl::OkStatus();
   }
   switch (ReasonOf(s)) {
     case v1::STEP_CLOSED:   // closed without us: pull its successor
       context_.log(absl::StrCat("step ", step, ": ", s.message()));
       next_ = step + 1;
+      progress_.clock = next_;
       return absl::OkStatus();
     case v1::JOIN_LATER:    // a member only from a later step
       next_ = ReasonStep(s);
@@ -308,6 +338,11 @@ absl::Status JobRunner::Refuse(const absl::Status& why) {
   v1::ReportResultResponse resp;
   context_.workers->ReportResult(&ctx, req, &resp);
   return why;
+}
+
+void JobRunner::Smooth(double* mean, double sample) {
+  // An exponential mean over about the last ten steps.
+  *mean = *mean == 0 ? sample : 0.9 * *mean + 0.1 * sample;
 }
 
 void JobRunner::Backoff() {

@@ -5,11 +5,13 @@
 //             (a worker that sees another dataset refuses the job with
 //             SCHEDULE_MISMATCH, and the coordinator gives it to others),
 //             build the engine and the parameter client for the shard map;
-//   loop      pull version t from every shard -> the batch of step t from
-//             this rank's data shard -> engine step -> push step t to every
-//             shard -> decide the next step from the answers; the pull of
-//             t + 1 then tells every shard the push reached them all (the
-//             commit, without which no shard closes t);
+//   loop      pull the weights for step t from every shard (a version
+//             the job's consistency rule allows: bsp t, ssp(s) t - s or
+//             later, async any) -> the batch of step t from this rank's
+//             data shard -> engine step -> push step t to every shard ->
+//             decide the next step from the answers; the next pull then
+//             tells every shard the push reached them all (the commit,
+//             without which no shard counts it);
 //   Finish    evaluate the final weights on the test set and report.
 //
 // What the worker does after each answer is decided by the status code and
@@ -39,6 +41,15 @@
 
 namespace tally {
 
+// A job's progress on this worker, for the coordinator's straggler report
+// (heartbeats carry it): its clock (steps pushed) and the mean times of its
+// recent steps.
+struct JobProgress {
+  std::string job_id;
+  int64_t clock = 0;
+  double compute_seconds = 0, wait_seconds = 0, push_seconds = 0;
+};
+
 // What the daemon lends a job.
 struct JobContext {
   std::string worker_id;
@@ -52,6 +63,8 @@ struct JobContext {
   // Sleeps, returning early when the daemon stops.
   std::function<void(absl::Duration)> sleep;
   std::function<void(const std::string&)> log;
+  // Publishes the job's progress (read by the heartbeat thread).
+  std::function<void(const JobProgress&)> progress;
 };
 
 class JobRunner {
@@ -80,6 +93,7 @@ class JobRunner {
   // Tells the coordinator this worker cannot run the job, and why.
   absl::Status Refuse(const absl::Status& why);
   void Backoff();
+  static void Smooth(double* mean, double sample);
 
   const v1::Assignment assignment_;
   const DaemonOptions& options_;  // borrowed from the daemon
@@ -95,7 +109,14 @@ class JobRunner {
   std::unique_ptr<BatchLoader> loader_;
   int64_t loader_next_ = -1;  // the step the loader's next batch is for
 
-  int64_t next_ = 0;  // the version to pull next
+  // The worker's clock: the step it computes next (bsp: the version it
+  // pulls; the consistency rule says which versions it may start from).
+  int64_t next_ = 0;
+  int64_t end_version_ = 0;  // the schedule's last version
+  JobProgress progress_;
+  // The version the last pull got (the oldest of its shards'): the base
+  // of the next push.
+  int64_t base_ = 0;
   // Sent with pulls until one reaches every shard: the last push that all
   // shards answered.
   bool have_commit_ = false;

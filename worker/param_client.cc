@@ -42,6 +42,7 @@ void Work::Finished(int part, grpc::ClientContext* ctx,
     version_ = version;
   } else if (version_ != version) {
     mixed_versions_ = true;
+    version_ = std::min(version_, version);
   }
   --pending_;
 }
@@ -55,7 +56,7 @@ absl::Status Work::Wait(absl::Time deadline) {
     return absl::DeadlineExceededError("the shards did not answer in time");
   }
   if (!status_.ok()) return status_;
-  if (mixed_versions_) {
+  if (mixed_versions_ && !mixed_ok_) {
     return absl::AbortedError(
         "the shards answered different versions: pull again");
   }
@@ -109,7 +110,8 @@ class PushCall final : public grpc::ClientWriteReactor<v1::PushRequest> {
     h->set_worker_id(o.worker_id);
     h->set_incarnation(o.incarnation);
     h->set_step(info.step);
-    h->set_base_version(info.step);
+    h->set_base_version(info.base_version >= 0 ? info.base_version
+                                               : info.step);
     h->set_samples(info.samples);
     h->set_loss_sum(info.loss_sum);
     h->set_correct(info.correct);
@@ -171,8 +173,9 @@ class PullCall final : public grpc::ClientReadReactor<v1::PullResponse> {
   PullCall(std::shared_ptr<Work> work, int part,
            std::shared_ptr<ParameterClient::InFlight> in_flight,
            v1::ParameterService::Stub* stub, const ParamClientOptions& o,
-           int64_t min_version, const v1::StepCommit* commit, float* params,
-           int64_t num_params, int64_t offset, int64_t count)
+           int64_t min_version, const v1::StepCommit* commit,
+           int64_t clock, float* params, int64_t num_params, int64_t offset,
+           int64_t count)
       : work_(std::move(work)),
         in_flight_(std::move(in_flight)),
         part_(part),
@@ -191,6 +194,7 @@ class PullCall final : public grpc::ClientReadReactor<v1::PullResponse> {
     req_.set_steps_per_epoch(o.steps_per_epoch);
     req_.set_dtype(o.dtype);
     if (commit != nullptr) *req_.mutable_commit() = *commit;
+    if (clock >= 0) req_.set_clock(clock);
     work_->Started(&ctx_);
     stub->async()->PullWeights(&ctx_, &req_, this);
     StartRead(&resp_);
@@ -298,13 +302,15 @@ ParameterClient::~ParameterClient() {
 
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version,
                                             float* params,
-                                            const v1::StepCommit* commit) {
+                                            const v1::StepCommit* commit,
+                                            int64_t clock) {
   std::shared_ptr<Work> work(new Work(num_shards()));
+  work->mixed_ok_ = options_.mixed_versions;
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
     in_flight_->Add();
     new PullCall(work, i, in_flight_, s.stub.get(), options_, min_version,
-                 commit, params, num_params_, s.offset, s.count);
+                 commit, clock, params, num_params_, s.offset, s.count);
   }
   return work;
 }

@@ -20,7 +20,8 @@
 // ErrorReason (proto/errors.h); when shards answer differently, the first
 // failure to arrive is the result (a pull's other RPCs are then cancelled:
 // the pull is redone whole). A pull whose shards answer different versions
-// fails with kAborted (pull again).
+// fails with kAborted (pull again), unless options.mixed_versions (ssp,
+// async): then its version is the oldest of them.
 //
 // Thread-safety: a ParameterClient may be used from any thread; the buffers
 // given to Pull and Push are borrowed until their Work is done (Wait
@@ -84,6 +85,7 @@ class Work {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
   bool mixed_versions_ ABSL_GUARDED_BY(mu_) = false;
+  bool mixed_ok_ = false;  // set before the work starts
   std::vector<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
 };
@@ -101,6 +103,9 @@ struct ParamClientOptions {
   // The worker's view of the schedule, sent with pulls (0: no claim).
   int64_t total_steps = 0;
   int64_t steps_per_epoch = 0;
+  // Whether a pull may get different versions from different shards (its
+  // version is then the oldest): ssp and async jobs.
+  bool mixed_versions = false;
   // How shards are dialled (TLS, token).
   TransportOptions transport;
 };
@@ -111,6 +116,7 @@ struct PushInfo {
   int64_t samples = 0;  // 0: nothing to contribute (grads unused)
   double loss_sum = 0.0;
   int64_t correct = 0;
+  int64_t base_version = -1;  // the version it was computed from; -1: step
 };
 
 class ParameterClient {
@@ -131,11 +137,15 @@ class ParameterClient {
 
   // Pulls version >= min_version of every shard's range into
   // params[0, num_params). With `commit`, tells every shard that the push
-  // of commit->step reached them all (see PullRequest.commit).
+  // of commit->step reached them all (see PullRequest.commit). With a
+  // `clock` (>= 0), each shard also waits as the job's consistency rule
+  // says for a worker about to compute that step (PullRequest.clock).
   std::shared_ptr<Work> Pull(int64_t min_version, float* params,
-                             const v1::StepCommit* commit = nullptr);
+                             const v1::StepCommit* commit = nullptr,
+                             int64_t clock = -1);
   // Pushes grads[0, num_params) (unused when info.samples == 0), each shard
-  // its range, for step info.step computed from version info.step.
+  // its range, for step info.step computed from version info.base_version
+  // (-1: from version info.step).
   std::shared_ptr<Work> Push(const PushInfo& info, const float* grads);
 
  private:

@@ -223,13 +223,83 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
   return absl::OkStatus();
 }
 
+absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
+                              ConsistencySpec* c) {
+  const std::string p = "training.consistency";
+  if (!n) return absl::OkStatus();
+  if (!n.IsMap()) return FieldError(p, "must be a mapping");
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"mode", "staleness", "lr_scaling",
+                                   "max_staleness", "backup_workers"}));
+  std::string mode = "bsp";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "mode", &mode));
+  if (mode == "bsp") {
+    c->mode = ConsistencyMode::kBsp;
+  } else if (mode == "ssp") {
+    c->mode = ConsistencyMode::kSsp;
+  } else if (mode == "async") {
+    c->mode = ConsistencyMode::kAsync;
+  } else {
+    return FieldError(Join(p, "mode"),
+                      absl::StrCat("unknown mode '", mode,
+                                   "' (bsp, ssp or async)"));
+  }
+  const bool bsp = c->mode == ConsistencyMode::kBsp;
+  const bool ssp = c->mode == ConsistencyMode::kSsp;
+  if (n["staleness"] && !ssp) {
+    return FieldError(Join(p, "staleness"), "applies to mode ssp only");
+  }
+  if (ssp && !n["staleness"]) {
+    return FieldError(Join(p, "staleness"), "is required with mode ssp");
+  }
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "staleness", 0, 1000, &c->staleness));
+  std::string scaling = "none";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "lr_scaling", &scaling));
+  if (scaling == "none") {
+    c->lr_scaling = LrScaling::kNone;
+  } else if (scaling == "staleness") {
+    c->lr_scaling = LrScaling::kStaleness;
+  } else {
+    return FieldError(Join(p, "lr_scaling"),
+                      absl::StrCat("unknown scaling '", scaling,
+                                   "' (none or staleness)"));
+  }
+  if (bsp && c->lr_scaling != LrScaling::kNone) {
+    return FieldError(Join(p, "lr_scaling"),
+                      "has no effect with mode bsp (every gradient is fresh)");
+  }
+  if (n["max_staleness"] && bsp) {
+    return FieldError(Join(p, "max_staleness"),
+                      "has no effect with mode bsp (every gradient is fresh)");
+  }
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "max_staleness", 0, 1000000, &c->max_staleness));
+  if (n["backup_workers"] && !bsp) {
+    return FieldError(Join(p, "backup_workers"), "applies to mode bsp only");
+  }
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "backup_workers", 0, 1023, &c->backup_workers));
+  if (c->backup_workers > 0 && c->backup_workers >= t.workers) {
+    return FieldError(Join(p, "backup_workers"),
+                      absl::StrCat("must be less than training.workers (",
+                                   t.workers, ")"));
+  }
+  if (c->backup_workers > 0 && t.shards > 1) {
+    // Each shard would pick its own late pushes: they could disagree.
+    return FieldError(Join(p, "backup_workers"),
+                      "needs the job on one shard (training.shards: 1 or "
+                      "unset)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   const std::string p = "training";
   if (!n) return absl::OkStatus();
   TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
                                   {"epochs", "batch_size", "max_steps", "seed",
                                    "workers", "shards", "tf32",
-                                   "wire_dtype"}));
+                                   "wire_dtype", "consistency"}));
   TALLY_RETURN_IF_ERROR(ReadBool(n, p, "tf32", &t->tf32));
   std::string wire = "float32";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "wire_dtype", &wire));
@@ -253,7 +323,7 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   TALLY_RETURN_IF_ERROR(
       ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
   t->seed = static_cast<uint64_t>(seed);
-  return absl::OkStatus();
+  return ParseConsistency(n["consistency"], *t, &t->consistency);
 }
 
 absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
@@ -402,6 +472,18 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
 
 }  // namespace
 
+const char* ConsistencyModeName(ConsistencyMode mode) {
+  switch (mode) {
+    case ConsistencyMode::kBsp:
+      return "bsp";
+    case ConsistencyMode::kSsp:
+      return "ssp";
+    case ConsistencyMode::kAsync:
+      return "async";
+  }
+  return "bsp";
+}
+
 Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
   world = std::max(1, world);
   const int64_t batch = std::max<int64_t>(1, spec.training.batch_size);
@@ -411,9 +493,13 @@ Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
   s.steps_per_epoch = std::max<int64_t>(1, (largest_shard + batch - 1) / batch);
   const int64_t epochs = std::max<int64_t>(1, spec.training.epochs);
   // Saturating: a schedule longer than any run could be is still a bound.
-  s.total_steps = s.steps_per_epoch > std::numeric_limits<int64_t>::max() / epochs
-                      ? std::numeric_limits<int64_t>::max()
-                      : s.steps_per_epoch * epochs;
+  s.versions_per_epoch = s.steps_per_epoch;
+  if (spec.training.consistency.mode == ConsistencyMode::kAsync)
+    s.versions_per_epoch *= world;  // at most 1024 * 2^20
+  s.total_steps =
+      s.versions_per_epoch > std::numeric_limits<int64_t>::max() / epochs
+          ? std::numeric_limits<int64_t>::max()
+          : s.versions_per_epoch * epochs;
   if (spec.training.max_steps > 0)
     s.total_steps = std::min(s.total_steps, spec.training.max_steps);
   return s;

@@ -28,6 +28,7 @@
 #include "common/data/dataset.h"
 #include "common/nn/layer_config.h"
 #include "common/optim/optimizer.h"
+#include "common/spec/consistency.h"
 #include "common/tensor.h"
 
 namespace tally {
@@ -45,6 +46,7 @@ struct DatasetSpec {
 // How gradients and weights travel between workers and the server.
 enum class WireDtype { kFloat32, kBfloat16 };
 
+
 struct TrainingSpec {
   int64_t epochs = 1;
   int64_t batch_size = 64;  // per worker
@@ -58,6 +60,7 @@ struct TrainingSpec {
   // bfloat16 halves the bytes of every push and pull; the server still
   // averages, steps and keeps the weights in float32.
   WireDtype wire_dtype = WireDtype::kFloat32;
+  ConsistencySpec consistency;
 };
 
 struct JobSpec {
@@ -78,10 +81,16 @@ struct JobSpec {
 // followed by every worker. Every rank runs the same number of steps per
 // epoch, that of the largest data shard; a rank with a smaller shard pushes
 // an empty contribution for the steps it has no batch for.
+//
+// total_steps counts versions: in bsp and ssp a version is a step of every
+// worker; in async it is one worker's push, so an async job runs
+// steps_per_epoch * epochs * world versions (the same samples), whichever
+// workers push them.
 struct Schedule {
   int64_t train_size = 0;       // samples in the training set
   int64_t steps_per_epoch = 0;  // ceil(ceil(train_size / world) / batch), >= 1
-  int64_t total_steps = 0;      // steps_per_epoch * epochs, capped by max_steps
+  int64_t total_steps = 0;      // versions: see above; capped by max_steps
+  int64_t versions_per_epoch = 0;  // steps_per_epoch, times world in async
 };
 Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world);
 
