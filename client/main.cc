@@ -25,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/io/safetensors.h"
 #include "proto/health.grpc.pb.h"
@@ -99,6 +100,30 @@ std::string Line(const Job& j) {
   return s;
 }
 
+// The job's workers, one line each, the slowest marked (tally status).
+std::string WorkerTable(const Job& j) {
+  const auto& m = j.metrics();
+  if (m.progress().empty()) return "";
+  std::string s = absl::StrFormat("  %-4s %-28s %8s %5s %10s %10s %10s\n",
+                                  "rank", "worker", "clock", "lag", "compute",
+                                  "wait", "push");
+  for (const tally::v1::WorkerProgress& p : m.progress()) {
+    const std::string who =
+        p.name().empty() ? p.worker_id()
+                         : absl::StrCat(p.worker_id(), " (", p.name(), ")");
+    absl::StrAppendFormat(
+        &s, "  %-4d %-28s %8d %5d %8.1fms %8.1fms %8.1fms%s\n", p.rank(), who,
+        p.clock(), p.lag(), p.compute_seconds() * 1e3, p.wait_seconds() * 1e3,
+        p.push_seconds() * 1e3, p.slowest() ? "  <- slowest" : "");
+  }
+  if (!m.waiting_on().empty()) {
+    absl::StrAppendFormat(&s, "  step %d has waited %.0f s on %s\n", m.step(),
+                          m.stalled_seconds(),
+                          absl::StrJoin(m.waiting_on(), ", "));
+  }
+  return s;
+}
+
 std::string Progress(const Job& j) {
   const auto& m = j.metrics();
   const double frac = m.total_steps() > 0
@@ -111,7 +136,11 @@ std::string Progress(const Job& j) {
       "%s %s [%s] step %d/%d  epoch %d  loss %.4f  acc %.3f  %.0f samples/s  "
       "workers %d",
       j.id(), StateName(j.state()), bar, m.step(), m.total_steps(),
-      m.epoch() + 1, m.loss(), m.accuracy(), m.samples_per_sec(), m.workers());
+      m.epoch() + 1, m.loss(), m.accuracy(), m.samples_per_sec(), m.workers()) +
+      (m.waiting_on().empty()
+           ? std::string()
+           : absl::StrFormat("  waiting %.0f s on %s", m.stalled_seconds(),
+                             absl::StrJoin(m.waiting_on(), ", ")));
 }
 
 // Streams the job until it ends; returns the exit code (0 iff SUCCEEDED).
@@ -336,7 +365,7 @@ int main(int argc, char** argv) {
       (void)google::protobuf::util::MessageToJsonString(job, &json, o);
       std::printf("%s", json.c_str());
     } else {
-      std::printf("%s\n", Line(job).c_str());
+      std::printf("%s\n%s", Line(job).c_str(), WorkerTable(job).c_str());
     }
     return 0;
   }

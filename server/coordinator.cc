@@ -305,7 +305,7 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
                      : 0);
   out->set_stale_pushes(stale);
   out->set_late_pushes(late);
-  RenderProgressLocked(job, version, out);
+  RenderProgressLocked(job, version, ranges, out);
   out->set_loss(first.loss());
   out->set_accuracy(first.accuracy());
   out->set_samples_per_sec(first.samples_per_sec());
@@ -323,8 +323,20 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   return j;
 }
 
-void Coordinator::RenderProgressLocked(const JobEntry& job, int64_t version,
-                                       v1::JobMetrics* out) const {
+void Coordinator::RenderProgressLocked(
+    const JobEntry& job, int64_t version,
+    const std::vector<v1::RangeStatus>& ranges, v1::JobMetrics* out) const {
+  // A worker's clock is the step its last pull was served for, on the
+  // range that served it last (they differ by a step at most); it waits
+  // while a pull of it waits on any range.
+  std::map<std::string, std::pair<int64_t, bool>> clocks;
+  for (const v1::RangeStatus& r : ranges) {
+    for (const v1::MemberProgress& m : r.member_progress()) {
+      auto [it, fresh] = clocks.try_emplace(m.worker_id(), m.clock(), false);
+      it->second.first = std::max(it->second.first, m.clock());
+      it->second.second = it->second.second || m.waiting();
+    }
+  }
   int64_t fastest = -1;
   v1::WorkerProgress* slowest = nullptr;
   for (const std::string& id : job.slots) {
@@ -336,7 +348,11 @@ void Coordinator::RenderProgressLocked(const JobEntry& job, int64_t version,
     p->set_worker_id(id);
     p->set_name(w.name);
     p->set_rank(w.rank);
-    p->set_clock(std::max<int64_t>(0, w.clock));
+    auto c = clocks.find(id);
+    if (c != clocks.end()) {
+      p->set_clock(std::max<int64_t>(0, c->second.first));
+      p->set_waiting(c->second.second);
+    }
     p->set_compute_seconds(w.compute_seconds);
     p->set_wait_seconds(w.wait_seconds);
     p->set_push_seconds(w.push_seconds);
@@ -356,9 +372,10 @@ void Coordinator::RenderProgressLocked(const JobEntry& job, int64_t version,
   if (stalled < 1.0) return;
   out->set_stalled_seconds(stalled);
   if (stalled < kStallReport) return;
-  // The open step waits on the workers that have not pushed it.
+  // The open step waits on the workers that have not pushed it: those on
+  // it or behind, not waiting for weights themselves.
   for (const v1::WorkerProgress& p : out->progress()) {
-    if (p.clock() <= version) {
+    if (p.clock() <= version && !p.waiting()) {
       out->add_waiting_on(
           p.name().empty() ? p.worker_id()
                            : absl::StrCat(p.worker_id(), " (", p.name(), ")"));
@@ -703,7 +720,6 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     }
     WorkerEntry& w = it->second;
     if (!req.job_id().empty() && req.job_id() == w.job_id) {
-      w.clock = req.clock();
       w.compute_seconds = req.compute_seconds();
       w.wait_seconds = req.wait_seconds();
       w.push_seconds = req.push_seconds();
@@ -954,7 +970,6 @@ void Coordinator::AssignLocked(JobEntry& job, int rank,
   WorkerEntry& w = workers_.at(worker_id);
   w.job_id = job.proto.id();
   w.rank = rank;
-  w.clock = -1;
   w.compute_seconds = w.wait_seconds = w.push_seconds = 0;
   job.slots[rank] = worker_id;
   EventLocked(job, absl::StrCat(worker_id, " (", w.name, ") joined as rank ",

@@ -255,8 +255,7 @@ class Coordinator {
     int64_t incarnation = 0;  // its lease's (leases_)
     std::string job_id;  // "" = idle
     int rank = -1;
-    // Its progress on job_id, as its heartbeats say (v1::WorkerProgress).
-    int64_t clock = -1;  // -1: not reported yet
+    // Its step times on job_id, as its heartbeats say (v1::WorkerProgress).
     double compute_seconds = 0, wait_seconds = 0, push_seconds = 0;
   };
   struct ShardEntry {
@@ -273,6 +272,7 @@ class Coordinator {
   // Every worker's clock, lag and times; the slowest; a stall and whom it
   // waits on (after kStallReport seconds).
   void RenderProgressLocked(const JobEntry& job, int64_t version,
+                            const std::vector<v1::RangeStatus>& ranges,
                             v1::JobMetrics* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kStallReport = 3.0;

@@ -254,6 +254,16 @@ std::vector<MemberSpec> ParameterShard::Members() const {
   return out;
 }
 
+std::vector<MemberProgress> ParameterShard::Progress() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<MemberProgress> out;
+  for (const auto& [id, m] : members_) {
+    out.push_back({id, m.spec.incarnation, m.pushed_step, m.committed_step,
+                   m.clock, m.waiting});
+  }
+  return out;
+}
+
 HoldReport ParameterShard::Hold(int64_t hold_id, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   hold_id_ = hold_id;
@@ -542,7 +552,9 @@ void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
     Member& m = members_.at(worker_id);
     if (m.committed_step >= step) return;  // settled already
     if (consistency_.mode == ConsistencyMode::kAsync) {
-      if (EndedLocked() || step > m.pushed_step) return;
+      // (A push refused on some shard, too stale there, is committed as
+      // nothing; it may never have been staged here.)
+      if (EndedLocked() || (contributed && step > m.pushed_step)) return;
       // Its push of `step` is one version, whatever it holds; pushes it
       // abandoned before (never committed) go.
       Staged st;
@@ -824,15 +836,32 @@ ShardMetrics ParameterShard::MetricsLocked() const {
   return m;
 }
 
-void ParameterShard::WhenClock(int64_t clock, int64_t min_version,
-                               absl::Time deadline,
+void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
+                               int64_t min_version, absl::Time deadline,
                                std::function<void(absl::Status)> done) {
   int64_t v = min_version;
   {
     absl::MutexLock lock(&mu_);
     v = std::max(v, consistency_.FirstUsableVersion(clock));
+    auto it = members_.find(worker_id);
+    if (it != members_.end()) it->second.waiting = version_ < v;
   }
-  WhenVersion(v, deadline, std::move(done));
+  WhenVersion(v, deadline, [this, worker_id, clock,
+                            done = std::move(done)](absl::Status s) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = members_.find(worker_id);
+      if (it != members_.end()) {
+        it->second.waiting = false;
+        if (s.ok()) {
+          it->second.clock = consistency_.mode == ConsistencyMode::kAsync
+                                 ? clock
+                                 : std::max(clock, version_);
+        }
+      }
+    }
+    done(s);
+  });
 }
 
 void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,

@@ -112,6 +112,10 @@ struct MemberProgress {
   int64_t incarnation = 0;
   int64_t pushed_step = -1;     // last step it pushed (staged or settled)
   int64_t committed_step = -1;  // last step it committed
+  // The step its last served pull was for (WhenClock), -1 before; and
+  // whether a pull of it waits here now.
+  int64_t clock = -1;
+  bool waiting = false;
 };
 
 struct HoldReport {
@@ -169,6 +173,8 @@ class ParameterShard {
   absl::Status SetMembers(const std::vector<MemberSpec>& members,
                           int64_t hold_id = 0);
   std::vector<MemberSpec> Members() const;
+  // Every member's progress (for the straggler report).
+  std::vector<MemberProgress> Progress() const;
   // Freezes step closing until SetMembers(…, hold_id) or `deadline` (checked
   // by ExpireWaiters), and reports the version and each member's progress.
   HoldReport Hold(int64_t hold_id, absl::Time deadline);
@@ -250,10 +256,13 @@ class ParameterShard {
   absl::StatusOr<std::unique_ptr<std::vector<float>>> AcquireStaging();
   void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
 
-  // WhenVersion for a member about to compute step `clock`: the version
-  // the consistency rule lets it start from (bsp: clock; ssp(s): clock - s;
-  // async: none), and at least `min_version`.
-  void WhenClock(int64_t clock, int64_t min_version, absl::Time deadline,
+  // WhenVersion for member `worker_id` about to compute step `clock`: the
+  // version the consistency rule lets it start from (bsp: clock; ssp(s):
+  // clock - s; async: none), and at least `min_version`. The member's
+  // progress says it waits meanwhile, and then the step it got weights
+  // for (bsp, ssp: the clock or the version, if that is past it).
+  void WhenClock(const std::string& worker_id, int64_t clock,
+                 int64_t min_version, absl::Time deadline,
                  std::function<void(absl::Status)> done);
   // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
   // `deadline` (checked by ExpireWaiters), or done(kFailedPrecondition +
@@ -288,6 +297,8 @@ class ParameterShard {
     int64_t pushed_step = -1;     // last step pushed (staged or rejected)
     int64_t committed_step = -1;  // last step committed
     std::map<int64_t, Staged> staged;  // by step: at most staleness + 1
+    int64_t clock = -1;    // MemberProgress
+    bool waiting = false;
   };
   struct Waiter {
     int64_t version;

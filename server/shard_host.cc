@@ -250,6 +250,15 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
     s.set_rejected_pushes(m.rejected_pushes);
     s.set_stale_pushes(m.stale_pushes);
     s.set_late_pushes(m.late_pushes);
+    for (const MemberProgress& p : r.shard->Progress()) {
+      v1::MemberProgress* mp = s.add_member_progress();
+      mp->set_worker_id(p.worker_id);
+      mp->set_incarnation(p.incarnation);
+      mp->set_pushed_step(p.pushed_step);
+      mp->set_committed_step(p.committed_step);
+      mp->set_clock(p.clock);
+      mp->set_waiting(p.waiting);
+    }
     s.set_members(m.members);
     s.set_train_seconds(m.train_seconds);
     out.push_back(std::move(s));

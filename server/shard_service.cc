@@ -242,8 +242,8 @@ class PullReactor final
         [](PullReactor* r, const absl::Status& st) { r->Ready(st); });
     const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
     if (req->has_clock()) {
-      shard_->WhenClock(req->clock(), req->min_version(), deadline,
-                        std::move(ready));
+      shard_->WhenClock(req->worker_id(), req->clock(), req->min_version(),
+                        deadline, std::move(ready));
     } else {
       shard_->WhenVersion(req->min_version(), deadline, std::move(ready));
     }

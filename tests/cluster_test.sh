@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-process tests of a real cluster on localhost: tally-server, tally-worker
 # daemons and the tally client as separate processes.
-#   cluster_test.sh BUILD_DIR CASE     CASE: train | kill | restart | reconnect | resume | cli
+#   cluster_test.sh BUILD_DIR CASE     CASE: train | kill | restart | reconnect | resume | cli | ssp_pause | modes
 set -euo pipefail
 build=$1
 case_name=$2
@@ -83,6 +83,67 @@ case $case_name in
     (( SECONDS - killed_at <= 5 )) || fail "steps stalled after the kill"
     wait_state "$id" SUCCEEDED 120
     echo "kill: finished after losing a worker at step $step_at_kill"
+    ;;
+  ssp_pause)
+    # Stale-synchronous training with one of two workers paused (SIGSTOP):
+    # the other runs exactly `staleness` steps ahead of it, then waits;
+    # `tally status` names the paused worker as the slowest and the one the
+    # job waits on; resumed, both finish. A long lease keeps the paused
+    # worker a member.
+    start_server 60000
+    start_worker w1
+    start_worker w2
+    sed 's/workers: 2}/workers: 2, consistency: {mode: ssp, staleness: 3}}/' tests/long-synthetic.yaml > "$dir/ssp.yaml"
+    grep -q "staleness: 3" "$dir/ssp.yaml" || fail "could not make the ssp spec"
+    id=$(submit "$dir/ssp.yaml")
+    wait_step "$id" 50 60
+    kill -STOP "$pid_w2"
+    sleep 4  # w1 runs ahead and waits; the step stalls past 3 s
+    clocks() {  # -> "w1_clock w2_clock w1_waiting slowest_name waiting_on"
+      tally status "$id" --json | python3 -c '
+import json, sys
+m = json.load(sys.stdin)["metrics"]
+p = {w["name"]: w for w in m.get("progress", [])}
+slowest = [n for n, w in p.items() if w.get("slowest")]
+print(int(p["w1"]["clock"]), int(p["w2"]["clock"]), p["w1"].get("waiting", False),
+      ",".join(slowest), ",".join(m.get("waiting_on", [])).replace(" ", ""))'
+    }
+    read -r c1 c2 waiting1 slowest waiting_on <<< "$(clocks)"
+    (( c1 - c2 == 3 )) || fail "ssp(3): w1 at clock $c1, paused w2 at $c2: expected exactly 3 ahead"
+    [[ $waiting1 == True ]] || fail "w1 should be waiting for weights"
+    [[ $slowest == w2 ]] || fail "the slowest worker should be w2, got '$slowest'"
+    [[ $waiting_on == *"(w2)"* && $waiting_on != *"(w1)"* ]] || fail "the stalled step should wait on w2 only, got '$waiting_on'"
+    sleep 1
+    read -r d1 d2 _ _ _ <<< "$(clocks)"
+    (( d1 == c1 && d2 == c2 )) || fail "clocks moved while w2 was paused: $c1/$c2 -> $d1/$d2"
+    table=$(tally status "$id")
+    grep -E "\(w2\).*<- slowest" <<< "$table" > /dev/null || fail "tally status does not mark w2 as the slowest: $table"
+    grep -q "waited .* on .*(w2)" <<< "$table" || fail "tally status does not say the step waits on w2: $table"
+    kill -CONT "$pid_w2"
+    wait_state "$id" SUCCEEDED 180
+    grep -q "finished at step" "$dir/w1.log" || fail "w1 did not finish"
+    grep -q "finished at step" "$dir/w2.log" || fail "w2 did not finish"
+    echo "ssp_pause: w1 waited 3 steps ahead of the paused w2 (clocks $c1, $c2); both finished"
+    ;;
+  modes)
+    # Every consistency mode trains the example to the same accuracy bar;
+    # async runs steps_per_epoch * epochs * workers versions.
+    start_server
+    start_worker w1
+    start_worker w2
+    for mode in "mode: ssp, staleness: 2" "mode: async" "mode: async, lr_scaling: staleness, max_staleness: 8" "backup_workers: 1"; do
+      sed "s/workers: 2}/workers: 2, consistency: {$mode}}/" examples/synthetic-2workers.yaml > "$dir/mode.yaml"
+      grep -q "consistency" "$dir/mode.yaml" || fail "could not make the spec for $mode"
+      out=$(tally submit "$dir/mode.yaml" --wait) || fail "$mode: job did not succeed: $out"
+      mid=${out%%$'\n'*}
+      acc=$(job_field "$mid" "['metrics']['test_accuracy']")
+      python3 -c "import sys; sys.exit(0 if $acc > 0.80 else 1)" || fail "$mode: test accuracy $acc <= 0.80"
+      steps=$(job_field "$mid" "['metrics']['step']")
+      want=320
+      [[ $mode == *async* ]] && want=640
+      [[ $steps == "$want" ]] || fail "$mode: expected $want versions, got $steps"
+      echo "modes: {$mode}: test accuracy $acc, $steps versions"
+    done
     ;;
   restart)
     # A worker killed mid-job and started again re-registers (a new

@@ -147,7 +147,6 @@ class WorkerDaemon::Impl {
         if (assignment_.has_value()) {
           req.set_job_id(assignment_->job_id());
           if (progress_.job_id == assignment_->job_id()) {
-            req.set_clock(progress_.clock);
             req.set_compute_seconds(progress_.compute_seconds);
             req.set_wait_seconds(progress_.wait_seconds);
             req.set_push_seconds(progress_.push_seconds);
@@ -173,8 +172,10 @@ class WorkerDaemon::Impl {
       } else {
         Log(absl::StrCat("heartbeat failed: ", s.message()));
       }
+      // A quarter lease, and at least once a second: an assignment or a
+      // new shard map reaches the worker within a second.
       SleepUnlessStopped(
-          absl::Milliseconds(std::max<int64_t>(lease_ms / 4, 50)));
+          absl::Milliseconds(std::clamp<int64_t>(lease_ms / 4, 50, 1000)));
     }
   }
 

@@ -262,14 +262,12 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     commit_.set_step(step);
     commit_.set_contributed(contributed);
     next_ = step + 1;
-    progress_.clock = next_;
     return absl::OkStatus();
   }
   switch (ReasonOf(s)) {
     case v1::STEP_CLOSED:   // closed without us: pull its successor
       context_.log(absl::StrCat("step ", step, ": ", s.message()));
       next_ = step + 1;
-      progress_.clock = next_;
       return absl::OkStatus();
     case v1::JOIN_LATER:    // a member only from a later step
       next_ = ReasonStep(s);

@@ -41,12 +41,11 @@
 
 namespace tally {
 
-// A job's progress on this worker, for the coordinator's straggler report
-// (heartbeats carry it): its clock (steps pushed) and the mean times of its
+// A job's step times on this worker, for the coordinator's straggler report
+// (heartbeats carry them; the clocks come from the shards): means over its
 // recent steps.
 struct JobProgress {
   std::string job_id;
-  int64_t clock = 0;
   double compute_seconds = 0, wait_seconds = 0, push_seconds = 0;
 };
 

@@ -164,10 +164,79 @@ INSTANTIATE_TEST_SUITE_P(
                 WithModel("  layers: [{dropout: {p: 1.5}}, {linear: "
                           "{in_features: 8, out_features: 3}}]\n"),
                 "model.layers[0].dropout.p: must be in [0, 1)"},
+        BadCase{"unknown_consistency_mode",
+                WithModel(kLinear8x3,
+                          "training: {consistency: {mode: hogwild}}\n"),
+                "training.consistency.mode: unknown mode 'hogwild'"},
+        BadCase{"ssp_without_staleness",
+                WithModel(kLinear8x3, "training: {consistency: {mode: ssp}}\n"),
+                "training.consistency.staleness: is required with mode ssp"},
+        BadCase{"staleness_for_bsp",
+                WithModel(kLinear8x3,
+                          "training: {consistency: {staleness: 2}}\n"),
+                "training.consistency.staleness: applies to mode ssp only"},
+        BadCase{"negative_staleness",
+                WithModel(kLinear8x3, "training: {consistency: {mode: ssp, "
+                                      "staleness: -1}}\n"),
+                "training.consistency.staleness: must be in [0"},
+        BadCase{"unknown_lr_scaling",
+                WithModel(kLinear8x3, "training: {consistency: {mode: async, "
+                                      "lr_scaling: sqrt}}\n"),
+                "training.consistency.lr_scaling: unknown scaling 'sqrt'"},
+        BadCase{"max_staleness_for_bsp",
+                WithModel(kLinear8x3,
+                          "training: {consistency: {max_staleness: 3}}\n"),
+                "training.consistency.max_staleness: has no effect with mode "
+                "bsp"},
+        BadCase{"backup_workers_for_async",
+                WithModel(kLinear8x3, "training: {workers: 3, consistency: "
+                                      "{mode: async, backup_workers: 1}}\n"),
+                "training.consistency.backup_workers: applies to mode bsp "
+                "only"},
+        BadCase{"backup_workers_too_many",
+                WithModel(kLinear8x3, "training: {workers: 2, consistency: "
+                                      "{backup_workers: 2}}\n"),
+                "training.consistency.backup_workers: must be less than "
+                "training.workers (2)"},
+        BadCase{"backup_workers_on_shards",
+                WithModel(kLinear8x3, "training: {workers: 3, shards: 2, "
+                                      "consistency: {backup_workers: 1}}\n"),
+                "training.consistency.backup_workers: needs the job on one "
+                "shard"},
+        BadCase{"consistency_unknown_field",
+                WithModel(kLinear8x3, "training: {consistency: {mode: ssp, "
+                                      "staleness: 1, stalenes: 2}}\n"),
+                "training.consistency.stalenes: unknown field"},
         BadCase{"both_preset_and_layers",
                 WithModel("  preset: mlp\n" + std::string(kLinear8x3)),
                 "either preset or layers"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {
+  auto bsp = ParseJobSpec(WithModel(kLinear8x3, ""));
+  TALLY_ASSERT_OK(bsp);
+  EXPECT_EQ(bsp->training.consistency.mode, ConsistencyMode::kBsp);
+  EXPECT_EQ(bsp->training.consistency.max_staleness, -1);
+  auto ssp = ParseJobSpec(WithModel(
+      kLinear8x3, "training: {consistency: {mode: ssp, staleness: 3, "
+                  "lr_scaling: staleness, max_staleness: 2}}\n"));
+  TALLY_ASSERT_OK(ssp);
+  EXPECT_EQ(ssp->training.consistency.staleness, 3);
+  EXPECT_EQ(ssp->training.consistency.FirstUsableVersion(10), 7);
+  EXPECT_EQ(ssp->training.consistency.FirstUsableVersion(1), 0);
+  // An async job runs the same samples: a version per push.
+  auto async = ParseJobSpec(WithModel(
+      kLinear8x3, "training: {epochs: 2, batch_size: 10, consistency: "
+                  "{mode: async}}\n"));
+  TALLY_ASSERT_OK(async);
+  EXPECT_EQ(async->training.consistency.FirstUsableVersion(10), 0);
+  const Schedule a = MakeSchedule(*async, 100, 2);
+  const Schedule b = MakeSchedule(*bsp, 100, 2);
+  EXPECT_EQ(a.steps_per_epoch, 5);
+  EXPECT_EQ(a.versions_per_epoch, 10);
+  EXPECT_EQ(a.total_steps, 20);
+  EXPECT_EQ(b.versions_per_epoch, b.steps_per_epoch);
+}
 
 TEST(JobSpecTest, MissingFileIsNotFound) {
   EXPECT_THAT(LoadJobSpec("/nonexistent/job.yaml"),
