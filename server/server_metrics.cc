@@ -96,11 +96,58 @@ std::vector<prometheus::MetricFamily> CoordinatorCollector::Collect() const {
        [](const v1::JobMetrics& m) { return m.accuracy(); }},
       {"tally_job_workers", "Live members of the job", MetricType::Gauge,
        [](const v1::JobMetrics& m) { return static_cast<double>(m.workers()); }},
+      {"tally_job_stale_pushes_total",
+       "Pushes refused as staler than the job's max_staleness",
+       MetricType::Counter,
+       [](const v1::JobMetrics& m) {
+         return static_cast<double>(m.stale_pushes());
+       }},
+      {"tally_job_late_pushes_total",
+       "Pushes that came after their step had closed (backup workers)",
+       MetricType::Counter,
+       [](const v1::JobMetrics& m) {
+         return static_cast<double>(m.late_pushes());
+       }},
+      {"tally_job_stalled_seconds",
+       "Seconds the job's weights have not moved (0 while they do)",
+       MetricType::Gauge,
+       [](const v1::JobMetrics& m) { return m.stalled_seconds(); }},
   };
   for (const PerJob& p : per_job) {
     auto f = Family(p.name, p.help, p.type);
     for (const v1::Job& j : jobs) {
       if (Live(j.state())) AddSample(&f, {{"job_id", j.id()}}, p.value(j.metrics()));
+    }
+    out.push_back(std::move(f));
+  }
+
+  // Per worker of a live job (the label sets go with the job).
+  struct PerWorker {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::WorkerProgress&);
+  };
+  const PerWorker per_worker[] = {
+      {"tally_job_worker_clock_steps", "The step a worker works on",
+       [](const v1::WorkerProgress& p) {
+         return static_cast<double>(p.clock());
+       }},
+      {"tally_job_worker_lag_steps", "Steps a worker is behind the job's fastest",
+       [](const v1::WorkerProgress& p) { return static_cast<double>(p.lag()); }},
+      {"tally_job_worker_compute_seconds",
+       "A worker's mean time computing a step (recent steps)",
+       [](const v1::WorkerProgress& p) { return p.compute_seconds(); }},
+      {"tally_job_worker_pull_wait_seconds",
+       "A worker's mean time waiting for a step's weights (recent steps)",
+       [](const v1::WorkerProgress& p) { return p.wait_seconds(); }},
+  };
+  for (const PerWorker& p : per_worker) {
+    auto f = Family(p.name, p.help, MetricType::Gauge);
+    for (const v1::Job& j : jobs) {
+      if (!Live(j.state())) continue;
+      for (const v1::WorkerProgress& w : j.metrics().progress())
+        AddSample(&f, {{"job_id", j.id()}, {"worker_id", w.worker_id()}},
+                  p.value(w));
     }
     out.push_back(std::move(f));
   }
@@ -133,6 +180,8 @@ void DataPlaneMetrics::Pushed(const absl::Status& status, bool duplicate,
     result = "step_closed";
   } else if (ReasonOf(status) == v1::NON_FINITE) {
     result = "non_finite";
+  } else if (ReasonOf(status) == v1::STALE_GRADIENT) {
+    result = "stale";
   } else if (ReasonOf(status) == v1::NOT_A_MEMBER) {
     result = "not_member";
   } else if (absl::IsInvalidArgument(status)) {

@@ -99,6 +99,10 @@ def main():
         second = wait_for(lambda: points() > first and points(), "more loss points", 20)
         workers = wait_for(lambda: driver.find_element(By.ID, "workers").text, "the worker table")
         assert "w1" in workers and "w2" in workers, workers
+        # Clocks and lag per worker, the slowest marked.
+        marked = wait_for(lambda: "slowest" in driver.find_element(By.ID, "workers").text
+                          and driver.find_element(By.ID, "workers").text, "the slowest marked")
+        assert "clock" in marked and "lag" in marked, marked
         wait_for(lambda: "joined as rank" in driver.find_element(By.ID, "events").text, "events")
         if "--screenshot" in sys.argv:
             driver.save_screenshot(os.path.join(os.path.dirname(__file__), "..", "docs",

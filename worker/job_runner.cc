@@ -193,8 +193,11 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
     lo.first_epoch = epoch;
     lo.first_batch = index;
     // An async worker faster than others goes round its data shard more
-    // often than the spec's epochs (the job ends on versions, not epochs).
-    lo.epochs = std::max<int64_t>(1, spec_.training.epochs - epoch);
+    // often than the spec's epochs (the job ends on versions, not epochs):
+    // its loader goes on (epochs are shuffled as they come).
+    lo.epochs = spec_.training.consistency.mode == ConsistencyMode::kAsync
+                    ? int64_t{1} << 40
+                    : std::max<int64_t>(1, spec_.training.epochs - epoch);
     loader_.reset();
     loader_ = std::make_unique<BatchLoader>(&data_->train, lo);
   }
