@@ -129,7 +129,7 @@ before=$(step_of "$id")
 docker-compose restart server > /dev/null 2>&1 || fail "restart"
 for _ in $(seq 120); do tally health > /dev/null 2>&1 && break; sleep 1; done
 after=$(step_of "$id") || fail "the server did not come back"
-state=$(tally status "$id" | awk '{print $2}')
+state=$(tally status "$id" | awk 'NR == 1 {print $2}')
 [[ $state == RUNNING || $state == SUCCEEDED ]] || fail "after the restart $id is $state"
 # A stopped server writes every job's state first: nothing is redone.
 ((after >= before)) || fail "after the restart $id is back at step $after (was at $before)"
