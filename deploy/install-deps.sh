@@ -23,6 +23,7 @@ if [[ "${1:-}" != "--build-only" ]]; then  # to test
     # docker-compose.yml run for real (deploy/compose-check.sh)
     podman runc debootstrap containernetworking-plugins iptables
     golang-github-containernetworking-plugin-dnsname
+    catatonit python3-yaml    # podman kube play's pods, deploy/k8s converted
   )
   # The Kubernetes manifests' validation: any Node.js with npm will do.
   command -v npm > /dev/null || PACKAGES+=(nodejs npm)
