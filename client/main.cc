@@ -112,8 +112,8 @@ std::string WorkerTable(const Job& j) {
         p.name().empty() ? p.worker_id()
                          : absl::StrCat(p.worker_id(), " (", p.name(), ")");
     absl::StrAppendFormat(
-        &s, "  %-4d %-28s %8d %5d %8.3fms %8.3fms %8.3fms%s\n", p.rank(), who,
-        p.clock(), p.lag(), p.compute_seconds() * 1e3, p.wait_seconds() * 1e3,
+        &s, "  %-4d %-28s %8s %5d %8.3fms %8.3fms %8.3fms%s\n", p.rank(), who,
+        p.clock() < 0 ? std::string("-") : absl::StrCat(p.clock()), p.lag(), p.compute_seconds() * 1e3, p.wait_seconds() * 1e3,
         p.push_seconds() * 1e3, p.slowest() ? "  <- slowest" : "");
   }
   if (!m.waiting_on().empty()) {

@@ -147,6 +147,7 @@ struct Coordinator::ControlTask {
   std::string spec;
   int64_t num_params = 0;
   Schedule schedule;
+  bool async = false;  // training.consistency.mode async
   struct Range {
     std::string shard_id;
     int64_t offset = 0, count = 0;
@@ -348,17 +349,18 @@ void Coordinator::RenderProgressLocked(
     p->set_worker_id(id);
     p->set_name(w.name);
     p->set_rank(w.rank);
+    // -1 until a pull of it was served: a joining worker is nobody's
+    // straggler yet.
     auto c = clocks.find(id);
-    if (c != clocks.end()) {
-      p->set_clock(std::max<int64_t>(0, c->second.first));
-      p->set_waiting(c->second.second);
-    }
+    p->set_clock(c != clocks.end() ? c->second.first : -1);
+    p->set_waiting(c != clocks.end() && c->second.second);
     p->set_compute_seconds(w.compute_seconds);
     p->set_wait_seconds(w.wait_seconds);
     p->set_push_seconds(w.push_seconds);
     fastest = std::max(fastest, p->clock());
   }
   for (v1::WorkerProgress& p : *out->mutable_progress()) {
+    if (p.clock() < 0) continue;
     p.set_lag(fastest - p.clock());
     if (slowest == nullptr || p.clock() < slowest->clock() ||
         (p.clock() == slowest->clock() &&
@@ -371,11 +373,14 @@ void Coordinator::RenderProgressLocked(
   const double stalled = absl::ToDoubleSeconds(Now() - job.moved_at);
   if (stalled < 1.0) return;
   out->set_stalled_seconds(stalled);
-  if (stalled < kStallReport) return;
+  // Nothing waits on a worker in async.
+  if (stalled < kStallReport ||
+      job.spec.training.consistency.mode == ConsistencyMode::kAsync)
+    return;
   // The open step waits on the workers that have not pushed it: those on
   // it or behind, not waiting for weights themselves.
   for (const v1::WorkerProgress& p : out->progress()) {
-    if (p.clock() <= version && !p.waiting()) {
+    if (p.clock() >= 0 && p.clock() <= version && !p.waiting()) {
       out->add_waiting_on(
           p.name().empty() ? p.worker_id()
                            : absl::StrCat(p.worker_id(), " (", p.name(), ")"));
@@ -1147,6 +1152,7 @@ void Coordinator::RunControl() {
         t.spec = job.proto.spec();
         t.num_params = job.spec.layout.num_params;
         t.schedule = job.schedule;
+        t.async = job.spec.training.consistency.mode == ConsistencyMode::kAsync;
         t.start = job.start;
         t.members = job.members;
         for (const Placement& p : job.ranges) {
@@ -1323,16 +1329,23 @@ void Coordinator::Reconcile(ControlTask& t) {
     vmin = std::min(vmin, h.version);
     vmax = std::max(vmax, h.version);
   }
-  auto committed = [&reports](const MemberSpec& m) {
+  // A member's last commit any range saw, and whether it said "nothing".
+  auto committed = [&reports](const MemberSpec& m, bool* refused) {
     int64_t c = -1;
+    *refused = false;
     for (const HoldReport& h : reports) {
       for (const MemberProgress& p : h.members) {
-        if (p.worker_id == m.worker_id && p.incarnation == m.incarnation)
-          c = std::max(c, p.committed_step);
+        if (p.worker_id == m.worker_id && p.incarnation == m.incarnation &&
+            p.committed_step > c) {
+          c = p.committed_step;
+          *refused = p.last_refused;
+        }
       }
     }
     return c;
   };
+  // Async steps are each worker's own: versions do not bound them.
+  const bool async = t.async;
   std::vector<MemberSpec> next;
   for (MemberSpec m : t.members) {
     bool stays = false;
@@ -1344,12 +1357,17 @@ void Coordinator::Reconcile(ControlTask& t) {
       } else {
         // It belongs to every step some range saw it commit: that push
         // reached every range.
-        m.leave_step = std::max(committed(m) + 1, m.join_step);
+        bool refused = false;
+        const int64_t c = committed(m, &refused);
+        m.leave_step = async ? c + 1 : std::max(c + 1, m.join_step);
+        m.last_refused = refused && c + 1 == m.leave_step;
       }
       t.new_leaves[{m.worker_id, m.incarnation}] = m.leave_step;
+      // Async ranges drop a leaver at once: it goes out in this round.
+      if (async) next.push_back(m);
     }
     // Keep a leaver while some range may still need its last step.
-    if (m.leave_step > vmin) next.push_back(m);
+    if (!async && m.leave_step > vmin) next.push_back(m);
   }
   for (const MemberSpec& d : t.desired) {
     bool present = false;

@@ -187,40 +187,48 @@ void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
     if (next.count(spec.worker_id)) continue;  // the first entry stands
     Member& m = next[spec.worker_id];
     auto old = members_.find(spec.worker_id);
-    if (old != members_.end() &&
-        old->second.spec.incarnation == spec.incarnation) {
-      m = std::move(old->second);  // progress and staged push go on
-    }
+    const bool known = old != members_.end() &&
+                       old->second.spec.incarnation == spec.incarnation;
+    if (known) m = std::move(old->second);  // progress and staged pushes go on
     m.spec = spec;
+    const bool leaves = spec.leave_step != MemberSpec::kNoStep;
+    if (consistency_.mode == ConsistencyMode::kAsync && leaves) {
+      // Out at once. Its commits reach the job's shards one pull at a
+      // time, so this shard misses at most its last one, which another
+      // shard had: that push is one version here as there (as nothing if
+      // it was refused somewhere). A leaver unknown here changes nothing.
+      if (known && m.committed_step == spec.leave_step - 2) {
+        Staged st;
+        auto it = m.staged.find(spec.leave_step - 1);
+        if (it != m.staged.end()) {
+          if (!spec.last_refused) st = std::move(it->second);
+          ReleaseLocked(std::move(it->second.grads));
+          m.staged.erase(it);
+        }
+        apply_queue_.push_back(std::move(st));
+      }
+      UnstageLocked(m);
+      next.erase(spec.worker_id);
+      continue;
+    }
     for (auto it = m.staged.lower_bound(spec.leave_step);
          it != m.staged.end();) {
       // Pushed past its last step: not counted anywhere.
       ReleaseLocked(std::move(it->second.grads));
       it = m.staged.erase(it);
     }
-    if (spec.leave_step != MemberSpec::kNoStep &&
-        m.committed_step < spec.leave_step - 1) {
+    if (leaves && m.committed_step < spec.leave_step - 1) {
       // Its last step counts as committed: another shard had its commit,
       // so its push reached every shard, this one included (staged here,
-      // or refused here and so contributing nothing).
-      if (consistency_.mode == ConsistencyMode::kAsync) {
-        // Each of its pushes up to there is one version, here as there.
-        for (int64_t step = m.committed_step + 1; step < spec.leave_step;
-             ++step) {
-          auto it = m.staged.find(step);
-          if (it != m.staged.end()) {
-            apply_queue_.push_back(std::move(it->second));
-            m.staged.erase(it);
-          } else if (step <= m.pushed_step) {
-            apply_queue_.push_back(Staged{});
-          }
-        }
+      // or refused here and so contributing nothing), unless that commit
+      // said it was refused somewhere.
+      auto it = m.staged.find(spec.leave_step - 1);
+      if (spec.last_refused && it != m.staged.end()) {
+        ReleaseLocked(std::move(it->second.grads));
+        m.staged.erase(it);
       }
       m.committed_step = spec.leave_step - 1;
-    }
-    if (consistency_.mode == ConsistencyMode::kAsync &&
-        spec.leave_step != MemberSpec::kNoStep) {
-      next.erase(spec.worker_id);  // left; its pushes are queued
+      m.last_refused = spec.last_refused;
     }
   }
   for (auto& [id, m] : members_) {
@@ -259,7 +267,7 @@ std::vector<MemberProgress> ParameterShard::Progress() const {
   std::vector<MemberProgress> out;
   for (const auto& [id, m] : members_) {
     out.push_back({id, m.spec.incarnation, m.pushed_step, m.committed_step,
-                   m.clock, m.waiting});
+                   m.clock, m.waiting, m.last_refused});
   }
   return out;
 }
@@ -271,8 +279,9 @@ HoldReport ParameterShard::Hold(int64_t hold_id, absl::Time deadline) {
   HoldReport r;
   r.version = version_;
   for (const auto& [id, m] : members_) {
-    r.members.push_back(
-        {id, m.spec.incarnation, m.pushed_step, m.committed_step});
+    MemberProgress p{id, m.spec.incarnation, m.pushed_step, m.committed_step};
+    p.last_refused = m.last_refused;
+    r.members.push_back(std::move(p));
   }
   return r;
 }
@@ -569,6 +578,7 @@ void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       }
       apply_queue_.push_back(std::move(st));
       m.committed_step = step;
+      m.last_refused = !contributed;
     } else {
       const int64_t window = consistency_.mode == ConsistencyMode::kSsp
                                  ? consistency_.staleness
@@ -582,6 +592,7 @@ void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
         m.staged.erase(it);
       }
       m.committed_step = step;
+      m.last_refused = !contributed;
     }
     MaybeCloseLocked(&ready);
   }

@@ -7,7 +7,7 @@
 // A step, on every shard alike. Step t is open while version() == t.
 //   1. Accept: a member's push of step t (its batch's mean gradient over
 //      this range, with its sample count) is checked and staged whole, one
-//      staged push per member.
+//      staged push per member and open step.
 //   2. Commit: once the member's push of t reached every shard, its next
 //      pull says so (committed step t, and whether it contributed: a push
 //      refused as non-finite on any shard contributes on none).
@@ -103,6 +103,9 @@ struct MemberSpec {
   int rank = 0;             // the order of summation
   int64_t join_step = 0;    // required from this step
   int64_t leave_step = kNoStep;  // ... up to this one, excluded
+  // Its push of leave_step - 1 was committed as nothing on some shard (it
+  // was refused there): a shard that staged it drops it.
+  bool last_refused = false;
   static constexpr int64_t kNoStep = INT64_MAX;
 };
 
@@ -116,6 +119,7 @@ struct MemberProgress {
   // whether a pull of it waits here now.
   int64_t clock = -1;
   bool waiting = false;
+  bool last_refused = false;  // its commit of committed_step said: nothing
 };
 
 struct HoldReport {
@@ -250,9 +254,9 @@ class ParameterShard {
 
   // Staging buffers of num_params() floats for pushes in flight or staged,
   // recycled: allocating megabytes per push costs page faults on every
-  // step. At most 2 * members + 4 are out at once, so that a flood of open
-  // push streams cannot exhaust the server's memory (kResourceExhausted
-  // beyond that).
+  // step. At most (2 + s) * members + 4 are out at once (s: the ssp
+  // staleness, else 0), so that a flood of open push streams cannot exhaust
+  // the server's memory (kResourceExhausted beyond that).
   absl::StatusOr<std::unique_ptr<std::vector<float>>> AcquireStaging();
   void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
 
@@ -299,6 +303,7 @@ class ParameterShard {
     std::map<int64_t, Staged> staged;  // by step: at most staleness + 1
     int64_t clock = -1;    // MemberProgress
     bool waiting = false;
+    bool last_refused = false;
   };
   struct Waiter {
     int64_t version;

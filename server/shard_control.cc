@@ -127,8 +127,10 @@ class RemoteShardControl final : public ShardControl {
     HoldReport r;
     r.version = resp.version();
     for (const v1::MemberProgress& m : resp.members()) {
-      r.members.push_back({m.worker_id(), m.incarnation(), m.pushed_step(),
-                           m.committed_step()});
+      MemberProgress p{m.worker_id(), m.incarnation(), m.pushed_step(),
+                       m.committed_step()};
+      p.last_refused = m.last_refused();
+      r.members.push_back(std::move(p));
     }
     return r;
   }

@@ -35,6 +35,7 @@ MemberSpec FromProto(const v1::MemberSpec& m) {
   s.rank = m.rank();
   s.join_step = m.join_step();
   s.leave_step = m.leave_step() > 0 ? m.leave_step() : MemberSpec::kNoStep;
+  s.last_refused = m.last_refused();
   return s;
 }
 
@@ -45,6 +46,7 @@ v1::MemberSpec ToProto(const MemberSpec& m) {
   s.set_rank(m.rank);
   s.set_join_step(m.join_step);
   s.set_leave_step(m.leave_step == MemberSpec::kNoStep ? 0 : m.leave_step);
+  s.set_last_refused(m.last_refused);
   return s;
 }
 

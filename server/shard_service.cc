@@ -491,6 +491,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
     p->set_incarnation(m.incarnation);
     p->set_pushed_step(m.pushed_step);
     p->set_committed_step(m.committed_step);
+    p->set_last_refused(m.last_refused);
   }
   return Reply(ctx, absl::OkStatus());
 }

@@ -108,7 +108,13 @@ slowest = [n for n, w in p.items() if w.get("slowest")]
 print(int(p["w1"]["clock"]), int(p["w2"]["clock"]), p["w1"].get("waiting", False),
       ",".join(slowest), ",".join(m.get("waiting_on", [])).replace(" ", ""))'
     }
-    read -r c1 c2 waiting1 slowest waiting_on <<< "$(clocks)"
+    # w1's pull waits on the server, which answers it after 5 s and gets it
+    # again: look a few times.
+    for _ in $(seq 10); do
+      read -r c1 c2 waiting1 slowest waiting_on <<< "$(clocks)"
+      [[ $waiting1 == True ]] && break
+      sleep 0.3
+    done
     (( c1 - c2 == 3 )) || fail "ssp(3): w1 at clock $c1, paused w2 at $c2: expected exactly 3 ahead"
     [[ $waiting1 == True ]] || fail "w1 should be waiting for weights"
     [[ $slowest == w2 ]] || fail "the slowest worker should be w2, got '$slowest'"

@@ -99,10 +99,14 @@ def main():
         second = wait_for(lambda: points() > first and points(), "more loss points", 20)
         workers = wait_for(lambda: driver.find_element(By.ID, "workers").text, "the worker table")
         assert "w1" in workers and "w2" in workers, workers
-        # Clocks and lag per worker, the slowest marked.
-        marked = wait_for(lambda: "slowest" in driver.find_element(By.ID, "workers").text
-                          and driver.find_element(By.ID, "workers").text, "the slowest marked")
-        assert "clock" in marked and "lag" in marked, marked
+        # Clocks and lag per worker (the 5th and 6th cells), the slowest marked.
+        def worker_rows():
+            rows = driver.find_elements(By.CSS_SELECTOR, "#workers tr")[1:]
+            return [[td.text for td in r.find_elements(By.TAG_NAME, "td")] for r in rows]
+        rows = wait_for(lambda: (lambda r: len(r) == 2 and all(c[4].isdigit() for c in r)
+                                 and any("slowest" in c[9] for c in r) and r)(worker_rows()),
+                        "clocks and the slowest marked")
+        assert all(int(c[4]) > 0 and c[5].isdigit() for c in rows), rows
         wait_for(lambda: "joined as rank" in driver.find_element(By.ID, "events").text, "events")
         if "--screenshot" in sys.argv:
             driver.save_screenshot(os.path.join(os.path.dirname(__file__), "..", "docs",

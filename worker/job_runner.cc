@@ -62,14 +62,27 @@ absl::Status JobRunner::Run() {
     const int64_t version = *pulled;
     if (version >= end_version_) return Finish(version);
     base_ = version;
+    const bool async =
+        spec_.training.consistency.mode == ConsistencyMode::kAsync;
+    if (async && !clock_set_) {
+      // A runner that starts on a running async job (a new shard map, a
+      // replacement worker) goes on about where its rank would be.
+      next_ = std::max(next_, version / world_);
+    }
+    clock_set_ = true;
     // bsp and ssp: a step below the weights' version closed without us
     // (we joined late, or were away): go on from the version.
-    const int64_t step =
-        spec_.training.consistency.mode == ConsistencyMode::kAsync
-            ? next_
-            : std::max(next_, version);
+    const int64_t step = async ? next_ : std::max(next_, version);
     TALLY_ASSIGN_OR_RETURN(StepStats stats, Compute(step));
     TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
+    // A push that failed on the way goes again as it was (the same
+    // gradient from the same weights) until the shards answer it.
+    while (repush_) {
+      if (!context_.still_assigned()) {
+        return absl::AbortedError("no longer assigned to this job");
+      }
+      TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
+    }
     if (context_.progress) context_.progress(progress_);
     if (absl::Now() - last_log_ > absl::Seconds(5)) {
       last_log_ = absl::Now();
@@ -248,18 +261,27 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
   // Every shard answered OK (or duplicate), or refused the push's content
   // (a non-finite value, a gradient too stale; a malformed push, a bug of
   // ours): the push is settled everywhere, and the next pull commits it,
-  // as nothing if any shard refused it.
-  bool settled = push->Done(), contributed = true;
+  // as nothing if any shard refused it. Otherwise each shard's answer
+  // counts, not the first to arrive: one shard's refusal with another's
+  // passing failure is a push to send again.
+  repush_ = false;
+  bool settled = push->Done(), contributed = true, retry = !push->Done();
+  absl::Status refusal, other;
   for (const absl::Status& r : push->Results()) {
+    if (r.ok()) continue;
     if (absl::IsInvalidArgument(r) || ReasonOf(r) == v1::STALE_GRADIENT) {
       contributed = false;
-    } else if (!r.ok()) {
-      settled = false;
+      if (refusal.ok()) refusal = r;
+      continue;
     }
+    settled = false;
+    retry = retry || Retryable(r) || absl::IsCancelled(r);
+    if (other.ok()) other = r;
   }
+  if (other.ok()) other = s;
   if (settled) {
     if (!contributed) {
-      context_.log(absl::StrCat("step ", step, ": ", s.message()));
+      context_.log(absl::StrCat("step ", step, ": ", refusal.message()));
     }
     have_commit_ = true;
     commit_.set_step(step);
@@ -267,6 +289,17 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     next_ = step + 1;
     return absl::OkStatus();
   }
+  if (retry) {
+    // Pushes are idempotent: the same push goes again (Run); a shard that
+    // had it answers "duplicate", and if the step closed meanwhile, the
+    // answer moves us on.
+    context_.log(absl::StrCat("step ", step, ": push failed (",
+                              other.message(), "); retrying"));
+    Backoff();
+    repush_ = true;
+    return absl::OkStatus();
+  }
+  s = other;
   switch (ReasonOf(s)) {
     case v1::STEP_CLOSED:   // closed without us: pull its successor
       context_.log(absl::StrCat("step ", step, ": ", s.message()));
@@ -280,15 +313,6 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
       return absl::OkStatus();
     default:
       break;
-  }
-  if (Retryable(s)) {
-    // Pushes are idempotent: pull this step again; if it closed meanwhile
-    // the pull moves us on, else we push it again.
-    context_.log(absl::StrCat("step ", step, ": push failed (", s.message(),
-                              "); retrying"));
-    Backoff();
-    next_ = step;
-    return absl::OkStatus();
   }
   if (NotOurs(s)) return s;  // ended, taken off the job, stale registration
   return Refuse(s);

@@ -85,8 +85,8 @@ class JobRunner {
   // Forward and backward of step `step` on this rank's batch (an empty
   // contribution where this rank has no batch at that step).
   absl::StatusOr<StepStats> Compute(int64_t step);
-  // Pushes step `step`; sets next_ from the answer. An error ends the job
-  // here.
+  // Pushes step `step`; sets next_ from the answer, or repush_ when the
+  // same push is to go again. An error ends the job here.
   absl::Status PushAndAdvance(int64_t step, const StepStats& stats);
   absl::Status Finish(int64_t version);
   // Tells the coordinator this worker cannot run the job, and why.
@@ -112,6 +112,8 @@ class JobRunner {
   // pulls; the consistency rule says which versions it may start from).
   int64_t next_ = 0;
   int64_t end_version_ = 0;  // the schedule's last version
+  bool clock_set_ = false;   // next_ was set from the first pull
+  bool repush_ = false;      // the last push is to be sent again
   JobProgress progress_;
   // The version the last pull got (the oldest of its shards'): the base
   // of the next push.

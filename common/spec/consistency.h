@@ -20,8 +20,8 @@ struct ConsistencySpec {
   // kStaleness: a gradient of staleness tau counts 1 / max(1, tau) of its
   // weight (Zhang et al., IJCAI 2016).
   LrScaling lr_scaling = LrScaling::kNone;
-  // ssp, async: gradients staler than this are refused (STALE_GRADIENT);
-  // -1: no bound.
+  // async: gradients staler than this are refused (STALE_GRADIENT); -1:
+  // no bound. (ssp's staleness bounds its gradients' already.)
   int64_t max_staleness = -1;
   // bsp: a step closes once all but this many members committed it.
   int64_t backup_workers = 0;

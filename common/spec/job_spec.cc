@@ -272,6 +272,13 @@ absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
     return FieldError(Join(p, "max_staleness"),
                       "has no effect with mode bsp (every gradient is fresh)");
   }
+  if (n["max_staleness"] && ssp) {
+    // Below staleness it would refuse what the rule lets workers compute;
+    // at or above it, it refuses nothing.
+    return FieldError(Join(p, "max_staleness"),
+                      "applies to mode async only (in ssp, staleness bounds "
+                      "it)");
+  }
   TALLY_RETURN_IF_ERROR(
       ReadInt(n, p, "max_staleness", 0, 1000000, &c->max_staleness));
   if (n["backup_workers"] && !bsp) {

@@ -188,6 +188,11 @@ INSTANTIATE_TEST_SUITE_P(
                           "training: {consistency: {max_staleness: 3}}\n"),
                 "training.consistency.max_staleness: has no effect with mode "
                 "bsp"},
+        BadCase{"max_staleness_for_ssp",
+                WithModel(kLinear8x3, "training: {consistency: {mode: ssp, "
+                                      "staleness: 3, max_staleness: 2}}\n"),
+                "training.consistency.max_staleness: applies to mode async "
+                "only"},
         BadCase{"backup_workers_for_async",
                 WithModel(kLinear8x3, "training: {workers: 3, consistency: "
                                       "{mode: async, backup_workers: 1}}\n"),
@@ -219,7 +224,7 @@ TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {
   EXPECT_EQ(bsp->training.consistency.max_staleness, -1);
   auto ssp = ParseJobSpec(WithModel(
       kLinear8x3, "training: {consistency: {mode: ssp, staleness: 3, "
-                  "lr_scaling: staleness, max_staleness: 2}}\n"));
+                  "lr_scaling: staleness}}\n"));
   TALLY_ASSERT_OK(ssp);
   EXPECT_EQ(ssp->training.consistency.staleness, 3);
   EXPECT_EQ(ssp->training.consistency.FirstUsableVersion(10), 7);
