@@ -214,8 +214,12 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
     loader_.reset();
     loader_ = std::make_unique<BatchLoader>(&data_->train, lo);
   }
-  TALLY_ASSIGN_OR_RETURN(std::unique_ptr<HostBatch> batch,
-                         loader_->Next(absl::Minutes(1)));
+  absl::StatusOr<std::unique_ptr<HostBatch>> next =
+      loader_->Next(absl::Minutes(1));
+  // Said to the coordinator: a runner that stops quietly would hold its
+  // slot (its daemon still heartbeats) and a bsp job would wait for ever.
+  if (!next.ok()) return Refuse(next.status());
+  std::unique_ptr<HostBatch> batch = *std::move(next);
   BatchView view{batch->x.data(), batch->y.data(), batch->size};
   const absl::Time began = absl::Now();
   absl::StatusOr<StepStats> stats =
