@@ -158,27 +158,35 @@ docker-compose down -v > /dev/null 2>&1 || fail "down"
 phase "down"
 
 # 7. The Kubernetes manifests under podman kube play.
-kube=$(mktemp -d)
+kube=$(mktemp -d)  # holds a CA key and tokens: removed on the way out
+trap 'kube_down; rm -rf "$kube"; cleanup' EXIT
 kube_net=tallykube
 kube_ip=10.90.0.10  # the coordinator pod's (hostAliases name it)
-kube_down() {
-  for f in workers coordinator; do
-    [[ -f $kube/$f.yaml ]] && podman kube play --down "$kube/$f.yaml" > /dev/null 2>&1 || true
-  done
+kube_pods=(tally-coordinator-pod-0 tally-worker-0-pod-0 tally-worker-1-pod-0)
+kube_down() {  # also what an interrupted earlier run left
+  podman pod rm -f "${kube_pods[@]}" > /dev/null 2>&1 || true
   podman volume rm -f tally-coordinator-state > /dev/null 2>&1 || true
   podman network rm -f "$kube_net" > /dev/null 2>&1 || true
+}
+kube_fail() {
+  podman pod ps >&2 || true
+  for c in $(podman ps -a --filter label=app.kubernetes.io/part-of=tally --format '{{.Names}}'); do
+    echo "--- $c" >&2
+    podman logs --tail 30 "$c" >&2 || true
+  done
+  echo "FAIL: $*" >&2
+  exit 1
 }
 kube_down
 deploy/make-certs.sh "$kube/certs" "$kube_ip" > /dev/null
 python3 tests/k8s_podman.py deploy/k8s "$kube/certs" "$kube_ip" "$kube"
 podman network create --subnet 10.90.0.0/24 "$kube_net" > /dev/null
-trap 'kube_down; rm -rf "$kube"; cleanup' EXIT
 podman kube play --network "$kube_net" --ip "$kube_ip" "$kube/coordinator.yaml" \
-  > "$kube/play.log" 2>&1 || { cat "$kube/play.log"; fail "kube play: coordinator"; }
+  > "$kube/play.log" 2>&1 || { cat "$kube/play.log"; kube_fail "kube play: coordinator"; }
 podman kube play --network "$kube_net" "$kube/workers.yaml" \
-  >> "$kube/play.log" 2>&1 || { cat "$kube/play.log"; fail "kube play: workers"; }
+  >> "$kube/play.log" 2>&1 || { cat "$kube/play.log"; kube_fail "kube play: workers"; }
 kube_containers=$(podman ps --filter label=app.kubernetes.io/part-of=tally --format '{{.Names}}')
-[[ $(wc -w <<< "$kube_containers") == 3 ]] || fail "kube play: expected 3 containers, got: $kube_containers"
+[[ $(wc -w <<< "$kube_containers") == 3 ]] || kube_fail "kube play: expected 3 containers, got: $kube_containers"
 # The probes (podman runs them as health checks when ticked).
 for _ in $(seq 60); do
   healthy=0
@@ -188,7 +196,7 @@ for _ in $(seq 60); do
   ((healthy == 3)) && break
   sleep 1
 done
-((healthy == 3)) || fail "kube play: $healthy of 3 containers pass their probes"
+((healthy == 3)) || kube_fail "kube play: $healthy of 3 containers pass their probes"
 phase "kube play: coordinator and 2 workers up, probes pass"
 kube_tally() {
   build/client/tally --server="$kube_ip:7070" --tls_ca="$kube/certs/ca.pem" \
@@ -212,7 +220,7 @@ job = yaml.safe_load(spec)
 job["training"].pop("shards", None)
 print(yaml.safe_dump(job, sort_keys=False))
 PY
-out=$(kube_tally submit "$kube/job.yaml" --wait) || fail "kube play: the example job did not succeed: $out"
+out=$(kube_tally submit "$kube/job.yaml" --wait) || kube_fail "kube play: the example job did not succeed: $out"
 echo "$out" | tail -n 2
 phase "kube play: the example job trained"
 kube_down

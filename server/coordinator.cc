@@ -157,7 +157,8 @@ struct Coordinator::ControlTask {
   std::shared_ptr<const StoredJob> start;
   std::vector<MemberSpec> members;  // what every range has
   std::vector<MemberSpec> desired;  // from the slots (join/leave unset)
-  std::map<std::pair<std::string, int64_t>, int64_t> leaves;  // decided
+  // Decided: (leave step, last commit refused).
+  std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>> leaves;
   int64_t hold_id = 0;
   int64_t generation = 0;
   // Results.
@@ -166,7 +167,8 @@ struct Coordinator::ControlTask {
   bool installed_now = false;
   bool members_now = false;
   std::vector<MemberSpec> new_members;
-  std::map<std::pair<std::string, int64_t>, int64_t> new_leaves;
+  std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>>
+      new_leaves;
   bool retired_now = false;
   std::shared_ptr<const std::vector<float>> final_weights;
 };
@@ -368,7 +370,9 @@ void Coordinator::RenderProgressLocked(
       slowest = &p;
     }
   }
-  if (slowest != nullptr && out->progress_size() > 1) slowest->set_slowest(true);
+  int clocked = 0;
+  for (const v1::WorkerProgress& p : out->progress()) clocked += p.clock() >= 0;
+  if (slowest != nullptr && clocked > 1) slowest->set_slowest(true);
   if (job.moved_at == absl::InfinitePast()) return;
   const double stalled = absl::ToDoubleSeconds(Now() - job.moved_at);
   if (stalled < 1.0) return;
@@ -1185,7 +1189,7 @@ void Coordinator::RunControl() {
         JobEntry& job = it->second;
         if (job.map_version != t.map_version) continue;  // re-placed since
         // Decided even when not every range took it yet.
-        for (const auto& [key, step] : t.new_leaves) job.leaves[key] = step;
+        for (const auto& [key, leave] : t.new_leaves) job.leaves[key] = leave;
         if (t.installed_now) {
           job.installed = true;
           job.members.clear();
@@ -1353,7 +1357,8 @@ void Coordinator::Reconcile(ControlTask& t) {
     if (m.leave_step == MemberSpec::kNoStep && !stays) {
       auto decided = t.leaves.find({m.worker_id, m.incarnation});
       if (decided != t.leaves.end()) {
-        m.leave_step = decided->second;
+        m.leave_step = decided->second.first;
+        m.last_refused = decided->second.second;
       } else {
         // It belongs to every step some range saw it commit: that push
         // reached every range.
@@ -1362,12 +1367,19 @@ void Coordinator::Reconcile(ControlTask& t) {
         m.leave_step = async ? c + 1 : std::max(c + 1, m.join_step);
         m.last_refused = refused && c + 1 == m.leave_step;
       }
-      t.new_leaves[{m.worker_id, m.incarnation}] = m.leave_step;
-      // Async ranges drop a leaver at once: it goes out in this round.
-      if (async) next.push_back(m);
+      t.new_leaves[{m.worker_id, m.incarnation}] = {m.leave_step,
+                                                    m.last_refused};
+      // Async ranges drop a leaver at once: it goes out in this round, and
+      // one that committed nothing anywhere just goes (nothing to settle).
+      if (async && m.leave_step > 0) next.push_back(m);
+      if (async) continue;
     }
-    // Keep a leaver while some range may still need its last step.
-    if (!async && m.leave_step > vmin) next.push_back(m);
+    if (async) {
+      if (m.leave_step == MemberSpec::kNoStep) next.push_back(m);  // stays
+    } else if (m.leave_step > vmin) {
+      // Keep a leaver while some range may still need its last step.
+      next.push_back(m);
+    }
   }
   for (const MemberSpec& d : t.desired) {
     bool present = false;

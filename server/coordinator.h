@@ -235,7 +235,9 @@ class Coordinator {
     int64_t generation = 0;  // bumped with every change that needs work
     // Leave steps decided and sent to some range: never decided again
     // (a range that took one may already have closed that step).
-    std::map<std::pair<std::string, int64_t>, int64_t> leaves;
+    // (leave step, whether its last commit said "nothing").
+    std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>>
+        leaves;
     int64_t notified_version = -1;
     // When the weights last moved (Tick), for the stall report; and when
     // watchers were last told about a stall.

@@ -183,8 +183,9 @@ void ParameterShard::SetConsistency(const ConsistencySpec& consistency) {
 
 void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
   std::map<std::string, Member> next;
+  std::set<std::string> seen;
   for (const MemberSpec& spec : members) {
-    if (next.count(spec.worker_id)) continue;  // the first entry stands
+    if (!seen.insert(spec.worker_id).second) continue;  // the first stands
     Member& m = next[spec.worker_id];
     auto old = members_.find(spec.worker_id);
     const bool known = old != members_.end() &&
@@ -197,7 +198,7 @@ void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
       // time, so this shard misses at most its last one, which another
       // shard had: that push is one version here as there (as nothing if
       // it was refused somewhere). A leaver unknown here changes nothing.
-      if (known && m.committed_step == spec.leave_step - 2) {
+      if (known && m.committed_step < spec.leave_step - 1) {
         Staged st;
         auto it = m.staged.find(spec.leave_step - 1);
         if (it != m.staged.end()) {
@@ -552,18 +553,19 @@ absl::Status ParameterShard::Accept(const PushMeta& meta, const float* grads,
   return Accept(meta, std::move(copy), duplicate);
 }
 
-void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
+bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
                             int64_t step, bool contributed) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    if (!CheckMemberLocked(worker_id, incarnation).ok()) return;
+    if (!CheckMemberLocked(worker_id, incarnation).ok()) return true;
     Member& m = members_.at(worker_id);
-    if (m.committed_step >= step) return;  // settled already
+    if (m.committed_step >= step) return true;  // settled already
     if (consistency_.mode == ConsistencyMode::kAsync) {
+      if (hold_id_ != 0) return false;
       // (A push refused on some shard, too stale there, is committed as
       // nothing; it may never have been staged here.)
-      if (EndedLocked() || (contributed && step > m.pushed_step)) return;
+      if (EndedLocked() || (contributed && step > m.pushed_step)) return true;
       // Its push of `step` is one version, whatever it holds; pushes it
       // abandoned before (never committed) go.
       Staged st;
@@ -584,8 +586,8 @@ void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
                                  ? consistency_.staleness
                                  : 0;
       // Settled already, or nonsense.
-      if (step < version_ || step > version_ + window) return;
-      if (!RequiredLocked(m, step)) return;
+      if (step < version_ || step > version_ + window) return true;
+      if (!RequiredLocked(m, step)) return true;
       auto it = m.staged.find(step);
       if (it != m.staged.end() && !contributed) {
         ReleaseLocked(std::move(it->second.grads));
@@ -597,6 +599,7 @@ void ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
     MaybeCloseLocked(&ready);
   }
   RunReady(ready);
+  return true;
 }
 
 void ParameterShard::Reject(const PushMeta& meta) {

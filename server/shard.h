@@ -236,8 +236,10 @@ class ParameterShard {
   // The member says its push of `step` reached every shard (a pull carries
   // this); with contributed = false it counts as nothing here either. A
   // commit for a step that is not open, or from a non-member, changes
-  // nothing.
-  void Commit(const std::string& worker_id, int64_t incarnation, int64_t step,
+  // nothing. False (nothing recorded: send it again) only in async while
+  // the coordinator holds the job: a commit that reached one shard before
+  // its new membership and another after could count on one only.
+  bool Commit(const std::string& worker_id, int64_t incarnation, int64_t step,
               bool contributed);
 
   // Counts a refused push (non-finite values, ...). When the pusher is a

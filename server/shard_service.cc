@@ -225,9 +225,12 @@ class PullReactor final
     if (s.ok() && req->total_steps() > 0) {
       s = range->shard->SetSchedule(req->total_steps(), req->steps_per_epoch());
     }
-    if (s.ok() && req->has_commit()) {
-      range->shard->Commit(req->worker_id(), req->incarnation(),
-                           req->commit().step(), req->commit().contributed());
+    if (s.ok() && req->has_commit() &&
+        !range->shard->Commit(req->worker_id(), req->incarnation(),
+                              req->commit().step(),
+                              req->commit().contributed())) {
+      s = absl::UnavailableError(
+          "the job's membership is changing: pull again with the commit");
     }
     if (!s.ok()) {
       FinishOnce(ToGrpc(s));

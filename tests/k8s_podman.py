@@ -35,6 +35,8 @@ for name in sorted(os.listdir(k8s_dir)):
 
 
 def podman_pod_spec(spec):
+    # (A test cluster: the whole directory, CA key and every token
+    # included, goes into each pod.)
     for v in spec.get("volumes", []):
         if "secret" in v:
             del v["secret"]
@@ -54,7 +56,7 @@ for d in docs:
         spec = d["spec"]["template"]["spec"]
         podman_pod_spec(spec)
         for c in spec["containers"]:
-            c["args"] = [a for a in c["args"] if a != "--noshard"]
+            c["args"] = [a for a in c.get("args", []) if a != "--noshard"]
         coordinator.append(d)
     elif kind == "Deployment" and name == "tally-worker":
         podman_pod_spec(d["spec"]["template"]["spec"])

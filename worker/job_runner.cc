@@ -274,14 +274,18 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
   for (const absl::Status& r : push->Results()) {
     if (r.ok()) continue;
     if (absl::IsInvalidArgument(r) || ReasonOf(r) == v1::STALE_GRADIENT) {
-      contributed = false;
+      // Remembered across attempts: the shard that refused it answers a
+      // second attempt as a duplicate.
+      refused_step_ = step;
       if (refusal.ok()) refusal = r;
       continue;
     }
+    if (NotOurs(r)) return r;  // ended, taken off the job, stale registration
     settled = false;
     retry = retry || Retryable(r) || absl::IsCancelled(r);
     if (other.ok()) other = r;
   }
+  if (refused_step_ == step) contributed = false;
   if (other.ok()) other = s;
   if (settled) {
     if (!contributed) {

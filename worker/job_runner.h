@@ -114,6 +114,7 @@ class JobRunner {
   int64_t end_version_ = 0;  // the schedule's last version
   bool clock_set_ = false;   // next_ was set from the first pull
   bool repush_ = false;      // the last push is to be sent again
+  int64_t refused_step_ = -1;  // a shard refused this step's push
   JobProgress progress_;
   // The version the last pull got (the oldest of its shards'): the base
   // of the next push.

@@ -250,7 +250,9 @@ TEST(ConsistencyTest, MaxStalenessRefusesOldGradientsWithTheirCodeAndCounts) {
 // Two shards of an async job: a worker's last commit reached one shard
 // only, then it left (the coordinator's decision: leave at its highest
 // commit + 1, with whether that commit said "nothing"). Both shards end on
-// the same version, with the same pushes applied.
+// the same version, with the same pushes applied. The worker started at
+// clock 5 (a runner that joined a running job), and the lost commit was its
+// first on the shard that missed it.
 TEST(ConsistencyTest, AsyncLeaverWhoseLastCommitReachedOneShard) {
   for (bool refused : {false, true}) {
     SCOPED_TRACE(refused ? "last commit: nothing" : "last commit: counted");
@@ -264,11 +266,11 @@ TEST(ConsistencyTest, AsyncLeaverWhoseLastCommitReachedOneShard) {
     std::vector<float> g(kParams, 1.0f);
     bool dup = false;
     for (ParameterShard* s : {a.get(), b.get()}) {
-      TALLY_ASSERT_OK(s->Accept(Meta("w", 0, 0), g.data(), &dup));
-      s->Commit("w", 1, 0, true);
-      TALLY_ASSERT_OK(s->Accept(Meta("w", 1, 1), g.data(), &dup));
+      TALLY_ASSERT_OK(s->Accept(Meta("x", 0, 0), g.data(), &dup));
+      EXPECT_TRUE(s->Commit("x", 1, 0, true));
+      TALLY_ASSERT_OK(s->Accept(Meta("w", 5, 1), g.data(), &dup));
     }
-    a->Commit("w", 1, 1, !refused);  // the pull to b never came
+    EXPECT_TRUE(a->Commit("w", 1, 5, !refused));  // the pull to b never came
     ASSERT_EQ(a->version(), 2);
     ASSERT_EQ(b->version(), 1);
     const HoldReport ra = a->Hold(7, absl::InfiniteFuture());
@@ -276,9 +278,12 @@ TEST(ConsistencyTest, AsyncLeaverWhoseLastCommitReachedOneShard) {
     MemberProgress pa, pb;
     for (const MemberProgress& p : ra.members) if (p.worker_id == "w") pa = p;
     for (const MemberProgress& p : rb.members) if (p.worker_id == "w") pb = p;
-    ASSERT_EQ(pa.committed_step, 1);
-    ASSERT_EQ(pb.committed_step, 0);
+    ASSERT_EQ(pa.committed_step, 5);
+    ASSERT_EQ(pb.committed_step, -1);
     EXPECT_EQ(pa.last_refused, refused);
+    // While held, an async commit is not taken (the pull is answered
+    // UNAVAILABLE and comes again).
+    EXPECT_FALSE(b->Commit("x", 1, 1, true));
     MemberSpec leaver;
     leaver.worker_id = "w";
     leaver.incarnation = 1;
@@ -296,16 +301,29 @@ TEST(ConsistencyTest, AsyncLeaverWhoseLastCommitReachedOneShard) {
     EXPECT_EQ(*a->Snapshot(nullptr), *b->Snapshot(nullptr));
     EXPECT_FALSE(a->IsMember("w", 1));
     EXPECT_FALSE(b->IsMember("w", 1));
-    // Sent again (a round that failed half-way), it changes nothing.
-    TALLY_ASSERT_OK(b->SetMembers({leaver, stays}));
+    // Sent again (a round that failed half-way), or twice in one list, it
+    // changes nothing.
+    TALLY_ASSERT_OK(b->SetMembers({leaver, leaver, stays}));
     EXPECT_EQ(b->version(), 2);
     // x goes on, alike on both.
     for (ParameterShard* s : {a.get(), b.get()}) {
-      TALLY_ASSERT_OK(s->Accept(Meta("x", 0, 2), g.data(), &dup));
-      s->Commit("x", 1, 0, true);
+      TALLY_ASSERT_OK(s->Accept(Meta("x", 1, 2), g.data(), &dup));
+      EXPECT_TRUE(s->Commit("x", 1, 1, true));
       EXPECT_EQ(s->version(), 3);
     }
     EXPECT_EQ(*a->Snapshot(nullptr), *b->Snapshot(nullptr));
+    // Every staging buffer came back: the pool's limit (2 per member + 4,
+    // one member now) is all there is to take.
+    std::vector<std::unique_ptr<std::vector<float>>> taken;
+    for (int i = 0; i < 6; ++i) {
+      auto buf = b->AcquireStaging();
+      TALLY_ASSERT_OK(buf.status());
+      taken.push_back(*std::move(buf));
+    }
+    EXPECT_THAT(b->AcquireStaging().status(),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         ::testing::HasSubstr("in flight")));
+    for (auto& buf : taken) b->ReleaseStaging(std::move(buf));
   }
 }
 
