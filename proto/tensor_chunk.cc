@@ -1,5 +1,8 @@
 #include "proto/tensor_chunk.h"
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
 #include <cstring>
 #include <string>
 
@@ -32,6 +35,92 @@ void EncodeChunk(const float* values, int64_t offset, int64_t count,
   } else {
     chunk->set_data(reinterpret_cast<const char*>(values), 4 * count);
   }
+}
+
+namespace {
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+uint8_t* PutVarint(uint8_t* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = static_cast<uint8_t>(v) | 0x80;
+    v >>= 7;
+  }
+  *p++ = static_cast<uint8_t>(v);
+  return p;
+}
+
+// A varint field (proto3: absent when 0).
+uint8_t* PutField(uint8_t* p, int field, int64_t v) {
+  if (v == 0) return p;
+  *p++ = static_cast<uint8_t>(field << 3);
+  return PutVarint(p, static_cast<uint64_t>(v));
+}
+
+size_t FieldSize(int64_t v) {
+  return v == 0 ? 0 : 1 + VarintSize(static_cast<uint64_t>(v));
+}
+
+}  // namespace
+
+grpc::Slice SnapshotSlice(std::shared_ptr<const std::vector<float>> values) {
+  auto* held = new std::shared_ptr<const std::vector<float>>(std::move(values));
+  return grpc::Slice(
+      const_cast<float*>((*held)->data()), (*held)->size() * sizeof(float),
+      [](void* p) {
+        delete static_cast<std::shared_ptr<const std::vector<float>>*>(p);
+      },
+      held);
+}
+
+void EncodePullResponse(int64_t version, int64_t total_steps, int64_t offset,
+                        int64_t count, v1::DType dtype,
+                        const grpc::Slice& values, int64_t first,
+                        grpc::ByteBuffer* out) {
+  const bool bf16 = dtype == v1::BFLOAT16;
+  const int64_t nb = count * (bf16 ? 2 : 4);
+  // PullResponse: 1 version, 2 total_steps, 3 chunk. TensorChunk, in field
+  // order as protobuf writes it: 1 offset, 2 count, 3 data, 4 dtype.
+  const size_t chunk_len = FieldSize(offset) + FieldSize(count) +
+                           (nb > 0 ? 1 + VarintSize(nb) + nb : 0) +
+                           FieldSize(dtype);
+  uint8_t head[64];
+  uint8_t* p = head;
+  p = PutField(p, 1, version);
+  p = PutField(p, 2, total_steps);
+  *p++ = (3 << 3) | 2;
+  p = PutVarint(p, chunk_len);
+  p = PutField(p, 1, offset);
+  p = PutField(p, 2, count);
+  if (nb > 0) {
+    *p++ = (3 << 3) | 2;
+    p = PutVarint(p, static_cast<uint64_t>(nb));
+  }
+  grpc::Slice slices[2];
+  slices[0] = grpc::Slice(head, static_cast<size_t>(p - head));
+  size_t n = 1;
+  const size_t begin = static_cast<size_t>(first) * sizeof(float);
+  if (!bf16) {
+    if (nb > 0) slices[n++] = values.sub(begin, begin + nb);
+  } else {
+    // The converted values, then the dtype field.
+    const size_t tail = FieldSize(dtype);
+    grpc::Slice data(static_cast<size_t>(nb) + tail);
+    uint8_t* d = const_cast<uint8_t*>(data.begin());
+    FloatToBfloat16(reinterpret_cast<const float*>(values.begin() + begin),
+                    reinterpret_cast<char*>(d), count);
+    PutField(d + nb, 4, dtype);
+    slices[n++] = std::move(data);
+  }
+  grpc::ByteBuffer buffer(slices, n);
+  out->Swap(&buffer);
 }
 
 absl::Status CheckChunk(const v1::TensorChunk& c, int64_t n) {

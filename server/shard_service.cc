@@ -205,12 +205,27 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
 
 // ----------------------------------------------------------------- pull --
 
+// Writes raw gRPC bytes: each PullResponse is encoded by EncodePullResponse
+// over a slice of the weights snapshot (float32 values are not copied on
+// their way to the transport). The wire is the .proto's.
 class PullReactor final
-    : public EventWriteReactor<PullReactor, v1::PullResponse> {
+    : public EventWriteReactor<PullReactor, grpc::ByteBuffer> {
  public:
   PullReactor(ShardHost* host, DataPlaneMetrics* metrics,
-              const v1::PullRequest* req)
+              const grpc::ByteBuffer* raw)
       : metrics_(metrics) {
+    v1::PullRequest parsed;
+    {
+      grpc::ByteBuffer copy(*raw);  // Deserialize clears what it reads
+      if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy,
+                                                                  &parsed)
+               .ok()) {
+        FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "malformed PullRequest"));
+        return;
+      }
+    }
+    const v1::PullRequest* req = &parsed;
     chunk_ =
         req->chunk_elements() > 0
             ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
@@ -267,6 +282,7 @@ class PullReactor final
     }
     waited_ = absl::Now() - started_;
     weights_ = shard_->Snapshot(&version_, &total_steps_);
+    values_ = SnapshotSlice(weights_);
     WriteNextLocked();
   }
 
@@ -282,13 +298,10 @@ class PullReactor final
       return;
     }
     const int64_t count = std::min(chunk_, n - next_);
-    resp_.Clear();
-    resp_.set_version(version_);
-    resp_.set_total_steps(total_steps_);
-    EncodeChunk(weights_->data() + next_, range_.offset + next_, count, dtype_,
-                resp_.mutable_chunk());
+    EncodePullResponse(version_, total_steps_, range_.offset + next_, count,
+                       dtype_, values_, next_, &resp_);
     next_ += std::max<int64_t>(count, 1);
-    bytes_ += static_cast<int64_t>(resp_.chunk().data().size());
+    bytes_ += count * (dtype_ == v1::BFLOAT16 ? 2 : 4);
     StartWriteLocked(&resp_);
   }
 
@@ -304,7 +317,8 @@ class PullReactor final
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  v1::PullResponse resp_ ABSL_GUARDED_BY(mu_);
+  grpc::Slice values_ ABSL_GUARDED_BY(mu_);  // over weights_
+  grpc::ByteBuffer resp_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---------------------------------------------------------------- save --
@@ -467,8 +481,8 @@ grpc::ServerReadReactor<v1::PushRequest>* ParameterServiceImpl::PushGradients(
   return new PushReactor(host_, metrics_, resp);
 }
 
-grpc::ServerWriteReactor<v1::PullResponse>* ParameterServiceImpl::PullWeights(
-    grpc::CallbackServerContext*, const v1::PullRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::PullWeights(
+    grpc::CallbackServerContext*, const grpc::ByteBuffer* req) {
   return new PullReactor(host_, metrics_, req);
 }
 

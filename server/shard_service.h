@@ -12,8 +12,11 @@
 
 namespace tally {
 
+// PullWeights is served as raw bytes (its responses are encoded by hand,
+// without copying the weights); everything else is typed.
 class ParameterServiceImpl final
-    : public v1::ParameterService::CallbackService {
+    : public v1::ParameterService::WithRawCallbackMethod_PullWeights<
+          v1::ParameterService::CallbackService> {
  public:
   // `metrics` (borrowed) may be null: nothing is counted.
   ParameterServiceImpl(ShardHost* host, DataPlaneMetrics* metrics)
@@ -22,8 +25,8 @@ class ParameterServiceImpl final
   ParameterServiceImpl& operator=(const ParameterServiceImpl&) = delete;
   grpc::ServerReadReactor<v1::PushRequest>* PushGradients(
       grpc::CallbackServerContext* ctx, v1::PushResponse* resp) override;
-  grpc::ServerWriteReactor<v1::PullResponse>* PullWeights(
-      grpc::CallbackServerContext* ctx, const v1::PullRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullWeights(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
 
  private:
   ShardHost* host_;             // borrowed
