@@ -70,14 +70,21 @@ size_t FieldSize(int64_t v) {
 
 }  // namespace
 
-grpc::Slice SnapshotSlice(std::shared_ptr<const std::vector<float>> values) {
-  auto* held = new std::shared_ptr<const std::vector<float>>(std::move(values));
+template <typename T>
+grpc::Slice HeldSlice(std::shared_ptr<const std::vector<T>> values) {
+  auto* held = new std::shared_ptr<const std::vector<T>>(std::move(values));
   return grpc::Slice(
-      const_cast<float*>((*held)->data()), (*held)->size() * sizeof(float),
-      [](void* p) {
-        delete static_cast<std::shared_ptr<const std::vector<float>>*>(p);
-      },
+      const_cast<T*>((*held)->data()), (*held)->size() * sizeof(T),
+      [](void* p) { delete static_cast<std::shared_ptr<const std::vector<T>>*>(p); },
       held);
+}
+
+grpc::Slice SnapshotSlice(std::shared_ptr<const std::vector<float>> values) {
+  return HeldSlice(std::move(values));
+}
+
+grpc::Slice SnapshotSlice(std::shared_ptr<const std::vector<uint16_t>> values) {
+  return HeldSlice(std::move(values));
 }
 
 void EncodePullResponse(int64_t version, int64_t total_steps, int64_t offset,
@@ -103,21 +110,15 @@ void EncodePullResponse(int64_t version, int64_t total_steps, int64_t offset,
     *p++ = (3 << 3) | 2;
     p = PutVarint(p, static_cast<uint64_t>(nb));
   }
-  grpc::Slice slices[2];
+  grpc::Slice slices[3];
   slices[0] = grpc::Slice(head, static_cast<size_t>(p - head));
   size_t n = 1;
-  const size_t begin = static_cast<size_t>(first) * sizeof(float);
-  if (!bf16) {
-    if (nb > 0) slices[n++] = values.sub(begin, begin + nb);
-  } else {
-    // The converted values, then the dtype field.
-    const size_t tail = FieldSize(dtype);
-    grpc::Slice data(static_cast<size_t>(nb) + tail);
-    uint8_t* d = const_cast<uint8_t*>(data.begin());
-    FloatToBfloat16(reinterpret_cast<const float*>(values.begin() + begin),
-                    reinterpret_cast<char*>(d), count);
-    PutField(d + nb, 4, dtype);
-    slices[n++] = std::move(data);
+  const size_t begin = static_cast<size_t>(first) * (bf16 ? 2 : 4);
+  if (nb > 0) slices[n++] = values.sub(begin, begin + nb);
+  uint8_t tail[16];
+  const uint8_t* tail_end = PutField(tail, 4, dtype);
+  if (tail_end > tail) {
+    slices[n++] = grpc::Slice(tail, static_cast<size_t>(tail_end - tail));
   }
   grpc::ByteBuffer buffer(slices, n);
   out->Swap(&buffer);

@@ -38,20 +38,21 @@ absl::Status CheckChunk(const v1::TensorChunk& chunk, int64_t n);
 void DecodeChunk(const v1::TensorChunk& chunk, float* vector);
 
 // A PullResponse {version, total_steps, chunk} as gRPC bytes, written
-// without protobuf and, in float32, without copying the values: a header
-// slice of a few dozen bytes, then a slice of `values` (the float32 values
-// of a whole range; the chunk's are values[first, first + count), its
-// elements [offset, offset + count) of the job's vector). In bfloat16 the
-// values are converted into one new slice. Byte for byte what
-// PullResponse::SerializeAsString gives for the same fields (tested), so
-// any protobuf client reads it.
+// without protobuf and without copying the values: a header slice of a few
+// dozen bytes, then a slice of `values` (a whole range's values, already
+// encoded as `dtype`; the chunk's are values[first, first + count), its
+// elements [offset, offset + count) of the job's vector), then in bfloat16
+// the dtype field. Byte for byte what PullResponse::SerializeAsString gives
+// for the same fields (tested), so any protobuf client reads it.
 void EncodePullResponse(int64_t version, int64_t total_steps, int64_t offset,
                         int64_t count, v1::DType dtype,
                         const grpc::Slice& values, int64_t first,
                         grpc::ByteBuffer* out);
-// A slice over a float32 snapshot that holds it (the memory must not change
-// while gRPC may still send from it).
+// Slices over a snapshot of float32 values, or of their bfloat16 encoding,
+// that hold it (the memory must not change while gRPC may still send from
+// it).
 grpc::Slice SnapshotSlice(std::shared_ptr<const std::vector<float>> values);
+grpc::Slice SnapshotSlice(std::shared_ptr<const std::vector<uint16_t>> values);
 
 }  // namespace tally
 

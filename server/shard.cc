@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/bfloat16.h"
 #include "common/vectorize.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
@@ -818,6 +819,23 @@ std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
   return snapshot_;
 }
 
+std::shared_ptr<const std::vector<uint16_t>> ParameterShard::Bfloat16Of(
+    const std::shared_ptr<const std::vector<float>>& snapshot) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (bf16_ != nullptr && bf16_of_.lock() == snapshot) return bf16_;
+  }
+  // Encoded outside the lock (pushes go on); two pulls of a fresh version
+  // may both encode it, and the second keeps its own.
+  auto encoded = std::make_shared<std::vector<uint16_t>>(snapshot->size());
+  FloatToBfloat16(snapshot->data(), reinterpret_cast<char*>(encoded->data()),
+                  static_cast<int64_t>(snapshot->size()));
+  absl::MutexLock lock(&mu_);
+  bf16_of_ = snapshot;
+  bf16_ = encoded;
+  return encoded;
+}
+
 ShardMetrics ParameterShard::Metrics() const {
   absl::MutexLock lock(&mu_);
   return MetricsLocked();
@@ -934,6 +952,7 @@ void ParameterShard::Retire() {
   std::vector<float>().swap(weights_);  // snapshot_ holds the final weights
   snapshot_pool_.clear();
   staging_pool_.clear();
+  bf16_.reset();
 }
 
 void ParameterShard::Close(absl::Status why) {

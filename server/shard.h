@@ -253,6 +253,11 @@ class ParameterShard {
   std::shared_ptr<const std::vector<float>> Snapshot(
       int64_t* version, int64_t* total_steps = nullptr) const;
   ShardMetrics Metrics() const;
+  // The bfloat16 encoding of a snapshot Snapshot() returned: made once per
+  // version, however many workers pull it in bfloat16 (the latest is kept:
+  // half the range's float32 bytes).
+  std::shared_ptr<const std::vector<uint16_t>> Bfloat16Of(
+      const std::shared_ptr<const std::vector<float>>& snapshot);
 
   // Staging buffers of num_params() floats for pushes in flight or staged,
   // recycled: allocating megabytes per push costs page faults on every
@@ -358,6 +363,9 @@ class ParameterShard {
       ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<std::vector<float>>> staging_pool_
       ABSL_GUARDED_BY(mu_);
+  // Bfloat16Of's: the snapshot encoded last, and its encoding.
+  std::weak_ptr<const std::vector<float>> bf16_of_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::vector<uint16_t>> bf16_ ABSL_GUARDED_BY(mu_);
   int staging_out_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_samples_ ABSL_GUARDED_BY(mu_) = 0;

@@ -282,7 +282,9 @@ class PullReactor final
     }
     waited_ = absl::Now() - started_;
     weights_ = shard_->Snapshot(&version_, &total_steps_);
-    values_ = SnapshotSlice(weights_);
+    values_ = dtype_ == v1::BFLOAT16
+                  ? SnapshotSlice(shard_->Bfloat16Of(weights_))
+                  : SnapshotSlice(weights_);
     WriteNextLocked();
   }
 

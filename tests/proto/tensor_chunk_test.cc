@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bfloat16.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -73,7 +74,12 @@ TEST(TensorChunkTest, PullResponseBytesAreProtobufs) {
   auto values = std::make_shared<std::vector<float>>(300000);
   for (size_t i = 0; i < values->size(); ++i)
     (*values)[i] = static_cast<float>(i) * 0.37f - 1000.0f;
+  auto encoded = std::make_shared<std::vector<uint16_t>>(values->size());
+  FloatToBfloat16(values->data(), reinterpret_cast<char*>(encoded->data()),
+                  static_cast<int64_t>(values->size()));
   const grpc::Slice whole = SnapshotSlice(values);
+  const grpc::Slice whole_bf16 = SnapshotSlice(
+      std::shared_ptr<const std::vector<uint16_t>>(encoded));
   struct Case {
     int64_t version, total, offset, count, first;
   };
@@ -92,8 +98,9 @@ TEST(TensorChunkTest, PullResponseBytesAreProtobufs) {
       EncodeChunk(values->data() + c.first, c.offset, c.count, dtype,
                   want.mutable_chunk());
       grpc::ByteBuffer got;
-      EncodePullResponse(c.version, c.total, c.offset, c.count, dtype, whole,
-                         c.first, &got);
+      EncodePullResponse(c.version, c.total, c.offset, c.count, dtype,
+                         dtype == v1::BFLOAT16 ? whole_bf16 : whole, c.first,
+                         &got);
       const std::string bytes = Bytes(got);
       EXPECT_EQ(bytes, want.SerializeAsString());
       v1::PullResponse back;

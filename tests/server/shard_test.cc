@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/bfloat16.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -324,6 +325,44 @@ TEST(ShardNumericsTest, AnOverflowingStepIsNotAppliedAndSamplesAreBounded) {
   int64_t v;
   EXPECT_EQ(*shard.Snapshot(&v), (std::vector<float>{1, 2, 3}));  // ...unapplied
   EXPECT_EQ(shard.Metrics().rejected_pushes, 1);
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// A version's bfloat16 encoding is made once, whoever pulls it, and a new
+// version gets its own.
+TEST(ShardBfloat16Test, EncodedOncePerVersion) {
+  FakeClock clock;
+  OptimizerConfig c;
+  c.lr = 1.0;
+  ParameterShard shard(std::vector<float>{1.5f, -2.25f, 3.0f},
+                       *Optimizer::Create(c, 3), &clock);
+  shard.AddMember("a", 1);
+  int64_t v = 0;
+  auto s0 = shard.Snapshot(&v);
+  auto e0 = shard.Bfloat16Of(s0);
+  EXPECT_EQ(shard.Bfloat16Of(s0), e0);  // the same encoding, not a new one
+  std::vector<uint16_t> want(3);
+  FloatToBfloat16(s0->data(), reinterpret_cast<char*>(want.data()), 3);
+  EXPECT_EQ(*e0, want);
+  std::vector<float> g = {1, 1, 1};
+  bool dup = false;
+  PushMeta m;
+  m.worker_id = "a";
+  m.incarnation = 1;
+  m.samples = 1;
+  TALLY_ASSERT_OK(shard.Accept(m, g.data(), &dup));
+  shard.Commit("a", 1, 0, true);
+  auto s1 = shard.Snapshot(&v);
+  ASSERT_EQ(v, 1);
+  auto e1 = shard.Bfloat16Of(s1);
+  EXPECT_NE(e1, e0);
+  FloatToBfloat16(s1->data(), reinterpret_cast<char*>(want.data()), 3);
+  EXPECT_EQ(*e1, want);
 }
 
 }  // namespace
