@@ -820,10 +820,13 @@ std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
 }
 
 std::shared_ptr<const std::vector<uint16_t>> ParameterShard::Bfloat16Of(
-    const std::shared_ptr<const std::vector<float>>& snapshot) {
+    const std::shared_ptr<const std::vector<float>>& snapshot,
+    int64_t version) {
   {
     absl::MutexLock lock(&mu_);
-    if (bf16_ != nullptr && bf16_of_.lock() == snapshot) return bf16_;
+    if (bf16_ != nullptr && bf16_version_ == version &&
+        bf16_->size() == snapshot->size())
+      return bf16_;
   }
   // Encoded outside the lock (pushes go on); two pulls of a fresh version
   // may both encode it, and the second keeps its own.
@@ -831,7 +834,7 @@ std::shared_ptr<const std::vector<uint16_t>> ParameterShard::Bfloat16Of(
   FloatToBfloat16(snapshot->data(), reinterpret_cast<char*>(encoded->data()),
                   static_cast<int64_t>(snapshot->size()));
   absl::MutexLock lock(&mu_);
-  bf16_of_ = snapshot;
+  bf16_version_ = version;
   bf16_ = encoded;
   return encoded;
 }

@@ -253,11 +253,13 @@ class ParameterShard {
   std::shared_ptr<const std::vector<float>> Snapshot(
       int64_t* version, int64_t* total_steps = nullptr) const;
   ShardMetrics Metrics() const;
-  // The bfloat16 encoding of a snapshot Snapshot() returned: made once per
-  // version, however many workers pull it in bfloat16 (the latest is kept:
-  // half the range's float32 bytes).
+  // The bfloat16 encoding of the snapshot Snapshot() returned with
+  // `version`: made once per version, however many workers pull it in
+  // bfloat16 (the latest is kept: half the range's float32 bytes). Keyed by
+  // the version: snapshot buffers are reused for later versions.
   std::shared_ptr<const std::vector<uint16_t>> Bfloat16Of(
-      const std::shared_ptr<const std::vector<float>>& snapshot);
+      const std::shared_ptr<const std::vector<float>>& snapshot,
+      int64_t version);
 
   // Staging buffers of num_params() floats for pushes in flight or staged,
   // recycled: allocating megabytes per push costs page faults on every
@@ -363,8 +365,8 @@ class ParameterShard {
       ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<std::vector<float>>> staging_pool_
       ABSL_GUARDED_BY(mu_);
-  // Bfloat16Of's: the snapshot encoded last, and its encoding.
-  std::weak_ptr<const std::vector<float>> bf16_of_ ABSL_GUARDED_BY(mu_);
+  // Bfloat16Of's: the version encoded last, and its encoding.
+  int64_t bf16_version_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<const std::vector<uint16_t>> bf16_ ABSL_GUARDED_BY(mu_);
   int staging_out_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;

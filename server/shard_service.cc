@@ -283,7 +283,7 @@ class PullReactor final
     waited_ = absl::Now() - started_;
     weights_ = shard_->Snapshot(&version_, &total_steps_);
     values_ = dtype_ == v1::BFLOAT16
-                  ? SnapshotSlice(shard_->Bfloat16Of(weights_))
+                  ? SnapshotSlice(shard_->Bfloat16Of(weights_, version_))
                   : SnapshotSlice(weights_);
     WriteNextLocked();
   }

@@ -333,8 +333,9 @@ TEST(ShardNumericsTest, AnOverflowingStepIsNotAppliedAndSamplesAreBounded) {
 namespace tally {
 namespace {
 
-// A version's bfloat16 encoding is made once, whoever pulls it, and a new
-// version gets its own.
+// A version's bfloat16 encoding is made once, whoever pulls it, and every
+// new version gets its own, also when its snapshot reuses an earlier
+// version's buffer (the shard recycles buffers nobody holds).
 TEST(ShardBfloat16Test, EncodedOncePerVersion) {
   FakeClock clock;
   OptimizerConfig c;
@@ -342,27 +343,40 @@ TEST(ShardBfloat16Test, EncodedOncePerVersion) {
   ParameterShard shard(std::vector<float>{1.5f, -2.25f, 3.0f},
                        *Optimizer::Create(c, 3), &clock);
   shard.AddMember("a", 1);
+  auto encoding_of = [](const std::vector<float>& w) {
+    std::vector<uint16_t> e(w.size());
+    FloatToBfloat16(w.data(), reinterpret_cast<char*>(e.data()),
+                    static_cast<int64_t>(w.size()));
+    return e;
+  };
+  auto step = [&](int64_t t) {
+    std::vector<float> g = {1, 1, 1};
+    bool dup = false;
+    PushMeta m;
+    m.worker_id = "a";
+    m.incarnation = 1;
+    m.step = t;
+    m.base_version = t;
+    m.samples = 1;
+    TALLY_ASSERT_OK(shard.Accept(m, g.data(), &dup));
+    shard.Commit("a", 1, t, true);
+  };
   int64_t v = 0;
   auto s0 = shard.Snapshot(&v);
-  auto e0 = shard.Bfloat16Of(s0);
-  EXPECT_EQ(shard.Bfloat16Of(s0), e0);  // the same encoding, not a new one
-  std::vector<uint16_t> want(3);
-  FloatToBfloat16(s0->data(), reinterpret_cast<char*>(want.data()), 3);
-  EXPECT_EQ(*e0, want);
-  std::vector<float> g = {1, 1, 1};
-  bool dup = false;
-  PushMeta m;
-  m.worker_id = "a";
-  m.incarnation = 1;
-  m.samples = 1;
-  TALLY_ASSERT_OK(shard.Accept(m, g.data(), &dup));
-  shard.Commit("a", 1, 0, true);
-  auto s1 = shard.Snapshot(&v);
-  ASSERT_EQ(v, 1);
-  auto e1 = shard.Bfloat16Of(s1);
-  EXPECT_NE(e1, e0);
-  FloatToBfloat16(s1->data(), reinterpret_cast<char*>(want.data()), 3);
-  EXPECT_EQ(*e1, want);
+  auto e0 = shard.Bfloat16Of(s0, v);
+  EXPECT_EQ(shard.Bfloat16Of(s0, v), e0);  // the same encoding again
+  EXPECT_EQ(*e0, encoding_of(*s0));
+  const void* first_buffer = nullptr;
+  for (int64_t t = 0; t < 4; ++t) {
+    step(t);
+    auto s = shard.Snapshot(&v);
+    ASSERT_EQ(v, t + 1);
+    if (t == 0) first_buffer = s->data();
+    if (t == 2) EXPECT_EQ(s->data(), first_buffer);  // a reused buffer
+    if (t == 1) continue;  // nobody pulls version 2 in bfloat16
+    auto e = shard.Bfloat16Of(s, v);
+    EXPECT_EQ(*e, encoding_of(*s)) << "version " << v;
+  }
 }
 
 }  // namespace
