@@ -358,8 +358,7 @@ TEST(ShardBfloat16Test, EncodedOncePerVersion) {
     m.step = t;
     m.base_version = t;
     m.samples = 1;
-    TALLY_ASSERT_OK(shard.Accept(m, g.data(), &dup));
-    shard.Commit("a", 1, t, true);
+    TALLY_ASSERT_OK(PushAndCommit(shard, m, g.data(), &dup));
   };
   int64_t v = 0;
   auto s0 = shard.Snapshot(&v);
