@@ -5,17 +5,20 @@
 #ifndef TALLY_PROTO_TENSOR_CHUNK_H_
 #define TALLY_PROTO_TENSOR_CHUNK_H_
 
+#include <grpcpp/support/slice.h>
+
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/tally.pb.h"
 
 namespace grpc {
 class ByteBuffer;
-class Slice;
 }  // namespace grpc
 
 namespace tally {
@@ -34,8 +37,85 @@ void EncodeChunk(const float* values, int64_t offset, int64_t count,
 // carries exactly count values of it.
 absl::Status CheckChunk(const v1::TensorChunk& chunk, int64_t n);
 
+// The same check on a chunk's fields: offset, count, dtype and the size in
+// bytes of its data.
+absl::Status CheckChunkFields(int64_t offset, int64_t count, int dtype,
+                              int64_t data_size, int64_t n);
+
 // Writes a checked chunk's values, as float32, to vector + chunk.offset().
 void DecodeChunk(const v1::TensorChunk& chunk, float* vector);
+
+// ------------------------------------------------ raw gRPC bytes, no copies --
+//
+// Pushes and pulls travel as the .proto says, but neither end runs protobuf
+// over the values: a sender writes each message as a few small slices of
+// fields around a slice of the tensor memory itself, and a receiver reads the
+// fields from gRPC's slices and hands the values, where they lie, to a
+// decoder that writes them to their destination (the staging buffer, the
+// parameters). The bytes are those protobuf writes and reads (tested both
+// ways), so a client in any language interoperates.
+
+// A TensorChunk's fields as they lie in a received message.
+struct WireChunk {
+  int64_t offset = 0;
+  int64_t count = 0;
+  int dtype = 0;
+  int64_t data_size = 0;  // bytes of `data`
+};
+
+// A received message with one TensorChunk field (PushRequest: field 2;
+// PullResponse: field 3), read from gRPC's bytes without copying the chunk's
+// values. Reads as protobuf does: fields in any order, the last value of a
+// repeated scalar wins, occurrences of a message field merge, unknown
+// fields (groups included) are skipped.
+// Reusable: Parse resets it. Not thread-safe.
+class WireMessage {
+ public:
+  static constexpr int kMaxField = 15;  // fields above are skipped
+
+  // kInvalidArgument, saying where, unless `buffer` is a well-formed
+  // protobuf message.
+  absl::Status Parse(const grpc::ByteBuffer& buffer, int chunk_field);
+
+  bool has(int field) const { return (present_ >> field) & 1u; }
+  // The last value of varint field `field`; 0 when absent.
+  int64_t varint(int field) const { return varints_[field]; }
+  // Every occurrence of length-delimited field `field`, concatenated: for a
+  // message field, bytes that parse to what protobuf's merge gives.
+  const std::string& bytes(int field) const { return bytes_[field]; }
+  const WireChunk& chunk() const { return chunk_; }
+
+  // Hands out the chunk's data, in order, as runs of whole values of
+  // `width` bytes: fn(src, n, first) for values [first, first + n) of the
+  // chunk at `src` (not aligned). A value split between two slices comes
+  // alone, from a small buffer. Call it only once CheckChunkFields passed.
+  void ForEachValues(
+      int width,
+      absl::FunctionRef<void(const char* src, int64_t n, int64_t first)> fn)
+      const;
+
+ private:
+  class Cursor;
+  absl::Status ParseChunk(Cursor* in);
+
+  std::vector<grpc::Slice> slices_;
+  uint32_t present_ = 0;
+  int64_t varints_[kMaxField + 1] = {};
+  std::string bytes_[kMaxField + 1];
+  WireChunk chunk_;
+  int chunk_field_ = 0;
+  size_t data_slice_ = 0;  // where the data starts: slice, byte in it
+  size_t data_skip_ = 0;
+};
+
+// A PushRequest as gRPC bytes: `header` (the first message's; else null),
+// then, when count > 0, the chunk of elements [offset, offset + count),
+// whose values are `values` from value `first` on, already in `dtype`.
+// The values are not copied: the buffer holds `values`.
+void EncodePushRequest(const v1::PushHeader* header, int64_t offset,
+                       int64_t count, v1::DType dtype,
+                       const grpc::Slice& values, int64_t first,
+                       grpc::ByteBuffer* out);
 
 // A PullResponse {version, total_steps, chunk} as gRPC bytes, written
 // without protobuf and without copying the values: a header slice of a few

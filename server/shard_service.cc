@@ -21,11 +21,12 @@ namespace {
 using internal::EventWriteReactor;
 
 // kInvalidArgument unless `c` is a well-formed chunk inside the range.
-absl::Status CheckRangeChunk(const v1::TensorChunk& c, const Range& r) {
-  TALLY_RETURN_IF_ERROR(CheckChunk(c, r.offset + r.count));
-  if (c.offset() < r.offset) {
+absl::Status CheckRangeChunk(const WireChunk& c, const Range& r) {
+  TALLY_RETURN_IF_ERROR(CheckChunkFields(c.offset, c.count, c.dtype,
+                                         c.data_size, r.offset + r.count));
+  if (c.offset < r.offset) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "chunk [", c.offset(), ", +", c.count(), ") is outside this shard's [",
+        "chunk [", c.offset, ", +", c.count, ") is outside this shard's [",
         r.offset, ", +", r.count, ")"));
   }
   return absl::OkStatus();
@@ -57,11 +58,14 @@ class Coverage {
 
 // ----------------------------------------------------------------- push --
 
-class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
+// Reads raw PushRequest bytes: the header with protobuf, each chunk's values
+// from gRPC's slices straight into the staging buffer (checked for NaNs and
+// infinities on the way).
+class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(ShardHost* host, DataPlaneMetrics* metrics,
-              v1::PushResponse* resp)
-      : host_(host), metrics_(metrics), resp_(resp) {
+              grpc::ByteBuffer* resp)
+      : host_(host), metrics_(metrics), resp_bytes_(resp) {
     StartRead(&req_);
   }
 
@@ -94,12 +98,20 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   }
 
   absl::Status Consume() {
+    // PushRequest: 1 header, 2 chunk.
+    if (absl::Status s = msg_.Parse(req_, 2); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push message: ", s.message()));
+    }
     if (!has_header_) {
-      if (!req_.has_header()) {
+      if (!msg_.has(1)) {
         return absl::InvalidArgumentError(
             "the first push message must carry the header");
       }
-      const v1::PushHeader& h = req_.header();
+      v1::PushHeader h;
+      if (!h.ParseFromString(msg_.bytes(1))) {
+        return absl::InvalidArgumentError("malformed push header");
+      }
       meta_.worker_id = h.worker_id();
       meta_.incarnation = h.incarnation();
       meta_.step = h.step();
@@ -121,8 +133,8 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
       }
       if (duplicate) {
         // Already counted: acknowledge without reading the rest.
-        resp_->set_duplicate(true);
-        resp_->set_version(shard_->version());
+        resp_.set_duplicate(true);
+        resp_.set_version(shard_->version());
         done_early_ = true;
         End(absl::OkStatus());
         return absl::OkStatus();
@@ -132,31 +144,36 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
         if (!staging.ok()) return staging.status();
         staging_ = *std::move(staging);
       }
-    } else if (req_.has_header()) {
+    } else if (msg_.has(1)) {
       return absl::InvalidArgumentError(
           "only the first push message may carry a header");
     }
-    if (!req_.has_chunk()) return absl::OkStatus();
-    const v1::TensorChunk& c = req_.chunk();
-    bytes_ += static_cast<double>(c.data().size());
+    if (!msg_.has(2)) return absl::OkStatus();
+    const WireChunk& c = msg_.chunk();
+    bytes_ += static_cast<double>(c.data_size);
     TALLY_RETURN_IF_ERROR(CheckRangeChunk(c, range_));
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
-    const int64_t local = c.offset() - range_.offset;
+    const int64_t local = c.offset - range_.offset;
     float* dst = staging_->data() + local;
-    const int64_t bad =
-        c.dtype() == v1::BFLOAT16
-            ? internal::DecodeBfloat16AndFindNonFinite(dst, c.data().data(),
-                                                       c.count())
-            : internal::CopyAndFindNonFinite(dst, c.data().data(), c.count());
+    const bool bf16 = c.dtype == v1::BFLOAT16;
+    int64_t bad = -1;
+    msg_.ForEachValues(bf16 ? 2 : 4, [&](const char* src, int64_t n,
+                                         int64_t first) {
+      if (bad >= 0) return;
+      const int64_t b =
+          bf16 ? internal::DecodeBfloat16AndFindNonFinite(dst + first, src, n)
+               : internal::CopyAndFindNonFinite(dst + first, src, n);
+      if (b >= 0) bad = first + b;
+    });
     if (bad >= 0) {
       shard_->Reject(meta_);
-      return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                            "non-finite gradient value (", dst[bad],
-                            ") at element ", c.offset() + bad,
-                            "; push rejected and counted")),
-                        v1::NON_FINITE);
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat(
+              "non-finite gradient value (", dst[bad], ") at element ",
+              c.offset + bad, "; push rejected and counted")),
+          v1::NON_FINITE);
     }
-    coverage_.Add(local, local + c.count());
+    coverage_.Add(local, local + c.count);
     return absl::OkStatus();
   }
 
@@ -174,26 +191,33 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     }
     bool duplicate = false;
     absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
-    resp_->set_duplicate(duplicate);
-    resp_->set_version(shard_->version());
+    resp_.set_duplicate(duplicate);
+    resp_.set_version(shard_->version());
     End(s);
   }
 
   // Answers the push (once) and counts it.
   void End(const absl::Status& s) {
     if (metrics_ != nullptr) {
-      metrics_->Pushed(s, resp_->duplicate(),
+      metrics_->Pushed(s, resp_.duplicate(),
                        absl::ToDoubleSeconds(absl::Now() - started_), bytes_);
+    }
+    if (s.ok()) {
+      grpc::Slice slice(resp_.SerializeAsString());
+      grpc::ByteBuffer out(&slice, 1);
+      resp_bytes_->Swap(&out);
     }
     Finish(ToGrpc(s));
   }
 
-  ShardHost* host_;  // borrowed
+  ShardHost* host_;            // borrowed
   DataPlaneMetrics* metrics_;  // borrowed; may be null
   const absl::Time started_ = absl::Now();
-  double bytes_ = 0;  // tensor bytes received
-  v1::PushResponse* resp_;
-  v1::PushRequest req_;
+  double bytes_ = 0;              // tensor bytes received
+  grpc::ByteBuffer* resp_bytes_;  // gRPC's: the response, once encoded
+  v1::PushResponse resp_;
+  grpc::ByteBuffer req_;
+  WireMessage msg_;
   bool has_header_ = false;
   bool done_early_ = false;
   PushMeta meta_;
@@ -218,7 +242,7 @@ class PullReactor final
     {
       grpc::ByteBuffer copy(*raw);  // Deserialize clears what it reads
       if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy,
-                                                                  &parsed)
+                                                                   &parsed)
                .ok()) {
         FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                 "malformed PullRequest"));
@@ -236,7 +260,8 @@ class PullReactor final
     dtype_ = req->dtype();
     // Only the job's members read its weights on the data path (clients
     // fetch them through JobService).
-    if (s.ok()) s = range->shard->CheckMember(req->worker_id(), req->incarnation());
+    if (s.ok())
+      s = range->shard->CheckMember(req->worker_id(), req->incarnation());
     if (s.ok() && req->total_steps() > 0) {
       s = range->shard->SetSchedule(req->total_steps(), req->steps_per_epoch());
     }
@@ -256,8 +281,8 @@ class PullReactor final
     const int64_t wait_ms = req->max_wait_ms() > 0
                                 ? std::min<int64_t>(req->max_wait_ms(), 600000)
                                 : 30000;
-    auto ready = WhileLive(
-        [](PullReactor* r, const absl::Status& st) { r->Ready(st); });
+    auto ready =
+        WhileLive([](PullReactor* r, const absl::Status& st) { r->Ready(st); });
     const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
     if (req->has_clock()) {
       shard_->WhenClock(req->worker_id(), req->clock(), req->min_version(),
@@ -447,11 +472,12 @@ class InstallReactor final
     if (msg_.part() == 0) {
       part = st->mutable_weights();
     } else {
-      while (st->optimizer_slots_size() < msg_.part()) st->add_optimizer_slots();
+      while (st->optimizer_slots_size() < msg_.part())
+        st->add_optimizer_slots();
       part = st->mutable_optimizer_slots(msg_.part() - 1);
     }
-    if (req_.count() <= 0 ||
-        part->size() + msg_.data().size() > static_cast<size_t>(req_.count()) * 4) {
+    if (req_.count() <= 0 || part->size() + msg_.data().size() >
+                                 static_cast<size_t>(req_.count()) * 4) {
       return absl::InvalidArgumentError(
           "the state's pieces are larger than the range");
     }
@@ -478,8 +504,8 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::PushRequest>* ParameterServiceImpl::PushGradients(
-    grpc::CallbackServerContext*, v1::PushResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::PushGradients(
+    grpc::CallbackServerContext*, grpc::ByteBuffer* resp) {
   return new PushReactor(host_, metrics_, resp);
 }
 
@@ -498,10 +524,9 @@ grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
     v1::HoldRangeResponse* resp) {
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return Reply(ctx, st);
-  absl::StatusOr<HoldReport> r =
-      host_->Hold(req->job_id(), req->map_version(), req->hold_id(),
-                  absl::Milliseconds(std::clamp<int64_t>(req->hold_ms(), 0,
-                                                         60000)));
+  absl::StatusOr<HoldReport> r = host_->Hold(
+      req->job_id(), req->map_version(), req->hold_id(),
+      absl::Milliseconds(std::clamp<int64_t>(req->hold_ms(), 0, 60000)));
   if (!r.ok()) return Reply(ctx, r.status());
   resp->set_version(r->version);
   for (const MemberProgress& m : r->members) {
@@ -521,7 +546,8 @@ grpc::ServerUnaryReactor* ShardServiceImpl::SetRangeMembers(
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return Reply(ctx, st);
   std::vector<MemberSpec> members;
-  for (const v1::MemberSpec& m : req->members()) members.push_back(FromProto(m));
+  for (const v1::MemberSpec& m : req->members())
+    members.push_back(FromProto(m));
   return Reply(ctx, host_->SetMembers(req->job_id(), req->map_version(),
                                       members, req->hold_id()));
 }

@@ -12,25 +12,28 @@
 
 namespace tally {
 
-// PullWeights is served as raw bytes (its responses are encoded by hand,
-// without copying the weights); everything else is typed.
+// PushGradients and PullWeights are served as raw bytes: pushes are read
+// from gRPC's slices straight into the staging buffer, pulls are written as
+// slices of the weights snapshot (proto/tensor_chunk.h); the bytes on the
+// wire are the .proto's.
 class ParameterServiceImpl final
-    : public v1::ParameterService::WithRawCallbackMethod_PullWeights<
-          v1::ParameterService::CallbackService> {
+    : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
+          v1::ParameterService::WithRawCallbackMethod_PullWeights<
+              v1::ParameterService::CallbackService>> {
  public:
   // `metrics` (borrowed) may be null: nothing is counted.
   ParameterServiceImpl(ShardHost* host, DataPlaneMetrics* metrics)
       : host_(host), metrics_(metrics) {}
   ParameterServiceImpl(const ParameterServiceImpl&) = delete;
   ParameterServiceImpl& operator=(const ParameterServiceImpl&) = delete;
-  grpc::ServerReadReactor<v1::PushRequest>* PushGradients(
-      grpc::CallbackServerContext* ctx, v1::PushResponse* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(
+      grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullWeights(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
 
  private:
-  ShardHost* host_;             // borrowed
-  DataPlaneMetrics* metrics_;   // borrowed; may be null
+  ShardHost* host_;            // borrowed
+  DataPlaneMetrics* metrics_;  // borrowed; may be null
 };
 
 class ShardServiceImpl final : public v1::ShardService::CallbackService {
@@ -47,9 +50,9 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   grpc::ServerUnaryReactor* SetRangeMembers(
       grpc::CallbackServerContext* ctx, const v1::SetRangeMembersRequest* req,
       v1::SetRangeMembersResponse* resp) override;
-  grpc::ServerUnaryReactor* RetireRange(
-      grpc::CallbackServerContext* ctx, const v1::RetireRangeRequest* req,
-      v1::RetireRangeResponse* resp) override;
+  grpc::ServerUnaryReactor* RetireRange(grpc::CallbackServerContext* ctx,
+                                        const v1::RetireRangeRequest* req,
+                                        v1::RetireRangeResponse* resp) override;
   grpc::ServerWriteReactor<v1::SaveRangeChunk>* SaveRange(
       grpc::CallbackServerContext* ctx,
       const v1::SaveRangeRequest* req) override;

@@ -43,8 +43,11 @@
 #include "proto/transport.h"
 
 namespace grpc {
+class ByteBuffer;
 class Channel;
 class ClientContext;
+template <class RequestType, class ResponseType>
+class TemplatedGenericStub;
 }  // namespace grpc
 
 namespace tally {
@@ -78,9 +81,14 @@ class Work {
   void Started(grpc::ClientContext* ctx);
   void Finished(int part, grpc::ClientContext* ctx, const absl::Status& status,
                 int64_t version, bool cancel_others);
+  // The caller's buffer is lent to gRPC (a push's slices point into it)
+  // until as many Returned() as Lend(): the work is not done before.
+  void Lend();
+  void Returned();
 
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_);
+  int lent_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
@@ -149,16 +157,17 @@ class ParameterClient {
   std::shared_ptr<Work> Push(const PushInfo& info, const float* grads);
 
  private:
+  // Pushes and pulls are written and read as raw bytes (the .proto's wire,
+  // proto/tensor_chunk.h), so they go through a generic stub.
+  using RawStub =
+      grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
   struct Shard {
     std::string address;
     int64_t offset = 0;
     int64_t count = 0;
-    std::unique_ptr<v1::ParameterService::Stub> stub;
+    std::unique_ptr<RawStub> stub;
   };
-  ParameterClient(int64_t num_params, const ParamClientOptions& options)
-      : num_params_(num_params),
-        options_(options),
-        in_flight_(std::make_shared<InFlight>()) {}
+  ParameterClient(int64_t num_params, const ParamClientOptions& options);
 
   // Calls whose reactor has not finished deleting itself. The client (and
   // so its channels) outlives them: a channel whose last reference went
