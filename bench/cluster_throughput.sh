@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
-B=build
+B=${BUILD:-build}  # BUILD=DIR: another build tree (an earlier commit)
 PY=/usr/bin/python3
 tmp=$(mktemp -d)
 pids=()

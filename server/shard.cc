@@ -1,6 +1,7 @@
 #include "server/shard.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -19,21 +20,18 @@ TALLY_VECTORIZE void AddScaled(float* __restrict sum, const float* __restrict g,
   for (int64_t i = 0; i < n; ++i) sum[i] += w * g[i];
 }
 
-TALLY_VECTORIZE void SetScaled(float* __restrict sum, const float* __restrict g,
-                               float w, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) sum[i] = w * g[i];
+TALLY_VECTORIZE void Scale(float* __restrict x, float w, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = w * x[i];
 }
 
-// out = sum * inv; false when a value of out is infinite or NaN (a sum of
+// x *= inv; false when a value of x is then infinite or NaN (a sum of
 // finite gradients can still overflow).
-TALLY_VECTORIZE bool ScaleIntoFinite(float* __restrict out,
-                                     const float* __restrict sum, float inv,
-                                     int64_t n) {
+TALLY_VECTORIZE bool ScaleFinite(float* __restrict x, float inv, int64_t n) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = sum[i] * inv;
+    x[i] = x[i] * inv;
     uint32_t bits;
-    std::memcpy(&bits, &out[i], sizeof(bits));
+    std::memcpy(&bits, &x[i], sizeof(bits));
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
   return bad == 0;
@@ -47,10 +45,7 @@ ParameterShard::ParameterShard(std::vector<float> weights,
     : num_params_(static_cast<int64_t>(weights.size())), clock_(clock) {
   absl::MutexLock lock(&mu_);
   optimizer_ = std::move(optimizer);
-  weights_ = std::move(weights);
-  snapshot_ = std::make_shared<const std::vector<float>>(weights_);
-  sum_.assign(num_params_, 0.0f);
-  mean_.assign(num_params_, 0.0f);
+  weights_ = std::make_shared<std::vector<float>>(std::move(weights));
 }
 
 ShardState ParameterShard::Save() const {
@@ -58,7 +53,7 @@ ShardState ParameterShard::Save() const {
   ShardState s;
   s.metrics = MetricsLocked();
   s.retired = retired_;
-  s.weights = snapshot_;
+  s.weights = weights_;
   if (optimizer_ != nullptr) s.optimizer = optimizer_->SaveState();
   return s;
 }
@@ -633,15 +628,15 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
     if (st.grads != nullptr && st.samples > 0) {
       // One push is its own step: its mean gradient, scaled by staleness.
       const float scale = ScaleLocked(version_ - st.base);
-      if (ScaleIntoFinite(mean_.data(), st.grads->data(), scale,
-                          num_params_)) {
+      if (ScaleFinite(st.grads->data(), scale, num_params_)) {
         samples = st.samples;
       } else {
         ++rejected_;
       }
     }
+    AdvanceLocked(samples, st.loss_sum, st.correct,
+                  samples > 0 ? st.grads->data() : nullptr);
     ReleaseLocked(std::move(st.grads));
-    AdvanceLocked(samples, st.loss_sum, st.correct);
   }
   if (EndedLocked()) {
     // Nothing more is applied: pushes still queued go.
@@ -682,6 +677,9 @@ bool ParameterShard::CloseStepLocked() {
   });
   int64_t samples = 0, correct = 0;
   double loss = 0.0;
+  // The sum is made in the first contributing push's own buffer (no buffer
+  // of its own), and then scaled there into the mean.
+  std::unique_ptr<std::vector<float>> sum;
   for (Member* m : required) {
     auto it = m->staged.find(version_);
     if (m->committed_step < version_) {
@@ -694,15 +692,15 @@ bool ParameterShard::CloseStepLocked() {
       continue;
     }
     if (it == m->staged.end() || it->second.grads == nullptr) continue;
-    const Staged& st = it->second;
-    // Weighted by samples (and staleness): the first gradient sets the
-    // sum, so there is no zeroing pass per step.
+    Staged& st = it->second;
+    // Weighted by samples (and staleness), in rank order.
     const float w = static_cast<float>(st.samples) *
                     ScaleLocked(version_ - st.base);
-    if (samples == 0) {
-      SetScaled(sum_.data(), st.grads->data(), w, num_params_);
+    if (sum == nullptr) {
+      sum = std::move(st.grads);
+      Scale(sum->data(), w, num_params_);
     } else {
-      AddScaled(sum_.data(), st.grads->data(), w, num_params_);
+      AddScaled(sum->data(), st.grads->data(), w, num_params_);
     }
     samples += st.samples;
     loss += st.loss_sum;
@@ -716,14 +714,14 @@ bool ParameterShard::CloseStepLocked() {
     }
   }
   if (samples > 0 &&
-      !ScaleIntoFinite(mean_.data(), sum_.data(), 1.0f / samples,
-                       num_params_)) {
+      !ScaleFinite(sum->data(), 1.0f / samples, num_params_)) {
     // The step's mean is not finite: it is not applied (the weights stay
     // as they are), and it is counted with the refused pushes.
     ++rejected_;
     samples = 0;
   }
-  AdvanceLocked(samples, loss, correct);
+  AdvanceLocked(samples, loss, correct, samples > 0 ? sum->data() : nullptr);
+  ReleaseLocked(std::move(sum));
   // Members whose last step this was are done here.
   for (auto it = members_.begin(); it != members_.end();) {
     if (it->second.spec.leave_step <= version_) {
@@ -737,23 +735,33 @@ bool ParameterShard::CloseStepLocked() {
 }
 
 void ParameterShard::AdvanceLocked(int64_t samples, double loss,
-                                   int64_t correct) {
+                                   int64_t correct, const float* mean) {
   if (samples > 0) {
-    optimizer_->Step(weights_.data(), mean_.data());
-    // Publish the new weights in a snapshot buffer no reader holds.
-    std::shared_ptr<std::vector<float>> fresh;
-    for (auto& s : snapshot_pool_) {
-      if (s.use_count() == 1) {
-        fresh = s;
-        break;
+    // The weights are published as they are (pulls send from them): they
+    // are stepped in place when nobody else holds them, which is the rule
+    // in a steady job (every member pulled them before it pushed), and
+    // copied first otherwise, into a spare buffer no reader holds.
+    if (weights_.use_count() > 1) {
+      std::shared_ptr<std::vector<float>> fresh;
+      for (auto it = spare_weights_.begin(); it != spare_weights_.end(); ++it) {
+        if (it->use_count() == 1) {
+          fresh = std::move(*it);
+          spare_weights_.erase(it);
+          break;
+        }
       }
+      if (fresh == nullptr) {
+        fresh = std::make_shared<std::vector<float>>(num_params_);
+      }
+      std::copy(weights_->begin(), weights_->end(), fresh->begin());
+      // Kept for reuse once its readers are done (a few at most).
+      if (spare_weights_.size() < 2) spare_weights_.push_back(weights_);
+      weights_ = std::move(fresh);
     }
-    if (fresh == nullptr) {
-      fresh = std::make_shared<std::vector<float>>(num_params_);
-      if (snapshot_pool_.size() < 4) snapshot_pool_.push_back(fresh);
-    }
-    std::copy(weights_.begin(), weights_.end(), fresh->begin());
-    snapshot_ = fresh;
+    // Readers let go with a release decrement: their reads come before
+    // the writes below.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    optimizer_->Step(weights_->data(), mean);
     last_loss_ = loss / samples;
     last_accuracy_ = static_cast<double>(correct) / samples;
   }
@@ -816,7 +824,7 @@ std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
   absl::MutexLock lock(&mu_);
   if (version != nullptr) *version = version_;
   if (total_steps != nullptr) *total_steps = total_steps_;
-  return snapshot_;
+  return weights_;
 }
 
 std::shared_ptr<const std::vector<uint16_t>> ParameterShard::Bfloat16Of(
@@ -950,10 +958,7 @@ void ParameterShard::Retire() {
   retired_ = true;
   members_.clear();
   optimizer_.reset();
-  std::vector<float>().swap(sum_);
-  std::vector<float>().swap(mean_);
-  std::vector<float>().swap(weights_);  // snapshot_ holds the final weights
-  snapshot_pool_.clear();
+  spare_weights_.clear();  // weights_ keeps the final weights
   staging_pool_.clear();
   bf16_.reset();
 }

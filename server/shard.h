@@ -340,10 +340,10 @@ class ParameterShard {
   float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the open step (bsp, ssp) if it may; false if not.
   bool CloseStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Steps the optimizer with mean_ (if `samples` > 0) and publishes the
+  // Steps the optimizer with `mean` (if `samples` > 0) and publishes the
   // weights as version + 1.
-  void AdvanceLocked(int64_t samples, double loss, int64_t correct)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceLocked(int64_t samples, double loss, int64_t correct,
+                     const float* mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetMembersLocked(const std::vector<MemberSpec>& members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes every step that may close (async: applies committed pushes)
@@ -358,10 +358,11 @@ class ParameterShard {
 
   mutable absl::Mutex mu_;
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const std::vector<float>> snapshot_ ABSL_GUARDED_BY(mu_);
-  // Earlier snapshots, reused once no pull holds them any more.
-  std::vector<std::shared_ptr<std::vector<float>>> snapshot_pool_
+  // The current weights, which Snapshot() hands out: stepped in place when
+  // no reader holds them, else copied first (AdvanceLocked).
+  std::shared_ptr<std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
+  // Earlier weights, reused once no reader holds them any more.
+  std::vector<std::shared_ptr<std::vector<float>>> spare_weights_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<std::vector<float>>> staging_pool_
       ABSL_GUARDED_BY(mu_);
@@ -383,8 +384,6 @@ class ParameterShard {
   // Versions a SaveAt waits for: no step closes at or past the lowest.
   std::multiset<int64_t> save_at_ ABSL_GUARDED_BY(mu_);
   absl::Time hold_deadline_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> mean_ ABSL_GUARDED_BY(mu_);
   // Metrics.
   double last_loss_ ABSL_GUARDED_BY(mu_) = 0.0;
   double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0.0;

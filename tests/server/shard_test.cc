@@ -69,6 +69,33 @@ TEST_F(ShardTest, StepClosesWhenEveryMemberPushedWithASampleWeightedMean) {
   EXPECT_EQ(m.samples, 4);
 }
 
+// The weights are stepped in place while nobody holds them (no second
+// copy of the model), and copied first while a reader does: what a reader
+// holds never changes under it.
+TEST_F(ShardTest, HeldWeightsNeverChangeAndFreeOnesAreSteppedInPlace) {
+  bool dup = false;
+  std::vector<float> g = {1, 1, 1};
+  int64_t v = -1;
+  std::shared_ptr<const std::vector<float>> held = shard_->Snapshot(&v);
+  const float* first = held->data();
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 1), g.data(), &dup));
+  std::shared_ptr<const std::vector<float>> now = shard_->Snapshot(&v);
+  EXPECT_EQ(v, 1);
+  EXPECT_EQ(*held, (std::vector<float>{10, 20, 30}));  // untouched
+  EXPECT_EQ(*now, (std::vector<float>{9, 19, 29}));
+  EXPECT_NE(now->data(), first);
+  const float* second = now->data();
+  held.reset();
+  now.reset();
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 1, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 1, 1), g.data(), &dup));
+  now = shard_->Snapshot(&v);
+  EXPECT_EQ(v, 2);
+  EXPECT_EQ(*now, (std::vector<float>{8, 18, 28}));
+  EXPECT_EQ(now->data(), second);  // nobody held it: stepped in place
+}
+
 TEST_F(ShardTest, DuplicatePushIsAcknowledgedAndCountedOnce) {
   bool dup = false;
   std::vector<float> g = {1, 1, 1};
