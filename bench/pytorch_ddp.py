@@ -3,10 +3,14 @@
 machine, one thread each, batch 64 per process, SGD(lr 0.02, momentum 0.9),
 one epoch of normalised Fashion-MNIST split across the processes. Prints a
 JSON summary with the training loop's samples/s (all processes together).
+With --steps N: N steps of random data instead (--optimizer adam, the
+74M-parameter --model mlp-large: bench/memory.sh), and every process's
+peak resident memory.
 """
 import argparse
 import json
 import os
+import resource
 import time
 
 import torch
@@ -23,15 +27,25 @@ def run(rank, args, port, queue):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.procs)
     root = args.root
-    xtr = normalize(load_idx(f"{root}/train-images-idx3-ubyte.gz", 0x803))
-    ytr = load_idx(f"{root}/train-labels-idx1-ubyte.gz", 0x801)
+    if args.steps:
+        g = torch.Generator()
+        g.manual_seed(args.seed + rank)
+        n = args.steps * args.batch_size * args.procs
+        xtr = torch.randn(n, 1, 28, 28, generator=g)
+        ytr = torch.randint(0, 10, (n,), generator=g)
+    else:
+        xtr = normalize(load_idx(f"{root}/train-images-idx3-ubyte.gz", 0x803))
+        ytr = load_idx(f"{root}/train-labels-idx1-ubyte.gz", 0x801)
     torch.manual_seed(args.seed)
     model = nn.parallel.DistributedDataParallel(model_for(args.model))
     if args.compress == "fp16":
         # PyTorch's own gradient compression: all-reduce in float16.
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=0.001)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator()
     g.manual_seed(args.seed)
@@ -46,6 +60,14 @@ def run(rank, args, port, queue):
         opt.step()
     dist.barrier()
     elapsed = time.perf_counter() - start
+    if args.steps:
+        # ru_maxrss: the process's peak resident set (VmHWM), in KiB.
+        queue.put({"rank": rank, "peak_rss_mb":
+                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                   "samples_per_sec": xtr.shape[0] / elapsed,
+                   "train_seconds": elapsed})
+        dist.destroy_process_group()
+        return
     if rank == 0:
         xte = normalize(load_idx(f"{root}/t10k-images-idx3-ubyte.gz", 0x803))
         yte = load_idx(f"{root}/t10k-labels-idx1-ubyte.gz", 0x801)
@@ -58,7 +80,10 @@ def run(rank, args, port, queue):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "cnn"], required=True)
+    ap.add_argument("--model", choices=["mlp", "cnn", "mlp-large"], required=True)
+    ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="N steps of random data (0: one epoch of Fashion-MNIST)")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--batch_size", type=int, default=64)
@@ -70,6 +95,13 @@ def main():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     mp.spawn(run, args=(args, args.port, queue), nprocs=args.procs, join=True)
+    if args.steps:
+        ranks = sorted((queue.get() for _ in range(args.procs)), key=lambda r: r["rank"])
+        print(json.dumps({"samples_per_sec": ranks[0]["samples_per_sec"],
+                          "peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
+                          "launcher_peak_rss_mb":
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+        return
     print(json.dumps(queue.get()))
 
 

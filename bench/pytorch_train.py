@@ -33,6 +33,9 @@ def normalize(x):
 
 
 def model_for(name):
+    if name == "mlp-large":  # 74M parameters (bench/memory.sh)
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 8192), nn.ReLU(),
+                             nn.Linear(8192, 8192), nn.ReLU(), nn.Linear(8192, 10))
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
                              nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
