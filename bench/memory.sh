@@ -45,7 +45,7 @@ id=${out%%$'\n'*}
 params=$($B/client/tally --server=127.0.0.1:$port status "$id" --json | $PY -c "import json,sys; print(json.load(sys.stdin)['num_params'])")
 tsps=$($B/client/tally --server=127.0.0.1:$port status "$id" --json | $PY -c "import json,sys; print(json.load(sys.stdin)['metrics']['mean_samples_per_sec'])")
 s_mb=$(hwm "${pids[0]}"); w1_mb=$(hwm "${pids[1]}"); w2_mb=$(hwm "${pids[2]}")
-kill "${pids[@]}"; wait 2>/dev/null || true
+kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true
 pids=()
 (cd bench && $PY pytorch_ddp.py --model mlp-large --optimizer adam --steps $steps --procs 2 --port 29561) > "$tmp/d.json"
 model_mb=$($PY -c "print(round($params * 4 / 2**20))")

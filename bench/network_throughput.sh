@@ -28,7 +28,7 @@ pushpull() {  # build port outfile [server flags]
   # The bench client heartbeats; a long lease keeps it a member regardless.
   $b/server/tally-server --listen=127.0.0.1 --port=$port --lease_timeout_ms=600000 "${@:4}" > "$tmp/server.log" 2>&1 &
   pids=($!)
-  for _ in $(seq 100); do $B/client/tally --server=127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.05; done
+  for _ in $(seq 100); do $b/client/tally --server=127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.05; done
   if [[ ${perf_out:-} ]]; then
     perf record -q -g -o "$perf_out" -p "${pids[0]}" > /dev/null 2>&1 &
     pids+=($!)

@@ -192,6 +192,23 @@ class WireMessage::Cursor {
     return c;
   }
 
+  // A tag, as protobuf reads it: at most 5 bytes, the value kept to 32
+  // bits.
+  bool ReadVarint32(uint32_t* v) {
+    uint64_t x;
+    if (!ReadShort(&x)) return false;
+    *v = static_cast<uint32_t>(x);
+    return true;
+  }
+
+  // A length, as protobuf reads it: at most 5 bytes, below 2^31.
+  bool ReadLength(uint32_t* v) {
+    uint64_t x;
+    if (!ReadShort(&x) || x > 0x7fffffff) return false;
+    *v = static_cast<uint32_t>(x);
+    return true;
+  }
+
   bool ReadVarint(uint64_t* v) {
     *v = 0;
     for (int shift = 0; shift < 70; shift += 7) {
@@ -227,6 +244,22 @@ class WireMessage::Cursor {
   }
 
  private:
+  // A varint of at most 5 bytes, whole.
+  bool ReadShort(uint64_t* v) {
+    uint64_t x = 0;
+    for (int i = 0; i < 5; ++i) {
+      if (left_ == 0) return false;
+      const uint8_t b = slices_[slice_].begin()[off_];
+      Advance(1);
+      x |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
+      if ((b & 0x80) == 0) {
+        *v = x;
+        return true;
+      }
+    }
+    return false;
+  }
+
   // Bytes left in the current slice.
   size_t Here() const { return slices_[slice_].size() - off_; }
   void Advance(size_t n) {
@@ -250,7 +283,6 @@ class WireMessage::Cursor {
 
 namespace {
 
-constexpr uint64_t kMaxLength = 0x7fffffff;  // protobuf's bound on a field
 
 absl::Status Malformed(const char* what) {
   return absl::InvalidArgumentError(
@@ -264,11 +296,11 @@ constexpr int kMaxGroupDepth = 100;  // protobuf's recursion limit
 // Skips a group (wire type 3, which proto3 never writes but protobuf's
 // parser skips as an unknown field) up to its end tag.
 template <typename Cursor>
-bool SkipGroup(Cursor* in, uint64_t field, int depth) {
+bool SkipGroup(Cursor* in, uint32_t field, int depth) {
   if (depth > kMaxGroupDepth) return false;
   for (;;) {
-    uint64_t tag;
-    if (!in->ReadVarint(&tag)) return false;
+    uint32_t tag;
+    if (!in->ReadVarint32(&tag)) return false;
     const int type = static_cast<int>(tag & 7);
     if ((tag >> 3) == 0) return false;
     switch (type) {
@@ -281,8 +313,8 @@ bool SkipGroup(Cursor* in, uint64_t field, int depth) {
         if (!in->Skip(8)) return false;
         break;
       case 2: {
-        uint64_t len;
-        if (!in->ReadVarint(&len) || len > kMaxLength || !in->Skip(len))
+        uint32_t len;
+        if (!in->ReadLength(&len) || !in->Skip(len))
           return false;
         break;
       }
@@ -300,15 +332,11 @@ bool SkipGroup(Cursor* in, uint64_t field, int depth) {
   }
 }
 
-namespace {
-
-}  // namespace
-
 absl::Status WireMessage::ParseChunk(Cursor* in) {
   while (in->left() > 0) {
-    uint64_t tag;
-    if (!in->ReadVarint(&tag)) return Malformed("bad tag in a chunk");
-    const uint64_t field = tag >> 3;
+    uint32_t tag;
+    if (!in->ReadVarint32(&tag)) return Malformed("bad tag in a chunk");
+    const uint32_t field = tag >> 3;
     const int type = static_cast<int>(tag & 7);
     if (field == 0) return Malformed("field 0 in a chunk");
     if (type == 0) {
@@ -318,8 +346,8 @@ absl::Status WireMessage::ParseChunk(Cursor* in) {
       if (field == 2) chunk_.count = static_cast<int64_t>(v);
       if (field == 4) chunk_.dtype = static_cast<int32_t>(v);
     } else if (type == 2) {
-      uint64_t len;
-      if (!in->ReadVarint(&len) || len > kMaxLength || len > in->left())
+      uint32_t len;
+      if (!in->ReadLength(&len) || len > in->left())
         return Malformed("truncated field in a chunk");
       if (field == 3) {
         chunk_.data_size = static_cast<int64_t>(len);
@@ -331,7 +359,7 @@ absl::Status WireMessage::ParseChunk(Cursor* in) {
       if (!in->Skip(type == 1 ? 8 : 4))
         return Malformed("truncated field in a chunk");
     } else if (type == 3) {
-      if (!SkipGroup(in, field, 1)) return Malformed("bad group in a chunk");
+      if (!SkipGroup(in, field, 2)) return Malformed("bad group in a chunk");
     } else {
       return Malformed("unsupported wire type in a chunk");
     }
@@ -352,9 +380,9 @@ absl::Status WireMessage::Parse(const grpc::ByteBuffer& buffer,
   if (!buffer.Dump(&slices_).ok()) return Malformed("unreadable buffer");
   Cursor in(slices_, buffer.Length());
   while (in.left() > 0) {
-    uint64_t tag;
-    if (!in.ReadVarint(&tag)) return Malformed("bad tag");
-    const uint64_t field = tag >> 3;
+    uint32_t tag;
+    if (!in.ReadVarint32(&tag)) return Malformed("bad tag");
+    const uint32_t field = tag >> 3;
     const int type = static_cast<int>(tag & 7);
     if (field == 0) return Malformed("field 0");
     const bool known = field <= kMaxField;
@@ -363,13 +391,12 @@ absl::Status WireMessage::Parse(const grpc::ByteBuffer& buffer,
       if (!in.ReadVarint(&v)) return Malformed("bad varint");
       if (known && static_cast<int>(field) != chunk_field) {
         varints_[field] = static_cast<int64_t>(v);
-        present_ |= 1u << field;
       }
     } else if (type == 2) {
-      uint64_t len;
-      if (!in.ReadVarint(&len) || len > kMaxLength || len > in.left())
+      uint32_t len;
+      if (!in.ReadLength(&len) || len > in.left())
         return Malformed("truncated field");
-      if (static_cast<int>(field) == chunk_field) {
+      if (known && static_cast<int>(field) == chunk_field) {
         Cursor sub = in.Sub(len);
         TALLY_RETURN_IF_ERROR(ParseChunk(&sub));
         present_ |= 1u << field;

@@ -77,6 +77,9 @@ class WireMessage {
   // protobuf message.
   absl::Status Parse(const grpc::ByteBuffer& buffer, int chunk_field);
 
+  // Whether length-delimited field `field` (a message, bytes, string) was
+  // there; the same field with another wire type is unknown to protobuf,
+  // and does not count.
   bool has(int field) const { return (present_ >> field) & 1u; }
   // The last value of varint field `field`; 0 when absent.
   int64_t varint(int field) const { return varints_[field]; }

@@ -753,6 +753,9 @@ void ParameterShard::AdvanceLocked(int64_t samples, double loss,
       if (fresh == nullptr) {
         fresh = std::make_shared<std::vector<float>>(num_params_);
       }
+      // Its last readers let go with a release decrement: their reads come
+      // before the copy's writes.
+      std::atomic_thread_fence(std::memory_order_acquire);
       std::copy(weights_->begin(), weights_->end(), fresh->begin());
       // Kept for reuse once its readers are done (a few at most).
       if (spare_weights_.size() < 2) spare_weights_.push_back(weights_);

@@ -51,20 +51,29 @@ void Work::Finished(int part, grpc::ClientContext* ctx,
 }
 
 void Work::Lend() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&lent_mu_);
   ++lent_;
 }
 
 void Work::Returned() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&lent_mu_);
   --lent_;
 }
 
 absl::Status Work::Wait(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&lent_mu_);
+    auto returned = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lent_mu_) {
+      return lent_ == 0;
+    };
+    if (!lent_mu_.AwaitWithDeadline(absl::Condition(&returned), deadline)) {
+      return absl::DeadlineExceededError(
+          "gRPC did not let go of the pushed gradient in time");
+    }
+  }
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return pending_ == 0 && lent_ == 0;
-  };
+  auto done = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
     return absl::DeadlineExceededError("the shards did not answer in time");
   }
@@ -89,8 +98,12 @@ void Work::Cancel() {
 }
 
 bool Work::Done() const {
+  {
+    absl::MutexLock lock(&lent_mu_);
+    if (lent_ != 0) return false;
+  }
   absl::MutexLock lock(&mu_);
-  return pending_ == 0 && lent_ == 0;
+  return pending_ == 0;
 }
 
 std::vector<absl::Status> Work::Results() const {
@@ -150,7 +163,8 @@ class PushCall final
                       count);
       values_ = SnapshotSlice(std::move(encoded));
     } else {
-      values_ = LendSlice(work_, grads + offset, sizeof(float) * count);
+      values_ =
+          LendSlice(work_, in_flight_, grads + offset, sizeof(float) * count);
     }
     work_->Started(&ctx_);
     stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(),
@@ -183,11 +197,15 @@ class PushCall final
     if (!resp_.ParseFromString(bytes)) {
       error_ = absl::DataLossError("malformed push response from the shard");
     }
+    answered_ = true;
   }
 
   void OnDone(const grpc::Status& status) override {
     absl::Status s = FromGrpc(status);
     if (s.ok() && !error_.ok()) s = error_;
+    if (s.ok() && !answered_) {
+      s = absl::DataLossError("the shard ended the push without an answer");
+    }
     work_->Finished(part_, &ctx_, s, resp_.version(),
                     /*cancel_others=*/false);
     std::shared_ptr<ParameterClient::InFlight> in_flight =
@@ -197,20 +215,31 @@ class PushCall final
   }
 
  private:
-  // A slice over `n` bytes of the caller's buffer at `p`, lent to gRPC: `work`
-  // is not done until gRPC has let go of it.
-  static grpc::Slice LendSlice(std::shared_ptr<Work> work, const void* p,
-                               size_t n) {
-    auto* held = new std::shared_ptr<Work>(std::move(work));
-    (*held)->Lend();
+  // A slice over `n` bytes of the caller's buffer at `p`, lent to gRPC:
+  // `work` is not done, and the client not destroyed, until gRPC has let
+  // go of it.
+  struct Loan {
+    std::shared_ptr<Work> work;
+    std::shared_ptr<ParameterClient::InFlight> in_flight;
+  };
+  static grpc::Slice LendSlice(
+      std::shared_ptr<Work> work,
+      std::shared_ptr<ParameterClient::InFlight> in_flight, const void* p,
+      size_t n) {
+    auto* loan = new Loan{std::move(work), std::move(in_flight)};
+    loan->work->Lend();
+    loan->in_flight->Add();
     return grpc::Slice(
         const_cast<void*>(p), n,
         [](void* u) {
-          auto* w = static_cast<std::shared_ptr<Work>*>(u);
-          (*w)->Returned();
-          delete w;
+          auto* l = static_cast<Loan*>(u);
+          l->work->Returned();
+          std::shared_ptr<ParameterClient::InFlight> in_flight =
+              std::move(l->in_flight);
+          delete l;
+          in_flight->Done();
         },
-        held);
+        loan);
   }
 
   void WriteNext(bool first) {
@@ -234,6 +263,7 @@ class PushCall final
   grpc::ByteBuffer msg_;
   grpc::ByteBuffer resp_bytes_;
   v1::PushResponse resp_;
+  bool answered_ = false;
   absl::Status error_;
 };
 

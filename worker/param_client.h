@@ -83,12 +83,15 @@ class Work {
                 int64_t version, bool cancel_others);
   // The caller's buffer is lent to gRPC (a push's slices point into it)
   // until as many Returned() as Lend(): the work is not done before.
+  // Returned() may run on any thread, inside gRPC, even one that holds
+  // mu_ (a cancel): it takes lent_mu_ only.
   void Lend();
   void Returned();
 
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_);
-  int lent_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Mutex lent_mu_;
+  int lent_ ABSL_GUARDED_BY(lent_mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;

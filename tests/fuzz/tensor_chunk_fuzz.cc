@@ -5,6 +5,7 @@
 // fields and the same values; a chunk accepted by CheckChunkFields is
 // decoded into a vector of n elements. The first two bytes choose n
 // (1..65536), the third how the rest is cut into slices.
+#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 
@@ -14,8 +15,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/stubs/logging.h>
 
 #include "proto/tally.pb.h"
 #include "proto/tensor_chunk.h"
@@ -42,6 +41,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tally::v1::PushRequest pb;
   if (!pb.ParseFromArray(bytes, static_cast<int>(len))) return 0;
   if (!wire_ok) std::abort();  // protobuf read what WireMessage refused
+  if (wire.has(1) != pb.has_header() || wire.has(2) != pb.has_chunk()) {
+    std::abort();
+  }
   const tally::WireChunk& c = wire.chunk();
   const tally::v1::TensorChunk& want = pb.chunk();
   if (c.offset != want.offset() || c.count != want.count() ||

@@ -252,6 +252,27 @@ TEST(WireMessageTest, MalformedBytesAreInvalidArgument) {
   EXPECT_THAT(m.Parse(Sliced(Varint((5 << 3) | 6), &rng), 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("wire type")));
+  // Tags as protobuf reads them: five bytes at most, kept to 32 bits (so
+  // this one is field 2, the chunk); a varint where the header should be
+  // is an unknown field, not a header.
+  EncodeChunk(std::vector<float>(3, 2.0f).data(), 0, 3, v1::FLOAT32,
+              req.mutable_chunk());
+  const std::string chunk_bytes = req.chunk().SerializeAsString();
+  const std::string long_tag =
+      Varint(((2 << 3) | 2) | (uint64_t{1} << 32)) +
+      Varint(chunk_bytes.size()) + chunk_bytes + Varint((1 << 3) | 0) +
+      Varint(5);
+  v1::PushRequest pb;
+  ASSERT_TRUE(pb.ParseFromString(long_tag));
+  TALLY_ASSERT_OK(m.Parse(Sliced(long_tag, &rng), 2));
+  EXPECT_EQ(m.has(2), pb.has_chunk());
+  EXPECT_EQ(m.has(1), pb.has_header());
+  EXPECT_EQ(m.chunk().count, 3);
+  EXPECT_FALSE(m.has(1));
+  const std::string six_byte_tag = Varint(((2 << 3) | 2) | (uint64_t{1} << 35));
+  EXPECT_FALSE(pb.ParseFromString(six_byte_tag + Varint(0)));
+  EXPECT_THAT(m.Parse(Sliced(six_byte_tag + Varint(0), &rng), 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tag")));
   // A group, which protobuf skips as an unknown field, is skipped too.
   const std::string group = Varint((6 << 3) | 3) + Varint((1 << 3) | 0) +
                             Varint(5) + Varint((6 << 3) | 4);
