@@ -69,19 +69,32 @@ std::string Bytes(const grpc::ByteBuffer& b) {
   return out;
 }
 
+// n values a * i + b, and slices over them in float32 and in bfloat16.
+struct TestValues {
+  std::shared_ptr<std::vector<float>> values;
+  grpc::Slice f32, bf16;
+};
+TestValues MakeValues(size_t n, float a, float b) {
+  TestValues t;
+  t.values = std::make_shared<std::vector<float>>(n);
+  for (size_t i = 0; i < n; ++i)
+    (*t.values)[i] = static_cast<float>(i) * a + b;
+  auto encoded = std::make_shared<std::vector<uint16_t>>(n);
+  FloatToBfloat16(t.values->data(), reinterpret_cast<char*>(encoded->data()),
+                  static_cast<int64_t>(n));
+  t.f32 = SnapshotSlice(t.values);
+  t.bf16 = SnapshotSlice(std::shared_ptr<const std::vector<uint16_t>>(encoded));
+  return t;
+}
+
 // The hand-written PullResponse is the one protobuf writes, for both dtypes,
 // at the vector's start and past it, for zero and large fields, so every
 // protobuf client (the worker's, Python's) reads it.
 TEST(TensorChunkTest, PullResponseBytesAreProtobufs) {
-  auto values = std::make_shared<std::vector<float>>(300000);
-  for (size_t i = 0; i < values->size(); ++i)
-    (*values)[i] = static_cast<float>(i) * 0.37f - 1000.0f;
-  auto encoded = std::make_shared<std::vector<uint16_t>>(values->size());
-  FloatToBfloat16(values->data(), reinterpret_cast<char*>(encoded->data()),
-                  static_cast<int64_t>(values->size()));
-  const grpc::Slice whole = SnapshotSlice(values);
-  const grpc::Slice whole_bf16 = SnapshotSlice(
-      std::shared_ptr<const std::vector<uint16_t>>(encoded));
+  const TestValues t = MakeValues(300000, 0.37f, -1000.0f);
+  const std::shared_ptr<std::vector<float>>& values = t.values;
+  const grpc::Slice& whole = t.f32;
+  const grpc::Slice& whole_bf16 = t.bf16;
   struct Case {
     int64_t version, total, offset, count, first;
   };
@@ -286,15 +299,10 @@ TEST(WireMessageTest, MalformedBytesAreInvalidArgument) {
 // What the worker sends: byte for byte what protobuf writes, header or
 // not, chunk or not, at slice edges, in both dtypes.
 TEST(TensorChunkTest, PushRequestBytesAreProtobufs) {
-  auto values = std::make_shared<std::vector<float>>(70000);
-  for (size_t i = 0; i < values->size(); ++i)
-    (*values)[i] = static_cast<float>(i) * -0.11f + 3.0f;
-  auto encoded = std::make_shared<std::vector<uint16_t>>(values->size());
-  FloatToBfloat16(values->data(), reinterpret_cast<char*>(encoded->data()),
-                  static_cast<int64_t>(values->size()));
-  const grpc::Slice whole = SnapshotSlice(values);
-  const grpc::Slice whole_bf16 = SnapshotSlice(
-      std::shared_ptr<const std::vector<uint16_t>>(encoded));
+  const TestValues t = MakeValues(70000, -0.11f, 3.0f);
+  const std::shared_ptr<std::vector<float>>& values = t.values;
+  const grpc::Slice& whole = t.f32;
+  const grpc::Slice& whole_bf16 = t.bf16;
   v1::PushHeader header;
   header.set_job_id("job-1");
   header.set_worker_id("w7");
