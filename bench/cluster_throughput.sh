@@ -10,6 +10,9 @@
 # against DDP with its fp16 gradient compression hook. Medians of REPEATS
 # (default 3) alternating runs.
 #   bench/cluster_throughput.sh [REPEATS]
+# ROWS="mlp cnn" picks rows (default: mlp mlp-bf16 cnn). With BASELINE=DIR
+# (another build tree, e.g. of an earlier commit) its Tally runs too,
+# alternating with this build's, in a column of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -23,12 +26,13 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 . bench/lib.sh  # median, ratio, iperf_gbps
 port=7391
 
-tally_run() {  # spec -> samples/s and test accuracy
+tally_run() {  # spec [build] -> samples/s and test accuracy
+  local B=${2:-$B}
   port=$((port + 1))
   $B/server/tally-server --listen=127.0.0.1 --port=$port > "$tmp/server.log" 2>&1 &
   local sp=$!
   for _ in $(seq 100); do $B/client/tally --server=127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.05; done
-  local w=()
+  local w=() i
   for i in 1 2; do
     $B/worker/tally-worker --server=127.0.0.1:$port --devices=cpu:1 --quiet --health_port=-1 \
       > "$tmp/w$i.log" 2>&1 &
@@ -36,6 +40,12 @@ tally_run() {  # spec -> samples/s and test accuracy
   done
   pids=("$sp" "${w[@]}")
   local out id
+  # A few steps of the same job first, so that both daemons have loaded the
+  # dataset (they keep it) and the timed job starts with both ready, as
+  # DDP's timing starts after its processes loaded theirs and met.
+  sed -e 's/^training:/training:\n  max_steps: 4/' "$1" > "$tmp/warmup.yaml"
+  out=$($B/client/tally --server=127.0.0.1:$port submit "$tmp/warmup.yaml" --wait) ||
+    { echo "warm-up job failed: $out" >&2; exit 1; }
   out=$($B/client/tally --server=127.0.0.1:$port submit "$1" --wait) || { echo "job failed: $out" >&2; exit 1; }
   id=${out%%$'\n'*}
   $B/client/tally --server=127.0.0.1:$port status "$id" --json |
@@ -44,10 +54,12 @@ tally_run() {  # spec -> samples/s and test accuracy
   pids=()
 }
 
-printf "%-9s %14s %14s %8s %10s %10s\n" model tally_sps ddp_sps ratio tally_acc ddp_acc
+printf "%-9s %14s %14s %8s %10s %10s" model tally_sps ddp_sps ratio tally_acc ddp_acc
+[[ ${BASELINE:-} ]] && printf " %14s %9s" base_sps base_ddp
+printf "\n"
 # mlp-bf16: Tally with training.wire_dtype bfloat16 against DDP with its
 # fp16_compress_hook (each one's gradient compression).
-for row in mlp mlp-bf16 cnn; do
+for row in ${ROWS:-mlp mlp-bf16 cnn}; do
   model=${row%%-*}
   compress=none
   sed -e 's/epochs: 2/epochs: 1/' "examples/fashion-mnist-$model.yaml" > "$tmp/$row.yaml"
@@ -56,15 +68,25 @@ for row in mlp mlp-bf16 cnn; do
     grep -q "wire_dtype: bfloat16" "$tmp/$row.yaml" || { echo "could not set wire_dtype" >&2; exit 1; }
     compress=fp16
   fi
-  : > "$tmp/t"; : > "$tmp/d"
+  : > "$tmp/t"; : > "$tmp/d"; : > "$tmp/b"
   for ((i = 0; i < repeats; i++)); do
-    read -r sps acc < <(tally_run "$tmp/$row.yaml")
+    # (Not in a subshell: the run's processes are gone before the next.)
+    tally_run "$tmp/$row.yaml" > "$tmp/r"; read -r sps acc < "$tmp/r"
     echo "$sps" >> "$tmp/t"; tacc=$acc
+    if [[ ${BASELINE:-} ]]; then
+      tally_run "$tmp/$row.yaml" "$BASELINE" > "$tmp/r"; read -r sps acc < "$tmp/r"
+      echo "$sps" >> "$tmp/b"
+    fi
     (cd bench && $PY pytorch_ddp.py --model "$model" --procs 2 --compress $compress --port $((29500 + i))) > "$tmp/d.json"
     $PY -c "import json; print(json.load(open('$tmp/d.json'))['samples_per_sec'])" >> "$tmp/d"
     dacc=$($PY -c "import json; print(json.load(open('$tmp/d.json'))['test_accuracy'])")
   done
   t=$(median < "$tmp/t"); d=$(median < "$tmp/d")
-  printf "%-9s %14.0f %14.0f %8.2f %10.4f %10.4f\n" "$row" "$t" "$d" \
+  printf "%-9s %14.0f %14.0f %8.2f %10.4f %10.4f" "$row" "$t" "$d" \
     "$(ratio "$t" "$d")" "$tacc" "$dacc"
+  if [[ ${BASELINE:-} ]]; then
+    b=$(median < "$tmp/b")
+    printf " %14.0f %9.2f" "$b" "$(ratio "$b" "$d")"
+  fi
+  printf "\n"
 done

@@ -119,6 +119,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       meta_.samples = h.samples();
       meta_.loss_sum = h.loss_sum();
       meta_.correct = h.correct();
+      self_commit_ = h.commit();
       has_header_ = true;
       TALLY_ASSIGN_OR_RETURN(range_, host_->Find(h.job_id()));
       shard_ = range_.shard;
@@ -126,7 +127,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (absl::Status s = shard_->CheckPush(meta_, &duplicate); !s.ok())
         return s;
       if (!std::isfinite(meta_.loss_sum)) {
-        shard_->Reject(meta_);
+        RejectAndCommit();
         return WithReason(absl::InvalidArgumentError(
                               "non-finite loss_sum; push rejected and counted"),
                           v1::NON_FINITE);
@@ -134,6 +135,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (duplicate) {
         // Already counted: acknowledge without reading the rest.
         resp_.set_duplicate(true);
+        CommitIfAsked();
         resp_.set_version(shard_->version());
         done_early_ = true;
         End(absl::OkStatus());
@@ -166,7 +168,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (b >= 0) bad = first + b;
     });
     if (bad >= 0) {
-      shard_->Reject(meta_);
+      RejectAndCommit();
       return WithReason(
           absl::InvalidArgumentError(absl::StrCat(
               "non-finite gradient value (", dst[bad], ") at element ",
@@ -192,8 +194,28 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     bool duplicate = false;
     absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
     resp_.set_duplicate(duplicate);
+    if (s.ok()) CommitIfAsked();
     resp_.set_version(shard_->version());
     End(s);
+  }
+
+  // A push that is its own commit (PushHeader.commit) is committed once it
+  // is staged (or was already: a duplicate), ...
+  void CommitIfAsked() {
+    if (self_commit_) {
+      resp_.set_committed(shard_->Commit(meta_.worker_id, meta_.incarnation,
+                                         meta_.step, /*contributed=*/true));
+    }
+  }
+  // ... and as nothing once it is refused. (The refusal is an error status,
+  // which carries no response: the worker commits it as nothing again with
+  // its next pull, which changes nothing if this commit was recorded.)
+  void RejectAndCommit() {
+    shard_->Reject(meta_);
+    if (self_commit_) {
+      shard_->Commit(meta_.worker_id, meta_.incarnation, meta_.step,
+                     /*contributed=*/false);
+    }
   }
 
   // Answers the push (once) and counts it.
@@ -219,6 +241,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer req_;
   WireMessage msg_;
   bool has_header_ = false;
+  bool self_commit_ = false;  // PushHeader.commit
   bool done_early_ = false;
   PushMeta meta_;
   Range range_;

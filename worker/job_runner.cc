@@ -36,7 +36,10 @@ JobRunner::JobRunner(const v1::Assignment& assignment,
                      const DaemonOptions& options, JobContext context)
     : assignment_(assignment), options_(options), context_(std::move(context)) {}
 
-JobRunner::~JobRunner() = default;
+JobRunner::~JobRunner() {
+  // A pull sent with the last push may still be writing the parameters.
+  if (next_pull_ != nullptr) Abandon(next_pull_);
+}
 
 absl::Status JobRunner::Run() {
   if (absl::Status s = Prepare(); !s.ok()) return Refuse(s);
@@ -159,28 +162,45 @@ absl::Status JobRunner::Prepare() {
   TALLY_ASSIGN_OR_RETURN(
       client_, ParameterClient::Create(map, engine_->num_params(),
                                        context_.coordinator, po));
+  // One shard: a push that reached it reached them all, so it can be its
+  // own commit and the next pull need not wait for its answer. Only bsp:
+  // its pull waits for the step to close whenever it arrives, so the
+  // weights it gets are the same; an ssp or async pull sent before the
+  // push could get older weights than one sent after it.
+  pipelined_ = client_->num_shards() == 1 &&
+               spec_.training.consistency.mode == ConsistencyMode::kBsp;
   return absl::OkStatus();
+}
+
+std::shared_ptr<Work> JobRunner::StartPull(int64_t clock) {
+  // The shards wait as the job's rule says for a worker at `clock`; past
+  // its last step (bsp, ssp) a worker waits for the final weights.
+  const bool sync = spec_.training.consistency.mode != ConsistencyMode::kAsync;
+  const int64_t at_least = sync && clock >= end_version_ ? end_version_ : 0;
+  return client_->Pull(at_least, engine_->params(),
+                       have_commit_ ? &commit_ : nullptr, clock);
+}
+
+void JobRunner::Abandon(const std::shared_ptr<Work>& pull) {
+  if (pull->Done()) return;
+  // Cancelled calls end promptly; the bound only guards against a stuck
+  // library, and the buffer must not be reused while a call may write it.
+  pull->Cancel();
+  if (absl::IsDeadlineExceeded(pull->Wait(absl::Now() + absl::Minutes(1)))) {
+    context_.log("a cancelled pull did not end within a minute");
+  }
 }
 
 absl::StatusOr<int64_t> JobRunner::PullNext() {
   const absl::Time began = absl::Now();
-  // The shards wait as the job's rule says for a worker at clock next_;
-  // past its last step (bsp, ssp) a worker waits for the final weights.
-  const bool sync = spec_.training.consistency.mode != ConsistencyMode::kAsync;
-  const int64_t at_least = sync && next_ >= end_version_ ? end_version_ : 0;
-  std::shared_ptr<Work> pull = client_->Pull(
-      at_least, engine_->params(), have_commit_ ? &commit_ : nullptr, next_);
+  // The pull sent with the last push (it carried the same pending commit,
+  // if any), or a new one.
+  std::shared_ptr<Work> pull =
+      next_pull_ != nullptr ? std::move(next_pull_) : StartPull(next_);
   // The server bounds its wait (pull_wait); this bound covers the transfer.
   absl::StatusOr<int64_t> v = pull->WaitVersion(
       absl::Now() + absl::Seconds(5) + options_.rpc_timeout);
-  if (!v.ok() && !pull->Done()) {
-    // Cancelled calls end promptly; the bound only guards against a stuck
-    // library, and the buffer must not be reused while a call may write it.
-    pull->Cancel();
-    if (absl::IsDeadlineExceeded(pull->Wait(absl::Now() + absl::Minutes(1)))) {
-      context_.log("a cancelled pull did not end within a minute");
-    }
-  }
+  if (!v.ok()) Abandon(pull);
   if (v.ok()) have_commit_ = false;  // every shard has it
   if (v.ok()) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
@@ -249,8 +269,12 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
   info.loss_sum = stats.loss_sum;
   info.correct = stats.correct;
   info.base_version = base_;
+  info.commit = pipelined_;
   const absl::Time began = absl::Now();
   std::shared_ptr<Work> push = client_->Push(info, engine_->grads());
+  // The weights this push helps make, asked for at once; kept only if the
+  // shard committed the push (otherwise the pull that commits it follows).
+  std::shared_ptr<Work> pull = pipelined_ ? StartPull(step + 1) : nullptr;
   absl::Status s = push->Wait(absl::Now() + options_.rpc_timeout);
   if (s.ok()) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
@@ -262,13 +286,21 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     push->Cancel();
     push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();
   }
+  repush_ = false;
+  if (pull != nullptr) {
+    if (push->Committed()) {  // settled, and committed as it was answered
+      next_pull_ = std::move(pull);
+      next_ = step + 1;
+      return absl::OkStatus();
+    }
+    Abandon(pull);
+  }
   // Every shard answered OK (or duplicate), or refused the push's content
   // (a non-finite value, a gradient too stale; a malformed push, a bug of
   // ours): the push is settled everywhere, and the next pull commits it,
   // as nothing if any shard refused it. Otherwise each shard's answer
   // counts, not the first to arrive: one shard's refusal with another's
   // passing failure is a push to send again.
-  repush_ = false;
   bool settled = push->Done(), contributed = true, retry = !push->Done();
   absl::Status refusal, other;
   for (const absl::Status& r : push->Results()) {

@@ -80,8 +80,14 @@ class JobRunner {
 
  private:
   absl::Status Prepare();
-  // Pulls the weights of version >= next_, carrying the pending commit.
+  // Pulls the weights of version >= next_, carrying the pending commit (or
+  // waits for the pull sent with the last push).
   absl::StatusOr<int64_t> PullNext();
+  // Starts the pull for a worker about to compute step `clock`.
+  std::shared_ptr<Work> StartPull(int64_t clock);
+  // Cancels a pull that is no longer wanted and waits until it lets go of
+  // the parameters.
+  void Abandon(const std::shared_ptr<Work>& pull);
   // Forward and backward of step `step` on this rank's batch (an empty
   // contribution where this rank has no batch at that step).
   absl::StatusOr<StepStats> Compute(int64_t step);
@@ -123,6 +129,10 @@ class JobRunner {
   // shards answered.
   bool have_commit_ = false;
   v1::StepCommit commit_;
+  // bsp on one shard: each push is its own commit, and the pull of the
+  // next version goes with it (PushAndAdvance) instead of after its answer.
+  bool pipelined_ = false;
+  std::shared_ptr<Work> next_pull_;  // that pull, once its push settled
   absl::Duration backoff_ = absl::Milliseconds(100);
   absl::Time last_log_ = absl::Now();
 };

@@ -30,10 +30,11 @@ void Work::Started(grpc::ClientContext* ctx) {
 
 void Work::Finished(int part, grpc::ClientContext* ctx,
                     const absl::Status& status, int64_t version,
-                    bool cancel_others) {
+                    bool cancel_others, bool committed) {
   absl::MutexLock lock(&mu_);
   live_.erase(std::find(live_.begin(), live_.end(), ctx));
   results_[part] = status;
+  if (status.ok() && committed) ++committed_;
   if (!status.ok()) {
     if (status_.ok()) {
       status_ = status;
@@ -111,6 +112,11 @@ std::vector<absl::Status> Work::Results() const {
   return results_;
 }
 
+bool Work::Committed() const {
+  absl::MutexLock lock(&mu_);
+  return pending_ == 0 && committed_ == static_cast<int>(results_.size());
+}
+
 // ------------------------------------------------------------ the calls --
 
 namespace {
@@ -134,8 +140,8 @@ class PushCall final
   PushCall(std::shared_ptr<Work> work, int part,
            std::shared_ptr<ParameterClient::InFlight> in_flight,
            ParameterClient::RawStub* stub, const ParamClientOptions& o,
-           const PushInfo& info, const float* grads, int64_t offset,
-           int64_t count)
+           const PushInfo& info, bool commit, const float* grads,
+           int64_t offset, int64_t count)
       : work_(std::move(work)),
         in_flight_(std::move(in_flight)),
         part_(part),
@@ -154,6 +160,7 @@ class PushCall final
     header_.set_samples(info.samples);
     header_.set_loss_sum(info.loss_sum);
     header_.set_correct(info.correct);
+    header_.set_commit(commit);
     if (info.samples == 0 || count == 0) {
       next_ = end_;  // the header alone
     } else if (dtype_ == v1::BFLOAT16) {
@@ -207,7 +214,7 @@ class PushCall final
       s = absl::DataLossError("the shard ended the push without an answer");
     }
     work_->Finished(part_, &ctx_, s, resp_.version(),
-                    /*cancel_others=*/false);
+                    /*cancel_others=*/false, resp_.committed());
     std::shared_ptr<ParameterClient::InFlight> in_flight =
         std::move(in_flight_);
     delete this;  // lets go of the lent slices: the work may end now
@@ -444,11 +451,12 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
 std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
                                             const float* grads) {
   std::shared_ptr<Work> work(new Work(num_shards()));
+  const bool commit = info.commit && num_shards() == 1;
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
     in_flight_->Add();
-    new PushCall(work, i, in_flight_, s.stub.get(), options_, info, grads,
-                 s.offset, s.count);
+    new PushCall(work, i, in_flight_, s.stub.get(), options_, info, commit,
+                 grads, s.offset, s.count);
   }
   return work;
 }

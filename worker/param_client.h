@@ -69,6 +69,9 @@ class Work {
   bool Done() const;
   // Each shard's answer, in shard map order, once done.
   std::vector<absl::Status> Results() const;
+  // A push that asked to be its own commit (PushInfo.commit): whether every
+  // shard answered OK and recorded the commit, once done.
+  bool Committed() const;
 
  private:
   friend class ParameterClient;
@@ -77,10 +80,10 @@ class Work {
   explicit Work(int parts);
 
   // Called once per part, with its context (to cancel it) as it starts and
-  // its result as it ends.
+  // its result as it ends (`committed`: a push's commit was recorded).
   void Started(grpc::ClientContext* ctx);
   void Finished(int part, grpc::ClientContext* ctx, const absl::Status& status,
-                int64_t version, bool cancel_others);
+                int64_t version, bool cancel_others, bool committed = false);
   // The caller's buffer is lent to gRPC (a push's slices point into it)
   // until as many Returned() as Lend(): the work is not done before.
   // Returned() may run on any thread, inside gRPC, even one that holds
@@ -95,6 +98,7 @@ class Work {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
+  int committed_ ABSL_GUARDED_BY(mu_) = 0;  // parts whose commit was recorded
   bool mixed_versions_ ABSL_GUARDED_BY(mu_) = false;
   bool mixed_ok_ = false;  // set before the work starts
   std::vector<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
@@ -128,6 +132,10 @@ struct PushInfo {
   double loss_sum = 0.0;
   int64_t correct = 0;
   int64_t base_version = -1;  // the version it was computed from; -1: step
+  // The push is its own commit (PushHeader.commit), so the next pull need
+  // not wait for its answer. Honoured for a one-shard map only (a push
+  // that reached its one shard reached them all); ignored otherwise.
+  bool commit = false;
 };
 
 class ParameterClient {

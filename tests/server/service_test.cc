@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cmath>
+#include <future>
 #include <limits>
 #include <set>
 
@@ -127,11 +128,13 @@ class ServiceTest : public ::testing::Test {
 
   // A pull of min_version, which (as a worker's would) commits the push of
   // the step before it.
+  // With send_commit = false the pull commits nothing (the push was its own
+  // commit).
   absl::StatusOr<std::pair<int64_t, std::vector<float>>> Pull(
-      int64_t min_version, int64_t wait_ms = 2000) {
+      int64_t min_version, int64_t wait_ms = 2000, bool send_commit = true) {
     auto ctx = Ctx();
     v1::PullRequest req = PullRequest(min_version);
-    if (min_version > 0) {
+    if (min_version > 0 && send_commit) {
       req.mutable_commit()->set_step(min_version - 1);
       req.mutable_commit()->set_contributed(true);
     }
@@ -398,6 +401,100 @@ TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCountedAndTheStepGoesOn) {
   ASSERT_TRUE(retry.ok()) << retry.status();
   EXPECT_TRUE(retry->duplicate());
   EXPECT_EQ(Pull(1)->second, before->second);
+}
+
+TEST_F(ServiceTest, APushThatIsItsOwnCommitClosesTheStepWithoutAPullCommit) {
+  StartJob();
+  auto w0 = Pull(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  // A pull of the next version sent before the push (as a one-shard
+  // worker does) waits for the step to close.
+  auto early = std::async(std::launch::async, [&] {
+    return Pull(1, /*wait_ms=*/5000, /*send_commit=*/false);
+  });
+  auto push = FullPush(0, 0.5f);
+  push[0].mutable_header()->set_commit(true);
+  auto pushed = Push(push);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_TRUE(pushed->committed());
+  EXPECT_FALSE(pushed->duplicate());
+  EXPECT_EQ(pushed->version(), 1);  // the only member's commit closed it
+  auto w1 = early.get();
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  EXPECT_EQ(w1->first, 1);
+  for (int i = 0; i < kParams; ++i)
+    EXPECT_EQ(w1->second[i], w0->second[i] - 0.5f);
+  // Sent again (its answer lost): a duplicate, still committed, and the
+  // weights move once.
+  auto again = Push(push);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->duplicate());
+  EXPECT_TRUE(again->committed());
+  EXPECT_EQ(Pull(1, 2000, false)->second, w1->second);
+  // A plain push is not committed by itself: its step waits for the pull.
+  auto plain = Push(FullPush(1, 0.25f));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->committed());
+  EXPECT_EQ(plain->version(), 1);
+  EXPECT_THAT(Pull(2, /*wait_ms=*/200, /*send_commit=*/false),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  auto w2 = Pull(2);
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  for (int i = 0; i < kParams; ++i)
+    EXPECT_EQ(w2->second[i], w1->second[i] - 0.25f);
+  // A refused push that is its own commit closes its step as nothing.
+  auto nan = FullPush(2, 1.0f);
+  nan[0].mutable_header()->set_commit(true);
+  std::vector<float> bad = {1, std::numeric_limits<float>::infinity(), 1, 1};
+  *nan[1].mutable_chunk() = Chunk(6, bad);
+  EXPECT_THAT(Push(nan),
+              HasReason(absl::StatusCode::kInvalidArgument, v1::NON_FINITE));
+  auto w3 = Pull(3, 2000, false);
+  ASSERT_TRUE(w3.ok()) << w3.status();
+  EXPECT_EQ(w3->first, 3);
+  EXPECT_EQ(w3->second, w2->second);
+}
+
+TEST_F(ServiceTest, APushStreamBrokenMidwayStagesNothingAndItsRetryCountsOnce) {
+  StartJob();
+  auto w0 = Pull(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  for (bool commit : {false, true}) {
+    SCOPED_TRACE(commit ? "the push is its own commit" : "a plain push");
+    const int64_t step = commit ? 1 : 0;
+    auto push = FullPush(step, 0.5f);
+    push[0].mutable_header()->set_commit(commit);
+    {
+      // The header and the first chunk go; then the call is cancelled.
+      auto ctx = Ctx();
+      v1::PushResponse resp;
+      auto w = params_->PushGradients(ctx.get(), &resp);
+      ASSERT_TRUE(w->Write(push[0]));
+      absl::SleepFor(absl::Milliseconds(100));  // the shard reads it
+      ctx->TryCancel();
+      EXPECT_THAT(FromGrpc(w->Finish()),
+                  StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+    }
+    // Nothing was staged: the retry is the push's first arrival ...
+    auto retried = Push(push);
+    ASSERT_TRUE(retried.ok()) << retried.status();
+    EXPECT_FALSE(retried->duplicate());
+    EXPECT_EQ(retried->committed(), commit);
+    // ... and a second retry (its answer lost) changes nothing.
+    auto again = Push(push);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(again->duplicate());
+    // The step's gradient counted once: neither the broken push's first
+    // chunk nor the second retry. (The plain push is committed by this
+    // pull; the other committed itself.)
+    auto next = Pull(step + 1, 2000, /*send_commit=*/!commit);
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(next->first, step + 1);
+    for (int i = 0; i < kParams; ++i) {
+      EXPECT_EQ(next->second[i],
+                commit ? (w0->second[i] - 0.5f) - 0.5f : w0->second[i] - 0.5f);
+    }
+  }
 }
 
 TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {
