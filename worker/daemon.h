@@ -35,6 +35,10 @@ struct DaemonOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   absl::Duration max_backoff = absl::Seconds(5);
   int64_t chunk_elements = 262144;  // push chunks: 1 MiB
+  // Each layer's gradient is pushed as the backward pass produces it (the
+  // last layer first), beside the layers still computing; false: the whole
+  // gradient once the step is done.
+  bool overlap_push = true;
   bool verbose = true;
   // TLS material and bearer token for the coordinator and every shard.
   TransportOptions transport;

@@ -182,7 +182,8 @@ Engine::~Engine() {
 }
 
 absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
-                                       const SliceFn& apply) {
+                                       const SliceFn& apply,
+                                       const StepHooks* step_hooks) {
   if (batch.size <= 0 || batch.x == nullptr || batch.y == nullptr) {
     return absl::InvalidArgumentError("a step needs a non-empty batch");
   }
@@ -193,6 +194,13 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   const int used = static_cast<int>(sizes.size());
   const int64_t feat = NumElements(input_shape_);
   const float grad_scale = 1.0f / batch.size;
+  // One replica in host memory computes straight into grads(): its layers'
+  // gradients are final as backward produces them, and the loss is the
+  // batch's once its forward pass is done.
+  const bool per_layer = num_replicas() == 1 && collective_ == nullptr &&
+                         replicas_[0]->device->host_accessible();
+  const StepHooks no_hooks;
+  const StepHooks& sh = step_hooks != nullptr ? *step_hooks : no_hooks;
 
   // Broadcast, scatter, forward, loss and backward of replica r's part.
   // Off-host devices stream each layer's weights in before its forward pass
@@ -218,6 +226,12 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
         };
       }
     }
+    if (per_layer && sh.grads_ready) {
+      hooks.after_backward = [&](int64_t begin, int64_t end) {
+        sh.grads_ready(begin, end);
+        return absl::OkStatus();
+      };
+    }
     const float* x;
     const int32_t* y;
     TALLY_RETURN_IF_ERROR(
@@ -228,6 +242,10 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
     TALLY_ASSIGN_OR_RETURN(LossStats ls,
                            rep.loss->Compute(logits, y, grad_scale));
     if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
+    if (per_layer && sh.loss_known) {
+      TALLY_RETURN_IF_ERROR(
+          sh.loss_known(StepStats{ls.loss_sum, ls.correct, sizes[r]}));
+    }
     TALLY_RETURN_IF_ERROR(
         rep.model->Backward(rep.loss->dlogits(), nullptr, &hooks));
     rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
@@ -261,6 +279,14 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
       },
       options_.step_timeout));
 
+  StepStats total;
+  for (int r = 0; r < used; ++r) {
+    total.loss_sum += replicas_[r]->stats.loss_sum;
+    total.correct += replicas_[r]->stats.correct;
+    total.samples += replicas_[r]->stats.samples;
+  }
+  if (!per_layer && sh.loss_known) TALLY_RETURN_IF_ERROR(sh.loss_known(total));
+
   // Phase 2: thread r reduces slice r over the used replicas, then applies.
   const int k = num_replicas();
   TALLY_RETURN_IF_ERROR(threads_->Run(
@@ -278,17 +304,12 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
             AddInto(grads_ + begin, g + begin, n);
           }
         }
+        if (!per_layer && sh.grads_ready && end > begin)
+          sh.grads_ready(begin, end);
         if (apply) apply(r, begin, end);
         return absl::OkStatus();
       },
       options_.step_timeout));
-
-  StepStats total;
-  for (int r = 0; r < used; ++r) {
-    total.loss_sum += replicas_[r]->stats.loss_sum;
-    total.correct += replicas_[r]->stats.correct;
-    total.samples += replicas_[r]->stats.samples;
-  }
   return total;
 }
 

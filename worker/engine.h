@@ -80,6 +80,23 @@ struct StepStats {
   int64_t samples = 0;
 };
 
+// Lets the caller overlap its own work with a step: the job runner pushes
+// each layer's gradient while the layers before it are still in their
+// backward pass. Both hooks are optional.
+struct StepHooks {
+  // Once per successful forward pass, with the whole batch's loss and
+  // counts, before any grads_ready. A non-OK status fails the step.
+  std::function<absl::Status(const StepStats&)> loss_known;
+  // grads()[begin, end) holds this step's final gradient and does not
+  // change before the next Step. The ranges of one step cover
+  // [0, num_params()) exactly once, in any order (one replica on host
+  // memory: layer by layer as backward produces them, the last layer
+  // first; otherwise one range per reduced slice, possibly from several
+  // threads at once). A step that fails may have reported some ranges:
+  // what was done with them is to be undone.
+  std::function<void(int64_t begin, int64_t end)> grads_ready;
+};
+
 class Engine {
  public:
   // Runs on slice number `slice`, [begin, end) of the flat vector, once
@@ -109,7 +126,8 @@ class Engine {
   const float* grads() const { return grads_; }
 
   absl::StatusOr<StepStats> Step(const BatchView& batch, uint64_t seed,
-                                 const SliceFn& apply = {});
+                                 const SliceFn& apply = {},
+                                 const StepHooks* hooks = nullptr);
 
   // Loss and accuracy of params() on `data`, split across the replicas.
   absl::StatusOr<StepStats> Evaluate(const Dataset& data);

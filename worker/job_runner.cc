@@ -242,8 +242,30 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
   std::unique_ptr<HostBatch> batch = *std::move(next);
   BatchView view{batch->x.data(), batch->y.data(), batch->size};
   const absl::Time began = absl::Now();
+  // The push goes out beside the backward pass: its header once the loss
+  // is known, each layer's gradient once backward has produced it.
+  std::unique_ptr<PushFeed> feed;
+  std::shared_ptr<Work> push;
+  StepHooks hooks;
+  if (options_.overlap_push) {
+    hooks.loss_known = [&](const StepStats& s) {
+      push = client_->Push(MakePushInfo(step, s), engine_->grads(), &feed);
+      return absl::OkStatus();
+    };
+    hooks.grads_ready = [&](int64_t b, int64_t e) { feed->Offer(b, e); };
+  }
   absl::StatusOr<StepStats> stats =
-      engine_->Step(view, spec_.training.seed + step);
+      engine_->Step(view, spec_.training.seed + step, {}, &hooks);
+  // Everything was offered if the step succeeded; otherwise the parts not
+  // whole are cancelled (a shard stages nothing of a push it did not get
+  // whole), and so is the rest.
+  if (feed != nullptr) feed->Close();
+  if (push != nullptr && !stats.ok()) {
+    push->Cancel();
+    push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();
+    push = nullptr;
+  }
+  started_push_ = std::move(push);
   if (stats.ok()) {
     Smooth(&progress_.compute_seconds,
            absl::ToDoubleSeconds(absl::Now() - began));
@@ -262,7 +284,7 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
   return stats;
 }
 
-absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
+PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) const {
   PushInfo info;
   info.step = step;
   info.samples = stats.samples;
@@ -270,8 +292,17 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
   info.correct = stats.correct;
   info.base_version = base_;
   info.commit = pipelined_;
+  return info;
+}
+
+absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
+  // From the end of the step: a push started beside the backward pass
+  // counts only the time the worker waits for it.
   const absl::Time began = absl::Now();
-  std::shared_ptr<Work> push = client_->Push(info, engine_->grads());
+  std::shared_ptr<Work> push =
+      started_push_ != nullptr
+          ? std::move(started_push_)
+          : client_->Push(MakePushInfo(step, stats), engine_->grads());
   // The weights this push helps make, asked for at once; kept only if the
   // shard committed the push (otherwise the pull that commits it follows).
   std::shared_ptr<Work> pull = pipelined_ ? StartPull(step + 1) : nullptr;

@@ -89,10 +89,15 @@ class JobRunner {
   // the parameters.
   void Abandon(const std::shared_ptr<Work>& pull);
   // Forward and backward of step `step` on this rank's batch (an empty
-  // contribution where this rank has no batch at that step).
+  // contribution where this rank has no batch at that step). With
+  // options_.overlap_push the push of the step starts inside: each layer's
+  // gradient goes as backward produces it (started_push_).
   absl::StatusOr<StepStats> Compute(int64_t step);
-  // Pushes step `step`; sets next_ from the answer, or repush_ when the
-  // same push is to go again. An error ends the job here.
+  // What the push of `step` says besides its gradient.
+  PushInfo MakePushInfo(int64_t step, const StepStats& stats) const;
+  // Pushes step `step` (or waits for the push Compute started); sets next_
+  // from the answer, or repush_ when the same push is to go again. An
+  // error ends the job here.
   absl::Status PushAndAdvance(int64_t step, const StepStats& stats);
   absl::Status Finish(int64_t version);
   // Tells the coordinator this worker cannot run the job, and why.
@@ -133,6 +138,9 @@ class JobRunner {
   // next version goes with it (PushAndAdvance) instead of after its answer.
   bool pipelined_ = false;
   std::shared_ptr<Work> next_pull_;  // that pull, once its push settled
+  // The push that Compute started beside the backward pass, whole once
+  // Compute returned OK; PushAndAdvance waits for it.
+  std::shared_ptr<Work> started_push_;
   absl::Duration backoff_ = absl::Milliseconds(100);
   absl::Time last_log_ = absl::Now();
 };

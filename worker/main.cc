@@ -50,6 +50,9 @@ ABSL_FLAG(std::string, name, "",
           "Worker name shown by the server (default: hostname)");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: off)");
+ABSL_FLAG(bool, overlap_push, true,
+          "Push each layer's gradient while the backward pass goes on "
+          "(false: push the whole gradient after the step)");
 ABSL_FLAG(int, health_port, 0,
           "Serve grpc.health.v1 on this port (0: any free port, -1: none)");
 
@@ -102,6 +105,7 @@ int RunDaemon() {
     options.name = host;
   }
   options.verbose = !absl::GetFlag(FLAGS_quiet);
+  options.overlap_push = absl::GetFlag(FLAGS_overlap_push);
   auto transport = tally::TransportFromFlags();
   if (!transport.ok()) return Fail(transport.status());
   options.transport = *transport;

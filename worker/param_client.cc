@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <utility>
 
@@ -133,7 +134,10 @@ grpc::ByteBuffer Serialized(const google::protobuf::Message& m) {
 
 // One shard's part of a push: the header, then the shard's range in chunks,
 // each written when the previous one is on its way. Float32 values are not
-// copied: each message's data is a slice of the caller's gradient.
+// copied: each message's data is a slice of the caller's gradient. Ranges
+// are sent as they are offered (all at once, or through a PushFeed as the
+// backward pass produces them); a fed call holds itself open (AddHold)
+// until its feed has offered its whole range or closed.
 class PushCall final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -141,13 +145,13 @@ class PushCall final
            std::shared_ptr<ParameterClient::InFlight> in_flight,
            ParameterClient::RawStub* stub, const ParamClientOptions& o,
            const PushInfo& info, bool commit, const float* grads,
-           int64_t offset, int64_t count)
+           int64_t offset, int64_t count, bool fed)
       : work_(std::move(work)),
         in_flight_(std::move(in_flight)),
         part_(part),
+        grads_(grads),
         offset_(offset),
-        next_(offset),
-        end_(offset + count),
+        total_(info.samples == 0 ? 0 : count),
         chunk_(std::max<int64_t>(1, o.chunk_elements)),
         dtype_(o.dtype) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
@@ -161,36 +165,70 @@ class PushCall final
     header_.set_loss_sum(info.loss_sum);
     header_.set_correct(info.correct);
     header_.set_commit(commit);
-    if (info.samples == 0 || count == 0) {
-      next_ = end_;  // the header alone
-    } else if (dtype_ == v1::BFLOAT16) {
-      // Encoded once, whole; the messages are slices of it.
-      auto encoded = std::make_shared<std::vector<uint16_t>>(count);
-      FloatToBfloat16(grads + offset, reinterpret_cast<char*>(encoded->data()),
-                      count);
+    if (total_ > 0 && dtype_ == v1::BFLOAT16) {
+      // Encoded as offered, into one buffer; the messages are slices of it.
+      auto encoded = std::make_shared<std::vector<uint16_t>>(total_);
+      encoded_ = reinterpret_cast<char*>(encoded->data());
       values_ = SnapshotSlice(std::move(encoded));
-    } else {
+    } else if (total_ > 0) {
       values_ =
-          LendSlice(work_, in_flight_, grads + offset, sizeof(float) * count);
+          LendSlice(work_, in_flight_, grads + offset, sizeof(float) * total_);
     }
     work_->Started(&ctx_);
     stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(),
                                    this);
-    WriteNext(/*first=*/true);
+    fed_ = fed && total_ > 0;
+    if (fed_) {
+      AddHold();  // released by the feed (Release)
+    } else {
+      if (total_ > 0) Queue(offset_, offset_ + total_);
+      absl::MutexLock lock(&mu_);
+      PrepareLocked();  // the header (and the first chunk, if any)
+    }
+    if (!fed_) StartWrite(&msg_);
     StartRead(&resp_bytes_);
     StartCall();
+  }
+
+  int64_t begin() const { return offset_; }
+  int64_t end() const { return offset_ + total_; }
+
+  // grads[b, e) (within this part's range) is final: sends it. Called by
+  // the feed while this call is held.
+  void Offer(int64_t b, int64_t e) {
+    Queue(b, e);
+    bool write = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!writing_) write = PrepareLocked();
+    }
+    if (write) StartWrite(&msg_);
+  }
+  // The feed's last word to this call: it lets the call end (cancelled
+  // first unless the whole range was offered). The call may be gone when
+  // this returns.
+  void Release(bool complete) {
+    if (!complete) ctx_.TryCancel();
+    RemoveHold();
   }
 
   void OnWriteDone(bool ok) override {
     // A failed write ends the call; OnDone reports why.
     if (!ok) return;
-    if (next_ >= end_) {
-      msg_.Clear();
-      values_ = grpc::Slice();
-      StartWritesDone();
-      return;
+    bool write = false, last = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ready_.empty()) {
+        write = PrepareLocked();
+      } else if (queued_ == total_) {
+        last = true;
+        msg_.Clear();
+        values_ = grpc::Slice();
+      }
     }
-    WriteNext(/*first=*/false);
+    if (write) StartWrite(&msg_);
+    if (last) StartWritesDone();
   }
 
   void OnReadDone(bool ok) override {
@@ -249,30 +287,107 @@ class PushCall final
         loan);
   }
 
-  void WriteNext(bool first) {
-    const int64_t n = std::min(chunk_, end_ - next_);
-    EncodePushRequest(first ? &header_ : nullptr, next_, n, dtype_, values_,
-                      next_ - offset_, &msg_);
-    next_ += n;
-    StartWrite(&msg_);
+  // Readies [b, e) for sending (bfloat16: encodes it; its part of the
+  // buffer is this caller's alone until queued).
+  void Queue(int64_t b, int64_t e) {
+    if (e <= b) return;
+    if (dtype_ == v1::BFLOAT16) {
+      FloatToBfloat16(grads_ + b, encoded_ + 2 * (b - offset_), e - b);
+    }
+    absl::MutexLock lock(&mu_);
+    queued_ += e - b;
+    // Adjacent ranges (the layers before and after) make one bucket.
+    for (auto& r : ready_) {
+      if (r.first == e) {
+        r.first = b;
+        return;
+      }
+      if (r.second == b) {
+        r.second = e;
+        return;
+      }
+    }
+    ready_.push_back({b, e});
+  }
+
+  // Encodes the next message into msg_ (the header goes with the first):
+  // true when there is one to write; the caller then writes it, after
+  // unlocking (a write may complete, and OnWriteDone run, inside it).
+  // Like DDP's gradient buckets, a message waits until a whole chunk is
+  // ready or the range is complete: small layers go together, and a model
+  // smaller than a chunk goes in one message, as without a feed.
+  bool PrepareLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool first = !header_sent_;
+    int64_t at = offset_, n = 0;
+    if (total_ > 0) {
+      auto it = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) {
+        return r.second - r.first >= chunk_;
+      });
+      if (it == ready_.end() && queued_ == total_ && !ready_.empty())
+        it = ready_.begin();
+      if (it == ready_.end()) return false;
+      auto& [b, e] = *it;
+      at = b;
+      n = std::min(chunk_, e - b);
+      b += n;
+      if (b == e) ready_.erase(it);
+    } else if (!first) {
+      return false;  // the header alone, sent
+    }
+    EncodePushRequest(first ? &header_ : nullptr, at, n, dtype_, values_,
+                      at - offset_, &msg_);
+    header_sent_ = true;
+    writing_ = true;
+    return true;
   }
 
   std::shared_ptr<Work> work_;
   std::shared_ptr<ParameterClient::InFlight> in_flight_;
   const int part_;
+  const float* grads_;  // borrowed: the whole flat gradient
   const int64_t offset_;
-  int64_t next_, end_;
+  const int64_t total_;  // elements to send: the range, or 0 (header only)
   const int64_t chunk_;
   const v1::DType dtype_;
+  bool fed_ = false;
   grpc::ClientContext ctx_;
   v1::PushHeader header_;
-  grpc::Slice values_;  // the range's values, in the wire dtype
-  grpc::ByteBuffer msg_;
+  grpc::Slice values_;       // the range's values, in the wire dtype
+  char* encoded_ = nullptr;  // bfloat16: the buffer values_ holds
+  absl::Mutex mu_;
+  std::deque<std::pair<int64_t, int64_t>> ready_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool header_sent_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer msg_;  // written by one writer at a time (writing_)
   grpc::ByteBuffer resp_bytes_;
   v1::PushResponse resp_;
   bool answered_ = false;
   absl::Status error_;
 };
+
+// ------------------------------------------------------------- PushFeed --
+
+PushFeed::~PushFeed() { Close(); }
+
+void PushFeed::Offer(int64_t begin, int64_t end) {
+  absl::MutexLock lock(&mu_);
+  for (Part& p : parts_) {
+    const int64_t b = std::max(begin, p.begin), e = std::min(end, p.end);
+    if (p.remaining <= 0 || e <= b) continue;
+    p.call->Offer(b, e);
+    p.remaining -= e - b;
+    if (p.remaining <= 0) p.call->Release(/*complete=*/true);
+  }
+}
+
+void PushFeed::Close() {
+  absl::MutexLock lock(&mu_);
+  for (Part& p : parts_) {
+    if (p.remaining > 0) p.call->Release(/*complete=*/false);
+    p.remaining = 0;
+  }
+}
 
 // One shard's part of a pull: chunks of its range, each checked to lie in
 // that range and its values decoded from gRPC's slices straight into the
@@ -449,14 +564,28 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
 }
 
 std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
-                                            const float* grads) {
+                                            const float* grads,
+                                            std::unique_ptr<PushFeed>* feed) {
   std::shared_ptr<Work> work(new Work(num_shards()));
   const bool commit = info.commit && num_shards() == 1;
+  std::vector<PushFeed::Part> parts;
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
     in_flight_->Add();
-    new PushCall(work, i, in_flight_, s.stub.get(), options_, info, commit,
-                 grads, s.offset, s.count);
+    auto* call = new PushCall(work, i, in_flight_, s.stub.get(), options_,
+                              info, commit, grads, s.offset, s.count,
+                              feed != nullptr);
+    // A call with nothing to send (the header alone) holds nothing.
+    if (feed != nullptr && call->end() > call->begin()) {
+      parts.push_back(
+          {call, call->begin(), call->end(), call->end() - call->begin()});
+    }
+  }
+  if (feed != nullptr) {
+    std::unique_ptr<PushFeed> f(new PushFeed);
+    absl::MutexLock lock(&f->mu_);
+    f->parts_ = std::move(parts);
+    *feed = std::move(f);
   }
   return work;
 }

@@ -138,6 +138,40 @@ struct PushInfo {
   bool commit = false;
 };
 
+class PushCall;
+
+// The gradient of a push still being produced (ParameterClient::Push with
+// a feed): each range is offered once it is final, in any order, and every
+// shard's part of the push sends what falls in its range as it comes (the
+// first message with the header), so the push overlaps the backward pass
+// that produces it. A part ends its stream once its whole range was
+// offered. Thread-safe; offers may come from several threads at once.
+class PushFeed {
+ public:
+  PushFeed(const PushFeed&) = delete;
+  PushFeed& operator=(const PushFeed&) = delete;
+  // Close().
+  ~PushFeed();
+
+  // grads[begin, end) is final: sent by the parts whose ranges it meets.
+  // An element offered twice is sent twice (the shard keeps the last).
+  void Offer(int64_t begin, int64_t end);
+  // No more offers. A part whose range was not all offered is cancelled
+  // (its Work result is kCancelled; the shard stages nothing of it).
+  void Close();
+
+ private:
+  friend class ParameterClient;
+  PushFeed() = default;
+  struct Part {
+    PushCall* call;  // alive while `remaining` > 0 (it holds the call open)
+    int64_t begin, end;
+    int64_t remaining;
+  };
+  absl::Mutex mu_;
+  std::vector<Part> parts_ ABSL_GUARDED_BY(mu_);
+};
+
 class ParameterClient {
  public:
   // Checks that `map` covers [0, num_params) exactly once, in order
@@ -164,8 +198,11 @@ class ParameterClient {
                              int64_t clock = -1);
   // Pushes grads[0, num_params) (unused when info.samples == 0), each shard
   // its range, for step info.step computed from version info.base_version
-  // (-1: from version info.step).
-  std::shared_ptr<Work> Push(const PushInfo& info, const float* grads);
+  // (-1: from version info.step). With `feed`, nothing of the gradient is
+  // sent until offered through the PushFeed set there (see PushFeed; the
+  // work is not done before the feed has offered everything or closed).
+  std::shared_ptr<Work> Push(const PushInfo& info, const float* grads,
+                             std::unique_ptr<PushFeed>* feed = nullptr);
 
  private:
   // Pushes and pulls are written and read as raw bytes (the .proto's wire,
@@ -197,6 +234,7 @@ class ParameterClient {
   };
   friend class PushCall;
   friend class PullCall;
+  friend class PushFeed;
 
   const int64_t num_params_;
   const ParamClientOptions options_;

@@ -1,13 +1,16 @@
 // The data-parallel engine: N replicas give what one device gives.
 #include "worker/engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/optim/optimizer.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
@@ -175,6 +178,91 @@ TEST(EngineTest, TwentySgdStepsGiveTheSameWeightsOnOneAndFourReplicas) {
   for (int64_t i = 0; i < one->num_params(); ++i) {
     ASSERT_NEAR(one->params()[i], four->params()[i], 1e-5f) << i;
   }
+}
+
+// StepHooks, which the job runner pushes from while backward runs: the loss
+// comes first; then ranges that cover the vector once, each already holding
+// its final gradient when reported (one host replica: layer by layer, the
+// last layer first; several: one range per reduced slice). The gradient is
+// the one a step without hooks computes, bit for bit.
+TEST(EngineTest, StepHooksReportEachRangeOnceAndFinal) {
+  for (int replicas : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
+    auto plain = MakeEngine(replicas, false);
+    auto hooked = MakeEngine(replicas, false);
+    const int64_t n = hooked->num_params();
+    Data d = RandomBatch(13, 7);
+    BatchView view{d.x.data(), d.y.data(), 13};
+    absl::Mutex mu;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<float> seen(n, std::nanf(""));
+    int loss_calls = 0;
+    bool loss_first = true;
+    StepStats at_loss;
+    StepHooks h;
+    h.loss_known = [&](const StepStats& s) {
+      absl::MutexLock lock(&mu);
+      ++loss_calls;
+      loss_first = loss_first && ranges.empty();
+      at_loss = s;
+      return absl::OkStatus();
+    };
+    h.grads_ready = [&](int64_t b, int64_t e) {
+      absl::MutexLock lock(&mu);
+      ranges.push_back({b, e});
+      std::copy(hooked->grads() + b, hooked->grads() + e, seen.begin() + b);
+    };
+    auto want = plain->Step(view, 5);
+    auto got = hooked->Step(view, 5, {}, &h);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(loss_calls, 1);
+    EXPECT_TRUE(loss_first);
+    EXPECT_EQ(at_loss.samples, 13);
+    EXPECT_EQ(at_loss.correct, got->correct);
+    EXPECT_DOUBLE_EQ(at_loss.loss_sum, got->loss_sum);
+    if (replicas == 1) {
+      // Two layers with parameters (the convolution, the linear layer),
+      // the linear one reported first.
+      ASSERT_EQ(ranges.size(), 2u);
+      EXPECT_GT(ranges[0].first, ranges[1].first);
+    } else {
+      EXPECT_EQ(ranges.size(), 3u);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    int64_t at = 0;
+    for (const auto& [b, e] : ranges) {
+      EXPECT_EQ(b, at);
+      at = e;
+    }
+    EXPECT_EQ(at, n);
+    for (int64_t i = 0; i < n; ++i) {
+      // Final when reported, and the plain step's (bit for bit: memcmp
+      // semantics, NaN included).
+      ASSERT_EQ(std::memcmp(&seen[i], hooked->grads() + i, 4), 0) << i;
+      if (replicas == 1) {
+        ASSERT_EQ(std::memcmp(&seen[i], plain->grads() + i, 4), 0) << i;
+      }
+    }
+    if (replicas > 1) ExpectSameGradients(*plain, *hooked);
+  }
+}
+
+TEST(EngineTest, AFailingLossHookFailsTheStepAndReportsNoGradient) {
+  auto e = MakeEngine(1, false);
+  Data d = RandomBatch(8, 3);
+  BatchView view{d.x.data(), d.y.data(), 8};
+  int reported = 0;
+  StepHooks h;
+  h.loss_known = [](const StepStats&) {
+    return absl::UnavailableError("the push could not start");
+  };
+  h.grads_ready = [&](int64_t, int64_t) { ++reported; };
+  EXPECT_THAT(e->Step(view, 1, {}, &h),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("could not start")));
+  EXPECT_EQ(reported, 0);
+  EXPECT_TRUE(e->Step(view, 1).ok());  // the next step runs
 }
 
 // The paths GPUs take, run on devices with a GPU's memory model
