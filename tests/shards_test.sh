@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A job's parameters split over several tally-server shard processes, on
 # localhost: the coordinator holds none (--noshard), three shards join it.
-#   tests/shards_test.sh BUILD_DIR identical|lost|fresh|coordinator
+#   tests/shards_test.sh BUILD_DIR identical|overlap|lost|fresh|coordinator
 #
 # identical  The same deterministic job trained with 1, 2 and 3 shards
 #            gives bit-identical weights (same membership, same sums), with
@@ -58,8 +58,8 @@ start_shard() {  # name port
   for _ in $(seq 100); do grep -q "registered with" "$dir/$1.log" && return 0; sleep 0.05; done
   fail "shard $1 did not register"
 }
-start_worker() {  # name
-  "$bin_worker" --server="$addr" "${worker_auth[@]}" --devices=cpu:1 --name="$1" --health_port=-1 > "$dir/$1.log" 2>&1 &
+start_worker() {  # name [more flags]
+  "$bin_worker" --server="$addr" "${worker_auth[@]}" --devices=cpu:1 --name="$1" --health_port=-1 "${@:2}" > "$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
 }
@@ -126,6 +126,39 @@ case $case_name in
     [[ $(grep -c "$id " <<< "$listing") == 3 ]] || fail "the job is not on three shards: $listing"
     tally cancel "$id" > /dev/null
     echo "identical: SGD and Adam weights bit-identical over 1, 2 and 3 shards"
+    ;;
+  overlap)
+    # Pushes that overlap the backward pass (each layer's gradient sent as
+    # it is produced, in buckets of 1000 elements here, so a push is many
+    # messages in no fixed order) give the same weights, bit for bit, as
+    # pushes of the whole gradient after the step; over two shards, SGD and
+    # Adam.
+    start_coordinator
+    start_shard s1 "$(free_port)"
+    start_shard s2 "$(free_port)"
+    for mode in whole overlapped; do
+      flag=--overlap_push=false
+      [[ $mode == overlapped ]] && flag=--overlap_push=true
+      start_worker "${mode}1" "$flag" --push_chunk_elements=1000
+      start_worker "${mode}2" "$flag" --push_chunk_elements=1000
+      for opt in "{type: sgd, lr: 0.05, momentum: 0.9}" "{type: adam, lr: 0.002}"; do
+        name=$(echo "$opt" | cut -d' ' -f2 | tr -d ',')
+        id=$(submit "$(job_spec 2 "$opt" 2)" --wait)
+        [[ $(job_field "$id" "['state']") == SUCCEEDED ]] || fail "$id ($mode pushes) did not succeed"
+        tally fetch "$id" --output="$dir/$name-$mode.safetensors" > /dev/null || fail "fetch $id"
+      done
+      eval "kill -9 \$pid_${mode}1 \$pid_${mode}2"
+      sleep 1.5  # their leases (1 s) expire: the next jobs go to the next pair
+    done
+    grep -q "pushes overlap the backward pass" "$dir/overlapped1.log" ||
+      fail "the overlapping workers did not overlap their pushes"
+    ! grep -q "pushes overlap the backward pass" "$dir/whole1.log" ||
+      fail "--overlap_push=false still overlapped"
+    for name in sgd adam; do
+      tensor_bytes_equal "$dir/$name-whole.safetensors" "$dir/$name-overlapped.safetensors" ||
+        fail "$name: overlapped pushes gave other weights than whole ones"
+    done
+    echo "overlap: SGD and Adam weights bit-identical with and without pushes overlapping backward"
     ;;
   lost|fresh)
     start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2

@@ -169,6 +169,11 @@ absl::Status JobRunner::Prepare() {
   // push could get older weights than one sent after it.
   pipelined_ = client_->num_shards() == 1 &&
                spec_.training.consistency.mode == ConsistencyMode::kBsp;
+  if (options_.overlap_push) {
+    context_.log(absl::StrCat(assignment_.job_id(),
+                              ": pushes overlap the backward pass (buckets of ",
+                              options_.chunk_elements, " elements)"));
+  }
   return absl::OkStatus();
 }
 

@@ -154,7 +154,7 @@ class PushFeed {
   ~PushFeed();
 
   // grads[begin, end) is final: sent by the parts whose ranges it meets.
-  // An element offered twice is sent twice (the shard keeps the last).
+  // Each element is offered once.
   void Offer(int64_t begin, int64_t end);
   // No more offers. A part whose range was not all offered is cancelled
   // (its Work result is kCancelled; the shard stages nothing of it).

@@ -1,0 +1,159 @@
+// The worker's parameter client against a real one-process server over a
+// socket: a push fed range by range (as the backward pass produces it)
+// moves the weights exactly as a whole push does; a feed closed early
+// stages nothing, and the retry counts once.
+#include "worker/param_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/errors.h"
+#include "proto/transport.h"
+#include "server/service.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::HasReason;
+using ::tally::testing::StatusIs;
+
+// 4 x 3 weights and 3 biases; plain SGD with lr 1, so the next weights are
+// exactly the old ones minus the (one worker's) gradient.
+constexpr char kSpec[] = R"(
+name: tiny
+model: {layers: [{linear: {in_features: 4, out_features: 3}}]}
+dataset: {name: synthetic, features: 4, classes: 3}
+training: {workers: 1}
+optimizer: {type: sgd, lr: 1.0}
+)";
+constexpr int64_t kParams = 15;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+class ParamClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions o;
+    o.lease_timeout = absl::Seconds(30);
+    auto s = TallyServer::Start("127.0.0.1:0", o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    address_ = absl::StrCat("127.0.0.1:", server_->port());
+    auto channel = Dial(address_);
+    auto jobs = v1::JobService::NewStub(channel);
+    auto workers = v1::WorkerService::NewStub(channel);
+    grpc::ClientContext c1, c2;
+    v1::SubmitJobRequest req;
+    req.set_spec(kSpec);
+    v1::SubmitJobResponse job;
+    ASSERT_TRUE(jobs->SubmitJob(&c1, req, &job).ok());
+    v1::RegisterWorkerRequest reg;
+    reg.set_name("t");
+    v1::RegisterWorkerResponse worker;
+    ASSERT_TRUE(workers->RegisterWorker(&c2, reg, &worker).ok());
+
+    ParamClientOptions po;
+    po.job_id = job.job().id();
+    po.worker_id = worker.worker_id();
+    po.incarnation = worker.incarnation();
+    po.chunk_elements = 4;  // a push of 15 is several messages
+    v1::ShardMap map;
+    map.add_shards()->set_count(kParams);  // the coordinator's own shard
+    auto client = ParameterClient::Create(map, kParams, address_, po);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    for (int64_t i = 0; i < kParams; ++i) grads_[i] = 0.125f * (i + 1);
+  }
+
+  std::vector<float> PullVersion(int64_t v) {
+    std::vector<float> w(kParams);
+    auto version = client_->Pull(v, w.data())->WaitVersion(Soon());
+    EXPECT_TRUE(version.ok()) << version.status();
+    EXPECT_EQ(*version, v);
+    return w;
+  }
+
+  PushInfo Step(int64_t step) {
+    PushInfo info;
+    info.step = step;
+    info.samples = 4;
+    info.commit = true;  // one shard: the push commits its step
+    return info;
+  }
+
+  std::unique_ptr<TallyServer> server_;
+  std::string address_;
+  std::unique_ptr<ParameterClient> client_;
+  float grads_[kParams];
+};
+
+TEST_F(ParamClientTest, AFedPushInAnyOrderMovesTheWeightsAsAWholePushDoes) {
+  const std::vector<float> w0 = PullVersion(0);
+  std::unique_ptr<PushFeed> feed;
+  auto push = client_->Push(Step(0), grads_, &feed);
+  ASSERT_NE(feed, nullptr);
+  // The last layer first, as backward produces them: the biases (less than
+  // a chunk: they wait for their neighbours), then the weights in two
+  // pieces, from another thread.
+  feed->Offer(12, 15);
+  std::thread([&] {
+    feed->Offer(5, 12);
+    feed->Offer(0, 5);
+  }).join();
+  ASSERT_TRUE(push->Wait(Soon()).ok()) << push->Results()[0];
+  EXPECT_TRUE(push->Committed());
+  const std::vector<float> w1 = PullVersion(1);
+  for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w1[i], w0[i] - grads_[i]);
+
+  // The same gradient pushed whole, for the next step: the same move.
+  auto whole = client_->Push(Step(1), grads_);
+  ASSERT_TRUE(whole->Wait(Soon()).ok()) << whole->Results()[0];
+  const std::vector<float> w2 = PullVersion(2);
+  for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w2[i], w1[i] - grads_[i]);
+}
+
+TEST_F(ParamClientTest, AFeedClosedEarlyStagesNothingAndTheRetryCountsOnce) {
+  const std::vector<float> w0 = PullVersion(0);
+  {
+    std::unique_ptr<PushFeed> feed;
+    auto push = client_->Push(Step(0), grads_, &feed);
+    feed->Offer(4, 15);  // sent: more than a bucket
+    feed->Close();       // the step failed before the first layer's gradient
+    EXPECT_THAT(push->Wait(Soon()),
+                StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  }
+  // The push sent again, whole: its first arrival, counted once.
+  auto retry = client_->Push(Step(0), grads_);
+  ASSERT_TRUE(retry->Wait(Soon()).ok()) << retry->Results()[0];
+  EXPECT_TRUE(retry->Committed());
+  const std::vector<float> w1 = PullVersion(1);
+  for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w1[i], w0[i] - grads_[i]);
+  // A feed destroyed without a word closes too: the work ends.
+  std::unique_ptr<PushFeed> feed;
+  auto abandoned = client_->Push(Step(1), grads_, &feed);
+  feed.reset();
+  EXPECT_THAT(abandoned->Wait(Soon()),
+              StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+}
+
+TEST_F(ParamClientTest, ANonFiniteValueInAFedRangeIsRefusedAsAWholePushIs) {
+  PullVersion(0);
+  grads_[13] = std::numeric_limits<float>::quiet_NaN();
+  std::unique_ptr<PushFeed> feed;
+  auto push = client_->Push(Step(0), grads_, &feed);
+  feed->Offer(8, 15);
+  feed->Offer(0, 8);
+  EXPECT_THAT(push->Wait(Soon()),
+              HasReason(absl::StatusCode::kInvalidArgument, v1::NON_FINITE));
+  // Refused and committed as nothing: the step closed without moving.
+  std::vector<float> w(kParams);
+  EXPECT_EQ(*client_->Pull(1, w.data())->WaitVersion(Soon()), 1);
+}
+
+}  // namespace
+}  // namespace tally
