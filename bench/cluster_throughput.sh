@@ -12,7 +12,9 @@
 #   bench/cluster_throughput.sh [REPEATS]
 # ROWS="mlp cnn" picks rows (default: mlp mlp-bf16 cnn). With BASELINE=DIR
 # (another build tree, e.g. of an earlier commit) its Tally runs too,
-# alternating with this build's, in a column of their own.
+# alternating with this build's, in a column of their own; BASELINE_FLAGS
+# (tally-worker flags, e.g. --overlap_push=false) are given to the
+# baseline's workers, whose build is then this one unless BASELINE is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -26,8 +28,8 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 . bench/lib.sh  # median, ratio, iperf_gbps
 port=7391
 
-tally_run() {  # spec [build] -> samples/s and test accuracy
-  local B=${2:-$B}
+tally_run() {  # spec [build [worker flags]] -> samples/s and test accuracy
+  local B=${2:-$B} wflags=(${3:-})
   port=$((port + 1))
   $B/server/tally-server --listen=127.0.0.1 --port=$port > "$tmp/server.log" 2>&1 &
   local sp=$!
@@ -35,7 +37,7 @@ tally_run() {  # spec [build] -> samples/s and test accuracy
   local w=() i
   for i in 1 2; do
     $B/worker/tally-worker --server=127.0.0.1:$port --devices=cpu:1 --quiet --health_port=-1 \
-      > "$tmp/w$i.log" 2>&1 &
+      "${wflags[@]}" > "$tmp/w$i.log" 2>&1 &
     w+=($!)
   done
   pids=("$sp" "${w[@]}")
@@ -54,6 +56,7 @@ tally_run() {  # spec [build] -> samples/s and test accuracy
   pids=()
 }
 
+[[ ${BASELINE_FLAGS:-} && ! ${BASELINE:-} ]] && BASELINE=$B
 printf "%-9s %14s %14s %8s %10s %10s" model tally_sps ddp_sps ratio tally_acc ddp_acc
 [[ ${BASELINE:-} ]] && printf " %14s %9s" base_sps base_ddp
 printf "\n"
@@ -74,7 +77,7 @@ for row in ${ROWS:-mlp mlp-bf16 cnn}; do
     tally_run "$tmp/$row.yaml" > "$tmp/r"; read -r sps acc < "$tmp/r"
     echo "$sps" >> "$tmp/t"; tacc=$acc
     if [[ ${BASELINE:-} ]]; then
-      tally_run "$tmp/$row.yaml" "$BASELINE" > "$tmp/r"; read -r sps acc < "$tmp/r"
+      tally_run "$tmp/$row.yaml" "$BASELINE" "${BASELINE_FLAGS:-}" > "$tmp/r"; read -r sps acc < "$tmp/r"
       echo "$sps" >> "$tmp/b"
     fi
     (cd bench && $PY pytorch_ddp.py --model "$model" --procs 2 --compress $compress --port $((29500 + i))) > "$tmp/d.json"
