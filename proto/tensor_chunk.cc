@@ -100,7 +100,8 @@ namespace {
 void EncodeChunkMessage(const std::string& prefix, bool with_chunk,
                         int chunk_field, int64_t offset, int64_t count,
                         v1::DType dtype, const grpc::Slice& values,
-                        int64_t first, grpc::ByteBuffer* out) {
+                        int64_t first, grpc::ByteBuffer* out,
+                        const std::string& suffix = std::string()) {
   const bool bf16 = dtype == v1::BFLOAT16;
   const int64_t nb = count * (bf16 ? 2 : 4);
   const size_t chunk_len = FieldSize(offset) + FieldSize(count) +
@@ -118,7 +119,7 @@ void EncodeChunkMessage(const std::string& prefix, bool with_chunk,
       p = PutVarint(p, static_cast<uint64_t>(nb));
     }
   }
-  grpc::Slice slices[4];
+  grpc::Slice slices[5];
   size_t n = 0;
   if (!prefix.empty()) slices[n++] = grpc::Slice(prefix);
   if (p > head) {
@@ -131,6 +132,7 @@ void EncodeChunkMessage(const std::string& prefix, bool with_chunk,
   if (tail_end > tail) {
     slices[n++] = grpc::Slice(tail, static_cast<size_t>(tail_end - tail));
   }
+  if (!suffix.empty()) slices[n++] = grpc::Slice(suffix);
   grpc::ByteBuffer buffer(slices, n);
   out->Swap(&buffer);
 }
@@ -154,7 +156,7 @@ void EncodePullResponse(int64_t version, int64_t total_steps, int64_t offset,
 void EncodePushRequest(const v1::PushHeader* header, int64_t offset,
                        int64_t count, v1::DType dtype,
                        const grpc::Slice& values, int64_t first,
-                       grpc::ByteBuffer* out) {
+                       grpc::ByteBuffer* out, const std::string& suffix) {
   // PushRequest: 1 header, 2 chunk.
   std::string prefix;
   if (header != nullptr) {
@@ -167,7 +169,7 @@ void EncodePushRequest(const v1::PushHeader* header, int64_t offset,
     prefix += h;
   }
   EncodeChunkMessage(prefix, /*with_chunk=*/count > 0, 2, offset, count, dtype,
-                     values, first, out);
+                     values, first, out, suffix);
 }
 
 // ---------------------------------------------------------- WireMessage --

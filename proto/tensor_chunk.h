@@ -114,11 +114,14 @@ class WireMessage {
 // A PushRequest as gRPC bytes: `header` (the first message's; else null),
 // then, when count > 0, the chunk of elements [offset, offset + count),
 // whose values are `values` from value `first` on, already in `dtype`.
-// The values are not copied: the buffer holds `values`.
+// The values are not copied: the buffer holds `values`. `suffix`, encoded
+// fields of a message that extends PushRequest (ExchangeRequest's
+// push_done), goes after them.
 void EncodePushRequest(const v1::PushHeader* header, int64_t offset,
                        int64_t count, v1::DType dtype,
                        const grpc::Slice& values, int64_t first,
-                       grpc::ByteBuffer* out);
+                       grpc::ByteBuffer* out,
+                       const std::string& suffix = std::string());
 
 // A PullResponse {version, total_steps, chunk} as gRPC bytes, written
 // without protobuf and without copying the values: a header slice of a few

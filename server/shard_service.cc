@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -58,38 +59,49 @@ class Coverage {
 
 // ----------------------------------------------------------------- push --
 
-// Reads raw PushRequest bytes: the header with protobuf, each chunk's values
-// from gRPC's slices straight into the staging buffer (checked for NaNs and
-// infinities on the way).
-class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+// One push, message by message: the header with protobuf, each chunk's
+// values from gRPC's slices straight into the staging buffer (checked for
+// NaNs and infinities on the way). PushGradients has one per call; an
+// Exchange stream one per push on it. Not thread-safe (its reactor's).
+class PushIntake {
  public:
-  PushReactor(ShardHost* host, DataPlaneMetrics* metrics,
-              grpc::ByteBuffer* resp)
-      : host_(host), metrics_(metrics), resp_bytes_(resp) {
-    StartRead(&req_);
+  explicit PushIntake(ShardHost* host) : host_(host) {}
+  PushIntake(const PushIntake&) = delete;
+  PushIntake& operator=(const PushIntake&) = delete;
+  ~PushIntake() { ReturnStaging(); }
+
+  // The header and chunk of one message (`msg` parsed with the chunk as
+  // field 2, the header as field 1). A non-OK status is the push's answer:
+  // it has ended, nothing of it staged.
+  absl::Status Add(const WireMessage& msg) {
+    absl::Status s = Consume(msg);
+    if (!s.ok()) ReturnStaging();
+    return s;
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      Complete();
-      return;
-    }
-    absl::Status s = Consume();
-    if (!s.ok()) {
+  // The push was already counted (a duplicate): its answer is ready, the
+  // rest of it is ignored.
+  bool answered() const { return answered_; }
+
+  // The end of the push: stages it whole, or says why not.
+  absl::StatusOr<v1::PushResponse> Finish() {
+    if (answered_) return resp_;
+    if (!has_header_) return absl::InvalidArgumentError("empty push stream");
+    if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
       ReturnStaging();
-      End(s);
-      return;
+      return absl::InvalidArgumentError(
+          absl::StrCat("the push covers ", coverage_.covered(), " of ",
+                       shard_->num_params(), " gradient elements"));
     }
-    if (done_early_) return;
-    StartRead(&req_);
+    bool duplicate = false;
+    absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
+    resp_.set_duplicate(duplicate);
+    if (s.ok()) CommitIfAsked();
+    resp_.set_version(shard_->version());
+    if (!s.ok()) return s;
+    return resp_;
   }
 
-  void OnDone() override {
-    ReturnStaging();
-    delete this;
-  }
-
- private:
   // The staging buffer goes back as soon as the push is decided, not when
   // gRPC finally retires the call.
   void ReturnStaging() {
@@ -97,19 +109,21 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       shard_->ReleaseStaging(std::move(staging_));
   }
 
-  absl::Status Consume() {
-    // PushRequest: 1 header, 2 chunk.
-    if (absl::Status s = msg_.Parse(req_, 2); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push message: ", s.message()));
-    }
+  // For the metrics.
+  bool duplicate() const { return resp_.duplicate(); }
+  double bytes() const { return bytes_; }
+  absl::Time started() const { return started_; }
+
+ private:
+  absl::Status Consume(const WireMessage& msg) {
+    if (answered_) return absl::OkStatus();  // a duplicate's rest
     if (!has_header_) {
-      if (!msg_.has(1)) {
+      if (!msg.has(1)) {
         return absl::InvalidArgumentError(
             "the first push message must carry the header");
       }
       v1::PushHeader h;
-      if (!h.ParseFromString(msg_.bytes(1))) {
+      if (!h.ParseFromString(msg.bytes(1))) {
         return absl::InvalidArgumentError("malformed push header");
       }
       meta_.worker_id = h.worker_id();
@@ -133,12 +147,11 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                           v1::NON_FINITE);
       }
       if (duplicate) {
-        // Already counted: acknowledge without reading the rest.
+        // Already counted: acknowledged without reading the rest.
         resp_.set_duplicate(true);
         CommitIfAsked();
         resp_.set_version(shard_->version());
-        done_early_ = true;
-        End(absl::OkStatus());
+        answered_ = true;
         return absl::OkStatus();
       }
       if (meta_.samples > 0) {
@@ -146,12 +159,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         if (!staging.ok()) return staging.status();
         staging_ = *std::move(staging);
       }
-    } else if (msg_.has(1)) {
+    } else if (msg.has(1)) {
       return absl::InvalidArgumentError(
           "only the first push message may carry a header");
     }
-    if (!msg_.has(2)) return absl::OkStatus();
-    const WireChunk& c = msg_.chunk();
+    if (!msg.has(2)) return absl::OkStatus();
+    const WireChunk& c = msg.chunk();
     bytes_ += static_cast<double>(c.data_size);
     TALLY_RETURN_IF_ERROR(CheckRangeChunk(c, range_));
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
@@ -159,8 +172,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     float* dst = staging_->data() + local;
     const bool bf16 = c.dtype == v1::BFLOAT16;
     int64_t bad = -1;
-    msg_.ForEachValues(bf16 ? 2 : 4, [&](const char* src, int64_t n,
-                                         int64_t first) {
+    msg.ForEachValues(bf16 ? 2 : 4, [&](const char* src, int64_t n,
+                                        int64_t first) {
       if (bad >= 0) return;
       const int64_t b =
           bf16 ? internal::DecodeBfloat16AndFindNonFinite(dst + first, src, n)
@@ -177,26 +190,6 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     coverage_.Add(local, local + c.count);
     return absl::OkStatus();
-  }
-
-  void Complete() {
-    if (!has_header_) {
-      End(absl::InvalidArgumentError("empty push stream"));
-      return;
-    }
-    if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
-      ReturnStaging();
-      End(absl::InvalidArgumentError(
-          absl::StrCat("the push covers ", coverage_.covered(), " of ",
-                       shard_->num_params(), " gradient elements")));
-      return;
-    }
-    bool duplicate = false;
-    absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
-    resp_.set_duplicate(duplicate);
-    if (s.ok()) CommitIfAsked();
-    resp_.set_version(shard_->version());
-    End(s);
   }
 
   // A push that is its own commit (PushHeader.commit) is committed once it
@@ -218,31 +211,13 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
   }
 
-  // Answers the push (once) and counts it.
-  void End(const absl::Status& s) {
-    if (metrics_ != nullptr) {
-      metrics_->Pushed(s, resp_.duplicate(),
-                       absl::ToDoubleSeconds(absl::Now() - started_), bytes_);
-    }
-    if (s.ok()) {
-      grpc::Slice slice(resp_.SerializeAsString());
-      grpc::ByteBuffer out(&slice, 1);
-      resp_bytes_->Swap(&out);
-    }
-    Finish(ToGrpc(s));
-  }
-
-  ShardHost* host_;            // borrowed
-  DataPlaneMetrics* metrics_;  // borrowed; may be null
+  ShardHost* host_;  // borrowed
   const absl::Time started_ = absl::Now();
-  double bytes_ = 0;              // tensor bytes received
-  grpc::ByteBuffer* resp_bytes_;  // gRPC's: the response, once encoded
+  double bytes_ = 0;  // tensor bytes received
   v1::PushResponse resp_;
-  grpc::ByteBuffer req_;
-  WireMessage msg_;
   bool has_header_ = false;
   bool self_commit_ = false;  // PushHeader.commit
-  bool done_early_ = false;
+  bool answered_ = false;
   PushMeta meta_;
   Range range_;
   std::shared_ptr<ParameterShard> shard_;
@@ -250,69 +225,189 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   Coverage coverage_;
 };
 
+// PushGradients: one push a call, read as raw PushRequest bytes.
+class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  PushReactor(ShardHost* host, DataPlaneMetrics* metrics,
+              grpc::ByteBuffer* resp)
+      : intake_(host), metrics_(metrics), resp_bytes_(resp) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      End(intake_.Finish());
+      return;
+    }
+    // PushRequest: 1 header, 2 chunk.
+    absl::Status s = msg_.Parse(req_, 2);
+    if (!s.ok()) {
+      intake_.ReturnStaging();
+      End(absl::InvalidArgumentError(
+          absl::StrCat("push message: ", s.message())));
+      return;
+    }
+    s = intake_.Add(msg_);
+    if (!s.ok()) {
+      End(s);
+      return;
+    }
+    // A duplicate is answered without reading the rest.
+    if (intake_.answered()) {
+      End(intake_.Finish());
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnDone() override {
+    intake_.ReturnStaging();
+    delete this;
+  }
+
+ private:
+  // Answers the push (once) and counts it.
+  void End(const absl::StatusOr<v1::PushResponse>& r) {
+    if (metrics_ != nullptr) {
+      metrics_->Pushed(r.status(), intake_.duplicate(),
+                       absl::ToDoubleSeconds(absl::Now() - intake_.started()),
+                       intake_.bytes());
+    }
+    if (r.ok()) {
+      grpc::Slice slice(r->SerializeAsString());
+      grpc::ByteBuffer out(&slice, 1);
+      resp_bytes_->Swap(&out);
+    }
+    Finish(ToGrpc(r.status()));
+  }
+
+  PushIntake intake_;
+  DataPlaneMetrics* metrics_;     // borrowed; may be null
+  grpc::ByteBuffer* resp_bytes_;  // gRPC's: the response, once encoded
+  grpc::ByteBuffer req_;
+  WireMessage msg_;
+};
+
 // ----------------------------------------------------------------- pull --
 
-// Writes raw gRPC bytes: each PullResponse is encoded by EncodePullResponse
-// over a slice of the weights snapshot (float32 values are not copied on
-// their way to the transport). The wire is the .proto's.
+// One pull, from its request to its last message: checks the caller,
+// records the commit it carries, waits (bounded) as the job's rule says,
+// then encodes the weights of one version chunk by chunk as slices of the
+// published weights (float32 values are not copied on their way to the
+// transport; the wire is the .proto's). PullWeights has one per call, an
+// Exchange stream one per pull on it. Not thread-safe (its reactor's).
+class PullServing {
+ public:
+  // kOk once the shard was asked to call `ready` when the pull may be
+  // served (perhaps already, on this thread); otherwise why not.
+  absl::Status Begin(ShardHost* host, const v1::PullRequest& req,
+                     std::function<void(const absl::Status&)> ready) {
+    chunk_ = req.chunk_elements() > 0 ? std::min<int64_t>(req.chunk_elements(),
+                                                          kDefaultChunkElements)
+                                      : kDefaultChunkElements;
+    TALLY_ASSIGN_OR_RETURN(Range range, host->Find(req.job_id()));
+    TALLY_RETURN_IF_ERROR(DTypeWidth(req.dtype()).status());
+    dtype_ = req.dtype();
+    // Only the job's members read its weights on the data path (clients
+    // fetch them through JobService).
+    TALLY_RETURN_IF_ERROR(
+        range.shard->CheckMember(req.worker_id(), req.incarnation()));
+    if (req.total_steps() > 0) {
+      TALLY_RETURN_IF_ERROR(
+          range.shard->SetSchedule(req.total_steps(), req.steps_per_epoch()));
+    }
+    if (req.has_commit() &&
+        !range.shard->Commit(req.worker_id(), req.incarnation(),
+                             req.commit().step(), req.commit().contributed())) {
+      return absl::UnavailableError(
+          "the job's membership is changing: pull again with the commit");
+    }
+    range_ = std::move(range);
+    shard_ = range_.shard;
+    const int64_t wait_ms = req.max_wait_ms() > 0
+                                ? std::min<int64_t>(req.max_wait_ms(), 600000)
+                                : 30000;
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
+    if (req.has_clock()) {
+      shard_->WhenClock(req.worker_id(), req.clock(), req.min_version(),
+                        deadline, std::move(ready));
+    } else {
+      shard_->WhenVersion(req.min_version(), deadline, std::move(ready));
+    }
+    return absl::OkStatus();
+  }
+
+  // The pull may be served now: the weights it sends are fixed.
+  void Ready() {
+    waited_ = absl::Now() - started_;
+    weights_ = shard_->Snapshot(&version_, &total_steps_);
+    values_ = dtype_ == v1::BFLOAT16
+                  ? SnapshotSlice(shard_->Bfloat16Of(weights_, version_))
+                  : SnapshotSlice(weights_);
+  }
+  bool ready() const { return weights_ != nullptr; }
+  // Every message was made.
+  bool exhausted() const {
+    return next_ > 0 && next_ >= static_cast<int64_t>(weights_->size());
+  }
+
+  // The next message into `out` (a range of none gets one, for the
+  // version); false once all were made.
+  bool Next(grpc::ByteBuffer* out) {
+    const int64_t n = static_cast<int64_t>(weights_->size());
+    if (next_ >= n && next_ > 0) return false;
+    const int64_t count = std::min(chunk_, n - next_);
+    EncodePullResponse(version_, total_steps_, range_.offset + next_, count,
+                       dtype_, values_, next_, out);
+    next_ += std::max<int64_t>(count, 1);
+    bytes_ += count * (dtype_ == v1::BFLOAT16 ? 2 : 4);
+    return true;
+  }
+
+  void Count(DataPlaneMetrics* metrics) const {
+    if (metrics == nullptr) return;
+    metrics->Pulled(absl::ToDoubleSeconds(waited_),
+                    absl::ToDoubleSeconds(absl::Now() - started_),
+                    static_cast<double>(bytes_));
+  }
+
+ private:
+  const absl::Time started_ = absl::Now();
+  absl::Duration waited_;
+  int64_t bytes_ = 0;
+  Range range_;
+  std::shared_ptr<ParameterShard> shard_;
+  int64_t chunk_ = kDefaultChunkElements;
+  v1::DType dtype_ = v1::FLOAT32;
+  std::shared_ptr<const std::vector<float>> weights_;
+  int64_t version_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t next_ = 0;
+  grpc::Slice values_;  // over weights_
+};
+
+// PullWeights: one pull a call, written as raw PullResponse bytes.
 class PullReactor final
     : public EventWriteReactor<PullReactor, grpc::ByteBuffer> {
  public:
   PullReactor(ShardHost* host, DataPlaneMetrics* metrics,
               const grpc::ByteBuffer* raw)
       : metrics_(metrics) {
-    v1::PullRequest parsed;
+    v1::PullRequest req;
     {
       grpc::ByteBuffer copy(*raw);  // Deserialize clears what it reads
-      if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy,
-                                                                   &parsed)
+      if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy, &req)
                .ok()) {
         FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                 "malformed PullRequest"));
         return;
       }
     }
-    const v1::PullRequest* req = &parsed;
-    chunk_ =
-        req->chunk_elements() > 0
-            ? std::min<int64_t>(req->chunk_elements(), kDefaultChunkElements)
-            : kDefaultChunkElements;
-    absl::StatusOr<Range> range = host->Find(req->job_id());
-    absl::Status s = range.status();
-    if (s.ok()) s = DTypeWidth(req->dtype()).status();
-    dtype_ = req->dtype();
-    // Only the job's members read its weights on the data path (clients
-    // fetch them through JobService).
-    if (s.ok())
-      s = range->shard->CheckMember(req->worker_id(), req->incarnation());
-    if (s.ok() && req->total_steps() > 0) {
-      s = range->shard->SetSchedule(req->total_steps(), req->steps_per_epoch());
-    }
-    if (s.ok() && req->has_commit() &&
-        !range->shard->Commit(req->worker_id(), req->incarnation(),
-                              req->commit().step(),
-                              req->commit().contributed())) {
-      s = absl::UnavailableError(
-          "the job's membership is changing: pull again with the commit");
-    }
-    if (!s.ok()) {
-      FinishOnce(ToGrpc(s));
-      return;
-    }
-    range_ = *std::move(range);
-    shard_ = range_.shard;
-    const int64_t wait_ms = req->max_wait_ms() > 0
-                                ? std::min<int64_t>(req->max_wait_ms(), 600000)
-                                : 30000;
-    auto ready =
-        WhileLive([](PullReactor* r, const absl::Status& st) { r->Ready(st); });
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
-    if (req->has_clock()) {
-      shard_->WhenClock(req->worker_id(), req->clock(), req->min_version(),
-                        deadline, std::move(ready));
-    } else {
-      shard_->WhenVersion(req->min_version(), deadline, std::move(ready));
-    }
+    // The wait may end at once, on this thread: not under mu_.
+    absl::Status s = pull_.Begin(
+        host, req,
+        WhileLive([](PullReactor* r, const absl::Status& st) { r->Ready(st); }));
+    if (!s.ok()) FinishOnce(ToGrpc(s));
   }
 
   void OnWriteDone(bool ok) override {
@@ -328,47 +423,258 @@ class PullReactor final
       FinishOnceLocked(ToGrpc(s));
       return;
     }
-    waited_ = absl::Now() - started_;
-    weights_ = shard_->Snapshot(&version_, &total_steps_);
-    values_ = dtype_ == v1::BFLOAT16
-                  ? SnapshotSlice(shard_->Bfloat16Of(weights_, version_))
-                  : SnapshotSlice(weights_);
+    pull_.Ready();
     WriteNextLocked();
   }
 
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int64_t n = static_cast<int64_t>(weights_->size());
-    if (next_ >= n && next_ > 0) {
-      if (metrics_ != nullptr) {
-        metrics_->Pulled(absl::ToDoubleSeconds(waited_),
-                         absl::ToDoubleSeconds(absl::Now() - started_),
-                         static_cast<double>(bytes_));
-      }
+    if (!pull_.Next(&resp_)) {
+      pull_.Count(metrics_);
       FinishOnceLocked(grpc::Status::OK);
       return;
     }
-    const int64_t count = std::min(chunk_, n - next_);
-    EncodePullResponse(version_, total_steps_, range_.offset + next_, count,
-                       dtype_, values_, next_, &resp_);
-    next_ += std::max<int64_t>(count, 1);
-    bytes_ += count * (dtype_ == v1::BFLOAT16 ? 2 : 4);
     StartWriteLocked(&resp_);
   }
 
   DataPlaneMetrics* metrics_;  // borrowed; may be null
-  const absl::Time started_ = absl::Now();
-  absl::Duration waited_ ABSL_GUARDED_BY(mu_);
-  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  Range range_;
-  std::shared_ptr<ParameterShard> shard_;
-  int64_t chunk_ = kDefaultChunkElements;
-  v1::DType dtype_ = v1::FLOAT32;
-  std::shared_ptr<const std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
-  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  grpc::Slice values_ ABSL_GUARDED_BY(mu_);  // over weights_
+  // Begun in the constructor (before any event can reach Ready), then
+  // used under mu_.
+  PullServing pull_;
   grpc::ByteBuffer resp_ ABSL_GUARDED_BY(mu_);
+};
+
+// ------------------------------------------------------------- exchange --
+
+// Exchange: pushes and pulls on one long-lived stream, answered in order
+// (proto/tally.proto). Reads are handled one at a time, as they come; the
+// answers (push responses, then the chunks of the pull being served) are
+// written one at a time from a queue. Any error ends the stream with its
+// status; an unfinished push is dropped with it (nothing of it staged).
+class ExchangeReactor final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  ExchangeReactor(ShardHost* host, DataPlaneMetrics* metrics)
+      : host_(host), metrics_(metrics), handle_(std::make_shared<Handle>()) {
+    handle_->reactor = this;
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      if (!ok) {
+        // The worker is done writing: whatever is answered goes, then the
+        // stream ends. A push left open is dropped.
+        reads_done_ = true;
+        push_.reset();
+        MaybeFinishLocked();
+        return;
+      }
+    }
+    absl::Status s = Take();
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
+      push_.reset();
+      EndLocked(ToGrpc(s));
+      return;
+    }
+    if (!finished_) StartRead(&req_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      return;
+    }
+    if (finished_) {
+      if (!final_sent_) SendFinishLocked();
+      return;
+    }
+    WriteNextLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&handle_->mu);
+      handle_->reactor = nullptr;
+    }
+    delete this;  // an open push returns its staging buffer
+  }
+
+ private:
+  struct Handle {
+    absl::Mutex mu;
+    ExchangeReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  // One request message, in its fields' order: header, chunk, push_done,
+  // pull. Runs on the reading thread, one message at a time.
+  absl::Status Take() {
+    // ExchangeRequest: 1 header, 2 chunk, 3 push_done, 4 pull.
+    if (absl::Status s = msg_.Parse(req_, 2); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("exchange message: ", s.message()));
+    }
+    if (msg_.has(1) || msg_.has(2)) {
+      if (msg_.has(1) && push_ != nullptr) {
+        return absl::InvalidArgumentError(
+            "a push began before the last one ended");
+      }
+      if (!msg_.has(1) && push_ == nullptr) {
+        return absl::InvalidArgumentError("a chunk of no push");
+      }
+      if (push_ == nullptr) push_ = std::make_unique<PushIntake>(host_);
+      if (absl::Status s = push_->Add(msg_); !s.ok()) {
+        CountPush(s);
+        return s;
+      }
+    }
+    if (msg_.varint(3) != 0) {
+      if (push_ == nullptr) {
+        return absl::InvalidArgumentError("push_done with no push begun");
+      }
+      absl::StatusOr<v1::PushResponse> r = push_->Finish();
+      CountPush(r.status());
+      push_.reset();
+      if (!r.ok()) return r.status();
+      // ExchangeResponse: 4 push.
+      const std::string body = r->SerializeAsString();
+      std::string bytes(1, static_cast<char>((4 << 3) | 2));
+      for (uint64_t n = body.size(); ; n >>= 7) {
+        if (n < 0x80) {
+          bytes.push_back(static_cast<char>(n));
+          break;
+        }
+        bytes.push_back(static_cast<char>((n & 0x7f) | 0x80));
+      }
+      bytes += body;
+      grpc::Slice slice(bytes);
+      absl::MutexLock lock(&mu_);
+      out_.emplace_back(&slice, 1);
+      WriteNextLocked();
+    }
+    if (msg_.has(4)) {
+      if (push_ != nullptr) {
+        return absl::InvalidArgumentError("a pull inside an open push");
+      }
+      v1::PullRequest req;
+      if (!req.ParseFromString(msg_.bytes(4))) {
+        return absl::InvalidArgumentError("malformed PullRequest");
+      }
+      auto pull = std::make_unique<PullServing>();
+      PullServing* p = pull.get();
+      {
+        absl::MutexLock lock(&mu_);
+        if (pull_ != nullptr) {
+          return absl::InvalidArgumentError(
+              "a pull while the last one is being answered");
+        }
+        pull_ = std::move(pull);
+      }
+      // Ready may run at once, on this thread: not under mu_. Until then
+      // nothing else touches the pull.
+      absl::Status s =
+          p->Begin(host_, req, [weak = std::weak_ptr<Handle>(handle_)](
+                                   const absl::Status& st) {
+            std::shared_ptr<Handle> h = weak.lock();
+            if (h == nullptr) return;
+            absl::MutexLock lock(&h->mu);
+            if (h->reactor != nullptr) h->reactor->Ready(st);
+          });
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  void Ready(const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || pull_ == nullptr) return;
+    if (!s.ok()) {
+      EndLocked(ToGrpc(s));
+      return;
+    }
+    pull_->Ready();
+    WriteNextLocked();
+  }
+
+  // Writes the next answer, if nothing is being written: a push's answer
+  // first, then the pull's chunks in order.
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || finished_) return;
+    if (!out_.empty()) {
+      cur_ = std::move(out_.front());
+      out_.pop_front();
+      writing_ = true;
+      StartWrite(&cur_);
+      return;
+    }
+    if (pull_ != nullptr && pull_->ready()) {
+      pull_->Next(&cur_);
+      // The worker may ask its next pull as soon as this last message
+      // reaches it (before this write is done): this pull is over now.
+      if (pull_->exhausted()) {
+        pull_->Count(metrics_);
+        pull_.reset();
+      }
+      writing_ = true;
+      StartWrite(&cur_);
+      return;
+    }
+    MaybeFinishLocked();
+  }
+
+  // The worker is done writing and everything is answered: the end.
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reads_done_ && !writing_ && out_.empty() && pull_ == nullptr)
+      EndLocked(grpc::Status::OK);
+  }
+
+  // Ends the stream with `s` (once; after the write in progress, if any).
+  void EndLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    final_ = s;
+    if (!writing_) SendFinishLocked();
+  }
+  void SendFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    final_sent_ = true;
+    Finish(final_);
+  }
+
+  void CountPush(const absl::Status& s) {
+    if (metrics_ == nullptr || push_ == nullptr) return;
+    metrics_->Pushed(s, push_->duplicate(),
+                     absl::ToDoubleSeconds(absl::Now() - push_->started()),
+                     push_->bytes());
+  }
+
+  ShardHost* host_;            // borrowed
+  DataPlaneMetrics* metrics_;  // borrowed; may be null
+  std::shared_ptr<Handle> handle_;
+  // The reading side's (one read at a time).
+  grpc::ByteBuffer req_;
+  WireMessage msg_;
+  // The push being read, if any. Touched by the reading side and, once it
+  // is done (reads_done_ or an error), under mu_.
+  std::unique_ptr<PushIntake> push_;
+
+  absl::Mutex mu_;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_sent_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer cur_ ABSL_GUARDED_BY(mu_);  // being written
+  std::unique_ptr<PullServing> pull_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---------------------------------------------------------------- save --
@@ -535,6 +841,11 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::PushGradients(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::PullWeights(
     grpc::CallbackServerContext*, const grpc::ByteBuffer* req) {
   return new PullReactor(host_, metrics_, req);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+ParameterServiceImpl::Exchange(grpc::CallbackServerContext*) {
+  return new ExchangeReactor(host_, metrics_);
 }
 
 grpc::ServerReadReactor<v1::InstallRangeChunk>* ShardServiceImpl::InstallRange(

@@ -12,14 +12,15 @@
 
 namespace tally {
 
-// PushGradients and PullWeights are served as raw bytes: pushes are read
-// from gRPC's slices straight into the staging buffer, pulls are written as
-// slices of the weights snapshot (proto/tensor_chunk.h); the bytes on the
-// wire are the .proto's.
+// PushGradients, PullWeights and Exchange are served as raw bytes: pushes
+// are read from gRPC's slices straight into the staging buffer, pulls are
+// written as slices of the weights snapshot (proto/tensor_chunk.h); the
+// bytes on the wire are the .proto's.
 class ParameterServiceImpl final
     : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
           v1::ParameterService::WithRawCallbackMethod_PullWeights<
-              v1::ParameterService::CallbackService>> {
+              v1::ParameterService::WithRawCallbackMethod_Exchange<
+                  v1::ParameterService::Service>>> {
  public:
   // `metrics` (borrowed) may be null: nothing is counted.
   ParameterServiceImpl(ShardHost* host, DataPlaneMetrics* metrics)
@@ -30,6 +31,8 @@ class ParameterServiceImpl final
       grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullWeights(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
+      grpc::CallbackServerContext* ctx) override;
 
  private:
   ShardHost* host_;            // borrowed

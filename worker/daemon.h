@@ -39,6 +39,9 @@ struct DaemonOptions {
   // last layer first), beside the layers still computing; false: the whole
   // gradient once the step is done.
   bool overlap_push = true;
+  // Pushes and pulls on one Exchange stream per shard for the whole job;
+  // false: a PushGradients and a PullWeights call per step.
+  bool exchange_stream = true;
   bool verbose = true;
   // TLS material and bearer token for the coordinator and every shard.
   TransportOptions transport;

@@ -149,6 +149,7 @@ absl::Status JobRunner::Prepare() {
   po.chunk_elements = options_.chunk_elements;
   po.rpc_timeout = options_.rpc_timeout;
   po.transport = options_.transport;
+  po.exchange = options_.exchange_stream;
   po.total_steps = schedule_.total_steps;
   po.steps_per_epoch = schedule_.steps_per_epoch;
   po.mixed_versions =

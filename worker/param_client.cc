@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/bfloat16.h"
+#include "common/status_macros.h"
 #include "proto/errors.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
@@ -49,6 +50,13 @@ void Work::Finished(int part, grpc::ClientContext* ctx,
     mixed_versions_ = true;
     version_ = std::min(version_, version);
   }
+  --pending_;
+}
+
+void Work::Failed(int part, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  results_[part] = status;
+  if (status_.ok()) status_ = status;
   --pending_;
 }
 
@@ -124,37 +132,36 @@ namespace {
 
 constexpr char kPushMethod[] = "/tally.v1.ParameterService/PushGradients";
 constexpr char kPullMethod[] = "/tally.v1.ParameterService/PullWeights";
+constexpr char kExchangeMethod[] = "/tally.v1.ParameterService/Exchange";
 
-grpc::ByteBuffer Serialized(const google::protobuf::Message& m) {
-  grpc::Slice slice(m.SerializeAsString());
-  return grpc::ByteBuffer(&slice, 1);
+// ExchangeRequest.push_done = true, appended to a push's last message.
+const std::string& PushDone() {
+  static const std::string* done = new std::string("\x18\x01", 2);
+  return *done;
 }
 
 }  // namespace
 
-// One shard's part of a push: the header, then the shard's range in chunks,
-// each written when the previous one is on its way. Float32 values are not
-// copied: each message's data is a slice of the caller's gradient. Ranges
-// are sent as they are offered (all at once, or through a PushFeed as the
-// backward pass produces them); a fed call holds itself open (AddHold)
-// until its feed has offered its whole range or closed.
-class PushCall final
-    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// One shard's part of a push, as messages: the header with the first, then
+// the part's range in chunks, sent as it is offered (all at once, or
+// through a PushFeed as the backward pass produces it). Like DDP's gradient
+// buckets, a message waits until a whole chunk of adjacent ranges is ready
+// or the range is complete: small layers go together, and a model smaller
+// than a chunk goes in one message. Float32 values are not copied: each
+// message's data is a slice of the caller's gradient. Thread-safe.
+class PushMessages {
  public:
-  PushCall(std::shared_ptr<Work> work, int part,
-           std::shared_ptr<ParameterClient::InFlight> in_flight,
-           ParameterClient::RawStub* stub, const ParamClientOptions& o,
-           const PushInfo& info, bool commit, const float* grads,
-           int64_t offset, int64_t count, bool fed)
-      : work_(std::move(work)),
-        in_flight_(std::move(in_flight)),
-        part_(part),
-        grads_(grads),
+  PushMessages(const std::shared_ptr<Work>& work,
+               const std::shared_ptr<ParameterClient::InFlight>& in_flight,
+               const ParamClientOptions& o, const PushInfo& info, bool commit,
+               const float* grads, int64_t offset, int64_t count,
+               std::string last_suffix)
+      : grads_(grads),
         offset_(offset),
         total_(info.samples == 0 ? 0 : count),
         chunk_(std::max<int64_t>(1, o.chunk_elements)),
-        dtype_(o.dtype) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
+        dtype_(o.dtype),
+        last_suffix_(std::move(last_suffix)) {
     header_.set_job_id(o.job_id);
     header_.set_worker_id(o.worker_id);
     header_.set_incarnation(o.incarnation);
@@ -171,43 +178,255 @@ class PushCall final
       encoded_ = reinterpret_cast<char*>(encoded->data());
       values_ = SnapshotSlice(std::move(encoded));
     } else if (total_ > 0) {
-      values_ =
-          LendSlice(work_, in_flight_, grads + offset, sizeof(float) * total_);
+      values_ = Lend(work, in_flight, grads + offset, sizeof(float) * total_);
     }
-    work_->Started(&ctx_);
-    stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(),
-                                   this);
-    fed_ = fed && total_ > 0;
-    if (fed_) {
-      AddHold();  // released by the feed (Release)
-    } else {
-      if (total_ > 0) Queue(offset_, offset_ + total_);
-      absl::MutexLock lock(&mu_);
-      PrepareLocked();  // the header (and the first chunk, if any)
-    }
-    if (!fed_) StartWrite(&msg_);
-    StartRead(&resp_bytes_);
-    StartCall();
   }
 
   int64_t begin() const { return offset_; }
   int64_t end() const { return offset_ + total_; }
 
-  // grads[b, e) (within this part's range) is final: sends it. Called by
-  // the feed while this call is held.
-  void Offer(int64_t b, int64_t e) {
-    Queue(b, e);
-    bool write = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!writing_) write = PrepareLocked();
+  // Readies grads[b, e) (within the range) for sending; bfloat16 encodes
+  // it here (its part of the buffer is this caller's alone until queued).
+  void Queue(int64_t b, int64_t e) {
+    if (e <= b) return;
+    if (dtype_ == v1::BFLOAT16) {
+      FloatToBfloat16(grads_ + b, encoded_ + 2 * (b - offset_), e - b);
     }
-    if (write) StartWrite(&msg_);
+    absl::MutexLock lock(&mu_);
+    queued_ += e - b;
+    // Adjacent ranges (the layers before and after) make one bucket.
+    for (auto& r : ready_) {
+      if (r.first == e) {
+        r.first = b;
+        return;
+      }
+      if (r.second == b) {
+        r.second = e;
+        return;
+      }
+    }
+    ready_.push_back({b, e});
   }
-  // The feed's last word to this call: it lets the call end (cancelled
-  // first unless the whole range was offered). The call may be gone when
-  // this returns.
-  void Release(bool complete) {
+
+  // The next message into `out`, if one is ready; the last one carries
+  // `last_suffix`.
+  bool Next(grpc::ByteBuffer* out) {
+    absl::MutexLock lock(&mu_);
+    if (done_) return false;
+    const bool first = !header_sent_;
+    int64_t at = offset_, n = 0;
+    if (total_ > 0) {
+      auto it = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) {
+        return r.second - r.first >= chunk_;
+      });
+      if (it == ready_.end() && queued_ == total_ && !ready_.empty())
+        it = ready_.begin();
+      if (it == ready_.end()) return false;
+      auto& [b, e] = *it;
+      at = b;
+      n = std::min(chunk_, e - b);
+      b += n;
+      if (b == e) ready_.erase(it);
+    }
+    done_ = queued_ == total_ && ready_.empty();
+    EncodePushRequest(first ? &header_ : nullptr, at, n, dtype_, values_,
+                      at - offset_, out, done_ ? last_suffix_ : std::string());
+    header_sent_ = true;
+    if (done_) values_ = grpc::Slice();  // the messages hold what they need
+    return true;
+  }
+
+  // Sends nothing more and lets go of the values.
+  void Drop() {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    ready_.clear();
+    values_ = grpc::Slice();
+  }
+
+  // Every message was made.
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+ private:
+  // A slice over `n` bytes of the caller's buffer at `p`, lent to gRPC:
+  // `work` is not done, and the client not destroyed, until gRPC has let
+  // go of it.
+  struct Loan {
+    std::shared_ptr<Work> work;
+    std::shared_ptr<ParameterClient::InFlight> in_flight;
+  };
+  static grpc::Slice Lend(std::shared_ptr<Work> work,
+                          std::shared_ptr<ParameterClient::InFlight> in_flight,
+                          const void* p, size_t n) {
+    auto* loan = new Loan{std::move(work), std::move(in_flight)};
+    loan->work->Lend();
+    loan->in_flight->Add();
+    return grpc::Slice(
+        const_cast<void*>(p), n,
+        [](void* u) {
+          auto* l = static_cast<Loan*>(u);
+          l->work->Returned();
+          std::shared_ptr<ParameterClient::InFlight> in_flight =
+              std::move(l->in_flight);
+          delete l;
+          in_flight->Done();
+        },
+        loan);
+  }
+
+  const float* grads_;  // borrowed: the whole flat gradient
+  const int64_t offset_;
+  const int64_t total_;  // elements to send: the range, or 0 (header only)
+  const int64_t chunk_;
+  const v1::DType dtype_;
+  const std::string last_suffix_;
+  v1::PushHeader header_;
+  char* encoded_ = nullptr;  // bfloat16: the buffer values_ holds
+  mutable absl::Mutex mu_;
+  grpc::Slice values_ ABSL_GUARDED_BY(mu_);  // the range, in the wire dtype
+  std::deque<std::pair<int64_t, int64_t>> ready_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool header_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// What a PushFeed feeds: one shard's part of a push.
+class FedPart {
+ public:
+  virtual ~FedPart() = default;
+  // grads[b, e), within the part's range, is final: send it.
+  virtual void Offer(int64_t b, int64_t e) = 0;
+  // The feed's last word (the part may be gone when it returns): the part
+  // ends, cancelled first unless its whole range was offered.
+  virtual void Release(bool complete) = 0;
+};
+
+// One shard's part of a pull: checks each chunk (well-formed, inside the
+// shard's range, one version) and decodes its values from gRPC's slices
+// straight into the flat vector. Used by one reader at a time.
+class PullDecoder {
+ public:
+  PullDecoder(float* params, int64_t num_params, int64_t offset,
+              int64_t count)
+      : params_(params),
+        num_params_(num_params),
+        offset_(offset),
+        count_(count) {}
+
+  // A message read as `msg` (the chunk its field 3, the version field 1);
+  // kDataLoss when it is not what a shard sends.
+  absl::Status Take(const WireMessage& msg) {
+    const WireChunk& c = msg.chunk();
+    absl::Status bad = CheckChunkFields(c.offset, c.count, c.dtype,
+                                        c.data_size, num_params_);
+    if (bad.ok() &&
+        (c.offset < offset_ || c.offset + c.count > offset_ + count_)) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "chunk [", c.offset, ", +", c.count, ") is outside the shard's [",
+          offset_, ", +", count_, ")"));
+    }
+    const int64_t version = msg.varint(1);
+    if (bad.ok() && version_ >= 0 && version != version_) {
+      bad = absl::InvalidArgumentError("the version changed within a pull");
+    }
+    if (!bad.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("malformed weights from the shard: ", bad.message()));
+    }
+    float* dst = params_ + c.offset;
+    if (c.dtype == v1::BFLOAT16) {
+      msg.ForEachValues(2, [dst](const char* src, int64_t n, int64_t first) {
+        Bfloat16ToFloat(src, dst + first, n);
+      });
+    } else {
+      msg.ForEachValues(4, [dst](const char* src, int64_t n, int64_t first) {
+        std::memcpy(dst + first, src, 4 * n);
+      });
+    }
+    received_ += c.count;
+    version_ = version;
+    return absl::OkStatus();
+  }
+
+  bool complete() const { return received_ == count_; }
+  int64_t version() const { return version_; }
+  // The pull's result once the shard is done sending.
+  absl::Status Result() const {
+    if (received_ == count_) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat("pulled ", received_, " of the ",
+                                            count_, " weights of a shard"));
+  }
+
+ private:
+  float* params_;  // borrowed: the whole flat vector
+  const int64_t num_params_, offset_, count_;
+  int64_t received_ = 0;
+  int64_t version_ = -1;
+};
+
+v1::PullRequest MakePullRequest(const ParamClientOptions& o,
+                                int64_t min_version,
+                                const v1::StepCommit* commit, int64_t clock) {
+  v1::PullRequest req;
+  req.set_job_id(o.job_id);
+  req.set_worker_id(o.worker_id);
+  req.set_incarnation(o.incarnation);
+  req.set_min_version(min_version);
+  req.set_max_wait_ms(absl::ToInt64Milliseconds(o.pull_wait));
+  req.set_total_steps(o.total_steps);
+  req.set_steps_per_epoch(o.steps_per_epoch);
+  req.set_dtype(o.dtype);
+  if (commit != nullptr) *req.mutable_commit() = *commit;
+  if (clock >= 0) req.set_clock(clock);
+  return req;
+}
+
+// One shard's part of a push as a PushGradients call: its messages, each
+// written when the previous one is on its way, then the answer. A fed call
+// holds itself open (AddHold) until its feed has offered its whole range
+// or closed.
+class PushCall final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public FedPart {
+ public:
+  PushCall(std::shared_ptr<Work> work, int part,
+           std::shared_ptr<ParameterClient::InFlight> in_flight,
+           ParameterClient::RawStub* stub, const ParamClientOptions& o,
+           const PushInfo& info, bool commit, const float* grads,
+           int64_t offset, int64_t count, bool fed)
+      : work_(std::move(work)),
+        in_flight_(std::move(in_flight)),
+        part_(part),
+        messages_(work_, in_flight_, o, info, commit, grads, offset, count,
+                  std::string()) {
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
+    work_->Started(&ctx_);
+    stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(),
+                                   this);
+    fed_ = fed && messages_.end() > messages_.begin();
+    if (fed_) {
+      AddHold();  // released by the feed (Release)
+    } else {
+      messages_.Queue(messages_.begin(), messages_.end());
+      messages_.Next(&msg_);  // the header (and the first chunk, if any)
+      writing_ = true;
+      StartWrite(&msg_);
+    }
+    StartRead(&resp_bytes_);
+    StartCall();
+  }
+
+  int64_t begin() const { return messages_.begin(); }
+  int64_t end() const { return messages_.end(); }
+
+  void Offer(int64_t b, int64_t e) override {
+    messages_.Queue(b, e);
+    WriteIfIdle();
+  }
+  void Release(bool complete) override {
     if (!complete) ctx_.TryCancel();
     RemoveHold();
   }
@@ -215,20 +434,11 @@ class PushCall final
   void OnWriteDone(bool ok) override {
     // A failed write ends the call; OnDone reports why.
     if (!ok) return;
-    bool write = false, last = false;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
-      if (!ready_.empty()) {
-        write = PrepareLocked();
-      } else if (queued_ == total_) {
-        last = true;
-        msg_.Clear();
-        values_ = grpc::Slice();
-      }
     }
-    if (write) StartWrite(&msg_);
-    if (last) StartWritesDone();
+    WriteIfIdle();
   }
 
   void OnReadDone(bool ok) override {
@@ -260,105 +470,34 @@ class PushCall final
   }
 
  private:
-  // A slice over `n` bytes of the caller's buffer at `p`, lent to gRPC:
-  // `work` is not done, and the client not destroyed, until gRPC has let
-  // go of it.
-  struct Loan {
-    std::shared_ptr<Work> work;
-    std::shared_ptr<ParameterClient::InFlight> in_flight;
-  };
-  static grpc::Slice LendSlice(
-      std::shared_ptr<Work> work,
-      std::shared_ptr<ParameterClient::InFlight> in_flight, const void* p,
-      size_t n) {
-    auto* loan = new Loan{std::move(work), std::move(in_flight)};
-    loan->work->Lend();
-    loan->in_flight->Add();
-    return grpc::Slice(
-        const_cast<void*>(p), n,
-        [](void* u) {
-          auto* l = static_cast<Loan*>(u);
-          l->work->Returned();
-          std::shared_ptr<ParameterClient::InFlight> in_flight =
-              std::move(l->in_flight);
-          delete l;
-          in_flight->Done();
-        },
-        loan);
-  }
-
-  // Readies [b, e) for sending (bfloat16: encodes it; its part of the
-  // buffer is this caller's alone until queued).
-  void Queue(int64_t b, int64_t e) {
-    if (e <= b) return;
-    if (dtype_ == v1::BFLOAT16) {
-      FloatToBfloat16(grads_ + b, encoded_ + 2 * (b - offset_), e - b);
-    }
-    absl::MutexLock lock(&mu_);
-    queued_ += e - b;
-    // Adjacent ranges (the layers before and after) make one bucket.
-    for (auto& r : ready_) {
-      if (r.first == e) {
-        r.first = b;
-        return;
-      }
-      if (r.second == b) {
-        r.second = e;
-        return;
+  // Writes the next message if none is being written; after the last,
+  // half-closes. Decided under the lock, written after it (a write may
+  // complete, and OnWriteDone run, inside StartWrite).
+  void WriteIfIdle() {
+    bool write = false, last = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || closed_) return;
+      if (messages_.Next(&msg_)) {
+        write = writing_ = true;
+      } else if (messages_.done()) {
+        last = closed_ = true;
+        msg_.Clear();
       }
     }
-    ready_.push_back({b, e});
-  }
-
-  // Encodes the next message into msg_ (the header goes with the first):
-  // true when there is one to write; the caller then writes it, after
-  // unlocking (a write may complete, and OnWriteDone run, inside it).
-  // Like DDP's gradient buckets, a message waits until a whole chunk is
-  // ready or the range is complete: small layers go together, and a model
-  // smaller than a chunk goes in one message, as without a feed.
-  bool PrepareLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool first = !header_sent_;
-    int64_t at = offset_, n = 0;
-    if (total_ > 0) {
-      auto it = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) {
-        return r.second - r.first >= chunk_;
-      });
-      if (it == ready_.end() && queued_ == total_ && !ready_.empty())
-        it = ready_.begin();
-      if (it == ready_.end()) return false;
-      auto& [b, e] = *it;
-      at = b;
-      n = std::min(chunk_, e - b);
-      b += n;
-      if (b == e) ready_.erase(it);
-    } else if (!first) {
-      return false;  // the header alone, sent
-    }
-    EncodePushRequest(first ? &header_ : nullptr, at, n, dtype_, values_,
-                      at - offset_, &msg_);
-    header_sent_ = true;
-    writing_ = true;
-    return true;
+    if (write) StartWrite(&msg_);
+    if (last) StartWritesDone();
   }
 
   std::shared_ptr<Work> work_;
   std::shared_ptr<ParameterClient::InFlight> in_flight_;
   const int part_;
-  const float* grads_;  // borrowed: the whole flat gradient
-  const int64_t offset_;
-  const int64_t total_;  // elements to send: the range, or 0 (header only)
-  const int64_t chunk_;
-  const v1::DType dtype_;
   bool fed_ = false;
   grpc::ClientContext ctx_;
-  v1::PushHeader header_;
-  grpc::Slice values_;       // the range's values, in the wire dtype
-  char* encoded_ = nullptr;  // bfloat16: the buffer values_ holds
+  PushMessages messages_;
   absl::Mutex mu_;
-  std::deque<std::pair<int64_t, int64_t>> ready_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool header_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ByteBuffer msg_;  // written by one writer at a time (writing_)
   grpc::ByteBuffer resp_bytes_;
   v1::PushResponse resp_;
@@ -366,61 +505,23 @@ class PushCall final
   absl::Status error_;
 };
 
-// ------------------------------------------------------------- PushFeed --
-
-PushFeed::~PushFeed() { Close(); }
-
-void PushFeed::Offer(int64_t begin, int64_t end) {
-  absl::MutexLock lock(&mu_);
-  for (Part& p : parts_) {
-    const int64_t b = std::max(begin, p.begin), e = std::min(end, p.end);
-    if (p.remaining <= 0 || e <= b) continue;
-    p.call->Offer(b, e);
-    p.remaining -= e - b;
-    if (p.remaining <= 0) p.call->Release(/*complete=*/true);
-  }
-}
-
-void PushFeed::Close() {
-  absl::MutexLock lock(&mu_);
-  for (Part& p : parts_) {
-    if (p.remaining > 0) p.call->Release(/*complete=*/false);
-    p.remaining = 0;
-  }
-}
-
-// One shard's part of a pull: chunks of its range, each checked to lie in
-// that range and its values decoded from gRPC's slices straight into the
-// flat vector.
+// One shard's part of a pull as a PullWeights call.
 class PullCall final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   PullCall(std::shared_ptr<Work> work, int part,
            std::shared_ptr<ParameterClient::InFlight> in_flight,
            ParameterClient::RawStub* stub, const ParamClientOptions& o,
-           int64_t min_version, const v1::StepCommit* commit, int64_t clock,
-           float* params, int64_t num_params, int64_t offset, int64_t count)
+           const v1::PullRequest& req, float* params, int64_t num_params,
+           int64_t offset, int64_t count)
       : work_(std::move(work)),
         in_flight_(std::move(in_flight)),
         part_(part),
-        params_(params),
-        num_params_(num_params),
-        offset_(offset),
-        count_(count) {
+        decoder_(params, num_params, offset, count) {
     ctx_.set_deadline(
         absl::ToChronoTime(absl::Now() + o.pull_wait + o.rpc_timeout));
-    v1::PullRequest req;
-    req.set_job_id(o.job_id);
-    req.set_worker_id(o.worker_id);
-    req.set_incarnation(o.incarnation);
-    req.set_min_version(min_version);
-    req.set_max_wait_ms(absl::ToInt64Milliseconds(o.pull_wait));
-    req.set_total_steps(o.total_steps);
-    req.set_steps_per_epoch(o.steps_per_epoch);
-    req.set_dtype(o.dtype);
-    if (commit != nullptr) *req.mutable_commit() = *commit;
-    if (clock >= 0) req.set_clock(clock);
-    req_bytes_ = Serialized(req);
+    grpc::Slice slice(req.SerializeAsString());
+    req_bytes_ = grpc::ByteBuffer(&slice, 1);
     work_->Started(&ctx_);
     stub->PrepareBidiStreamingCall(&ctx_, kPullMethod, grpc::StubOptions(),
                                    this);
@@ -433,49 +534,25 @@ class PullCall final
     if (!ok) return;  // the stream ended; OnDone follows
     // PullResponse: 1 version, 2 total_steps, 3 chunk.
     absl::Status bad = msg_.Parse(resp_bytes_, 3);
-    const WireChunk& c = msg_.chunk();
     if (bad.ok()) {
-      bad = CheckChunkFields(c.offset, c.count, c.dtype, c.data_size,
-                             num_params_);
-    }
-    if (bad.ok() &&
-        (c.offset < offset_ || c.offset + c.count > offset_ + count_)) {
-      bad = absl::InvalidArgumentError(absl::StrCat(
-          "chunk [", c.offset, ", +", c.count, ") is outside the shard's [",
-          offset_, ", +", count_, ")"));
-    }
-    const int64_t version = msg_.varint(1);
-    if (bad.ok() && version_ >= 0 && version != version_) {
-      bad = absl::InvalidArgumentError("the version changed within a pull");
+      bad = decoder_.Take(msg_);
+    } else {
+      bad = absl::DataLossError(
+          absl::StrCat("malformed weights from the shard: ", bad.message()));
     }
     if (!bad.ok()) {
-      error_ = absl::DataLossError(
-          absl::StrCat("malformed weights from the shard: ", bad.message()));
+      error_ = bad;
       ctx_.TryCancel();
       return;
     }
-    float* dst = params_ + c.offset;
-    if (c.dtype == v1::BFLOAT16) {
-      msg_.ForEachValues(2, [dst](const char* src, int64_t n, int64_t first) {
-        Bfloat16ToFloat(src, dst + first, n);
-      });
-    } else {
-      msg_.ForEachValues(4, [dst](const char* src, int64_t n, int64_t first) {
-        std::memcpy(dst + first, src, 4 * n);
-      });
-    }
-    received_ += c.count;
-    version_ = version;
     StartRead(&resp_bytes_);
   }
 
   void OnDone(const grpc::Status& status) override {
     absl::Status s = !error_.ok() ? error_ : FromGrpc(status);
-    if (s.ok() && received_ != count_) {
-      s = absl::DataLossError(absl::StrCat("pulled ", received_, " of the ",
-                                           count_, " weights of a shard"));
-    }
-    work_->Finished(part_, &ctx_, s, version_, /*cancel_others=*/true);
+    if (s.ok()) s = decoder_.Result();
+    work_->Finished(part_, &ctx_, s, decoder_.version(),
+                    /*cancel_others=*/true);
     std::shared_ptr<ParameterClient::InFlight> in_flight =
         std::move(in_flight_);
     delete this;
@@ -486,16 +563,401 @@ class PullCall final
   std::shared_ptr<Work> work_;
   std::shared_ptr<ParameterClient::InFlight> in_flight_;
   const int part_;
-  float* params_;  // borrowed: the whole flat vector
-  const int64_t num_params_, offset_, count_;
   grpc::ClientContext ctx_;
   grpc::ByteBuffer req_bytes_;
   grpc::ByteBuffer resp_bytes_;
   WireMessage msg_;
+  PullDecoder decoder_;
   absl::Status error_;
-  int64_t received_ = 0;
-  int64_t version_ = -1;
 };
+
+// ------------------------------------------------------------- Exchange --
+
+// One push or pull on an Exchange stream: its messages for the writer, its
+// answers from the reader.
+class StreamOp {
+ public:
+  virtual ~StreamOp() = default;
+  // The next message, if one is ready (false: none now, or none left).
+  virtual bool Next(grpc::ByteBuffer* out) = 0;
+  // Every message was made.
+  virtual bool written() const = 0;
+  // An answer for this op (`msg` parsed with the chunk as field 3): OK
+  // while it is well-formed; *done once the op has all its answers (then it
+  // reported its result to its work).
+  virtual absl::Status Answer(const WireMessage& msg, bool* done) = 0;
+  // The stream ended before the op had all its answers.
+  virtual void Fail(const absl::Status& s) = 0;
+};
+
+// How users reach a ShardStream (see there): the lock and the user count
+// keep the reactor alive while a user calls into it.
+struct ShardStreamSlot {
+  absl::Mutex mu;
+  ShardStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  bool open ABSL_GUARDED_BY(mu) = true;  // takes ops; holds the stream
+  int users ABSL_GUARDED_BY(mu) = 0;
+  bool released ABSL_GUARDED_BY(mu) = false;
+  absl::Time opened;  // set once, before the slot is shared
+
+  // The stream, kept alive until Unuse; null once it takes no more ops.
+  ShardStream* Use();
+  void Unuse();
+  // Takes no more ops; the stream goes once its users are done.
+  void Shut();
+};
+
+// A worker's long-lived Exchange stream to one shard. Ops queue for the
+// writer in order; the shard answers them in the same order, and the
+// reader hands each answer to the oldest op still waiting. The client
+// keeps the stream open (a gRPC hold) until it closes it or the stream
+// ends; then every op still waiting fails with the stream's status.
+//
+// Its users reach it through a Slot, never directly: the slot's lock and
+// user count keep the reactor alive while a user calls into it, and no
+// lock is held while gRPC is called (a call may run reactions inline).
+class ShardStream final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  ShardStream(ParameterClient::RawStub* stub,
+              std::shared_ptr<ParameterClient::InFlight> in_flight,
+              absl::Duration lifetime, std::shared_ptr<ShardStreamSlot> slot)
+      : in_flight_(std::move(in_flight)), slot_(std::move(slot)) {
+    {
+      absl::MutexLock lock(&slot_->mu);
+      slot_->stream = this;
+      slot_->opened = absl::Now();
+    }
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + lifetime));
+    stub->PrepareBidiStreamingCall(&ctx_, kExchangeMethod, grpc::StubOptions(),
+                                   this);
+    AddHold();  // the slot's: released by Shut or the stream's end
+    StartRead(&resp_bytes_);
+    StartCall();
+  }
+
+  grpc::ClientContext* context() { return &ctx_; }
+
+  // Queues `op` (a user's call, between Use and Unuse).
+  void Add(std::shared_ptr<StreamOp> op) {
+    {
+      absl::MutexLock lock(&mu_);
+      writes_.push_back(op);
+      answers_.push_back(std::move(op));
+    }
+    Kick();
+  }
+  // Half-closes once everything queued is written (a user's call).
+  void CloseWrites() {
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    Kick();
+  }
+  // Writes the next message if none is being written.
+  void Kick() {
+    bool write = false, done = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || writes_done_) return;
+      while (!writes_.empty()) {
+        if (writes_.front()->Next(&out_)) {
+          write = writing_ = true;
+          break;
+        }
+        if (!writes_.front()->written()) break;  // a fed push, waiting
+        writes_.pop_front();
+      }
+      if (!write && writes_.empty() && closing_) done = writes_done_ = true;
+    }
+    if (write) StartWrite(&out_);
+    if (done) StartWritesDone();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      out_.Clear();  // lets go of a lent gradient as soon as gRPC does
+      if (!ok) {
+        writes_done_ = true;  // the stream is over: OnDone says why
+        return;
+      }
+    }
+    Kick();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The stream is over (the shard finished it, or it broke): no more
+      // ops, and the slot's hold goes so that OnDone can report why.
+      slot_->Shut();
+      return;
+    }
+    // ExchangeResponse: 1 version, 2 total_steps, 3 chunk, 4 push.
+    std::shared_ptr<StreamOp> op;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!answers_.empty()) op = answers_.front();
+    }
+    absl::Status s = in_.Parse(resp_bytes_, 3);
+    bool done = false;
+    if (!s.ok()) {
+      s = absl::DataLossError(
+          absl::StrCat("malformed answer from the shard: ", s.message()));
+    } else if (op == nullptr) {
+      s = absl::DataLossError("an answer from the shard to nothing asked");
+    } else {
+      s = op->Answer(in_, &done);
+    }
+    if (!s.ok()) {
+      // What follows cannot be trusted: the stream ends, and every op
+      // waiting on it fails with this.
+      {
+        absl::MutexLock lock(&mu_);
+        error_ = s;
+      }
+      ctx_.TryCancel();
+      return;
+    }
+    if (done) {
+      absl::MutexLock lock(&mu_);
+      answers_.pop_front();
+    }
+    StartRead(&resp_bytes_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::deque<std::shared_ptr<StreamOp>> waiting;
+    absl::Status s;
+    {
+      absl::MutexLock lock(&mu_);
+      waiting.swap(answers_);
+      writes_.clear();
+      s = !error_.ok() ? error_ : FromGrpc(status);
+    }
+    if (s.ok()) {
+      s = absl::UnavailableError("the stream ended before the shard answered");
+    }
+    for (const auto& op : waiting) op->Fail(s);
+    waiting.clear();
+    {
+      absl::MutexLock lock(&slot_->mu);
+      slot_->stream = nullptr;
+      slot_->open = false;
+    }
+    std::shared_ptr<ParameterClient::InFlight> in_flight =
+        std::move(in_flight_);
+    delete this;
+    in_flight->Done();
+  }
+
+ private:
+  std::shared_ptr<ParameterClient::InFlight> in_flight_;
+  std::shared_ptr<ShardStreamSlot> slot_;
+  grpc::ClientContext ctx_;
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<StreamOp>> writes_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<StreamOp>> answers_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer out_;  // written by one writer at a time (writing_)
+  // The reader's (one read at a time).
+  grpc::ByteBuffer resp_bytes_;
+  WireMessage in_;
+};
+
+ShardStream* ShardStreamSlot::Use() {
+  absl::MutexLock lock(&mu);
+  if (!open || stream == nullptr) return nullptr;
+  ++users;
+  return stream;
+}
+
+void ShardStreamSlot::Unuse() {
+  ShardStream* release = nullptr;
+  {
+    absl::MutexLock lock(&mu);
+    --users;
+    if (!open && users == 0 && !released && stream != nullptr) {
+      released = true;
+      release = stream;
+    }
+  }
+  if (release != nullptr) release->RemoveHold();
+}
+
+void ShardStreamSlot::Shut() {
+  ShardStream* release = nullptr;
+  {
+    absl::MutexLock lock(&mu);
+    open = false;
+    if (users == 0 && !released && stream != nullptr) {
+      released = true;
+      release = stream;
+    }
+  }
+  if (release != nullptr) release->RemoveHold();
+}
+
+namespace {
+
+// A length-delimited field: its tag, its length and `body`.
+std::string Field(int field, const std::string& body) {
+  std::string out(1, static_cast<char>((field << 3) | 2));
+  for (uint64_t n = body.size();; n >>= 7) {
+    if (n < 0x80) {
+      out.push_back(static_cast<char>(n));
+      break;
+    }
+    out.push_back(static_cast<char>((n & 0x7f) | 0x80));
+  }
+  return out + body;
+}
+
+}  // namespace
+
+// One shard's part of a push on its Exchange stream.
+class PushOp final : public StreamOp, public FedPart {
+ public:
+  PushOp(std::shared_ptr<Work> work, int part,
+         const std::shared_ptr<ParameterClient::InFlight>& in_flight,
+         const ParamClientOptions& o, const PushInfo& info, bool commit,
+         const float* grads, int64_t offset, int64_t count, bool fed,
+         std::shared_ptr<ShardStreamSlot> slot, grpc::ClientContext* ctx)
+      : work_(std::move(work)),
+        part_(part),
+        messages_(work_, in_flight, o, info, commit, grads, offset, count,
+                  PushDone()),
+        slot_(std::move(slot)),
+        ctx_(ctx) {
+    if (!fed) messages_.Queue(messages_.begin(), messages_.end());
+  }
+
+  int64_t begin() const { return messages_.begin(); }
+  int64_t end() const { return messages_.end(); }
+
+  bool Next(grpc::ByteBuffer* out) override { return messages_.Next(out); }
+  bool written() const override { return messages_.done(); }
+
+  absl::Status Answer(const WireMessage& msg, bool* done) override {
+    v1::PushResponse resp;
+    if (!msg.has(4) || msg.has(3) || !resp.ParseFromString(msg.bytes(4))) {
+      return absl::DataLossError("a malformed push answer from the shard");
+    }
+    work_->Finished(part_, ctx_, absl::OkStatus(), resp.version(),
+                    /*cancel_others=*/false, resp.committed());
+    *done = true;
+    return absl::OkStatus();
+  }
+  void Fail(const absl::Status& s) override {
+    messages_.Drop();  // whoever still holds the op, the gradient goes
+    work_->Finished(part_, ctx_, s, -1, /*cancel_others=*/false);
+  }
+
+  void Offer(int64_t b, int64_t e) override {
+    messages_.Queue(b, e);
+    if (ShardStream* st = slot_->Use()) {
+      st->Kick();
+      slot_->Unuse();
+    }
+  }
+  void Release(bool complete) override {
+    if (complete) return;
+    // Half a push cannot be taken back on the stream: the stream goes,
+    // and the shard drops the push with it (nothing of it staged).
+    if (ShardStream* st = slot_->Use()) {
+      st->context()->TryCancel();
+      slot_->Unuse();
+    }
+  }
+
+ private:
+  std::shared_ptr<Work> work_;
+  const int part_;
+  PushMessages messages_;
+  std::shared_ptr<ShardStreamSlot> slot_;
+  grpc::ClientContext* ctx_;  // the stream's, for the work (Cancel)
+};
+
+// One shard's part of a pull on its Exchange stream.
+class PullOp final : public StreamOp {
+ public:
+  PullOp(std::shared_ptr<Work> work, int part, const v1::PullRequest& req,
+         float* params, int64_t num_params, int64_t offset, int64_t count,
+         grpc::ClientContext* ctx)
+      : work_(std::move(work)),
+        part_(part),
+        decoder_(params, num_params, offset, count),
+        ctx_(ctx) {
+    // ExchangeRequest: 4 pull.
+    grpc::Slice slice(Field(4, req.SerializeAsString()));
+    request_ = grpc::ByteBuffer(&slice, 1);
+  }
+
+  bool Next(grpc::ByteBuffer* out) override {
+    if (sent_) return false;
+    *out = request_;
+    sent_ = true;
+    return true;
+  }
+  bool written() const override { return sent_; }
+
+  absl::Status Answer(const WireMessage& msg, bool* done) override {
+    if (msg.has(4)) {
+      return absl::DataLossError("a push answer where weights belong");
+    }
+    TALLY_RETURN_IF_ERROR(decoder_.Take(msg));
+    if (decoder_.complete()) {
+      work_->Finished(part_, ctx_, absl::OkStatus(), decoder_.version(),
+                      /*cancel_others=*/true);
+      *done = true;
+    }
+    return absl::OkStatus();
+  }
+  void Fail(const absl::Status& s) override {
+    work_->Finished(part_, ctx_, s, decoder_.version(),
+                    /*cancel_others=*/true);
+  }
+
+ private:
+  std::shared_ptr<Work> work_;
+  const int part_;
+  PullDecoder decoder_;
+  grpc::ClientContext* ctx_;  // the stream's, for the work (Cancel)
+  grpc::ByteBuffer request_;
+  bool sent_ = false;  // the writer's (under the stream's lock)
+};
+
+// ------------------------------------------------------------- PushFeed --
+
+PushFeed::~PushFeed() { Close(); }
+
+void PushFeed::Offer(int64_t begin, int64_t end) {
+  absl::MutexLock lock(&mu_);
+  for (Part& p : parts_) {
+    const int64_t b = std::max(begin, p.begin), e = std::min(end, p.end);
+    if (p.remaining <= 0 || e <= b) continue;
+    p.part->Offer(b, e);
+    p.remaining -= e - b;
+    if (p.remaining <= 0) {
+      p.part->Release(/*complete=*/true);
+      p.keep = nullptr;
+    }
+  }
+}
+
+void PushFeed::Close() {
+  absl::MutexLock lock(&mu_);
+  for (Part& p : parts_) {
+    if (p.remaining > 0) p.part->Release(/*complete=*/false);
+    p.remaining = 0;
+    p.keep = nullptr;  // a part that failed lets go of the gradient
+  }
+}
 
 // ------------------------------------------------------ ParameterClient --
 
@@ -541,6 +1003,13 @@ ParameterClient::ParameterClient(int64_t num_params,
       in_flight_(std::make_shared<InFlight>()) {}
 
 ParameterClient::~ParameterClient() {
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (Shard& s : shards_) {
+      if (s.slot != nullptr) Retire(s.slot);
+      s.slot = nullptr;
+    }
+  }
   absl::MutexLock lock(&in_flight_->mu);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_flight_->mu) {
     return in_flight_->calls == 0;
@@ -549,16 +1018,61 @@ ParameterClient::~ParameterClient() {
   in_flight_->mu.AwaitWithTimeout(absl::Condition(&idle), absl::Minutes(5));
 }
 
+void ParameterClient::Retire(const std::shared_ptr<ShardStreamSlot>& slot) {
+  // What was asked on it is still answered; then the shard ends it.
+  if (ShardStream* st = slot->Use()) {
+    st->CloseWrites();
+    slot->Unuse();
+  }
+  slot->Shut();
+}
+
+ShardStream* ParameterClient::UseStream(
+    Shard& s, std::shared_ptr<ShardStreamSlot>* slot) {
+  absl::MutexLock lock(&streams_mu_);
+  if (s.slot != nullptr) {
+    // A stream lives for a bounded time (its deadline): an old one is
+    // retired before that, between exchanges, and a new one opened.
+    if (absl::Now() - s.slot->opened > options_.stream_lifetime / 2) {
+      Retire(s.slot);
+    } else if (ShardStream* st = s.slot->Use()) {
+      *slot = s.slot;
+      return st;
+    }
+    s.slot = nullptr;  // over: a new one
+  }
+  s.slot = std::make_shared<ShardStreamSlot>();
+  in_flight_->Add();
+  new ShardStream(s.stub.get(), in_flight_, options_.stream_lifetime, s.slot);
+  *slot = s.slot;
+  return s.slot->Use();  // null if it ended at once: then the op fails
+}
+
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
                                             const v1::StepCommit* commit,
                                             int64_t clock) {
   std::shared_ptr<Work> work(new Work(num_shards()));
   work->mixed_ok_ = options_.mixed_versions;
+  const v1::PullRequest req =
+      MakePullRequest(options_, min_version, commit, clock);
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
-    in_flight_->Add();
-    new PullCall(work, i, in_flight_, s.stub.get(), options_, min_version,
-                 commit, clock, params, num_params_, s.offset, s.count);
+    if (!options_.exchange) {
+      in_flight_->Add();
+      new PullCall(work, i, in_flight_, s.stub.get(), options_, req, params,
+                   num_params_, s.offset, s.count);
+      continue;
+    }
+    std::shared_ptr<ShardStreamSlot> slot;
+    ShardStream* st = UseStream(s, &slot);
+    if (st == nullptr) {
+      work->Failed(i, absl::UnavailableError("the stream to the shard ended"));
+      continue;
+    }
+    work->Started(st->context());
+    st->Add(std::make_shared<PullOp>(work, i, req, params, num_params_,
+                                     s.offset, s.count, st->context()));
+    slot->Unuse();
   }
   return work;
 }
@@ -571,15 +1085,34 @@ std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
   std::vector<PushFeed::Part> parts;
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
-    in_flight_->Add();
-    auto* call = new PushCall(work, i, in_flight_, s.stub.get(), options_,
-                              info, commit, grads, s.offset, s.count,
-                              feed != nullptr);
-    // A call with nothing to send (the header alone) holds nothing.
-    if (feed != nullptr && call->end() > call->begin()) {
-      parts.push_back(
-          {call, call->begin(), call->end(), call->end() - call->begin()});
+    if (!options_.exchange) {
+      in_flight_->Add();
+      auto* call = new PushCall(work, i, in_flight_, s.stub.get(), options_,
+                                info, commit, grads, s.offset, s.count,
+                                feed != nullptr);
+      // A call with nothing to send (the header alone) holds nothing.
+      if (feed != nullptr && call->end() > call->begin()) {
+        parts.push_back({call, nullptr, call->begin(), call->end(),
+                         call->end() - call->begin()});
+      }
+      continue;
     }
+    std::shared_ptr<ShardStreamSlot> slot;
+    ShardStream* st = UseStream(s, &slot);
+    if (st == nullptr) {
+      work->Failed(i, absl::UnavailableError("the stream to the shard ended"));
+      continue;
+    }
+    auto op = std::make_shared<PushOp>(work, i, in_flight_, options_, info,
+                                       commit, grads, s.offset, s.count,
+                                       feed != nullptr, slot, st->context());
+    work->Started(st->context());
+    if (feed != nullptr && op->end() > op->begin()) {
+      parts.push_back(
+          {op.get(), op, op->begin(), op->end(), op->end() - op->begin()});
+    }
+    st->Add(std::move(op));
+    slot->Unuse();
   }
   if (feed != nullptr) {
     std::unique_ptr<PushFeed> f(new PushFeed);

@@ -77,6 +77,9 @@ class Work {
   friend class ParameterClient;
   friend class PushCall;
   friend class PullCall;
+  friend class PushMessages;
+  friend class PushOp;
+  friend class PullOp;
   explicit Work(int parts);
 
   // Called once per part, with its context (to cancel it) as it starts and
@@ -84,6 +87,8 @@ class Work {
   void Started(grpc::ClientContext* ctx);
   void Finished(int part, grpc::ClientContext* ctx, const absl::Status& status,
                 int64_t version, bool cancel_others, bool committed = false);
+  // A part that failed before it started.
+  void Failed(int part, const absl::Status& status);
   // The caller's buffer is lent to gRPC (a push's slices point into it)
   // until as many Returned() as Lend(): the work is not done before.
   // Returned() may run on any thread, inside gRPC, even one that holds
@@ -123,6 +128,11 @@ struct ParamClientOptions {
   bool mixed_versions = false;
   // How shards are dialled (TLS, token).
   TransportOptions transport;
+  // Pushes and pulls go on one long-lived Exchange stream per shard (no
+  // call set up per step); false: a PushGradients and a PullWeights call
+  // each. A stream is replaced once it is half this old (its deadline).
+  bool exchange = true;
+  absl::Duration stream_lifetime = absl::Minutes(10);
 };
 
 // What a push says besides its gradient.
@@ -138,7 +148,9 @@ struct PushInfo {
   bool commit = false;
 };
 
-class PushCall;
+class FedPart;
+class ShardStream;
+struct ShardStreamSlot;
 
 // The gradient of a push still being produced (ParameterClient::Push with
 // a feed): each range is offered once it is final, in any order, and every
@@ -164,7 +176,8 @@ class PushFeed {
   friend class ParameterClient;
   PushFeed() = default;
   struct Part {
-    PushCall* call;  // alive while `remaining` > 0 (it holds the call open)
+    FedPart* part;  // alive while `remaining` > 0 (it is held open)
+    std::shared_ptr<FedPart> keep;  // or kept alive by this
     int64_t begin, end;
     int64_t remaining;
   };
@@ -214,8 +227,18 @@ class ParameterClient {
     int64_t offset = 0;
     int64_t count = 0;
     std::unique_ptr<RawStub> stub;
+    // The Exchange stream now in use (options.exchange), guarded by
+    // streams_mu_; null until the first exchange.
+    std::shared_ptr<ShardStreamSlot> slot;
   };
   ParameterClient(int64_t num_params, const ParamClientOptions& options);
+  // The shard's current stream, in use until its slot's Unuse (a new one
+  // if there is none, it ended or it is old); null if a new one ended at
+  // once.
+  ShardStream* UseStream(Shard& s, std::shared_ptr<ShardStreamSlot>* slot);
+  // Asks nothing more of a stream: it ends once all it was asked is
+  // answered.
+  static void Retire(const std::shared_ptr<ShardStreamSlot>& slot);
 
   // Calls whose reactor has not finished deleting itself. The client (and
   // so its channels) outlives them: a channel whose last reference went
@@ -235,9 +258,14 @@ class ParameterClient {
   friend class PushCall;
   friend class PullCall;
   friend class PushFeed;
+  friend class PushMessages;
+  friend class ShardStream;
+  friend class PushOp;
+  friend class PullOp;
 
   const int64_t num_params_;
   const ParamClientOptions options_;
+  absl::Mutex streams_mu_;  // guards each Shard's slot
   std::vector<Shard> shards_;
   std::shared_ptr<InFlight> in_flight_;
 };
