@@ -7,6 +7,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "common/bfloat16.h"
@@ -495,6 +496,200 @@ TEST_F(ServiceTest, APushStreamBrokenMidwayStagesNothingAndItsRetryCountsOnce) {
                 commit ? (w0->second[i] - 0.5f) - 0.5f : w0->second[i] - 0.5f);
     }
   }
+}
+
+// An Exchange stream, driven through the generated classes (so the shard's
+// hand-written answers parse as the .proto's ExchangeResponse, and the
+// generated ExchangeRequest bytes are what it reads).
+class ExchangeStream {
+ public:
+  ExchangeStream(v1::ParameterService::Stub* stub, absl::Duration timeout)
+      : ctx_(std::make_unique<grpc::ClientContext>()) {
+    ctx_->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    rw_ = stub->Exchange(ctx_.get());
+  }
+  bool Write(const v1::ExchangeRequest& m) { return rw_->Write(m); }
+  // The push's answer; nullopt if the stream ended instead.
+  std::optional<v1::PushResponse> ReadPushAnswer() {
+    v1::ExchangeResponse r;
+    if (!rw_->Read(&r)) return std::nullopt;
+    EXPECT_TRUE(r.has_push());
+    EXPECT_FALSE(r.has_chunk());
+    return r.push();
+  }
+  // A pull's answers: the version and the weights; nullopt if the stream
+  // ended first.
+  std::optional<std::pair<int64_t, std::vector<float>>> ReadWeights(int n) {
+    std::vector<float> w(n);
+    int64_t version = -1, got = 0;
+    while (got < n) {
+      v1::ExchangeResponse r;
+      if (!rw_->Read(&r)) return std::nullopt;
+      EXPECT_FALSE(r.has_push());
+      EXPECT_EQ(r.chunk().data().size(), r.chunk().count() * 4);
+      std::memcpy(w.data() + r.chunk().offset(), r.chunk().data().data(),
+                  r.chunk().data().size());
+      got += r.chunk().count();
+      version = r.version();
+    }
+    return std::make_pair(version, w);
+  }
+  absl::Status Finish() {
+    rw_->WritesDone();
+    return FromGrpc(rw_->Finish());
+  }
+  void Cancel() { ctx_->TryCancel(); }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ExchangeRequest,
+                                           v1::ExchangeResponse>>
+      rw_;
+};
+
+v1::ExchangeRequest AsExchange(const v1::PushRequest& m, bool done) {
+  v1::ExchangeRequest e;
+  if (m.has_header()) *e.mutable_header() = m.header();
+  if (m.has_chunk()) *e.mutable_chunk() = m.chunk();
+  e.set_push_done(done);
+  return e;
+}
+
+TEST_F(ServiceTest, OneExchangeStreamCarriesEveryStepOfAJob) {
+  StartJob();
+  ExchangeStream stream(params_.get(), absl::Seconds(20));
+  v1::ExchangeRequest pull;
+  *pull.mutable_pull() = PullRequest(0);
+  pull.mutable_pull()->set_chunk_elements(3);  // 4 messages of weights
+  ASSERT_TRUE(stream.Write(pull));
+  auto w = stream.ReadWeights(kParams);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->first, 0);
+  for (int64_t step = 0; step < 3; ++step) {
+    // The push in two messages, the last with push_done.
+    std::vector<v1::PushRequest> push = FullPush(step, 0.5f);
+    ASSERT_TRUE(stream.Write(AsExchange(push[0], false)));
+    ASSERT_TRUE(stream.Write(AsExchange(push[1], true)));
+    auto answer = stream.ReadPushAnswer();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_FALSE(answer->duplicate());
+    EXPECT_FALSE(answer->committed());
+    EXPECT_EQ(answer->version(), step);
+    // The pull of the next version commits it.
+    *pull.mutable_pull() = PullRequest(step + 1);
+    pull.mutable_pull()->mutable_commit()->set_step(step);
+    pull.mutable_pull()->mutable_commit()->set_contributed(true);
+    pull.mutable_pull()->set_chunk_elements(3);
+    ASSERT_TRUE(stream.Write(pull));
+    auto next = stream.ReadWeights(kParams);
+    ASSERT_TRUE(next.has_value());
+    EXPECT_EQ(next->first, step + 1);
+    for (int i = 0; i < kParams; ++i)
+      EXPECT_EQ(next->second[i], w->second[i] - 0.5f) << "step " << step;
+    w = next;
+  }
+  // A push sent again on the stream (its answer lost) is a duplicate, read
+  // no further than its header.
+  ASSERT_TRUE(stream.Write(AsExchange(FullPush(2, 9.0f)[0], false)));
+  ASSERT_TRUE(stream.Write(AsExchange(FullPush(2, 9.0f)[1], true)));
+  auto again = stream.ReadPushAnswer();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_TRUE(again->duplicate());
+  EXPECT_TRUE(stream.Finish().ok());
+  EXPECT_EQ(Pull(3, 2000, false)->second, w->second);
+}
+
+TEST_F(ServiceTest, ExchangeMessagesOutOfTurnEndTheStreamWithTheirCode) {
+  StartJob();
+  ASSERT_TRUE(Pull(0).ok());
+  {
+    // A chunk of no push.
+    ExchangeStream stream(params_.get(), absl::Seconds(10));
+    v1::ExchangeRequest m;
+    *m.mutable_chunk() = Chunk(0, {1, 2});
+    ASSERT_TRUE(stream.Write(m));
+    EXPECT_FALSE(stream.ReadPushAnswer().has_value());
+    EXPECT_THAT(stream.Finish(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("a chunk of no push")));
+  }
+  {
+    // A pull inside an open push.
+    ExchangeStream stream(params_.get(), absl::Seconds(10));
+    ASSERT_TRUE(stream.Write(AsExchange(FullPush(0, 0.5f)[0], false)));
+    v1::ExchangeRequest pull;
+    *pull.mutable_pull() = PullRequest(0);
+    ASSERT_TRUE(stream.Write(pull));
+    EXPECT_FALSE(stream.ReadPushAnswer().has_value());
+    EXPECT_THAT(stream.Finish(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("a pull inside an open push")));
+  }
+  {
+    // push_done with no push.
+    ExchangeStream stream(params_.get(), absl::Seconds(10));
+    v1::ExchangeRequest m;
+    m.set_push_done(true);
+    ASSERT_TRUE(stream.Write(m));
+    EXPECT_FALSE(stream.ReadPushAnswer().has_value());
+    EXPECT_THAT(stream.Finish(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("no push begun")));
+  }
+  {
+    // A NaN: the push's own code ends the stream; counted, and the step
+    // closes as nothing once committed so.
+    ExchangeStream stream(params_.get(), absl::Seconds(10));
+    std::vector<v1::PushRequest> push = FullPush(0, 0.5f);
+    *push[1].mutable_chunk() =
+        Chunk(6, {1, std::numeric_limits<float>::quiet_NaN(), 1, 1});
+    ASSERT_TRUE(stream.Write(AsExchange(push[0], false)));
+    ASSERT_TRUE(stream.Write(AsExchange(push[1], true)));
+    EXPECT_FALSE(stream.ReadPushAnswer().has_value());
+    EXPECT_THAT(stream.Finish(),
+                HasReason(absl::StatusCode::kInvalidArgument, v1::NON_FINITE));
+  }
+  // The server kept serving: the next step goes on a new stream.
+  v1::PullRequest req = PullRequest(1);
+  req.mutable_commit()->set_step(0);
+  req.mutable_commit()->set_contributed(false);
+  ExchangeStream stream(params_.get(), absl::Seconds(10));
+  v1::ExchangeRequest pull;
+  *pull.mutable_pull() = req;
+  ASSERT_TRUE(stream.Write(pull));
+  auto w = stream.ReadWeights(kParams);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->first, 1);
+  EXPECT_TRUE(stream.Finish().ok());
+}
+
+TEST_F(ServiceTest, AnExchangeBrokenMidPushStagesNothingAndTheRetryCountsOnce) {
+  StartJob();
+  auto w0 = Pull(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  std::vector<v1::PushRequest> push = FullPush(0, 0.5f);
+  {
+    // The header and the first chunk go; then the stream is cancelled.
+    ExchangeStream stream(params_.get(), absl::Seconds(10));
+    ASSERT_TRUE(stream.Write(AsExchange(push[0], false)));
+    absl::SleepFor(absl::Milliseconds(100));  // the shard reads it
+    stream.Cancel();
+    EXPECT_THAT(stream.Finish(),
+                StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  }
+  {
+    // A stream half-closed in the middle of a push: dropped too.
+    ExchangeStream stream(params_.get(), absl::Seconds(10));
+    ASSERT_TRUE(stream.Write(AsExchange(push[0], false)));
+    EXPECT_TRUE(stream.Finish().ok());
+  }
+  // Nothing was staged: the retry is the push's first arrival, and the
+  // pull that commits it sees the gradient once.
+  auto retried = Push(push);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_FALSE(retried->duplicate());
+  auto next = Pull(1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  for (int i = 0; i < kParams; ++i)
+    EXPECT_EQ(next->second[i], w0->second[i] - 0.5f);
 }
 
 TEST_F(ServiceTest, PullWaitIsBoundedAndTheServerKeepsServing) {

@@ -1,7 +1,9 @@
 // The worker's parameter client against a real one-process server over a
-// socket: a push fed range by range (as the backward pass produces it)
-// moves the weights exactly as a whole push does; a feed closed early
-// stages nothing, and the retry counts once.
+// socket, on Exchange streams and on a call per push and pull: a push fed
+// range by range (as the backward pass produces it) moves the weights
+// exactly as a whole push does; a feed closed early stages nothing, and the
+// retry counts once; an exchange on a stream that breaks fails with the
+// stream's code, and the next one goes on a new stream.
 #include "worker/param_client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -35,7 +37,7 @@ constexpr int64_t kParams = 15;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
-class ParamClientTest : public ::testing::Test {
+class ParamClientTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     CoordinatorOptions o;
@@ -62,6 +64,8 @@ class ParamClientTest : public ::testing::Test {
     po.worker_id = worker.worker_id();
     po.incarnation = worker.incarnation();
     po.chunk_elements = 4;  // a push of 15 is several messages
+    po.exchange = GetParam();
+    po.stream_lifetime = stream_lifetime_;
     v1::ShardMap map;
     map.add_shards()->set_count(kParams);  // the coordinator's own shard
     auto client = ParameterClient::Create(map, kParams, address_, po);
@@ -86,13 +90,14 @@ class ParamClientTest : public ::testing::Test {
     return info;
   }
 
+  absl::Duration stream_lifetime_ = absl::Minutes(10);
   std::unique_ptr<TallyServer> server_;
   std::string address_;
   std::unique_ptr<ParameterClient> client_;
   float grads_[kParams];
 };
 
-TEST_F(ParamClientTest, AFedPushInAnyOrderMovesTheWeightsAsAWholePushDoes) {
+TEST_P(ParamClientTest, AFedPushInAnyOrderMovesTheWeightsAsAWholePushDoes) {
   const std::vector<float> w0 = PullVersion(0);
   std::unique_ptr<PushFeed> feed;
   auto push = client_->Push(Step(0), grads_, &feed);
@@ -117,7 +122,7 @@ TEST_F(ParamClientTest, AFedPushInAnyOrderMovesTheWeightsAsAWholePushDoes) {
   for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w2[i], w1[i] - grads_[i]);
 }
 
-TEST_F(ParamClientTest, AFeedClosedEarlyStagesNothingAndTheRetryCountsOnce) {
+TEST_P(ParamClientTest, AFeedClosedEarlyStagesNothingAndTheRetryCountsOnce) {
   const std::vector<float> w0 = PullVersion(0);
   {
     std::unique_ptr<PushFeed> feed;
@@ -141,7 +146,7 @@ TEST_F(ParamClientTest, AFeedClosedEarlyStagesNothingAndTheRetryCountsOnce) {
               StatusIs(absl::StatusCode::kCancelled, ::testing::_));
 }
 
-TEST_F(ParamClientTest, ANonFiniteValueInAFedRangeIsRefusedAsAWholePushIs) {
+TEST_P(ParamClientTest, ANonFiniteValueInAFedRangeIsRefusedAsAWholePushIs) {
   PullVersion(0);
   grads_[13] = std::numeric_limits<float>::quiet_NaN();
   std::unique_ptr<PushFeed> feed;
@@ -154,6 +159,45 @@ TEST_F(ParamClientTest, ANonFiniteValueInAFedRangeIsRefusedAsAWholePushIs) {
   std::vector<float> w(kParams);
   EXPECT_EQ(*client_->Pull(1, w.data())->WaitVersion(Soon()), 1);
 }
+
+class ShortStreamTest : public ParamClientTest {
+ protected:
+  void SetUp() override {
+    stream_lifetime_ = absl::Milliseconds(400);
+    ParamClientTest::SetUp();
+  }
+};
+
+// A stream that ends under an exchange (here its deadline passes while a
+// pull waits for a version that does not come) fails that exchange with
+// the stream's code; the next exchange opens a new stream and goes on.
+TEST_P(ShortStreamTest, AnExchangeOnABrokenStreamFailsAndTheNextOneGoesOn) {
+  const std::vector<float> w0 = PullVersion(0);
+  std::vector<float> w(kParams);
+  auto stuck = client_->Pull(1, w.data());  // step 0 was never pushed
+  EXPECT_THAT(stuck->Wait(Soon()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  auto push = client_->Push(Step(0), grads_);
+  ASSERT_TRUE(push->Wait(Soon()).ok()) << push->Results()[0];
+  EXPECT_TRUE(push->Committed());
+  const std::vector<float> w1 = PullVersion(1);
+  for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w1[i], w0[i] - grads_[i]);
+  // An old stream is retired between exchanges, never under one: many
+  // exchanges over several lifetimes all succeed.
+  for (int64_t step = 1; step < 8; ++step) {
+    absl::SleepFor(absl::Milliseconds(100));
+    auto p = client_->Push(Step(step), grads_);
+    ASSERT_TRUE(p->Wait(Soon()).ok()) << p->Results()[0];
+    PullVersion(step + 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transport, ParamClientTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? "Exchange" : "Calls";
+                         });
+INSTANTIATE_TEST_SUITE_P(Transport, ShortStreamTest, ::testing::Values(true),
+                         [](const auto&) { return "Exchange"; });
 
 }  // namespace
 }  // namespace tally
