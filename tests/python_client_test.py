@@ -2,8 +2,9 @@
 proto/tally.proto, nothing of Tally's C++) trains one step against a real
 tally-server: it registers, waits for its assignment, pulls the weights in
 small chunks as float32, pushes a gradient in chunks, then pulls the next
-version in bfloat16 and in float32, carrying the commit. The new weights
-must be exactly the old ones minus the gradient (SGD, lr 1): the server's
+version in bfloat16 and in float32, carrying the commit; then it does the
+next step on one Exchange stream (push, then pull). The new weights must
+be exactly the old ones minus the gradient (SGD, lr 1): the server's
 hand-written pull bytes and its push parsing speak the .proto's wire.
 
     python3 tests/python_client_test.py BUILD_DIR
@@ -127,9 +128,10 @@ def main():
 
         grad = np.linspace(-1.0, 1.0, n, dtype=np.float32)
 
-        def messages():
+        def messages(step=0):
             header = pb.PushHeader(job_id=job_id, worker_id=me.worker_id,
-                                   incarnation=me.incarnation, step=0, base_version=0,
+                                   incarnation=me.incarnation, step=step,
+                                   base_version=step,
                                    samples=1, loss_sum=1.0, correct=0)
             for i, begin in enumerate(range(0, n, CHUNK)):
                 count = min(CHUNK, n - begin)
@@ -151,8 +153,39 @@ def main():
         version, w1 = pull(1, pb.FLOAT32)
         assert version == 1, version
         assert np.array_equal(w1, want), (w1, want)
+
+        # The next step on one Exchange stream: the push (its last chunk
+        # with push_done), then the pull of version 2 with its commit; the
+        # answers come in that order, the push's first.
+        exchange = method(channel, "/tally.v1.ParameterService/Exchange",
+                          pb.ExchangeRequest, pb.ExchangeResponse, "stream_stream")
+
+        def exchange_messages():
+            pushes = list(messages(step=1))
+            for i, msg in enumerate(pushes):
+                e = pb.ExchangeRequest(chunk=msg.chunk, push_done=i == len(pushes) - 1)
+                if msg.HasField("header"):
+                    e.header.CopyFrom(msg.header)
+                yield e
+            req = pb.PullRequest(job_id=job_id, worker_id=me.worker_id,
+                                 incarnation=me.incarnation, min_version=2,
+                                 max_wait_ms=5000, chunk_elements=CHUNK,
+                                 commit=pb.StepCommit(step=1, contributed=True))
+            yield pb.ExchangeRequest(pull=req)
+
+        answers = list(exchange(exchange_messages(), timeout=15))
+        assert answers and answers[0].HasField("push"), answers[:1]
+        assert not answers[0].push.duplicate, answers[0]
+        w2 = np.full(n, np.nan, dtype=np.float32)
+        for a in answers[1:]:
+            assert not a.HasField("push") and a.version == 2, a
+            w2[a.chunk.offset:a.chunk.offset + a.chunk.count] = np.frombuffer(
+                a.chunk.data, dtype="<f4")
+        assert len(answers) == 1 + (n + CHUNK - 1) // CHUNK, len(answers)
+        assert np.array_equal(w2, w1 - grad), (w2, w1 - grad)
         print(f"python client: {job_id}: pulled {n} weights in {CHUNK}-element chunks, "
-              f"pushed one step, pulled version 1 in bfloat16 and float32 (exact)")
+              f"pushed one step, pulled version 1 in bfloat16 and float32 (exact); "
+              f"step 2 on one Exchange stream (exact)")
     finally:
         server.kill()
         server.wait()
