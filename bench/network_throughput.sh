@@ -8,7 +8,10 @@
 # worst case). REPEATS (default 3) alternating runs, medians.
 #   bench/network_throughput.sh [REPEATS]
 # With BASELINE=DIR (another build tree, e.g. of an earlier commit) its
-# server and client run too, alternating, as a row of their own. With
+# server and client run too, alternating, as a row of their own;
+# BASELINE_FLAGS (tally-bench-shard-pushpull flags, e.g. --exchange=false)
+# go to the baseline's client, whose build is then this one unless
+# BASELINE is set. With
 # PROFILE=1 one more run of each is recorded with perf on the server, and
 # the shares of its CPU time in memmove/memcpy and in libprotobuf printed.
 set -euo pipefail
@@ -22,9 +25,10 @@ trap cleanup EXIT
 command -v iperf3 >/dev/null || { echo "needs iperf3 (deploy/install-deps.sh --with-torch)" >&2; exit 1; }
 . bench/lib.sh  # median, ratio, iperf_gbps
 : > "$tmp/t"; : > "$tmp/c"; : > "$tmp/i"; : > "$tmp/b"
+[[ ${BASELINE_FLAGS:-} && ! ${BASELINE:-} ]] && BASELINE=$B
 # One push+pull run against a fresh server; extra flags go to the server.
 pushpull() {  # build port outfile [server flags]
-  local b=$1 port=$2 out=$3
+  local b=$1 port=$2 out=$3 cflags=(${client_flags:-})
   # The bench client heartbeats; a long lease keeps it a member regardless.
   $b/server/tally-server --listen=127.0.0.1 --port=$port --lease_timeout_ms=600000 "${@:4}" > "$tmp/server.log" 2>&1 &
   pids=($!)
@@ -35,7 +39,7 @@ pushpull() {  # build port outfile [server flags]
     sleep 0.3
   fi
   $b/bench/tally-bench-shard-pushpull --server=127.0.0.1:$port --submit --shards=1 \
-    --workers=1 --steps=11 > "$tmp/p.json"
+    --workers=1 --steps=11 "${cflags[@]}" > "$tmp/p.json"
   python3 -c "import json; print(json.load(open('$tmp/p.json'))['gb_per_sec'])" >> "$out"
   kill -INT "${pids[@]:1}" 2>/dev/null || true
   sleep 0.5
@@ -43,7 +47,7 @@ pushpull() {  # build port outfile [server flags]
 }
 for ((r = 0; r < repeats; r++)); do
   pushpull $B $((7600 + r)) "$tmp/t"
-  [[ ${BASELINE:-} ]] && pushpull "$BASELINE" $((7620 + r)) "$tmp/b"
+  [[ ${BASELINE:-} ]] && client_flags=${BASELINE_FLAGS:-} pushpull "$BASELINE" $((7620 + r)) "$tmp/b"
   # The worst case for checkpoints: the job's state written after every step.
   rm -rf "$tmp/state"
   pushpull $B $((7650 + r)) "$tmp/c" --state_dir="$tmp/state" --checkpoint_interval_s=0
@@ -58,7 +62,7 @@ t=$(median < "$tmp/t"); c=$(median < "$tmp/c"); i=$(median < "$tmp/i")
 printf "%-52s %8s\n" "path" "GB/s"
 printf "%-52s %8.3f\n" "Tally push+pull, 67 MB model, loopback" "$t"
 if [[ ${BASELINE:-} ]]; then
-  printf "%-52s %8.3f\n" "  the same, baseline build ($BASELINE)" "$(median < "$tmp/b")"
+  printf "%-52s %8.3f\n" "  the same, baseline ($BASELINE ${BASELINE_FLAGS:-})" "$(median < "$tmp/b")"
 fi
 printf "%-52s %8.3f\n" "  the same, checkpointed after every step" "$c"
 printf "%-52s %8.3f\n" "iperf3 one TCP stream, loopback" "$i"
@@ -68,12 +72,14 @@ if [[ ${PROFILE:-} ]]; then
   builds=("$B")
   [[ ${BASELINE:-} ]] && builds+=("$BASELINE")
   printf "\n%-40s %9s %11s\n" "server profile" "memmove" "libprotobuf"
-  for b in "${builds[@]}"; do
-    perf_out=$tmp/perf.data pushpull "$b" 7690 "$tmp/x"
+  for k in "${!builds[@]}"; do
+    b=${builds[$k]} flags=""
+    ((k > 0)) && flags=${BASELINE_FLAGS:-}
+    client_flags=$flags perf_out=$tmp/perf.data pushpull "$b" 7690 "$tmp/x"
     mem=$(perf report -i "$tmp/perf.data" --no-children --sort sym --stdio 2>/dev/null |
       awk '/mem(move|cpy)/ {gsub("%", "", $1); s += $1} END {printf "%.1f%%", s}')
     pb=$(perf report -i "$tmp/perf.data" --no-children --sort dso --stdio 2>/dev/null |
       awk '/libprotobuf/ {gsub("%", "", $1); s += $1} END {printf "%.1f%%", s}')
-    printf "%-40s %9s %11s\n" "$b" "$mem" "$pb"
+    printf "%-40s %9s %11s\n" "$b $flags" "$mem" "$pb"
   done
 fi

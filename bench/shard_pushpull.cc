@@ -12,6 +12,7 @@
 // (warm-up) not counted.
 //   tally-bench-shard-pushpull --server=HOST:PORT --shards=K [--submit]
 //   [--name=w0] [--steps=10] [--workers=4] [--in=4096] [--out=4096]
+//   [--exchange=false]
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -43,6 +44,8 @@ ABSL_FLAG(int, in, 4096, "model input features");
 ABSL_FLAG(int, out, 4096, "model output features");
 ABSL_FLAG(int, shards, 1, "shards the job's parameters are split over");
 ABSL_FLAG(int, workers, 4, "workers the job trains on");
+ABSL_FLAG(bool, exchange, true,
+          "one Exchange stream per shard (false: a call per push and pull)");
 
 namespace v1 = tally::v1;
 
@@ -178,6 +181,7 @@ int main(int argc, char** argv) {
   // may hold it as long as a step can take.
   po.pull_wait = kStepTimeout;
   po.rpc_timeout = kStepTimeout;
+  po.exchange = absl::GetFlag(FLAGS_exchange);
   po.total_steps = job.schedule().total_steps();
   po.steps_per_epoch = job.schedule().steps_per_epoch();
   auto client = tally::ParameterClient::Create(map, n, server, po);

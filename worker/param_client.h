@@ -9,6 +9,16 @@
 // reactors, so an operation costs no thread hand-off and a pull can be in
 // flight while the device computes.
 //
+// By default (options.exchange) every shard has one long-lived Exchange
+// stream for all of a job's pushes and pulls, answered in order, so no
+// call is set up per step. A stream lives until half its deadline
+// (options.stream_lifetime) and is then retired between exchanges. When a
+// stream ends under an exchange (the shard restarted, the connection
+// broke, an answer was refused), that exchange fails with the stream's
+// status and the next one opens a new stream. Cancelling a Work cancels
+// the streams its parts are on, and so whatever else is in flight on them
+// (in a job runner, nothing else is).
+//
 //   ParameterClient client(map, num_params, "coord:7070", options);
 //   auto pull = client.Pull(step, params);            // in flight
 //   ... compute ...
