@@ -226,6 +226,7 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
         };
       }
     }
+    if (per_layer && sh.params_ready) hooks.before_forward = sh.params_ready;
     if (per_layer && sh.grads_ready) {
       hooks.after_backward = [&](int64_t begin, int64_t end) {
         sh.grads_ready(begin, end);
@@ -251,6 +252,9 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
     rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
     return absl::OkStatus();
   };
+
+  if (!per_layer && sh.params_ready)
+    TALLY_RETURN_IF_ERROR(sh.params_ready(0, num_params_));
 
   // Phase 1: compute; GPUs with a collective also reduce here (every replica
   // takes part in the all-reduce, an unused one with zero gradients).

@@ -84,6 +84,12 @@ struct StepStats {
 // each layer's gradient while the layers before it are still in their
 // backward pass. Both hooks are optional.
 struct StepHooks {
+  // Before the step reads params()[begin, end): may block until they are
+  // there (weights still arriving from a pull, the first layers first). A
+  // non-OK status fails the step. One replica in host memory asks layer by
+  // layer, before each layer's forward pass; otherwise once for the whole
+  // vector, before the replicas copy it.
+  std::function<absl::Status(int64_t begin, int64_t end)> params_ready;
   // Once per successful forward pass, with the whole batch's loss and
   // counts, before any grads_ready. A non-OK status fails the step.
   std::function<absl::Status(const StepStats&)> loss_known;

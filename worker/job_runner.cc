@@ -47,6 +47,30 @@ absl::Status JobRunner::Run() {
     if (!context_.still_assigned()) {
       return absl::AbortedError("no longer assigned to this job");
     }
+    if (CanOverlapPull()) {
+      // The step's weights are on their way (the pull went with the last
+      // push): its forward pass starts on the first layers while the last
+      // still arrive.
+      std::shared_ptr<Work> pull = std::move(next_pull_);
+      const int64_t step = next_;
+      absl::StatusOr<StepStats> stats = Compute(step, pull.get());
+      if (stats.ok()) {
+        backoff_ = absl::Milliseconds(100);
+        TALLY_RETURN_IF_ERROR(FinishStep(step, *stats));
+        continue;
+      }
+      if (!redo_) return stats.status();
+      // The pull failed or brought other weights than this step's (a step
+      // closed without us): the step is dropped, and the pull's answer is
+      // taken the plain way below.
+      redo_ = false;
+      loader_next_ = -1;  // its batch was taken: the loader starts again
+      if (pull->Done()) {
+        next_pull_ = std::move(pull);
+      } else {
+        Abandon(pull);
+      }
+    }
     absl::StatusOr<int64_t> pulled = PullNext();
     if (!pulled.ok()) {
       const absl::Status& s = pulled.status();
@@ -77,24 +101,38 @@ absl::Status JobRunner::Run() {
     // (we joined late, or were away): go on from the version.
     const int64_t step = async ? next_ : std::max(next_, version);
     TALLY_ASSIGN_OR_RETURN(StepStats stats, Compute(step));
-    TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
-    // A push that failed on the way goes again as it was (the same
-    // gradient from the same weights) until the shards answer it.
-    while (repush_) {
-      if (!context_.still_assigned()) {
-        return absl::AbortedError("no longer assigned to this job");
-      }
-      TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
-    }
-    if (context_.progress) context_.progress(progress_);
-    if (absl::Now() - last_log_ > absl::Seconds(5)) {
-      last_log_ = absl::Now();
-      context_.log(absl::StrFormat(
-          "%s step %d/%d loss %.4f", assignment_.job_id(), step + 1,
-          schedule_.total_steps,
-          stats.samples > 0 ? stats.loss_sum / stats.samples : 0.0));
-    }
+    TALLY_RETURN_IF_ERROR(FinishStep(step, stats));
   }
+}
+
+absl::Status JobRunner::FinishStep(int64_t step, const StepStats& stats) {
+  TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
+  // A push that failed on the way goes again as it was (the same gradient
+  // from the same weights) until the shards answer it.
+  while (repush_) {
+    if (!context_.still_assigned()) {
+      return absl::AbortedError("no longer assigned to this job");
+    }
+    TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
+  }
+  if (context_.progress) context_.progress(progress_);
+  if (absl::Now() - last_log_ > absl::Seconds(5)) {
+    last_log_ = absl::Now();
+    context_.log(absl::StrFormat(
+        "%s step %d/%d loss %.4f", assignment_.job_id(), step + 1,
+        schedule_.total_steps,
+        stats.samples > 0 ? stats.loss_sum / stats.samples : 0.0));
+  }
+  return absl::OkStatus();
+}
+
+bool JobRunner::CanOverlapPull() const {
+  // bsp on one shard, where the pull of step t was sent with the push of
+  // t - 1 and brings version t unless the step closed without us; and a
+  // step this rank has a batch for.
+  return options_.overlap_pull && pipelined_ && next_pull_ != nullptr &&
+         clock_set_ && next_ < end_version_ &&
+         next_ % schedule_.steps_per_epoch < rank_batches_;
 }
 
 absl::Status JobRunner::Prepare() {
@@ -217,7 +255,7 @@ absl::StatusOr<int64_t> JobRunner::PullNext() {
   return v;
 }
 
-absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
+absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, Work* pull) {
   const int64_t epoch = step / schedule_.steps_per_epoch;
   const int64_t index = step % schedule_.steps_per_epoch;
   if (index >= rank_batches_) return StepStats{};  // no batch at this step
@@ -248,16 +286,46 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
   std::unique_ptr<HostBatch> batch = *std::move(next);
   BatchView view{batch->x.data(), batch->y.data(), batch->size};
   const absl::Time began = absl::Now();
-  // The push goes out beside the backward pass: its header once the loss
-  // is known, each layer's gradient once backward has produced it.
+  // With a pull still arriving, each layer waits for its weights, and the
+  // loss for the whole pull (its version is the push's base). The push goes
+  // out beside the backward pass: its header once the loss is known, each
+  // layer's gradient once backward has produced it.
   std::unique_ptr<PushFeed> feed;
   std::shared_ptr<Work> push;
+  absl::Duration blocked;  // waiting for weights
+  const absl::Time pull_deadline =
+      absl::Now() + absl::Seconds(5) + options_.rpc_timeout;
   StepHooks hooks;
-  if (options_.overlap_push) {
-    hooks.loss_known = [&](const StepStats& s) {
-      push = client_->Push(MakePushInfo(step, s), engine_->grads(), &feed);
+  if (pull != nullptr) {
+    hooks.params_ready = [&](int64_t b, int64_t e) {
+      const absl::Time t0 = absl::Now();
+      absl::Status s = pull->WaitRange(b, e, pull_deadline);
+      blocked += absl::Now() - t0;
+      if (!s.ok()) redo_ = true;
+      return s;
+    };
+  }
+  if (pull != nullptr || options_.overlap_push) {
+    hooks.loss_known = [&](const StepStats& s) -> absl::Status {
+      if (pull != nullptr) {
+        const absl::Time t0 = absl::Now();
+        absl::StatusOr<int64_t> v = pull->WaitVersion(pull_deadline);
+        blocked += absl::Now() - t0;
+        if (!v.ok() || *v != step) {
+          redo_ = true;
+          return v.ok() ? absl::AbortedError("the pull brought another version")
+                        : v.status();
+        }
+        base_ = *v;
+        have_commit_ = false;  // the pull carried it to the shard
+      }
+      if (options_.overlap_push) {
+        push = client_->Push(MakePushInfo(step, s), engine_->grads(), &feed);
+      }
       return absl::OkStatus();
     };
+  }
+  if (options_.overlap_push) {
     hooks.grads_ready = [&](int64_t b, int64_t e) { feed->Offer(b, e); };
   }
   absl::StatusOr<StepStats> stats =
@@ -272,18 +340,25 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step) {
     push = nullptr;
   }
   started_push_ = std::move(push);
+  // What the step waited for its weights counts as the pull's.
+  const double computing =
+      absl::ToDoubleSeconds(absl::Now() - began - blocked);
   if (stats.ok()) {
-    Smooth(&progress_.compute_seconds,
-           absl::ToDoubleSeconds(absl::Now() - began));
+    Smooth(&progress_.compute_seconds, computing);
+    if (pull != nullptr) {
+      Smooth(&progress_.wait_seconds, absl::ToDoubleSeconds(blocked));
+      if (options_.metrics != nullptr)
+        options_.metrics->pull_seconds.Observe(absl::ToDoubleSeconds(blocked));
+    }
   }
   if (stats.ok() && options_.metrics != nullptr) {
-    options_.metrics->compute_seconds.Observe(
-        absl::ToDoubleSeconds(absl::Now() - began));
+    options_.metrics->compute_seconds.Observe(computing);
     options_.metrics->steps.Increment();
     options_.metrics->samples.Increment(static_cast<double>(stats->samples));
   }
   loader_->Recycle(std::move(batch));
-  if (!stats.ok()) return Refuse(stats.status());
+  // A step dropped for its pull is done again the plain way (Run).
+  if (!stats.ok()) return redo_ ? stats.status() : Refuse(stats.status());
   loader_next_ = index + 1 < rank_batches_
                      ? step + 1
                      : (epoch + 1) * schedule_.steps_per_epoch;

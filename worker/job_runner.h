@@ -92,7 +92,15 @@ class JobRunner {
   // contribution where this rank has no batch at that step). With
   // options_.overlap_push the push of the step starts inside: each layer's
   // gradient goes as backward produces it (started_push_).
-  absl::StatusOr<StepStats> Compute(int64_t step);
+  // With `pull` (borrowed; the pull of this step's weights, still on its
+  // way), each layer waits for its weights; a step whose pull fails or
+  // brings another version fails with redo_ set (nothing refused).
+  absl::StatusOr<StepStats> Compute(int64_t step, Work* pull = nullptr);
+  // Pushes step `step` until its push is settled; progress and the log.
+  absl::Status FinishStep(int64_t step, const StepStats& stats);
+  // Whether the next step can start while its weights arrive (bsp on one
+  // shard, the pull sent with the last push, options_.overlap_pull).
+  bool CanOverlapPull() const;
   // What the push of `step` says besides its gradient.
   PushInfo MakePushInfo(int64_t step, const StepStats& stats) const;
   // Pushes step `step` (or waits for the push Compute started); sets next_
@@ -125,6 +133,7 @@ class JobRunner {
   int64_t end_version_ = 0;  // the schedule's last version
   bool clock_set_ = false;   // next_ was set from the first pull
   bool repush_ = false;      // the last push is to be sent again
+  bool redo_ = false;        // the step was dropped for its pull
   int64_t refused_step_ = -1;  // a shard refused this step's push
   JobProgress progress_;
   // The version the last pull got (the oldest of its shards'): the base

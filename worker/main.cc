@@ -54,6 +54,9 @@ ABSL_FLAG(int, metrics_port, 0,
 ABSL_FLAG(bool, overlap_push, true,
           "Push each layer's gradient while the backward pass goes on "
           "(false: push the whole gradient after the step)");
+ABSL_FLAG(bool, overlap_pull, true,
+          "bsp on one shard: start a step's forward pass while the last "
+          "layers' weights still arrive");
 ABSL_FLAG(bool, exchange_stream, true,
           "Push and pull on one long-lived stream per shard (false: two "
           "calls per step)");
@@ -114,6 +117,7 @@ int RunDaemon() {
   options.verbose = !absl::GetFlag(FLAGS_quiet);
   options.overlap_push = absl::GetFlag(FLAGS_overlap_push);
   options.exchange_stream = absl::GetFlag(FLAGS_exchange_stream);
+  options.overlap_pull = absl::GetFlag(FLAGS_overlap_pull);
   options.chunk_elements = absl::GetFlag(FLAGS_push_chunk_elements);
   if (options.chunk_elements <= 0) {
     return Fail(absl::InvalidArgumentError("--push_chunk_elements must be positive"));

@@ -20,7 +20,40 @@ namespace tally {
 
 // ----------------------------------------------------------------- Work --
 
-Work::Work(int parts) : pending_(parts), results_(parts) {}
+Work::Work(int parts)
+    : pending_(parts),
+      results_(parts),
+      ranges_(parts),
+      arrived_(parts, 0),
+      ended_(parts, false) {}
+
+void Work::SetRange(int part, int64_t begin, int64_t end) {
+  absl::MutexLock lock(&mu_);
+  ranges_[part] = {begin, end};
+  arrived_[part] = begin;
+}
+
+void Work::Arrived(int part, int64_t upto) {
+  absl::MutexLock lock(&mu_);
+  arrived_[part] = std::max(arrived_[part], upto);
+}
+
+absl::Status Work::WaitRange(int64_t begin, int64_t end, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto there = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!status_.ok()) return true;
+    for (size_t p = 0; p < ranges_.size(); ++p) {
+      const auto [b, e] = ranges_[p];
+      if (e <= begin || b >= end || ended_[p]) continue;
+      if (arrived_[p] < std::min(end, e)) return false;
+    }
+    return true;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&there), deadline)) {
+    return absl::DeadlineExceededError("the weights did not arrive in time");
+  }
+  return status_;
+}
 
 Work::~Work() = default;
 
@@ -36,6 +69,7 @@ void Work::Finished(int part, grpc::ClientContext* ctx,
   absl::MutexLock lock(&mu_);
   live_.erase(std::find(live_.begin(), live_.end(), ctx));
   results_[part] = status;
+  ended_[part] = true;
   if (status.ok() && committed) ++committed_;
   if (!status.ok()) {
     if (status_.ok()) {
@@ -56,6 +90,7 @@ void Work::Finished(int part, grpc::ClientContext* ctx,
 void Work::Failed(int part, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   results_[part] = status;
+  ended_[part] = true;
   if (status_.ok()) status_ = status;
   --pending_;
 }
@@ -314,7 +349,8 @@ class PullDecoder {
       : params_(params),
         num_params_(num_params),
         offset_(offset),
-        count_(count) {}
+        count_(count),
+        contiguous_(offset) {}
 
   // A message read as `msg` (the chunk its field 3, the version field 1);
   // kDataLoss when it is not what a shard sends.
@@ -348,9 +384,12 @@ class PullDecoder {
     }
     received_ += c.count;
     version_ = version;
+    if (c.offset == contiguous_) contiguous_ += c.count;
     return absl::OkStatus();
   }
 
+  // Every element before this has arrived (chunks come in order).
+  int64_t contiguous() const { return contiguous_; }
   bool complete() const { return received_ == count_; }
   int64_t version() const { return version_; }
   // The pull's result once the shard is done sending.
@@ -365,6 +404,7 @@ class PullDecoder {
   const int64_t num_params_, offset_, count_;
   int64_t received_ = 0;
   int64_t version_ = -1;
+  int64_t contiguous_;
 };
 
 v1::PullRequest MakePullRequest(const ParamClientOptions& o,
@@ -536,6 +576,7 @@ class PullCall final
     absl::Status bad = msg_.Parse(resp_bytes_, 3);
     if (bad.ok()) {
       bad = decoder_.Take(msg_);
+      if (bad.ok()) work_->Arrived(part_, decoder_.contiguous());
     } else {
       bad = absl::DataLossError(
           absl::StrCat("malformed weights from the shard: ", bad.message()));
@@ -911,6 +952,7 @@ class PullOp final : public StreamOp {
       return absl::DataLossError("a push answer where weights belong");
     }
     TALLY_RETURN_IF_ERROR(decoder_.Take(msg));
+    work_->Arrived(part_, decoder_.contiguous());
     if (decoder_.complete()) {
       work_->Finished(part_, ctx_, absl::OkStatus(), decoder_.version(),
                       /*cancel_others=*/true);
@@ -1055,6 +1097,9 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
   work->mixed_ok_ = options_.mixed_versions;
   const v1::PullRequest req =
       MakePullRequest(options_, min_version, commit, clock);
+  for (int i = 0; i < num_shards(); ++i) {
+    work->SetRange(i, shards_[i].offset, shards_[i].offset + shards_[i].count);
+  }
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
     if (!options_.exchange) {

@@ -74,6 +74,11 @@ class Work {
   absl::Status Wait(absl::Time deadline);
   // A pull's version, once Wait returned OK.
   absl::StatusOr<int64_t> WaitVersion(absl::Time deadline);
+  // A pull's params[begin, end) have arrived (each shard sends its range
+  // from its start): OK then, even while later chunks are on their way;
+  // the pull's error if it failed; kDeadlineExceeded at `deadline`. Lets a
+  // forward pass start on the first layers before the last have arrived.
+  absl::Status WaitRange(int64_t begin, int64_t end, absl::Time deadline);
   // Cancels every RPC still running; Wait then returns promptly.
   void Cancel();
   bool Done() const;
@@ -99,6 +104,10 @@ class Work {
                 int64_t version, bool cancel_others, bool committed = false);
   // A part that failed before it started.
   void Failed(int part, const absl::Status& status);
+  // Part `part` of a pull covers [begin, end) of the vector; `upto`: its
+  // elements before it have arrived.
+  void SetRange(int part, int64_t begin, int64_t end);
+  void Arrived(int part, int64_t upto);
   // The caller's buffer is lent to gRPC (a push's slices point into it)
   // until as many Returned() as Lend(): the work is not done before.
   // Returned() may run on any thread, inside gRPC, even one that holds
@@ -118,6 +127,10 @@ class Work {
   bool mixed_ok_ = false;  // set before the work starts
   std::vector<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+  // A pull's parts: their ranges, how far each has arrived, which ended.
+  std::vector<std::pair<int64_t, int64_t>> ranges_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> arrived_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> ended_ ABSL_GUARDED_BY(mu_);
 };
 
 struct ParamClientOptions {
