@@ -130,21 +130,27 @@ case $case_name in
   overlap)
     # Pushes that overlap the backward pass (each layer's gradient sent as
     # it is produced, in buckets of 1000 elements here, so a push is many
-    # messages in no fixed order) give the same weights, bit for bit, as
-    # pushes of the whole gradient after the step; over two shards, SGD and
-    # Adam.
+    # messages in no fixed order), pulls that overlap the forward pass and
+    # Exchange streams give the same weights, bit for bit, as whole pushes
+    # and pulls on a call each; over two shards (SGD, Adam) and one (SGD,
+    # where pulls overlap).
     start_coordinator
     start_shard s1 "$(free_port)"
     start_shard s2 "$(free_port)"
     for mode in whole overlapped; do
-      flag=--overlap_push=false
-      [[ $mode == overlapped ]] && flag=--overlap_push=true
-      start_worker "${mode}1" "$flag" --push_chunk_elements=1000
-      start_worker "${mode}2" "$flag" --push_chunk_elements=1000
-      for opt in "{type: sgd, lr: 0.05, momentum: 0.9}" "{type: adam, lr: 0.002}"; do
-        name=$(echo "$opt" | cut -d' ' -f2 | tr -d ',')
-        id=$(submit "$(job_spec 2 "$opt" 2)" --wait)
-        [[ $(job_field "$id" "['state']") == SUCCEEDED ]] || fail "$id ($mode pushes) did not succeed"
+      # whole: a PushGradients and a PullWeights call per step, nothing
+      # overlapped; overlapped: one Exchange stream per shard, pushes beside
+      # backward, and (on one shard) pulls beside forward.
+      flags=(--overlap_push=false --overlap_pull=false --exchange_stream=false)
+      [[ $mode == overlapped ]] && flags=(--overlap_push=true --overlap_pull=true --exchange_stream=true)
+      start_worker "${mode}1" "${flags[@]}" --push_chunk_elements=1000
+      start_worker "${mode}2" "${flags[@]}" --push_chunk_elements=1000
+      for job in "2 {type: sgd, lr: 0.05, momentum: 0.9}" "2 {type: adam, lr: 0.002}" \
+                 "1 {type: sgd, lr: 0.05, momentum: 0.9}"; do
+        k=${job%% *} opt=${job#* }
+        name=$(echo "$opt" | cut -d' ' -f2 | tr -d ',')-$k
+        id=$(submit "$(job_spec "$k" "$opt" 2)" --wait)
+        [[ $(job_field "$id" "['state']") == SUCCEEDED ]] || fail "$id ($mode) did not succeed"
         tally fetch "$id" --output="$dir/$name-$mode.safetensors" > /dev/null || fail "fetch $id"
       done
       eval "kill -9 \$pid_${mode}1 \$pid_${mode}2"
@@ -154,11 +160,11 @@ case $case_name in
       fail "the overlapping workers did not overlap their pushes"
     ! grep -q "pushes overlap the backward pass" "$dir/whole1.log" ||
       fail "--overlap_push=false still overlapped"
-    for name in sgd adam; do
+    for name in sgd-2 adam-2 sgd-1; do
       tensor_bytes_equal "$dir/$name-whole.safetensors" "$dir/$name-overlapped.safetensors" ||
-        fail "$name: overlapped pushes gave other weights than whole ones"
+        fail "$name: overlapped pushes and pulls gave other weights than whole ones"
     done
-    echo "overlap: SGD and Adam weights bit-identical with and without pushes overlapping backward"
+    echo "overlap: SGD and Adam weights bit-identical with and without streams and overlap (1 and 2 shards)"
     ;;
   lost|fresh)
     start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2

@@ -248,6 +248,49 @@ TEST(EngineTest, StepHooksReportEachRangeOnceAndFinal) {
   }
 }
 
+// params_ready: one host replica asks for each layer's weights just before
+// its forward pass, in order; several replicas ask once for the whole
+// vector. A refusal fails the step before any gradient.
+TEST(EngineTest, StepHooksAskForEachLayersWeightsBeforeItsForwardPass) {
+  for (int replicas : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
+    auto e = MakeEngine(replicas, false);
+    Data d = RandomBatch(8, 3);
+    BatchView view{d.x.data(), d.y.data(), 8};
+    std::vector<std::pair<int64_t, int64_t>> asked;
+    bool loss_seen = false, asked_after_loss = false;
+    StepHooks h;
+    h.params_ready = [&](int64_t b, int64_t end) {
+      asked.push_back({b, end});
+      asked_after_loss = asked_after_loss || loss_seen;
+      return absl::OkStatus();
+    };
+    h.loss_known = [&](const StepStats&) {
+      loss_seen = true;
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE(e->Step(view, 1, {}, &h).ok());
+    EXPECT_FALSE(asked_after_loss);
+    if (replicas == 1) {
+      ASSERT_EQ(asked.size(), 2u);  // the convolution, then the linear layer
+      EXPECT_EQ(asked[0].first, 0);
+      EXPECT_EQ(asked[0].second, asked[1].first);
+      EXPECT_EQ(asked[1].second, e->num_params());
+    } else {
+      ASSERT_EQ(asked.size(), 1u);
+      EXPECT_EQ(asked[0], std::make_pair(int64_t{0}, e->num_params()));
+    }
+    int reported = 0;
+    h.params_ready = [](int64_t, int64_t) {
+      return absl::DataLossError("the pull broke");
+    };
+    h.grads_ready = [&](int64_t, int64_t) { ++reported; };
+    EXPECT_THAT(e->Step(view, 1, {}, &h),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pull broke")));
+    EXPECT_EQ(reported, 0);
+  }
+}
+
 TEST(EngineTest, AFailingLossHookFailsTheStepAndReportsNoGradient) {
   auto e = MakeEngine(1, false);
   Data d = RandomBatch(8, 3);

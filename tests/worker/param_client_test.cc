@@ -64,6 +64,7 @@ class ParamClientTest : public ::testing::TestWithParam<bool> {
     po.worker_id = worker.worker_id();
     po.incarnation = worker.incarnation();
     po.chunk_elements = 4;  // a push of 15 is several messages
+    po.pull_wait = absl::Seconds(1);
     po.exchange = GetParam();
     po.stream_lifetime = stream_lifetime_;
     v1::ShardMap map;
@@ -158,6 +159,24 @@ TEST_P(ParamClientTest, ANonFiniteValueInAFedRangeIsRefusedAsAWholePushIs) {
   // Refused and committed as nothing: the step closed without moving.
   std::vector<float> w(kParams);
   EXPECT_EQ(*client_->Pull(1, w.data())->WaitVersion(Soon()), 1);
+}
+
+// A pull's ranges can be waited for before the whole pull is done; a range
+// of a pull that fails gives the pull's error.
+TEST_P(ParamClientTest, APullsRangesAreThereOnceArrivedAndItsErrorIfItFails) {
+  const std::vector<float> w0 = PullVersion(0);
+  std::vector<float> w(kParams);
+  auto pull = client_->Pull(0, w.data());
+  ASSERT_TRUE(pull->WaitRange(0, 5, Soon()).ok());
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(w[i], w0[i]);
+  ASSERT_TRUE(pull->WaitRange(5, kParams, Soon()).ok());
+  EXPECT_EQ(*pull->WaitVersion(Soon()), 0);
+  EXPECT_EQ(w, w0);
+  // Version 1 does not come (step 0 was not pushed): the shard's bound
+  // ends the wait, and so the range's.
+  auto late = client_->Pull(1, w.data());
+  EXPECT_THAT(late->WaitRange(0, 5, Soon()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
 }
 
 class ShortStreamTest : public ParamClientTest {
