@@ -7,6 +7,7 @@
 # (bench/pytorch_ddp.py --steps). Prints samples/s and every process's
 # peak resident set (VmHWM), and the model's size for scale.
 #   bench/memory.sh
+# WORKER_FLAGS: more tally-worker flags (e.g. --exchange_stream=false).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
@@ -37,7 +38,8 @@ sp=$!
 pids=("$sp")
 for _ in $(seq 100); do $B/client/tally --server=127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.05; done
 for i in 1 2; do
-  $B/worker/tally-worker --server=127.0.0.1:$port --devices=cpu:1 --quiet --health_port=-1 > "$tmp/w$i.log" 2>&1 &
+  $B/worker/tally-worker --server=127.0.0.1:$port --devices=cpu:1 --quiet --health_port=-1 \
+    ${WORKER_FLAGS:-} > "$tmp/w$i.log" 2>&1 &
   pids+=($!)
 done
 out=$($B/client/tally --server=127.0.0.1:$port submit "$tmp/job.yaml" --wait) || { echo "job failed: $out" >&2; exit 1; }

@@ -485,6 +485,9 @@ class ExchangeReactor final
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     writing_ = false;
+    // The written message lets go of the weights it held: a buffer no
+    // reader holds is stepped in place, without a copy (shard.h).
+    cur_.Clear();
     if (!ok) {
       EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
       return;
