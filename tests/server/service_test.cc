@@ -565,27 +565,45 @@ TEST_F(ServiceTest, OneExchangeStreamCarriesEveryStepOfAJob) {
   auto w = stream.ReadWeights(kParams);
   ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->first, 0);
+  auto weights_at = [&] {
+    auto range = server_->shard_host()->Find(job_);
+    EXPECT_TRUE(range.ok()) << range.status();
+    int64_t version = 0, total = 0;
+    return range->shard->Snapshot(&version, &total)->data();
+  };
   for (int64_t step = 0; step < 3; ++step) {
-    // The push in two messages, the last with push_done.
+    // The weights this stream pulled are not held once sent: the step
+    // moves them in place, without a copy.
+    const float* before = weights_at();
+    // The push in two messages, the last with push_done. Odd steps: the
+    // push is its own commit (as a one-shard worker's), so the step closes
+    // while the stream's last pull message may still be in the shard's
+    // hands; even steps: the pull of the next version commits it.
+    const bool self_commit = step % 2 == 1;
     std::vector<v1::PushRequest> push = FullPush(step, 0.5f);
+    push[0].mutable_header()->set_commit(self_commit);
     ASSERT_TRUE(stream.Write(AsExchange(push[0], false)));
     ASSERT_TRUE(stream.Write(AsExchange(push[1], true)));
     auto answer = stream.ReadPushAnswer();
     ASSERT_TRUE(answer.has_value());
     EXPECT_FALSE(answer->duplicate());
-    EXPECT_FALSE(answer->committed());
-    EXPECT_EQ(answer->version(), step);
-    // The pull of the next version commits it.
+    EXPECT_EQ(answer->committed(), self_commit);
+    EXPECT_EQ(answer->version(), self_commit ? step + 1 : step);
     *pull.mutable_pull() = PullRequest(step + 1);
-    pull.mutable_pull()->mutable_commit()->set_step(step);
-    pull.mutable_pull()->mutable_commit()->set_contributed(true);
-    pull.mutable_pull()->set_chunk_elements(3);
+    if (!self_commit) {
+      pull.mutable_pull()->mutable_commit()->set_step(step);
+      pull.mutable_pull()->mutable_commit()->set_contributed(true);
+    }
+    // One message of 40 bytes: gRPC copies a smaller piece of a slice
+    // instead of holding it, and this test is about what is held.
+    pull.mutable_pull()->set_chunk_elements(0);
     ASSERT_TRUE(stream.Write(pull));
     auto next = stream.ReadWeights(kParams);
     ASSERT_TRUE(next.has_value());
     EXPECT_EQ(next->first, step + 1);
     for (int i = 0; i < kParams; ++i)
       EXPECT_EQ(next->second[i], w->second[i] - 0.5f) << "step " << step;
+    EXPECT_EQ(weights_at(), before) << "step " << step << " copied the weights";
     w = next;
   }
   // A push sent again on the stream (its answer lost) is a duplicate, read
