@@ -453,6 +453,9 @@ class PullReactor final
 class ExchangeReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
+  // Push answers written to nobody before the stream is ended.
+  static constexpr size_t kMaxUnreadAnswers = 64;
+
   ExchangeReactor(ShardHost* host, DataPlaneMetrics* metrics)
       : host_(host), metrics_(metrics), handle_(std::make_shared<Handle>()) {
     handle_->reactor = this;
@@ -488,10 +491,8 @@ class ExchangeReactor final
     // The written message lets go of the weights it held: a buffer no
     // reader holds is stepped in place, without a copy (shard.h).
     cur_.Clear();
-    if (!ok) {
-      EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
-      return;
-    }
+    if (!ok) EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+    // Ended while this write was out (a cancel, an error): finish now.
     if (finished_) {
       if (!final_sent_) SendFinishLocked();
       return;
@@ -531,6 +532,15 @@ class ExchangeReactor final
         return absl::InvalidArgumentError(
             "a push began before the last one ended");
       }
+      if (msg_.has(1)) {
+        // Answers go in order: a push's answer may not pass the chunks of
+        // the pull before it.
+        absl::MutexLock lock(&mu_);
+        if (pull_ != nullptr) {
+          return absl::InvalidArgumentError(
+              "a push while a pull is being answered");
+        }
+      }
       if (!msg_.has(1) && push_ == nullptr) {
         return absl::InvalidArgumentError("a chunk of no push");
       }
@@ -561,6 +571,12 @@ class ExchangeReactor final
       bytes += body;
       grpc::Slice slice(bytes);
       absl::MutexLock lock(&mu_);
+      // A worker that asks and never reads would make the shard keep its
+      // answers.
+      if (out_.size() >= kMaxUnreadAnswers) {
+        return absl::ResourceExhaustedError(
+            "too many answers not read: read the stream");
+      }
       out_.emplace_back(&slice, 1);
       WriteNextLocked();
     }

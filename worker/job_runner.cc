@@ -59,7 +59,10 @@ absl::Status JobRunner::Run() {
         TALLY_RETURN_IF_ERROR(FinishStep(step, *stats));
         continue;
       }
-      if (!redo_) return stats.status();
+      if (!redo_) {
+        Abandon(pull);  // it may still be writing the parameters
+        return stats.status();
+      }
       // The pull failed or brought other weights than this step's (a step
       // closed without us): the step is dropped, and the pull's answer is
       // taken the plain way below.

@@ -209,9 +209,11 @@ class PushMessages {
     header_.set_commit(commit);
     if (total_ > 0 && dtype_ == v1::BFLOAT16) {
       // Encoded as offered, into one buffer; the messages are slices of it.
-      auto encoded = std::make_shared<std::vector<uint16_t>>(total_);
-      encoded_ = reinterpret_cast<char*>(encoded->data());
-      values_ = SnapshotSlice(std::move(encoded));
+      // Kept here too: an offer may still encode into it after the push
+      // failed and let go of its slices.
+      encoded_holder_ = std::make_shared<std::vector<uint16_t>>(total_);
+      encoded_ = reinterpret_cast<char*>(encoded_holder_->data());
+      values_ = SnapshotSlice(encoded_holder_);
     } else if (total_ > 0) {
       values_ = Lend(work, in_flight, grads + offset, sizeof(float) * total_);
     }
@@ -319,6 +321,7 @@ class PushMessages {
   const v1::DType dtype_;
   const std::string last_suffix_;
   v1::PushHeader header_;
+  std::shared_ptr<std::vector<uint16_t>> encoded_holder_;
   char* encoded_ = nullptr;  // bfloat16: the buffer values_ holds
   mutable absl::Mutex mu_;
   grpc::Slice values_ ABSL_GUARDED_BY(mu_);  // the range, in the wire dtype
@@ -688,6 +691,11 @@ class ShardStream final
     }
     Kick();
   }
+  // Some op still has messages to write (a user's call).
+  bool writing() {
+    absl::MutexLock lock(&mu_);
+    return !writes_.empty();
+  }
   // Half-closes once everything queued is written (a user's call).
   void CloseWrites() {
     {
@@ -760,6 +768,7 @@ class ShardStream final
         error_ = s;
       }
       ctx_.TryCancel();
+      slot_->Shut();  // no read follows: the stream ends here
       return;
     }
     if (done) {
@@ -1075,11 +1084,18 @@ ShardStream* ParameterClient::UseStream(
   if (s.slot != nullptr) {
     // A stream lives for a bounded time (its deadline): an old one is
     // retired before that, between exchanges, and a new one opened.
-    if (absl::Now() - s.slot->opened > options_.stream_lifetime / 2) {
-      Retire(s.slot);
-    } else if (ShardStream* st = s.slot->Use()) {
+    ShardStream* st = s.slot->Use();
+    // An old stream is retired, unless an op on it is still being written
+    // (a push being fed): the new op queues behind it.
+    if (st != nullptr &&
+        (absl::Now() - s.slot->opened <= options_.stream_lifetime / 2 ||
+         st->writing())) {
       *slot = s.slot;
       return st;
+    }
+    if (st != nullptr) {
+      s.slot->Unuse();
+      Retire(s.slot);
     }
     s.slot = nullptr;  // over: a new one
   }

@@ -643,6 +643,20 @@ TEST_F(ServiceTest, ExchangeMessagesOutOfTurnEndTheStreamWithTheirCode) {
                          HasSubstr("a pull inside an open push")));
   }
   {
+    // A push while a pull is being answered (its answer would pass the
+    // pull's weights).
+    ExchangeStream stream(params_.get(), absl::Seconds(10));
+    v1::ExchangeRequest pull;
+    *pull.mutable_pull() = PullRequest(5);  // waits: step 0 never closed
+    pull.mutable_pull()->set_max_wait_ms(5000);
+    ASSERT_TRUE(stream.Write(pull));
+    ASSERT_TRUE(stream.Write(AsExchange(FullPush(0, 0.5f)[0], false)));
+    EXPECT_FALSE(stream.ReadPushAnswer().has_value());
+    EXPECT_THAT(stream.Finish(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("a push while a pull is being answered")));
+  }
+  {
     // push_done with no push.
     ExchangeStream stream(params_.get(), absl::Seconds(10));
     v1::ExchangeRequest m;
