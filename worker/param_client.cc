@@ -1106,6 +1106,19 @@ ShardStream* ParameterClient::UseStream(
   return s.slot->Use();  // null if it ended at once: then the op fails
 }
 
+void ParameterClient::OnStream(Shard& s, Work* work, int part,
+                               const MakeOp& make) {
+  std::shared_ptr<ShardStreamSlot> slot;
+  ShardStream* st = UseStream(s, &slot);
+  if (st == nullptr) {
+    work->Failed(part, absl::UnavailableError("the stream to the shard ended"));
+    return;
+  }
+  work->Started(st->context());
+  st->Add(make(st, slot));
+  slot->Unuse();
+}
+
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
                                             const v1::StepCommit* commit,
                                             int64_t clock) {
@@ -1124,16 +1137,12 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
                    num_params_, s.offset, s.count);
       continue;
     }
-    std::shared_ptr<ShardStreamSlot> slot;
-    ShardStream* st = UseStream(s, &slot);
-    if (st == nullptr) {
-      work->Failed(i, absl::UnavailableError("the stream to the shard ended"));
-      continue;
-    }
-    work->Started(st->context());
-    st->Add(std::make_shared<PullOp>(work, i, req, params, num_params_,
-                                     s.offset, s.count, st->context()));
-    slot->Unuse();
+    OnStream(s, work.get(), i,
+             [&](ShardStream* st, const std::shared_ptr<ShardStreamSlot>&) {
+               return std::make_shared<PullOp>(work, i, req, params,
+                                               num_params_, s.offset, s.count,
+                                               st->context());
+             });
   }
   return work;
 }
@@ -1158,22 +1167,17 @@ std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
       }
       continue;
     }
-    std::shared_ptr<ShardStreamSlot> slot;
-    ShardStream* st = UseStream(s, &slot);
-    if (st == nullptr) {
-      work->Failed(i, absl::UnavailableError("the stream to the shard ended"));
-      continue;
-    }
-    auto op = std::make_shared<PushOp>(work, i, in_flight_, options_, info,
-                                       commit, grads, s.offset, s.count,
-                                       feed != nullptr, slot, st->context());
-    work->Started(st->context());
-    if (feed != nullptr && op->end() > op->begin()) {
-      parts.push_back(
-          {op.get(), op, op->begin(), op->end(), op->end() - op->begin()});
-    }
-    st->Add(std::move(op));
-    slot->Unuse();
+    OnStream(s, work.get(), i,
+             [&](ShardStream* st, const std::shared_ptr<ShardStreamSlot>& slot) {
+               auto op = std::make_shared<PushOp>(
+                   work, i, in_flight_, options_, info, commit, grads,
+                   s.offset, s.count, feed != nullptr, slot, st->context());
+               if (feed != nullptr && op->end() > op->begin()) {
+                 parts.push_back({op.get(), op, op->begin(), op->end(),
+                                  op->end() - op->begin()});
+               }
+               return op;
+             });
   }
   if (feed != nullptr) {
     std::unique_ptr<PushFeed> f(new PushFeed);

@@ -40,6 +40,7 @@
 #define TALLY_WORKER_PARAM_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -173,6 +174,7 @@ struct PushInfo {
 
 class FedPart;
 class ShardStream;
+class StreamOp;
 struct ShardStreamSlot;
 
 // The gradient of a push still being produced (ParameterClient::Push with
@@ -259,6 +261,11 @@ class ParameterClient {
   // if there is none, it ended or it is old); null if a new one ended at
   // once.
   ShardStream* UseStream(Shard& s, std::shared_ptr<ShardStreamSlot>* slot);
+  // Queues the op `make` builds on shard `s`'s stream for part `part` of
+  // `work`, or fails that part if no stream can be had.
+  using MakeOp = std::function<std::shared_ptr<StreamOp>(
+      ShardStream*, const std::shared_ptr<ShardStreamSlot>&)>;
+  void OnStream(Shard& s, Work* work, int part, const MakeOp& make);
   // Asks nothing more of a stream: it ends once all it was asked is
   // answered.
   static void Retire(const std::shared_ptr<ShardStreamSlot>& slot);
