@@ -73,6 +73,10 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1",
           "unless you put it behind a proxy)");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics at http://LISTEN:PORT/metrics (0: off)");
+ABSL_FLAG(bool, streamed_sums, true,
+          "Sum each push into the step's sum as it arrives (bsp without "
+          "backup workers; one sum per shard); false: stage each push whole "
+          "until its step closes (one buffer per member)");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
   server_options.join = absl::GetFlag(FLAGS_coordinator);
   server_options.shard = absl::GetFlag(FLAGS_shard);
   server_options.advertise = absl::GetFlag(FLAGS_advertise);
+  server_options.streamed_sums = absl::GetFlag(FLAGS_streamed_sums);
   if (!server_options.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
     std::cerr << "tally-server: --state_dir belongs to the coordinator; a "
                  "shard keeps nothing on disk\n";

@@ -328,6 +328,7 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   if (!coordinator || options.shard) {
     s->host_ = std::make_unique<ShardHost>(options.coordinator.clock,
                                            options.coordinator.spec_limits);
+    s->host_->set_streamed_sums(options.streamed_sums);
     if (options.metrics != nullptr) {
       s->data_metrics_ =
           std::make_unique<DataPlaneMetrics>(options.metrics->registry());

@@ -126,6 +126,9 @@ struct ServerOptions {
   // Where this server's metrics go (server/server_metrics.h); borrowed,
   // must outlive the server; null: none.
   MetricsEndpoint* metrics = nullptr;
+  // Shards sum pushes as they arrive (bsp without backup workers) instead
+  // of staging each whole (server/shard.h).
+  bool streamed_sums = true;
 };
 
 // A running tally-server: its services plus grpc.health.v1.

@@ -24,6 +24,12 @@ TALLY_VECTORIZE void Scale(float* __restrict x, float w, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = w * x[i];
 }
 
+// Scale's products, from another buffer.
+TALLY_VECTORIZE void PutScaled(float* __restrict x, const float* __restrict g,
+                               float w, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = w * g[i];
+}
+
 // x *= inv; false when a value of x is then infinite or NaN (a sum of
 // finite gradients can still overflow).
 TALLY_VECTORIZE bool ScaleFinite(float* __restrict x, float inv, int64_t n) {
@@ -177,7 +183,8 @@ void ParameterShard::SetConsistency(const ConsistencySpec& consistency) {
   consistency_ = consistency;
 }
 
-void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
+void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members,
+                                      Ready* ready) {
   std::map<std::string, Member> next;
   std::set<std::string> seen;
   for (const MemberSpec& spec : members) {
@@ -233,6 +240,7 @@ void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members) {
       UnstageLocked(m);
   }
   members_ = std::move(next);
+  CheckPartsLocked(ready);
 }
 
 absl::Status ParameterShard::SetMembers(const std::vector<MemberSpec>& members,
@@ -244,7 +252,7 @@ absl::Status ParameterShard::SetMembers(const std::vector<MemberSpec>& members,
       return absl::FailedPreconditionError(absl::StrCat(
           "hold ", hold_id, " is not in force (it lapsed or was replaced)"));
     }
-    SetMembersLocked(members);
+    SetMembersLocked(members, &ready);
     if (hold_id != 0) hold_id_ = 0;
     MaybeCloseLocked(&ready);
   }
@@ -292,7 +300,7 @@ void ParameterShard::AddMember(const std::string& worker_id,
     int rank = 0;
     std::vector<MemberSpec> specs;
     for (const auto& [id, m] : members_) {
-      if (m.pushed_step >= version_ &&
+      if ((m.pushed_step >= version_ || parts_.count(id) > 0) &&
           consistency_.mode != ConsistencyMode::kAsync)
         pushed = true;
       rank = std::max(rank, m.spec.rank + 1);
@@ -306,7 +314,7 @@ void ParameterShard::AddMember(const std::string& worker_id,
     // depend on timing; wait for the next one.
     spec.join_step = pushed ? version_ + 1 : version_;
     specs.push_back(spec);
-    SetMembersLocked(specs);
+    SetMembersLocked(specs, &ready);
   }
   RunReady(ready);
 }
@@ -330,7 +338,7 @@ void ParameterShard::RemoveMember(const std::string& worker_id) {
       }
       specs.push_back(m.spec);
     }
-    SetMembersLocked(specs);
+    SetMembersLocked(specs, &ready);
     MaybeCloseLocked(&ready);
   }
   RunReady(ready);
@@ -511,7 +519,19 @@ absl::Status ParameterShard::CheckPush(const PushMeta& meta,
 absl::Status ParameterShard::Accept(const PushMeta& meta,
                                     std::unique_ptr<std::vector<float>> grads,
                                     bool* duplicate) {
-  absl::MutexLock lock(&mu_);
+  Ready ready;
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = AcceptLocked(meta, std::move(grads), duplicate, &ready);
+  }
+  RunReady(ready);
+  return s;
+}
+
+absl::Status ParameterShard::AcceptLocked(
+    const PushMeta& meta, std::unique_ptr<std::vector<float>> grads,
+    bool* duplicate, Ready* ready) {
   absl::Status s = CheckPushLocked(meta, duplicate);
   if (!s.ok() || *duplicate) {
     ReleaseLocked(std::move(grads));
@@ -523,6 +543,28 @@ absl::Status ParameterShard::Accept(const PushMeta& meta,
     return absl::InvalidArgumentError("a push with samples needs a gradient");
   }
   Member& m = members_.at(meta.worker_id);
+  if (meta.samples > 0 && StreamedLocked()) {
+    // A whole push in a streamed sum: kept until its turn comes.
+    if (m.committed_step >= meta.step) {
+      ReleaseLocked(std::move(grads));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a push of step ", meta.step, " after its commit"));
+    }
+    DropPartLocked(meta.worker_id, ready);
+    SumPart& part = parts_[meta.worker_id];
+    part.incarnation = meta.incarnation;
+    part.samples = meta.samples;
+    part.loss_sum = meta.loss_sum;
+    part.correct = meta.correct;
+    part.weight = static_cast<float>(meta.samples) *
+                  ScaleLocked(version_ - meta.base_version);
+    part.complete = true;
+    part.whole = std::move(grads);
+    m.pushed_step = meta.step;
+    m.push_again = -1;
+    ProgressLocked(ready);
+    return absl::OkStatus();
+  }
   m.pushed_step = meta.step;
   Staged& st = m.staged[meta.step];
   ReleaseLocked(std::move(st.grads));
@@ -584,6 +626,9 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       // Settled already, or nonsense.
       if (step < version_ || step > version_ + window) return true;
       if (!RequiredLocked(m, step)) return true;
+      // Its push is no longer in the sum: it pushes again first (the pull
+      // that carries this commit is told so).
+      if (m.push_again == step) return true;
       auto it = m.staged.find(step);
       if (it != m.staged.end() && !contributed) {
         ReleaseLocked(std::move(it->second.grads));
@@ -591,6 +636,12 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       }
       m.committed_step = step;
       m.last_refused = !contributed;
+      if (StreamedLocked()) {
+        // Refused on another shard: out of the sum here too. Either way a
+        // lower rank that is settled may let others' blocks in.
+        if (!contributed) DropPartLocked(worker_id, &ready);
+        ProgressLocked(&ready);
+      }
     }
     MaybeCloseLocked(&ready);
   }
@@ -599,18 +650,26 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
 }
 
 void ParameterShard::Reject(const PushMeta& meta) {
-  absl::MutexLock lock(&mu_);
-  ++rejected_;
-  bool duplicate = false;
-  if (!CheckPushLocked(meta, &duplicate).ok() || duplicate) return;
-  Member& m = members_.at(meta.worker_id);
-  // Settled as nothing; the commit still comes.
-  auto it = m.staged.find(meta.step);
-  if (it != m.staged.end()) {
-    ReleaseLocked(std::move(it->second.grads));
-    m.staged.erase(it);
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    ++rejected_;
+    bool duplicate = false;
+    if (!CheckPushLocked(meta, &duplicate).ok() || duplicate) return;
+    Member& m = members_.at(meta.worker_id);
+    // Settled as nothing; the commit still comes.
+    auto it = m.staged.find(meta.step);
+    if (it != m.staged.end()) {
+      ReleaseLocked(std::move(it->second.grads));
+      m.staged.erase(it);
+    }
+    m.pushed_step = std::max(m.pushed_step, meta.step);
+    if (StreamedLocked() && meta.step == version_) {
+      DropPartLocked(meta.worker_id, &ready);
+      ProgressLocked(&ready);
+    }
   }
-  m.pushed_step = std::max(m.pushed_step, meta.step);
+  RunReady(ready);
 }
 
 void ParameterShard::MaybeCloseLocked(Ready* ready) {
@@ -618,7 +677,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
   while (!retired_ && hold_id_ == 0 &&
          (save_at_.empty() || version_ < *save_at_.begin()) && !EndedLocked()) {
     if (consistency_.mode != ConsistencyMode::kAsync) {
-      if (!CloseStepLocked()) break;
+      if (!CloseStepLocked(ready)) break;
       continue;
     }
     if (apply_queue_.empty()) break;
@@ -654,7 +713,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
   }
 }
 
-bool ParameterShard::CloseStepLocked() {
+bool ParameterShard::CloseStepLocked(Ready* ready) {
   // Required members in the order of summation.
   std::vector<Member*> required;
   int64_t committed = 0;
@@ -675,6 +734,7 @@ bool ParameterShard::CloseStepLocked() {
     return a->spec.rank != b->spec.rank ? a->spec.rank < b->spec.rank
                                         : a->spec.worker_id < b->spec.worker_id;
   });
+  if (StreamedLocked()) return CloseStreamedLocked(required, ready);
   int64_t samples = 0, correct = 0;
   double loss = 0.0;
   // The sum is made in the first contributing push's own buffer (no buffer
@@ -731,6 +791,58 @@ bool ParameterShard::CloseStepLocked() {
       ++it;
     }
   }
+  return true;
+}
+
+bool ParameterShard::CloseStreamedLocked(const std::vector<Member*>& required,
+                                         Ready* ready) {
+  // Every committed member's push is whole and in the sum (it is, unless a
+  // member committed a push it had not finished here: then the sum goes).
+  int64_t samples = 0, correct = 0;
+  double loss = 0.0;
+  for (Member* m : required) {
+    auto it = parts_.find(m->spec.worker_id);
+    if (it == parts_.end() || it->second.incarnation != m->spec.incarnation)
+      continue;  // nothing from it here
+    const SumPart& part = it->second;
+    if (!part.complete || part.whole != nullptr ||
+        part.added.covered() != num_params_) {
+      ResetSumLocked("", ready);
+      return false;
+    }
+    // In rank order, as the staged sum.
+    samples += part.samples;
+    loss += part.loss_sum;
+    correct += part.correct;
+  }
+  for (auto& [id, m] : members_) {
+    for (auto it = m.staged.begin();
+         it != m.staged.end() && it->first <= version_;) {
+      ReleaseLocked(std::move(it->second.grads));
+      it = m.staged.erase(it);
+    }
+  }
+  parts_.clear();
+  ++sum_generation_;
+  if (sum_ == nullptr) {  // a range of no elements
+    sum_ = std::make_unique<std::vector<float>>(num_params_);
+    ++staging_out_;
+  }
+  if (samples > 0 && !ScaleFinite(sum_->data(), 1.0f / samples, num_params_)) {
+    ++rejected_;
+    samples = 0;
+  }
+  // The sum's buffer stays for the next step.
+  AdvanceLocked(samples, loss, correct, samples > 0 ? sum_->data() : nullptr);
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (it->second.spec.leave_step <= version_) {
+      UnstageLocked(it->second);
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ProgressLocked(ready);  // blocks of the next step may wait
   return true;
 }
 
@@ -866,6 +978,7 @@ ShardMetrics ParameterShard::MetricsLocked() const {
   m.rejected_pushes = rejected_;
   m.stale_pushes = stale_;
   m.late_pushes = late_;
+  m.sum_resets = sum_resets_;
   m.members = static_cast<int>(members_.size());
   if (started_ != absl::InfinitePast()) {
     const absl::Time end =
@@ -886,13 +999,24 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
                                int64_t min_version, absl::Time deadline,
                                std::function<void(absl::Status)> done) {
   int64_t v = min_version;
+  absl::Status again;
   {
     absl::MutexLock lock(&mu_);
     v = std::max(v, consistency_.FirstUsableVersion(clock));
     auto it = members_.find(worker_id);
-    if (it != members_.end()) it->second.waiting = version_ < v;
+    if (it != members_.end() && it->second.push_again == version_ &&
+        v > version_) {
+      // It would wait for a step its push is no longer in.
+      again = PushAgainLocked();
+    } else if (it != members_.end()) {
+      it->second.waiting = version_ < v;
+    }
   }
-  WhenVersion(v, deadline, [this, worker_id, clock,
+  if (!again.ok()) {
+    done(again);
+    return;
+  }
+  WhenVersionFor(worker_id, v, deadline, [this, worker_id, clock,
                             done = std::move(done)](absl::Status s) {
     {
       absl::MutexLock lock(&mu_);
@@ -912,6 +1036,12 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
 
 void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
                                  std::function<void(absl::Status)> done) {
+  WhenVersionFor("", v, deadline, std::move(done));
+}
+
+void ParameterShard::WhenVersionFor(const std::string& worker_id, int64_t v,
+                                    absl::Time deadline,
+                                    std::function<void(absl::Status)> done) {
   absl::Status now;
   {
     absl::MutexLock lock(&mu_);
@@ -921,7 +1051,7 @@ void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
       if (started_ == absl::InfinitePast() && !retired_)
         started_ = clock_->Now();
       if (version_ < v) {
-        waiters_.push_back({v, deadline, std::move(done)});
+        waiters_.push_back({v, deadline, std::move(done), worker_id});
         return;
       }
     }
@@ -954,7 +1084,20 @@ void ParameterShard::ExpireWaiters() {
 }
 
 void ParameterShard::Retire() {
-  absl::MutexLock lock(&mu_);
+  std::vector<std::function<void()>> parked;
+  {
+    absl::MutexLock lock(&mu_);
+    RetireLocked();
+    parked.swap(parked_);
+  }
+  for (auto& wake : parked) wake();  // they find the job ended
+}
+
+void ParameterShard::RetireLocked() {
+  for (auto& [id, part] : parts_) ReleaseLocked(std::move(part.whole));
+  parts_.clear();
+  ReleaseLocked(std::move(sum_));
+  ++sum_generation_;
   for (auto& [id, m] : members_) UnstageLocked(m);
   for (Staged& st : apply_queue_) ReleaseLocked(std::move(st.grads));
   apply_queue_.clear();
@@ -967,10 +1110,13 @@ void ParameterShard::Retire() {
 }
 
 void ParameterShard::Close(absl::Status why) {
+  std::vector<std::function<void()>> parked;
   {
     absl::MutexLock lock(&mu_);
     closed_ = why;
+    parked.swap(parked_);
   }
+  for (auto& wake : parked) wake();  // they find the range closed
   CancelWaiters(why);
 }
 
@@ -986,6 +1132,287 @@ void ParameterShard::CancelWaiters(absl::Status why) {
     waiters_.clear();
   }
   RunReady(ready);
+}
+
+// ------------------------------------------------------- streamed sums --
+
+bool ParameterShard::StreamedLocked() const {
+  if (!streamed_sums_ || retired_) return false;
+  switch (consistency_.mode) {
+    case ConsistencyMode::kAsync:
+      return false;
+    case ConsistencyMode::kSsp:
+      return consistency_.staleness == 0;
+    case ConsistencyMode::kBsp:
+      return consistency_.backup_workers == 0;
+  }
+  return false;
+}
+
+bool ParameterShard::StreamsPushes() const {
+  absl::MutexLock lock(&mu_);
+  return StreamedLocked();
+}
+
+void ParameterShard::SetStreamedSums(bool on) {
+  absl::MutexLock lock(&mu_);
+  streamed_sums_ = on;
+}
+
+absl::Status ParameterShard::PushAgainLocked() const {
+  return WithReason(
+      absl::AbortedError(absl::StrCat(
+          "the sum of step ", version_,
+          " was dropped (a push in it could not count): push step ", version_,
+          " again")),
+      v1::PUSH_AGAIN, version_);
+}
+
+absl::StatusOr<int64_t> ParameterShard::BeginStreamed(const PushMeta& meta) {
+  Ready ready;
+  int64_t token = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    bool duplicate = false;
+    TALLY_RETURN_IF_ERROR(CheckPushLocked(meta, &duplicate));
+    // A duplicate (another stream finished it meanwhile) is answered as one
+    // by AddStreamed and FinishStreamed.
+    if (duplicate) return sum_generation_;
+    if (!StreamedLocked() || meta.samples <= 0) {
+      return absl::FailedPreconditionError("this push is not streamed");
+    }
+    Member& m = members_.at(meta.worker_id);
+    if (m.committed_step >= meta.step) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a push of step ", meta.step, " after its commit"));
+    }
+    const float weight = static_cast<float>(meta.samples) *
+                         ScaleLocked(version_ - meta.base_version);
+    auto it = parts_.find(meta.worker_id);
+    if (it != parts_.end()) {
+      const SumPart& p = it->second;
+      if (p.incarnation == meta.incarnation && p.samples == meta.samples &&
+          p.weight == weight && p.loss_sum == meta.loss_sum &&
+          p.correct == meta.correct && p.whole == nullptr) {
+        return sum_generation_;  // the same push again: it goes on
+      }
+      // Another push of the step in its place: what the first added goes.
+      DropPartLocked(meta.worker_id, &ready);
+    }
+    // Ranks add each element in order, so a rank's blocks wait for lower
+    // ones it knows nothing of yet; a lower rank beginning after a higher
+    // one added something (a member set changed under the step) restarts
+    // the sum.
+    const auto key = std::make_pair(m.spec.rank, meta.worker_id);
+    for (const auto& [id, p] : parts_) {
+      auto q = members_.find(id);
+      if (q != members_.end() && std::make_pair(q->second.spec.rank, id) > key &&
+          !p.added.empty()) {
+        ResetSumLocked("", &ready);
+        break;
+      }
+    }
+    SumPart& part = parts_[meta.worker_id];
+    part = SumPart{};
+    part.incarnation = meta.incarnation;
+    part.samples = meta.samples;
+    part.loss_sum = meta.loss_sum;
+    part.correct = meta.correct;
+    part.weight = weight;
+    m.push_again = -1;
+    token = sum_generation_;
+  }
+  RunReady(ready);
+  return token;
+}
+
+absl::StatusOr<bool> ParameterShard::AddStreamed(const PushMeta& meta,
+                                                 int64_t token, int64_t local,
+                                                 int64_t n, const float* values,
+                                                 std::function<void()> wake) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) return closed_;
+    bool duplicate = false;
+    TALLY_RETURN_IF_ERROR(CheckPushLocked(meta, &duplicate));
+    if (duplicate) return true;  // counted already: the rest is ignored
+    auto it = parts_.find(meta.worker_id);
+    if (token != sum_generation_ || it == parts_.end() ||
+        it->second.incarnation != meta.incarnation) {
+      return PushAgainLocked();
+    }
+    if (local < 0 || n < 0 || local > num_params_ - n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("values [", local, ", +", n, ") are outside the range"));
+    }
+    SumPart& part = it->second;
+    bool first = true;
+    if (!TurnLocked(meta.worker_id, local, local + n, &first)) {
+      parked_.push_back(std::move(wake));
+      return false;
+    }
+    // Only what is not in yet (a push sent again after a broken stream).
+    for (const auto& [b, e] : part.added.Gaps(local, local + n))
+      SumInLocked(part, b, e, values + (b - local), first);
+    ProgressLocked(&ready);
+  }
+  RunReady(ready);
+  return true;
+}
+
+absl::Status ParameterShard::FinishStreamed(const PushMeta& meta,
+                                            int64_t token, bool* duplicate) {
+  absl::MutexLock lock(&mu_);
+  TALLY_RETURN_IF_ERROR(CheckPushLocked(meta, duplicate));
+  if (*duplicate) return absl::OkStatus();
+  auto it = parts_.find(meta.worker_id);
+  if (token != sum_generation_ || it == parts_.end() ||
+      it->second.incarnation != meta.incarnation) {
+    return PushAgainLocked();
+  }
+  if (it->second.added.covered() != num_params_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the push covers ", it->second.added.covered(), " of ",
+                     num_params_, " gradient elements"));
+  }
+  it->second.complete = true;
+  members_.at(meta.worker_id).pushed_step = meta.step;
+  return absl::OkStatus();
+}
+
+bool ParameterShard::TurnLocked(const std::string& id, int64_t b, int64_t e,
+                                bool* first) const {
+  *first = true;
+  const Member& me = members_.at(id);
+  const auto key = std::make_pair(me.spec.rank, id);
+  for (const auto& [qid, q] : members_) {
+    if (qid == id || !RequiredLocked(q, version_) ||
+        !(std::make_pair(q.spec.rank, qid) < key)) {
+      continue;
+    }
+    auto it = parts_.find(qid);
+    if (it != parts_.end() && it->second.incarnation == q.spec.incarnation) {
+      if (!it->second.added.Covers(b, e)) return false;
+      *first = false;
+      continue;
+    }
+    // Settled here as nothing (no samples, refused, committed without a
+    // push here), or not begun: its push may still come first.
+    if (q.pushed_step >= version_ || q.committed_step >= version_) continue;
+    return false;
+  }
+  return true;
+}
+
+void ParameterShard::SumInLocked(SumPart& part, int64_t b, int64_t e,
+                                 const float* g, bool first) {
+  if (sum_ == nullptr) {
+    if (!staging_pool_.empty()) {
+      sum_ = std::move(staging_pool_.back());
+      staging_pool_.pop_back();
+    } else {
+      sum_ = std::make_unique<std::vector<float>>(num_params_);
+    }
+    ++staging_out_;
+  }
+  float* dst = sum_->data() + b;
+  if (first) {
+    PutScaled(dst, g, part.weight, e - b);
+  } else {
+    AddScaled(dst, g, part.weight, e - b);
+  }
+  part.added.Add(b, e);
+}
+
+void ParameterShard::ProgressLocked(Ready* ready) {
+  if (StreamedLocked()) {
+    // Whole pushes (Accept) whose turn came, lowest rank first.
+    for (bool again = true; again;) {
+      again = false;
+      for (auto& [id, part] : parts_) {
+        if (part.whole == nullptr) continue;
+        bool first = true;
+        if (!TurnLocked(id, 0, num_params_, &first)) continue;
+        SumInLocked(part, 0, num_params_, part.whole->data(), first);
+        ReleaseLocked(std::move(part.whole));
+        again = true;
+      }
+    }
+  }
+  for (auto& wake : parked_) {
+    ready->emplace_back([wake = std::move(wake)](absl::Status) { wake(); },
+                        absl::OkStatus());
+  }
+  parked_.clear();
+}
+
+void ParameterShard::ResetSumLocked(const std::string& keep_out,
+                                    Ready* ready) {
+  ++sum_resets_;
+  ++sum_generation_;
+  std::set<std::string> again;
+  for (auto& [id, part] : parts_) {
+    ReleaseLocked(std::move(part.whole));
+    if (id == keep_out) continue;
+    auto it = members_.find(id);
+    if (it == members_.end() || it->second.spec.incarnation != part.incarnation)
+      continue;
+    Member& m = it->second;
+    m.pushed_step = std::min(m.pushed_step, version_ - 1);
+    if (m.committed_step >= version_) {
+      m.committed_step = version_ - 1;
+      m.last_refused = false;
+    }
+    m.push_again = version_;
+    again.insert(id);
+  }
+  parts_.clear();
+  // Those waiting for the step's end push again first.
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->version > version_ && again.count(it->worker_id) > 0) {
+      ready->emplace_back(std::move(it->done), PushAgainLocked());
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ProgressLocked(ready);  // waiting blocks find their tokens stale
+}
+
+void ParameterShard::DropPartLocked(const std::string& id, Ready* ready) {
+  auto it = parts_.find(id);
+  if (it == parts_.end()) return;
+  if (!it->second.added.empty()) {
+    ResetSumLocked(id, ready);
+    return;
+  }
+  ReleaseLocked(std::move(it->second.whole));
+  parts_.erase(it);
+  ProgressLocked(ready);
+}
+
+void ParameterShard::CheckPartsLocked(Ready* ready) {
+  for (auto it = parts_.begin(); it != parts_.end();) {
+    auto m = members_.find(it->first);
+    const bool gone = m == members_.end() ||
+                      m->second.spec.incarnation != it->second.incarnation ||
+                      !RequiredLocked(m->second, version_);
+    const bool refused = !gone && m->second.committed_step >= version_ &&
+                         m->second.last_refused;
+    if (!gone && !refused) {
+      ++it;
+      continue;
+    }
+    if (!it->second.added.empty()) {
+      // In the sum, and cannot count: the others push again.
+      ResetSumLocked(refused ? it->first : "", ready);
+      return;
+    }
+    ReleaseLocked(std::move(it->second.whole));
+    it = parts_.erase(it);
+  }
+  ProgressLocked(ready);  // a member set changed: waiting blocks look again
 }
 
 }  // namespace tally

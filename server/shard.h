@@ -16,6 +16,18 @@
 //      order gives bit-identical sums), weighted by samples and divided by
 //      their total; the optimizer runs, the version becomes t + 1 and
 //      waiting pulls are released.
+// Streamed sums (bsp without backup workers, the default): instead of
+// staging a push whole, the shard adds it to the step's one sum block by
+// block as it arrives (BeginStreamed, AddStreamed, FinishStreamed), each
+// element in rank order, so the sum is bit for bit the staged one. A block
+// whose range a lower rank has not added yet waits (its reader stops
+// reading: back-pressure, no buffer). A push already in the sum that can
+// no longer count (refused part-way as non-finite, its member left, or
+// committed as not contributed) cannot be taken out again: the step's sum
+// is dropped and every member whose push was in it pushes again
+// (ABORTED + PUSH_AGAIN on its push or pull). Memory: one sum per shard
+// instead of one buffer per member (docs/decisions.md).
+//
 // A step never closes on the strength of pushes alone: a worker that dies
 // between its pushes to two shards has committed on neither, so no shard
 // counts a push another shard lacks.
@@ -68,6 +80,7 @@
 #include "common/clock.h"
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
+#include "server/internal/intervals.h"
 
 namespace tally {
 
@@ -92,6 +105,7 @@ struct ShardMetrics {
   int64_t rejected_pushes = 0;
   int64_t stale_pushes = 0;  // refused: staler than max_staleness
   int64_t late_pushes = 0;   // came after their step closed
+  int64_t sum_resets = 0;    // streamed sums dropped (PUSH_AGAIN)
   int members = 0;
   double train_seconds = 0.0;  // first schedule (pull) to last close, or now
 };
@@ -233,6 +247,33 @@ class ParameterShard {
   absl::Status Accept(const PushMeta& meta, const float* grads,
                       bool* duplicate);
 
+  // Whether pushes of the open step are summed as they arrive (streamed
+  // sums, above) rather than staged: bsp (ssp(0)) without backup workers,
+  // unless SetStreamedSums(false).
+  bool StreamsPushes() const;
+  void SetStreamedSums(bool on);
+
+  // A push with samples > 0 whose header CheckPush passed (not a
+  // duplicate), to be streamed: its token for AddStreamed and
+  // FinishStreamed. A push begun again (a retry of a broken stream) goes on
+  // where the last one stopped. Errors as CheckPush, and kInvalidArgument
+  // for a push after its member's commit of the step.
+  absl::StatusOr<int64_t> BeginStreamed(const PushMeta& meta);
+  // Adds values [local, local + n) of the push (decoded, finite; indices
+  // into this range) to the step's sum. True once added (or already in);
+  // false when a lower rank's push of that range is not in yet: `wake` is
+  // kept and called once, without the shard's lock, when something changed
+  // (then call again). kAborted + PUSH_AGAIN: the sum was dropped (push the
+  // step again); else as CheckPush.
+  absl::StatusOr<bool> AddStreamed(const PushMeta& meta, int64_t token,
+                                   int64_t local, int64_t n,
+                                   const float* values,
+                                   std::function<void()> wake);
+  // The push's end, once every element was added (else kInvalidArgument,
+  // the rest still welcome). As Accept otherwise.
+  absl::Status FinishStreamed(const PushMeta& meta, int64_t token,
+                              bool* duplicate);
+
   // The member says its push of `step` reached every shard (a pull carries
   // this); with contributed = false it counts as nothing here either. A
   // commit for a step that is not open, or from a non-member, changes
@@ -313,16 +354,36 @@ class ParameterShard {
     int64_t clock = -1;    // MemberProgress
     bool waiting = false;
     bool last_refused = false;
+    // The step whose streamed sum lost its push: it pushes it again
+    // before it may commit it or wait for the step's end (-1: none).
+    int64_t push_again = -1;
   };
   struct Waiter {
     int64_t version;
     absl::Time deadline;
     std::function<void(absl::Status)> done;
+    std::string worker_id;  // WhenClock's; empty for WhenVersion
+  };
+  // One member's push of the open step in a streamed sum.
+  struct SumPart {
+    int64_t incarnation = 0;
+    int64_t samples = 0;
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    float weight = 0;               // samples, scaled by staleness
+    internal::Intervals added;      // what of it is in sum_
+    bool complete = false;          // pushed whole (FinishStreamed, Accept)
+    // Accept's whole push, added once its turn comes.
+    std::unique_ptr<std::vector<float>> whole;
   };
   using Ready =
       std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
 
   absl::Status CheckPushLocked(const PushMeta& meta, bool* duplicate) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AcceptLocked(const PushMeta& meta,
+                            std::unique_ptr<std::vector<float>> grads,
+                            bool* duplicate, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckMemberLocked(const std::string& worker_id,
                                  int64_t incarnation) const
@@ -339,12 +400,16 @@ class ParameterShard {
   // How much a gradient of staleness `tau` weighs (lr_scaling).
   float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the open step (bsp, ssp) if it may; false if not.
-  bool CloseStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CloseStepLocked's streamed form: `required` in rank order, all
+  // committed.
+  bool CloseStreamedLocked(const std::vector<Member*>& required, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Steps the optimizer with `mean` (if `samples` > 0) and publishes the
   // weights as version + 1.
   void AdvanceLocked(int64_t samples, double loss, int64_t correct,
                      const float* mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetMembersLocked(const std::vector<MemberSpec>& members)
+  void SetMembersLocked(const std::vector<MemberSpec>& members, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes every step that may close (async: applies committed pushes)
   // unless a hold or a save is in force; collects released waiters into
@@ -352,6 +417,38 @@ class ParameterShard {
   void MaybeCloseLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(Ready& ready);
   ShardMetrics MetricsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WhenVersionFor(const std::string& worker_id, int64_t v,
+                      absl::Time deadline,
+                      std::function<void(absl::Status)> done);
+
+  // Streamed sums.
+  bool StreamedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kAborted + PUSH_AGAIN for the open step.
+  absl::Status PushAgainLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether member `id` may add [b, e) now: every lower rank required at
+  // the open step has added it or contributes nothing; *first: nobody did.
+  bool TurnLocked(const std::string& id, int64_t b, int64_t e,
+                  bool* first) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `g` (values of [b, e)) with weight w: the sum's first values, or
+  // onto them.
+  void SumInLocked(SumPart& part, int64_t b, int64_t e, const float* g,
+                   bool first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds Accept's whole pushes whose turn came; then wakes every waiting
+  // block (into `ready`).
+  void ProgressLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the open step's sum: every part but `keep_out`'s must be pushed
+  // again (their pushed and committed steps go back; their pulls are told
+  // PUSH_AGAIN). `keep_out` (may be empty) contributes nothing.
+  void ResetSumLocked(const std::string& keep_out, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `id`'s push of the open step counts as nothing: its part goes (and the
+  // sum with it if anything of it was added).
+  void DropPartLocked(const std::string& id, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a membership change: a part whose member is gone or no longer
+  // required drops the sum.
+  void CheckPartsLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t num_params_;
   const Clock* clock_;  // borrowed
@@ -394,6 +491,15 @@ class ParameterShard {
   mutable int64_t late_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // Streamed sums: the open step's sum (kept for the next step), its
+  // generation (a new one at each close or drop; tokens of another are
+  // stale), the parts in it, and the waiting blocks' wake calls.
+  bool streamed_sums_ ABSL_GUARDED_BY(mu_) = true;
+  std::unique_ptr<std::vector<float>> sum_ ABSL_GUARDED_BY(mu_);
+  int64_t sum_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, SumPart> parts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> parked_ ABSL_GUARDED_BY(mu_);
+  int64_t sum_resets_ ABSL_GUARDED_BY(mu_) = 0;
   bool retired_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // not OK once Closed
 };

@@ -55,6 +55,10 @@ class ShardHost {
   ShardHost(const ShardHost&) = delete;
   ShardHost& operator=(const ShardHost&) = delete;
 
+  // Whether ranges installed from now on sum pushes as they arrive where
+  // their job allows (ParameterShard::SetStreamedSums; default on).
+  void set_streamed_sums(bool on) { streamed_sums_ = on; }
+
   // Creates the job's range, or replaces it when the request's map version
   // is newer (the job was re-placed); the same or an older version is a
   // no-op. Initial weights from the spec's seed, or req.state.
@@ -95,6 +99,7 @@ class ShardHost {
 
  private:
   const Clock* clock_;
+  bool streamed_sums_ = true;
   const SpecLimits limits_;
   RealClock real_clock_;
   mutable absl::Mutex mu_;

@@ -14,6 +14,7 @@
 #include "proto/transport.h"
 #include "server/internal/event_reactor.h"
 #include "server/internal/finite.h"
+#include "server/internal/intervals.h"
 
 namespace tally {
 
@@ -35,37 +36,22 @@ absl::Status CheckRangeChunk(const WireChunk& c, const Range& r) {
 
 // ----------------------------------------------------------------- push --
 
-// Merged set of covered [begin, end) element ranges.
-class Coverage {
- public:
-  void Add(int64_t b, int64_t e) {
-    auto it = ranges_.upper_bound(b);
-    if (it != ranges_.begin() && std::prev(it)->second >= b) --it;
-    while (it != ranges_.end() && it->first <= e) {
-      b = std::min(b, it->first);
-      e = std::max(e, it->second);
-      covered_ -= it->second - it->first;
-      it = ranges_.erase(it);
-    }
-    ranges_[b] = e;
-    covered_ += e - b;
-  }
-  int64_t covered() const { return covered_; }
-
- private:
-  std::map<int64_t, int64_t> ranges_;
-  int64_t covered_ = 0;
-};
-
-// ----------------------------------------------------------------- push --
-
 // One push, message by message: the header with protobuf, each chunk's
 // values from gRPC's slices straight into the staging buffer (checked for
 // NaNs and infinities on the way). PushGradients has one per call; an
 // Exchange stream one per push on it. Not thread-safe (its reactor's).
+//
+// Where the shard sums pushes as they arrive (ParameterShard::StreamsPushes),
+// nothing is staged: each chunk is decoded and checked a block at a time
+// and added to the step's sum. A block whose turn has not come (a lower
+// rank has not added that range yet) leaves the intake waiting(): its
+// reader stops reading until `wake` is called, then calls Resume with the
+// same message.
 class PushIntake {
  public:
-  explicit PushIntake(ShardHost* host) : host_(host) {}
+  // `wake` may be called from any thread, once per wait (and spuriously).
+  PushIntake(ShardHost* host, std::function<void()> wake)
+      : host_(host), wake_(std::move(wake)) {}
   PushIntake(const PushIntake&) = delete;
   PushIntake& operator=(const PushIntake&) = delete;
   ~PushIntake() { ReturnStaging(); }
@@ -77,6 +63,14 @@ class PushIntake {
     absl::Status s = Consume(msg);
     if (!s.ok()) ReturnStaging();
     return s;
+  }
+
+  // A block of the last message's chunk waits for its turn.
+  bool waiting() const { return waiting_; }
+  // Tries the waiting block again (`msg`: the message given to Add).
+  absl::Status Resume(const WireMessage& msg) {
+    waiting_ = false;
+    return AddBlocks(msg);
   }
 
   // The push was already counted (a duplicate): its answer is ready, the
@@ -94,7 +88,9 @@ class PushIntake {
                        shard_->num_params(), " gradient elements"));
     }
     bool duplicate = false;
-    absl::Status s = shard_->Accept(meta_, std::move(staging_), &duplicate);
+    absl::Status s =
+        streamed_ ? shard_->FinishStreamed(meta_, token_, &duplicate)
+                  : shard_->Accept(meta_, std::move(staging_), &duplicate);
     resp_.set_duplicate(duplicate);
     if (s.ok()) CommitIfAsked();
     resp_.set_version(shard_->version());
@@ -154,7 +150,10 @@ class PushIntake {
         answered_ = true;
         return absl::OkStatus();
       }
-      if (meta_.samples > 0) {
+      if (meta_.samples > 0 && shard_->StreamsPushes()) {
+        TALLY_ASSIGN_OR_RETURN(token_, shard_->BeginStreamed(meta_));
+        streamed_ = true;
+      } else if (meta_.samples > 0) {
         auto staging = shard_->AcquireStaging();
         if (!staging.ok()) return staging.status();
         staging_ = *std::move(staging);
@@ -168,6 +167,11 @@ class PushIntake {
     bytes_ += static_cast<double>(c.data_size);
     TALLY_RETURN_IF_ERROR(CheckRangeChunk(c, range_));
     if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
+    if (streamed_) {
+      chunk_next_ = 0;
+      block_from_ = -1;
+      return AddBlocks(msg);
+    }
     const int64_t local = c.offset - range_.offset;
     float* dst = staging_->data() + local;
     const bool bf16 = c.dtype == v1::BFLOAT16;
@@ -190,6 +194,64 @@ class PushIntake {
     }
     coverage_.Add(local, local + c.count);
     return absl::OkStatus();
+  }
+
+  // Streamed: the chunk's values from chunk_next_ on, a block at a time,
+  // into the step's sum, until one must wait.
+  absl::Status AddBlocks(const WireMessage& msg) {
+    const WireChunk& c = msg.chunk();
+    const int64_t local = c.offset - range_.offset;
+    while (chunk_next_ < c.count) {
+      if (block_from_ != chunk_next_) {
+        const int64_t n = std::min(kBlock, c.count - chunk_next_);
+        block_.resize(n);
+        const int64_t bad = Decode(msg, chunk_next_, n, block_.data());
+        if (bad >= 0) {
+          RejectAndCommit();
+          return WithReason(
+              absl::InvalidArgumentError(absl::StrCat(
+                  "non-finite gradient value (", block_[bad - chunk_next_],
+                  ") at element ", c.offset + bad,
+                  "; push rejected and counted")),
+              v1::NON_FINITE);
+        }
+        block_from_ = chunk_next_;
+      }
+      const int64_t n = static_cast<int64_t>(block_.size());
+      absl::StatusOr<bool> added = shard_->AddStreamed(
+          meta_, token_, local + block_from_, n, block_.data(), wake_);
+      if (!added.ok()) return added.status();
+      if (!*added) {
+        waiting_ = true;
+        return absl::OkStatus();
+      }
+      chunk_next_ += n;
+    }
+    coverage_.Add(local, local + c.count);
+    return absl::OkStatus();
+  }
+
+  // Values [from, from + n) of the message's chunk into `dst`; the index of
+  // the first non-finite one (from the chunk's start), or -1. Values up to
+  // it are decoded.
+  static int64_t Decode(const WireMessage& msg, int64_t from, int64_t n,
+                        float* dst) {
+    const bool bf16 = msg.chunk().dtype == v1::BFLOAT16;
+    const int width = bf16 ? 2 : 4;
+    int64_t bad = -1;
+    msg.ForEachValues(width, [&](const char* src, int64_t count,
+                                 int64_t first) {
+      const int64_t b = std::max(first, from);
+      const int64_t e = std::min(first + count, from + n);
+      if (bad >= 0 || b >= e) return;
+      const char* at = src + (b - first) * width;
+      const int64_t k =
+          bf16 ? internal::DecodeBfloat16AndFindNonFinite(dst + (b - from), at,
+                                                          e - b)
+               : internal::CopyAndFindNonFinite(dst + (b - from), at, e - b);
+      if (k >= 0) bad = b + k;
+    });
+    return bad;
   }
 
   // A push that is its own commit (PushHeader.commit) is committed once it
@@ -222,7 +284,72 @@ class PushIntake {
   Range range_;
   std::shared_ptr<ParameterShard> shard_;
   std::unique_ptr<std::vector<float>> staging_;  // from the shard's pool
-  Coverage coverage_;
+  internal::Intervals coverage_;
+  // Streamed.
+  static constexpr int64_t kBlock = 65536;  // values added at a time
+  std::function<void()> wake_;
+  bool streamed_ = false;
+  int64_t token_ = 0;        // BeginStreamed's
+  bool waiting_ = false;
+  int64_t chunk_next_ = 0;   // of the current chunk: values added so far
+  int64_t block_from_ = -1;  // block_ holds values from here on (-1: none)
+  std::vector<float> block_;
+};
+
+// A reader that stops reading while its push waits for its turn, and goes
+// on, on the thread that wakes it. Try runs an attempt (PushIntake::Add or
+// Resume) once, and again if a wake came during it; a wake that finds it
+// parked tells the caller to resume the reader. Thread-safe.
+class Parking {
+ public:
+  // Runs `attempt` until it fails, is done, or parks (*parked; then a Wake
+  // resumes it).
+  absl::Status Try(PushIntake& push, absl::FunctionRef<absl::Status()> attempt,
+                   const WireMessage& msg, bool* parked) {
+    *parked = false;
+    Set(kRunning);
+    absl::Status s = attempt();
+    while (s.ok() && push.waiting()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (state_ != kWoken) {
+          state_ = kParked;
+          *parked = true;
+          return absl::OkStatus();
+        }
+        state_ = kRunning;
+      }
+      s = push.Resume(msg);
+    }
+    Set(kIdle);
+    return s;
+  }
+  // True when the reader was parked: the caller resumes it now.
+  bool Wake() {
+    absl::MutexLock lock(&mu_);
+    if (state_ == kParked) {
+      state_ = kRunning;
+      return true;
+    }
+    if (state_ == kRunning) state_ = kWoken;
+    return false;
+  }
+  // True when the reader was parked: nobody resumes it any more.
+  bool Cancel() {
+    absl::MutexLock lock(&mu_);
+    if (state_ != kParked) return false;
+    state_ = kIdle;
+    return true;
+  }
+
+ private:
+  enum State { kIdle, kRunning, kWoken, kParked };
+  void Set(State s) {
+    absl::MutexLock lock(&mu_);
+    state_ = s;
+  }
+  absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = kIdle;
 };
 
 // PushGradients: one push a call, read as raw PushRequest bytes.
@@ -230,7 +357,18 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(ShardHost* host, DataPlaneMetrics* metrics,
               grpc::ByteBuffer* resp)
-      : intake_(host), metrics_(metrics), resp_bytes_(resp) {
+      : handle_(std::make_shared<Handle>()),
+        intake_(host,
+                [weak = std::weak_ptr<Handle>(handle_)] {
+                  std::shared_ptr<Handle> h = weak.lock();
+                  if (h == nullptr) return;
+                  absl::MutexLock lock(&h->mu);
+                  if (h->reactor != nullptr && h->reactor->parking_.Wake())
+                    h->reactor->Go(/*resume=*/true);
+                }),
+        metrics_(metrics),
+        resp_bytes_(resp) {
+    handle_->reactor = this;
     StartRead(&req_);
   }
 
@@ -247,11 +385,41 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           absl::StrCat("push message: ", s.message())));
       return;
     }
-    s = intake_.Add(msg_);
+    Go(/*resume=*/false);
+  }
+
+  // A push waiting for its turn reads nothing, so nothing else ends it.
+  void OnCancel() override {
+    if (parking_.Cancel()) End(absl::CancelledError("cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&handle_->mu);
+      handle_->reactor = nullptr;
+    }
+    intake_.ReturnStaging();
+    delete this;
+  }
+
+ private:
+  struct Handle {
+    absl::Mutex mu;
+    PushReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  // The message read last (or its waiting block, on the waking thread).
+  void Go(bool resume) {
+    bool parked = false;
+    absl::Status s = parking_.Try(
+        intake_,
+        [&] { return resume ? intake_.Resume(msg_) : intake_.Add(msg_); },
+        msg_, &parked);
     if (!s.ok()) {
       End(s);
       return;
     }
+    if (parked) return;  // a wake goes on
     // A duplicate is answered without reading the rest.
     if (intake_.answered()) {
       End(intake_.Finish());
@@ -260,12 +428,6 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     StartRead(&req_);
   }
 
-  void OnDone() override {
-    intake_.ReturnStaging();
-    delete this;
-  }
-
- private:
   // Answers the push (once) and counts it.
   void End(const absl::StatusOr<v1::PushResponse>& r) {
     if (metrics_ != nullptr) {
@@ -281,7 +443,9 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Finish(ToGrpc(r.status()));
   }
 
+  std::shared_ptr<Handle> handle_;  // the intake's wake holds it weakly
   PushIntake intake_;
+  Parking parking_;
   DataPlaneMetrics* metrics_;     // borrowed; may be null
   grpc::ByteBuffer* resp_bytes_;  // gRPC's: the response, once encoded
   grpc::ByteBuffer req_;
@@ -475,14 +639,11 @@ class ExchangeReactor final
         return;
       }
     }
-    absl::Status s = Take();
-    absl::MutexLock lock(&mu_);
-    if (!s.ok()) {
-      push_.reset();
-      EndLocked(ToGrpc(s));
-      return;
-    }
-    if (!finished_) StartRead(&req_);
+    bool parked = false;
+    absl::Status s = TakePush(&parked);
+    if (s.ok() && parked) return;  // a wake goes on (Continue)
+    if (s.ok()) s = TakeRest();
+    AfterTake(s);
   }
 
   void OnWriteDone(bool ok) override {
@@ -501,6 +662,7 @@ class ExchangeReactor final
   }
 
   void OnCancel() override {
+    parking_.Cancel();  // a waiting push is not resumed
     absl::MutexLock lock(&mu_);
     EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
   }
@@ -519,9 +681,41 @@ class ExchangeReactor final
     ExchangeReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
   };
 
-  // One request message, in its fields' order: header, chunk, push_done,
-  // pull. Runs on the reading thread, one message at a time.
-  absl::Status Take() {
+  // A push's wake: the reader goes on where its push waited.
+  std::function<void()> Waker() {
+    return [weak = std::weak_ptr<Handle>(handle_)] {
+      std::shared_ptr<Handle> h = weak.lock();
+      if (h == nullptr) return;
+      absl::MutexLock lock(&h->mu);
+      if (h->reactor != nullptr && h->reactor->parking_.Wake())
+        h->reactor->Continue();
+    };
+  }
+  void Continue() {
+    bool parked = false;
+    absl::Status s = parking_.Try(
+        *push_, [&] { return push_->Resume(msg_); }, msg_, &parked);
+    if (!s.ok()) CountPush(s);
+    if (s.ok() && parked) return;
+    if (s.ok()) s = TakeRest();
+    AfterTake(s);
+  }
+  // The end of a message: the next read, or the end of the stream.
+  void AfterTake(const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
+      push_.reset();
+      EndLocked(ToGrpc(s));
+      return;
+    }
+    if (!finished_) StartRead(&req_);
+  }
+
+  // One request message, in its fields' order: header and chunk here
+  // (*parked: the push waits for its turn), then push_done and pull
+  // (TakeRest). Runs on the reading side, one message at a time.
+  absl::Status TakePush(bool* parked) {
+    *parked = false;
     // ExchangeRequest: 1 header, 2 chunk, 3 push_done, 4 pull.
     if (absl::Status s = msg_.Parse(req_, 2); !s.ok()) {
       return absl::InvalidArgumentError(
@@ -544,12 +738,19 @@ class ExchangeReactor final
       if (!msg_.has(1) && push_ == nullptr) {
         return absl::InvalidArgumentError("a chunk of no push");
       }
-      if (push_ == nullptr) push_ = std::make_unique<PushIntake>(host_);
-      if (absl::Status s = push_->Add(msg_); !s.ok()) {
+      if (push_ == nullptr)
+        push_ = std::make_unique<PushIntake>(host_, Waker());
+      absl::Status s = parking_.Try(
+          *push_, [&] { return push_->Add(msg_); }, msg_, parked);
+      if (!s.ok()) {
         CountPush(s);
         return s;
       }
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status TakeRest() {
     if (msg_.varint(3) != 0) {
       if (push_ == nullptr) {
         return absl::InvalidArgumentError("push_done with no push begun");
@@ -684,6 +885,7 @@ class ExchangeReactor final
   // The push being read, if any. Touched by the reading side and, once it
   // is done (reads_done_ or an error), under mu_.
   std::unique_ptr<PushIntake> push_;
+  Parking parking_;  // the reading side's, while its push waits
 
   absl::Mutex mu_;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;

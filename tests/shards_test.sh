@@ -5,7 +5,8 @@
 #
 # identical  The same deterministic job trained with 1, 2 and 3 shards
 #            gives bit-identical weights (same membership, same sums), with
-#            SGD + momentum and with Adam; `tally shards` lists the ranges.
+#            SGD + momentum and with Adam, whether a shard sums pushes as
+#            they arrive or stages them; `tally shards` lists the ranges.
 # lost       A shard is killed (SIGKILL) mid-job and started again on the
 #            same port: the job pauses, resumes from its last checkpoint on
 #            every shard alike, and finishes; no worker process restarts.
@@ -51,8 +52,8 @@ start_coordinator() {  # [more flags]
   done
   fail "coordinator did not come up"
 }
-start_shard() {  # name port
-  "$bin_server" "${server_auth[@]}" --listen=127.0.0.1 --port="$2" --coordinator="$addr" --advertise="127.0.0.1:$2" --lease_timeout_ms=1000 > "$dir/$1.log" 2>&1 &
+start_shard() {  # name port [more flags]
+  "$bin_server" "${server_auth[@]}" --listen=127.0.0.1 --port="$2" --coordinator="$addr" --advertise="127.0.0.1:$2" --lease_timeout_ms=1000 "${@:3}" > "$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
   for _ in $(seq 100); do grep -q "registered with" "$dir/$1.log" && return 0; sleep 0.05; done
@@ -101,7 +102,9 @@ case $case_name in
     start_coordinator
     start_shard s1 "$(free_port)"
     start_shard s2 "$(free_port)"
-    start_shard s3 "$(free_port)"
+    # The third shard stages whole pushes; the others sum them as they
+    # arrive: the 3-shard job's weights are still the 1-shard job's.
+    start_shard s3 "$(free_port)" --streamed_sums=false
     start_worker w1
     start_worker w2
     for opt in "{type: sgd, lr: 0.05, momentum: 0.9}" "{type: adam, lr: 0.002}"; do

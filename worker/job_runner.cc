@@ -77,6 +77,16 @@ absl::Status JobRunner::Run() {
     absl::StatusOr<int64_t> pulled = PullNext();
     if (!pulled.ok()) {
       const absl::Status& s = pulled.status();
+      if (ReasonOf(s) == v1::PUSH_AGAIN) {
+        // The step's sum lost our push (another push in it could not
+        // count): the step is done again from its weights and pushed again,
+        // and the commit goes with the next push's pull.
+        context_.log(absl::StrCat("step ", ReasonStep(s), ": ", s.message()));
+        next_ = ReasonStep(s);
+        have_commit_ = false;
+        loader_next_ = -1;
+        continue;
+      }
       if (Retryable(s) || absl::IsAborted(s)) {
         // Others are slow, a shard is away, or the job is being placed
         // again (a new shard map comes with the assignment): pull again.
@@ -429,7 +439,9 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     }
     if (NotOurs(r)) return r;  // ended, taken off the job, stale registration
     settled = false;
-    retry = retry || Retryable(r) || absl::IsCancelled(r);
+    // PUSH_AGAIN: the shard dropped the step's sum while reading this push.
+    retry = retry || Retryable(r) || absl::IsCancelled(r) ||
+            ReasonOf(r) == v1::PUSH_AGAIN;
     if (other.ok()) other = r;
   }
   if (refused_step_ == step) contributed = false;

@@ -3,6 +3,7 @@
 // and a worker that dies half-way through a step. Whatever each shard saw
 // of it, both close the step with the same workers, because the
 // coordinator decides from what every shard reports, not each shard alone.
+// Each test runs with streamed sums (the default) and with staged pushes.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -25,9 +26,12 @@ training: {workers: 2, shards: 2}
 optimizer: {type: sgd, lr: 1.0, momentum: 0.0}
 )";
 
-class MembershipTest : public ::testing::Test {
+class MembershipTest : public ::testing::TestWithParam<bool> {
  protected:
-  MembershipTest() : local_(&clock_), remote_(&clock_), coord_(Options()) {}
+  MembershipTest() : local_(&clock_), remote_(&clock_), coord_(Options()) {
+    local_.set_streamed_sums(GetParam());
+    remote_.set_streamed_sums(GetParam());
+  }
 
   CoordinatorOptions Options() {
     CoordinatorOptions o;
@@ -137,7 +141,7 @@ class MembershipTest : public ::testing::Test {
 
 // a pushed step 0 to the first range only, and died: it committed nowhere,
 // so no range counts it; the second range never saw it.
-TEST_F(MembershipTest, APushThatReachedOneShardCountsOnNone) {
+TEST_P(MembershipTest, APushThatReachedOneShardCountsOnNone) {
   PushTo(0, a_, 0, 1.0f);
   PushTo(0, b_, 0, 3.0f);
   PushTo(1, b_, 0, 3.0f);
@@ -146,6 +150,20 @@ TEST_F(MembershipTest, APushThatReachedOneShardCountsOnNone) {
   EXPECT_EQ(ranges_[0].shard->version(), 0);  // both wait for a
   EXPECT_EQ(ranges_[1].shard->version(), 0);
   LoseA();
+  if (GetParam()) {
+    // a's push was in the first range's sum: that sum went, and b, told
+    // to push again, does.
+    EXPECT_EQ(ranges_[0].shard->version(), 0);
+    EXPECT_EQ(ranges_[0].shard->Metrics().sum_resets, 1);
+    absl::Status told;
+    ranges_[0].shard->WhenClock(b_.worker_id(), 1, 0,
+                                absl::InfiniteFuture(),
+                                [&](absl::Status s) { told = s; });
+    EXPECT_THAT(told, testing::HasReason(absl::StatusCode::kAborted,
+                                         v1::PUSH_AGAIN));
+    PushTo(0, b_, 0, 3.0f);
+    CommitTo(0, b_, 0);
+  }
   EXPECT_EQ(ranges_[0].shard->version(), 1);
   EXPECT_EQ(ranges_[1].shard->version(), 1);
   ExpectMoved(0, 3.0f);  // b's gradient alone, on both ranges
@@ -156,7 +174,7 @@ TEST_F(MembershipTest, APushThatReachedOneShardCountsOnNone) {
 // a pushed step 0 everywhere and its commit reached the first range only
 // before it died: the first range closed the step with a; the second, which
 // had a's push but not its commit, counts it too.
-TEST_F(MembershipTest, ACommitThatReachedOneShardCountsOnAll) {
+TEST_P(MembershipTest, ACommitThatReachedOneShardCountsOnAll) {
   PushTo(0, a_, 0, 1.0f);
   PushTo(1, a_, 0, 1.0f);
   PushTo(0, b_, 0, 3.0f);
@@ -183,7 +201,7 @@ TEST_F(MembershipTest, ACommitThatReachedOneShardCountsOnAll) {
 
 // A worker that joins mid-job is a member from the same step on both
 // ranges, even when one range is a step ahead of the other.
-TEST_F(MembershipTest, AJoiningWorkerStartsAtTheSameStepOnEveryShard) {
+TEST_P(MembershipTest, AJoiningWorkerStartsAtTheSameStepOnEveryShard) {
   PushTo(0, a_, 0, 1.0f);
   PushTo(1, a_, 0, 1.0f);
   PushTo(0, b_, 0, 1.0f);
@@ -207,6 +225,11 @@ TEST_F(MembershipTest, AJoiningWorkerStartsAtTheSameStepOnEveryShard) {
     EXPECT_TRUE(found);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Sums, MembershipTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Streamed" : "Staged";
+                         });
 
 TEST(PartitionTest, RangesCoverTheVectorOnceAndAreBalanced) {
   Rng rng(7);

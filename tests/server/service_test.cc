@@ -942,5 +942,98 @@ TEST_F(ServiceTest, RandomGarbagePushesNeverCrashOrWedgeTheServer) {
   EXPECT_TRUE(ok.ok() || absl::IsAborted(ok.status())) << ok.status();
 }
 
+// Two workers, whose shard sums each push as it arrives, element by element
+// in rank order: the higher rank's push waits on the wire (the shard stops
+// reading it) until the lower rank's values are in, and is answered then;
+// one cancelled while it waits ends CANCELLED, and the job goes on.
+TEST_F(ServiceTest, AHigherRankPushWaitsOnTheWireForTheLowerOne) {
+  v1::SubmitJobRequest req;
+  std::string spec = kSpec;
+  spec.replace(spec.find("workers: 1"), 10, "workers: 2");
+  req.set_spec(spec);
+  v1::SubmitJobResponse submitted;
+  ASSERT_TRUE(jobs_->SubmitJob(Ctx().get(), req, &submitted).ok());
+  job_ = submitted.job().id();
+  v1::RegisterWorkerResponse ws[2];
+  for (auto& w : ws) {
+    v1::RegisterWorkerRequest reg;
+    reg.set_name("t");
+    ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &w).ok());
+  }
+  auto rank_of = [&](const v1::RegisterWorkerResponse& w) {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(w.worker_id());
+    hb.set_incarnation(w.incarnation());
+    v1::HeartbeatResponse resp;
+    EXPECT_TRUE(workers_->Heartbeat(Ctx().get(), hb, &resp).ok());
+    EXPECT_TRUE(resp.has_assignment());
+    return resp.assignment().rank();
+  };
+  const int first = rank_of(ws[0]) == 0 ? 0 : 1;
+  const v1::RegisterWorkerResponse low = ws[first], high = ws[1 - first];
+  ASSERT_EQ(rank_of(high), 1);
+  worker_ = low;
+  auto w0 = Pull(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  worker_ = high;
+  ASSERT_TRUE(Pull(0).ok());
+  auto self_committed = [&](int64_t step, float value) {
+    auto push = FullPush(step, value);
+    push[0].mutable_header()->set_commit(true);
+    return push;
+  };
+
+  // Step 0: the higher rank's whole push, on a stream, goes first.
+  ExchangeStream stream(params_.get(), absl::Seconds(20));
+  const auto high0 = self_committed(0, 0.5f);
+  ASSERT_TRUE(stream.Write(AsExchange(high0[0], false)));
+  ASSERT_TRUE(stream.Write(AsExchange(high0[1], true)));
+  auto answer = std::async(std::launch::async,
+                           [&] { return stream.ReadPushAnswer(); });
+  EXPECT_EQ(answer.wait_for(std::chrono::milliseconds(300)),
+            std::future_status::timeout)
+      << "answered before the lower rank's values were in";
+  worker_ = low;
+  auto low0 = Push(self_committed(0, 1.5f));
+  ASSERT_TRUE(low0.ok()) << low0.status();
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)),
+            std::future_status::ready);
+  std::optional<v1::PushResponse> a = answer.get();
+  ASSERT_TRUE(a.has_value());
+  EXPECT_FALSE(a->duplicate());
+  EXPECT_TRUE(a->committed());
+  auto w1 = Pull(1, 2000, /*send_commit=*/false);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  EXPECT_EQ(w1->first, 1);
+  for (int i = 0; i < kParams; ++i)  // mean (4 * 0.5 + 4 * 1.5) / 8, lr 1
+    EXPECT_EQ(w1->second[i], w0->second[i] - 1.0f);
+
+  // Step 1: the higher rank's push waits, and is cancelled meanwhile.
+  worker_ = high;
+  {
+    auto ctx = Ctx();
+    v1::PushResponse resp;
+    auto w = params_->PushGradients(ctx.get(), &resp);
+    for (const auto& m : self_committed(1, 0.5f)) ASSERT_TRUE(w->Write(m));
+    w->WritesDone();
+    absl::SleepFor(absl::Milliseconds(200));  // read, and waiting
+    ctx->TryCancel();
+    EXPECT_THAT(FromGrpc(w->Finish()),
+                StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  }
+  worker_ = low;
+  ASSERT_TRUE(Push(self_committed(1, 1.5f)).ok());
+  worker_ = high;
+  auto again = Push(self_committed(1, 0.5f));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->duplicate());
+  auto w2 = Pull(2, 2000, /*send_commit=*/false);
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  EXPECT_EQ(w2->first, 2);
+  for (int i = 0; i < kParams; ++i)
+    EXPECT_EQ(w2->second[i], w0->second[i] - 2.0f);
+  EXPECT_TRUE(stream.Finish().ok());
+}
+
 }  // namespace
 }  // namespace tally

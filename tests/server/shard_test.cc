@@ -2,9 +2,11 @@
 #include "server/shard.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/bfloat16.h"
+#include "common/random.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -403,6 +405,248 @@ TEST(ShardBfloat16Test, EncodedOncePerVersion) {
     auto e = shard.Bfloat16Of(s, v);
     EXPECT_EQ(*e, encoding_of(*s)) << "version " << v;
   }
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// ------------------------------------------------------- streamed sums --
+// (bsp without backup workers: pushes summed block by block as they come.)
+
+constexpr int64_t kStreamN = 1000;
+
+std::unique_ptr<ParameterShard> StreamShard(FakeClock* clock, bool streamed,
+                                            int members) {
+  OptimizerConfig c;
+  c.type = OptimizerType::kAdam;
+  c.lr = 0.01;
+  auto shard = std::make_unique<ParameterShard>(
+      std::vector<float>(kStreamN, 0.5f), *Optimizer::Create(c, kStreamN),
+      clock);
+  shard->SetStreamedSums(streamed);
+  for (int i = 0; i < members; ++i)
+    shard->AddMember(std::string(1, static_cast<char>('a' + i)), 1);
+  return shard;
+}
+
+PushMeta StreamMeta(int member, int64_t step, int64_t samples) {
+  PushMeta m;
+  m.worker_id = std::string(1, static_cast<char>('a' + member));
+  m.incarnation = 1;
+  m.step = step;
+  m.base_version = step;
+  m.samples = samples;
+  m.loss_sum = 0.25 * samples;
+  return m;
+}
+
+// Gradients whose magnitudes span six decades, so that summing them in
+// another order rounds differently.
+std::vector<float> WideGradient(Rng& rng) {
+  std::vector<float> g(kStreamN);
+  for (float& x : g) {
+    x = static_cast<float>((rng.UniformFloat() - 0.5) *
+                           std::pow(10.0, 6.0 * rng.UniformFloat() - 3.0));
+  }
+  return g;
+}
+
+// Four members push each step in blocks of random sizes, each member's
+// blocks in its own random order, all interleaved at random; a block whose
+// turn has not come waits and is tried again once woken. The weights after
+// three Adam steps are bit for bit those of the same pushes staged whole,
+// and the data are such that another order of summation would not be.
+TEST(StreamedSumTest, AnyArrivalOrderGivesTheStagedSumBitForBit) {
+  FakeClock clock;
+  constexpr int kMembers = 4;
+  auto streamed = StreamShard(&clock, true, kMembers);
+  auto staged = StreamShard(&clock, false, kMembers);
+  ASSERT_TRUE(streamed->StreamsPushes());
+  ASSERT_FALSE(staged->StreamsPushes());
+  Rng rng(11);
+  int waits = 0;
+  for (int64_t t = 0; t < 3; ++t) {
+    std::vector<std::vector<float>> g;
+    for (int i = 0; i < kMembers; ++i) g.push_back(WideGradient(rng));
+    struct Pusher {
+      PushMeta meta;
+      int64_t token = 0;
+      std::vector<std::pair<int64_t, int64_t>> blocks;
+      size_t next = 0;
+      bool waiting = false, woken = false;
+    };
+    std::vector<Pusher> ps(kMembers);
+    for (int i = 0; i < kMembers; ++i) {
+      Pusher& p = ps[i];
+      p.meta = StreamMeta(i, t, 1 + i);
+      for (int64_t b = 0; b < kStreamN;) {
+        const int64_t n = std::min<int64_t>(1 + rng.Below(200), kStreamN - b);
+        p.blocks.emplace_back(b, n);
+        b += n;
+      }
+      for (size_t k = p.blocks.size(); k > 1; --k)
+        std::swap(p.blocks[k - 1], p.blocks[rng.Below(k)]);
+      auto token = streamed->BeginStreamed(p.meta);
+      ASSERT_TRUE(token.ok()) << token.status();
+      p.token = *token;
+    }
+    for (int left = kMembers; left > 0;) {
+      std::vector<int> can;
+      for (int i = 0; i < kMembers; ++i) {
+        if (ps[i].next < ps[i].blocks.size() &&
+            (!ps[i].waiting || ps[i].woken))
+          can.push_back(i);
+      }
+      ASSERT_FALSE(can.empty()) << "every block waits: none can go on";
+      Pusher& p = ps[can[rng.Below(can.size())]];
+      const auto [b, n] = p.blocks[p.next];
+      const int i = static_cast<int>(&p - ps.data());
+      p.woken = false;
+      auto added = streamed->AddStreamed(p.meta, p.token, b, n,
+                                         g[i].data() + b,
+                                         [&p] { p.woken = true; });
+      ASSERT_TRUE(added.ok()) << added.status();
+      p.waiting = !*added;
+      if (*added && ++p.next == p.blocks.size()) --left;
+      if (!*added) ++waits;
+    }
+    for (int i = 0; i < kMembers; ++i) {
+      bool dup = true;
+      TALLY_ASSERT_OK(streamed->FinishStreamed(ps[i].meta, ps[i].token, &dup));
+      EXPECT_FALSE(dup);
+      EXPECT_EQ(streamed->version(), t);
+      EXPECT_TRUE(streamed->Commit(ps[i].meta.worker_id, 1, t, true));
+      TALLY_ASSERT_OK(PushAndCommit(*staged, ps[i].meta, g[i].data(), &dup));
+    }
+    ASSERT_EQ(streamed->version(), t + 1);
+    ASSERT_EQ(staged->version(), t + 1);
+    if (t == 0) {
+      // Rank order and its reverse round differently for these values.
+      int differ = 0;
+      for (int64_t k = 0; k < kStreamN; ++k) {
+        float up = 1 * g[0][k], down = 4 * g[3][k];
+        for (int i = 1; i < kMembers; ++i) up += (1 + i) * g[i][k];
+        for (int i = kMembers - 2; i >= 0; --i) down += (1 + i) * g[i][k];
+        differ += up != down;
+      }
+      EXPECT_GT(differ, 10);
+    }
+  }
+  EXPECT_GT(waits, 0);  // blocks did wait for lower ranks
+  int64_t v1 = 0, v2 = 0;
+  const std::vector<float> a = *streamed->Snapshot(&v1);
+  const std::vector<float> b = *staged->Snapshot(&v2);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_EQ(streamed->Metrics().sum_resets, 0);
+}
+
+// A block of a higher rank waits until the lower rank added that range,
+// and is woken then; a push sent again after a broken stream goes on where
+// it stopped and counts once.
+TEST(StreamedSumTest, HigherRanksWaitAndARetriedPushCountsOnce) {
+  FakeClock clock;
+  auto shard = StreamShard(&clock, true, 2);
+  std::vector<float> ga(kStreamN, 1.0f), gb(kStreamN, 3.0f);
+  const PushMeta a = StreamMeta(0, 0, 1), b = StreamMeta(1, 0, 1);
+  const int64_t tb = *shard->BeginStreamed(b);
+  int woken = 0;
+  auto added = shard->AddStreamed(b, tb, 0, 500, gb.data(), [&] { ++woken; });
+  ASSERT_TRUE(added.ok());
+  EXPECT_FALSE(*added);  // a's [0, 500) is not in yet
+  int64_t ta = *shard->BeginStreamed(a);
+  EXPECT_TRUE(*shard->AddStreamed(a, ta, 0, 700, ga.data(), [] {}));
+  EXPECT_EQ(woken, 1);
+  EXPECT_TRUE(*shard->AddStreamed(b, tb, 0, 500, gb.data(), [] {}));
+  // a's stream broke; its retry sends the whole push again.
+  ta = *shard->BeginStreamed(a);
+  EXPECT_TRUE(*shard->AddStreamed(a, ta, 0, kStreamN, ga.data(), [] {}));
+  EXPECT_TRUE(
+      *shard->AddStreamed(b, tb, 500, kStreamN - 500, gb.data() + 500, [] {}));
+  bool dup = false;
+  TALLY_ASSERT_OK(shard->FinishStreamed(a, ta, &dup));
+  TALLY_ASSERT_OK(shard->FinishStreamed(b, tb, &dup));
+  shard->Commit("a", 1, 0, true);
+  shard->Commit("b", 1, 0, true);
+  ASSERT_EQ(shard->version(), 1);
+  // Adam's first step moves each weight by lr against the sign of the mean.
+  int64_t v = 0;
+  auto w = shard->Snapshot(&v);
+  for (float x : *w) ASSERT_FLOAT_EQ(x, 0.5f - 0.01f);
+  // An unfinished push is refused at its end, and the rest still welcome.
+  const PushMeta a1 = StreamMeta(0, 1, 1);
+  ta = *shard->BeginStreamed(a1);
+  EXPECT_TRUE(*shard->AddStreamed(a1, ta, 0, 10, ga.data(), [] {}));
+  EXPECT_THAT(shard->FinishStreamed(a1, ta, &dup),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("covers 10 of 1000")));
+}
+
+// A push refused part-way (a non-finite block) cannot be taken out of the
+// sum: the sum goes, the push being read of the other member is told
+// PUSH_AGAIN, and once it is pushed again the step closes with it alone.
+TEST(StreamedSumTest, APushRefusedPartWayDropsTheSumAndTheOthersPushAgain) {
+  FakeClock clock;
+  auto shard = StreamShard(&clock, true, 2);
+  auto alone = StreamShard(&clock, true, 1);
+  std::vector<float> ga(kStreamN, 1.0f), gb(kStreamN, -2.0f);
+  const PushMeta a = StreamMeta(0, 0, 1), b = StreamMeta(1, 0, 1);
+  const int64_t ta = *shard->BeginStreamed(a);
+  int64_t tb = *shard->BeginStreamed(b);
+  EXPECT_TRUE(*shard->AddStreamed(a, ta, 0, 500, ga.data(), [] {}));
+  EXPECT_TRUE(*shard->AddStreamed(b, tb, 0, 500, gb.data(), [] {}));
+  shard->Reject(a);  // a's next block had a NaN
+  EXPECT_EQ(shard->Metrics().sum_resets, 1);
+  EXPECT_THAT(shard->AddStreamed(b, tb, 500, 500, gb.data() + 500, [] {}),
+              HasReason(absl::StatusCode::kAborted, v1::PUSH_AGAIN));
+  shard->Commit("a", 1, 0, false);
+  tb = *shard->BeginStreamed(b);
+  EXPECT_TRUE(*shard->AddStreamed(b, tb, 0, kStreamN, gb.data(), [] {}));
+  bool dup = false;
+  TALLY_ASSERT_OK(shard->FinishStreamed(b, tb, &dup));
+  shard->Commit("b", 1, 0, true);
+  ASSERT_EQ(shard->version(), 1);
+  // The same as b's push alone.
+  TALLY_ASSERT_OK(PushAndCommit(*alone, StreamMeta(0, 0, 1), gb.data(), &dup));
+  int64_t v = 0;
+  EXPECT_EQ(*shard->Snapshot(&v), *alone->Snapshot(&v));
+  EXPECT_EQ(shard->Metrics().rejected_pushes, 1);
+}
+
+// A push committed as not contributed (refused on another shard) after it
+// was summed here: the sum goes, and the other member, already waiting for
+// the step's end, is told PUSH_AGAIN (its commit of the lost push counts for
+// nothing) and pushes again.
+TEST(StreamedSumTest, ACommitAsNothingAfterTheSumTellsTheOthersToPushAgain) {
+  FakeClock clock;
+  auto shard = StreamShard(&clock, true, 2);
+  std::vector<float> ga(kStreamN, 1.0f), gb(kStreamN, -2.0f);
+  bool dup = false;
+  TALLY_ASSERT_OK(shard->Accept(StreamMeta(0, 0, 1), ga.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard, StreamMeta(1, 0, 1), gb.data(), &dup));
+  absl::Status told;
+  bool called = false;
+  shard->WhenClock("b", 1, 0, absl::InfiniteFuture(), [&](absl::Status s) {
+    told = s;
+    called = true;
+  });
+  EXPECT_FALSE(called);
+  shard->Commit("a", 1, 0, false);
+  ASSERT_TRUE(called);
+  EXPECT_THAT(told, HasReason(absl::StatusCode::kAborted, v1::PUSH_AGAIN));
+  EXPECT_EQ(ReasonStep(told), 0);
+  EXPECT_TRUE(shard->Commit("b", 1, 0, true));  // its push is gone
+  EXPECT_EQ(shard->version(), 0);
+  shard->WhenClock("b", 1, 0, absl::InfiniteFuture(),
+                   [&](absl::Status s) { told = s; });
+  EXPECT_THAT(told, HasReason(absl::StatusCode::kAborted, v1::PUSH_AGAIN));
+  TALLY_ASSERT_OK(PushAndCommit(*shard, StreamMeta(1, 0, 1), gb.data(), &dup));
+  EXPECT_FALSE(dup);
+  EXPECT_EQ(shard->version(), 1);
+  int64_t v = 0;
+  for (float x : *shard->Snapshot(&v)) ASSERT_FLOAT_EQ(x, 0.5f + 0.01f);
 }
 
 }  // namespace
