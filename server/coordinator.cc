@@ -293,9 +293,10 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   }
   // The job is at the version every range has reached; the other figures
   // are the same on every range (every push reaches every range).
-  int64_t version = INT64_MAX, rejected = 0, stale = 0, late = 0;
+  int64_t version = INT64_MAX, rejected = 0, stale = 0, late = 0, resets = 0;
   for (const v1::RangeStatus& r : ranges) {
     version = std::min(version, r.version());
+    resets += r.sum_resets();  // each range drops its own
     rejected += r.rejected_pushes();
     stale = std::max(stale, r.stale_pushes());
     late = std::max(late, r.late_pushes());
@@ -308,6 +309,7 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
                      : 0);
   out->set_stale_pushes(stale);
   out->set_late_pushes(late);
+  out->set_sum_resets(resets);
   RenderProgressLocked(job, version, ranges, out);
   out->set_loss(first.loss());
   out->set_accuracy(first.accuracy());

@@ -108,6 +108,12 @@ std::vector<prometheus::MetricFamily> CoordinatorCollector::Collect() const {
        [](const v1::JobMetrics& m) {
          return static_cast<double>(m.late_pushes());
        }},
+      {"tally_job_sum_resets_total",
+       "Streamed step sums dropped, their pushes sent again (PUSH_AGAIN)",
+       MetricType::Counter,
+       [](const v1::JobMetrics& m) {
+         return static_cast<double>(m.sum_resets());
+       }},
       {"tally_job_stalled_seconds",
        "Seconds the job's weights have not moved (0 while they do)",
        MetricType::Gauge,

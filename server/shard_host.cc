@@ -253,6 +253,7 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
     s.set_rejected_pushes(m.rejected_pushes);
     s.set_stale_pushes(m.stale_pushes);
     s.set_late_pushes(m.late_pushes);
+    s.set_sum_resets(m.sum_resets);
     for (const MemberProgress& p : r.shard->Progress()) {
       v1::MemberProgress* mp = s.add_member_progress();
       mp->set_worker_id(p.worker_id);

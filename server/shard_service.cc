@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -296,6 +297,26 @@ class PushIntake {
   std::vector<float> block_;
 };
 
+// Runs a push's wake. A wake that comes while this thread is already in
+// one (a resumed push's block let another in) waits until that one is
+// done, so no thread holds two readers' locks, whatever their order.
+void RunWake(std::function<void()> wake) {
+  thread_local std::deque<std::function<void()>>* later = nullptr;
+  if (later != nullptr) {
+    later->push_back(std::move(wake));
+    return;
+  }
+  std::deque<std::function<void()>> queue;
+  later = &queue;
+  wake();
+  while (!queue.empty()) {
+    std::function<void()> next = std::move(queue.front());
+    queue.pop_front();
+    next();
+  }
+  later = nullptr;
+}
+
 // A reader that stops reading while its push waits for its turn, and goes
 // on, on the thread that wakes it. Try runs an attempt (PushIntake::Add or
 // Resume) once, and again if a wake came during it; a wake that finds it
@@ -360,11 +381,13 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       : handle_(std::make_shared<Handle>()),
         intake_(host,
                 [weak = std::weak_ptr<Handle>(handle_)] {
-                  std::shared_ptr<Handle> h = weak.lock();
-                  if (h == nullptr) return;
-                  absl::MutexLock lock(&h->mu);
-                  if (h->reactor != nullptr && h->reactor->parking_.Wake())
-                    h->reactor->Go(/*resume=*/true);
+                  RunWake([weak] {
+                    std::shared_ptr<Handle> h = weak.lock();
+                    if (h == nullptr) return;
+                    absl::MutexLock lock(&h->mu);
+                    if (h->reactor != nullptr && h->reactor->parking_.Wake())
+                      h->reactor->Go(/*resume=*/true);
+                  });
                 }),
         metrics_(metrics),
         resp_bytes_(resp) {
@@ -684,11 +707,13 @@ class ExchangeReactor final
   // A push's wake: the reader goes on where its push waited.
   std::function<void()> Waker() {
     return [weak = std::weak_ptr<Handle>(handle_)] {
-      std::shared_ptr<Handle> h = weak.lock();
-      if (h == nullptr) return;
-      absl::MutexLock lock(&h->mu);
-      if (h->reactor != nullptr && h->reactor->parking_.Wake())
-        h->reactor->Continue();
+      RunWake([weak] {
+        std::shared_ptr<Handle> h = weak.lock();
+        if (h == nullptr) return;
+        absl::MutexLock lock(&h->mu);
+        if (h->reactor != nullptr && h->reactor->parking_.Wake())
+          h->reactor->Continue();
+      });
     };
   }
   void Continue() {
