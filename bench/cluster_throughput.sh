@@ -14,7 +14,9 @@
 # (another build tree, e.g. of an earlier commit) its Tally runs too,
 # alternating with this build's, in a column of their own; BASELINE_FLAGS
 # (tally-worker flags, e.g. --overlap_push=false) are given to the
-# baseline's workers, whose build is then this one unless BASELINE is set.
+# baseline's workers, whose build is then this one unless BASELINE is set;
+# SERVER_FLAGS and BASELINE_SERVER_FLAGS (tally-server flags, e.g.
+# --streamed_sums=false) likewise for each one's server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -28,10 +30,10 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 . bench/lib.sh  # median, ratio, iperf_gbps
 port=7391
 
-tally_run() {  # spec [build [worker flags]] -> samples/s and test accuracy
-  local B=${2:-$B} wflags=(${3:-})
+tally_run() {  # spec [build [worker flags [server flags]]] -> samples/s and test accuracy
+  local B=${2:-$B} wflags=(${3:-}) sflags=(${4:-${SERVER_FLAGS:-}})
   port=$((port + 1))
-  $B/server/tally-server --listen=127.0.0.1 --port=$port > "$tmp/server.log" 2>&1 &
+  $B/server/tally-server --listen=127.0.0.1 --port=$port "${sflags[@]}" > "$tmp/server.log" 2>&1 &
   local sp=$!
   for _ in $(seq 100); do $B/client/tally --server=127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.05; done
   local w=() i
@@ -56,7 +58,7 @@ tally_run() {  # spec [build [worker flags]] -> samples/s and test accuracy
   pids=()
 }
 
-[[ ${BASELINE_FLAGS:-} && ! ${BASELINE:-} ]] && BASELINE=$B
+[[ (${BASELINE_FLAGS:-} || ${BASELINE_SERVER_FLAGS:-}) && ! ${BASELINE:-} ]] && BASELINE=$B
 printf "%-9s %14s %14s %8s %10s %10s" model tally_sps ddp_sps ratio tally_acc ddp_acc
 [[ ${BASELINE:-} ]] && printf " %14s %9s" base_sps base_ddp
 printf "\n"
@@ -77,7 +79,7 @@ for row in ${ROWS:-mlp mlp-bf16 cnn}; do
     tally_run "$tmp/$row.yaml" > "$tmp/r"; read -r sps acc < "$tmp/r"
     echo "$sps" >> "$tmp/t"; tacc=$acc
     if [[ ${BASELINE:-} ]]; then
-      tally_run "$tmp/$row.yaml" "$BASELINE" "${BASELINE_FLAGS:-}" > "$tmp/r"; read -r sps acc < "$tmp/r"
+      tally_run "$tmp/$row.yaml" "$BASELINE" "${BASELINE_FLAGS:-}" "${BASELINE_SERVER_FLAGS:-}" > "$tmp/r"; read -r sps acc < "$tmp/r"
       echo "$sps" >> "$tmp/b"
     fi
     (cd bench && $PY pytorch_ddp.py --model "$model" --procs 2 --compress $compress --port $((29500 + i))) > "$tmp/d.json"

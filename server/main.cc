@@ -77,6 +77,11 @@ ABSL_FLAG(bool, streamed_sums, true,
           "Sum each push into the step's sum as it arrives (bsp without "
           "backup workers; one sum per shard); false: stage each push whole "
           "until its step closes (one buffer per member)");
+ABSL_FLAG(int64_t, streamed_sums_min_bytes,
+          tally::ServerOptions().streamed_sums_min_bytes,
+          "With --streamed_sums: ranges smaller than this stage their pushes "
+          "(at most this much memory per worker; small pushes summed as they "
+          "arrive were slower)");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
@@ -98,6 +103,8 @@ int main(int argc, char** argv) {
   server_options.shard = absl::GetFlag(FLAGS_shard);
   server_options.advertise = absl::GetFlag(FLAGS_advertise);
   server_options.streamed_sums = absl::GetFlag(FLAGS_streamed_sums);
+  server_options.streamed_sums_min_bytes =
+      absl::GetFlag(FLAGS_streamed_sums_min_bytes);
   if (!server_options.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
     std::cerr << "tally-server: --state_dir belongs to the coordinator; a "
                  "shard keeps nothing on disk\n";

@@ -328,7 +328,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   if (!coordinator || options.shard) {
     s->host_ = std::make_unique<ShardHost>(options.coordinator.clock,
                                            options.coordinator.spec_limits);
-    s->host_->set_streamed_sums(options.streamed_sums);
+    s->host_->set_streamed_sums(options.streamed_sums,
+                                options.streamed_sums_min_bytes / 4);
     if (options.metrics != nullptr) {
       s->data_metrics_ =
           std::make_unique<DataPlaneMetrics>(options.metrics->registry());

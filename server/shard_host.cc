@@ -109,7 +109,8 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
     shard = std::move(restored);
   }
   shard->SetConsistency(spec.training.consistency);
-  shard->SetStreamedSums(streamed_sums_);
+  shard->SetStreamedSums(streamed_sums_ &&
+                         req.count() >= streamed_sums_min_elements_);
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
   shard->SetMaxSamples(spec.training.batch_size);

@@ -56,8 +56,13 @@ class ShardHost {
   ShardHost& operator=(const ShardHost&) = delete;
 
   // Whether ranges installed from now on sum pushes as they arrive where
-  // their job allows (ParameterShard::SetStreamedSums; default on).
-  void set_streamed_sums(bool on) { streamed_sums_ = on; }
+  // their job allows (ParameterShard::SetStreamedSums): ranges of at least
+  // `min_elements` values (smaller ones stage each push whole, which costs
+  // little memory there and was faster).
+  void set_streamed_sums(bool on, int64_t min_elements) {
+    streamed_sums_ = on;
+    streamed_sums_min_elements_ = min_elements;
+  }
 
   // Creates the job's range, or replaces it when the request's map version
   // is newer (the job was re-placed); the same or an older version is a
@@ -100,6 +105,7 @@ class ShardHost {
  private:
   const Clock* clock_;
   bool streamed_sums_ = true;
+  int64_t streamed_sums_min_elements_ = 0;
   const SpecLimits limits_;
   RealClock real_clock_;
   mutable absl::Mutex mu_;

@@ -100,10 +100,11 @@ PY
 case $case_name in
   identical)
     start_coordinator
-    start_shard s1 "$(free_port)"
-    start_shard s2 "$(free_port)"
-    # The third shard stages whole pushes; the others sum them as they
-    # arrive: the 3-shard job's weights are still the 1-shard job's.
+    # The first two shards sum pushes as they arrive (this model is below
+    # the size where they would by default), the third stages them whole:
+    # the 3-shard job's weights are still the 1-shard job's.
+    start_shard s1 "$(free_port)" --streamed_sums_min_bytes=0
+    start_shard s2 "$(free_port)" --streamed_sums_min_bytes=0
     start_shard s3 "$(free_port)" --streamed_sums=false
     start_worker w1
     start_worker w2
@@ -138,8 +139,10 @@ case $case_name in
     # and pulls on a call each; over two shards (SGD, Adam) and one (SGD,
     # where pulls overlap).
     start_coordinator
-    start_shard s1 "$(free_port)"
-    start_shard s2 "$(free_port)"
+    # Summing pushes as they arrive (this small model would be staged by
+    # default), so a higher rank's push waits on the wire for the lower's.
+    start_shard s1 "$(free_port)" --streamed_sums_min_bytes=0
+    start_shard s2 "$(free_port)" --streamed_sums_min_bytes=0
     for mode in whole overlapped; do
       # whole: a PushGradients and a PullWeights call per step, nothing
       # overlapped; overlapped: one Exchange stream per shard, pushes beside

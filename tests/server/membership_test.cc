@@ -29,8 +29,8 @@ optimizer: {type: sgd, lr: 1.0, momentum: 0.0}
 class MembershipTest : public ::testing::TestWithParam<bool> {
  protected:
   MembershipTest() : local_(&clock_), remote_(&clock_), coord_(Options()) {
-    local_.set_streamed_sums(GetParam());
-    remote_.set_streamed_sums(GetParam());
+    local_.set_streamed_sums(GetParam(), 0);
+    remote_.set_streamed_sums(GetParam(), 0);
   }
 
   CoordinatorOptions Options() {

@@ -947,6 +947,19 @@ TEST_F(ServiceTest, RandomGarbagePushesNeverCrashOrWedgeTheServer) {
 // reading it) until the lower rank's values are in, and is answered then;
 // one cancelled while it waits ends CANCELLED, and the job goes on.
 TEST_F(ServiceTest, AHigherRankPushWaitsOnTheWireForTheLowerOne) {
+  // A server whose shard sums even this small model's pushes as they come
+  // (by default it stages ranges under 16 MiB).
+  server_.reset();
+  ServerOptions so;
+  so.coordinator.lease_timeout = absl::Seconds(30);
+  so.streamed_sums_min_bytes = 0;
+  auto started = TallyServer::Start("127.0.0.1:0", so);
+  ASSERT_TRUE(started.ok()) << started.status();
+  server_ = *std::move(started);
+  channel_ = Dial(absl::StrCat("127.0.0.1:", server_->port()));
+  jobs_ = v1::JobService::NewStub(channel_);
+  workers_ = v1::WorkerService::NewStub(channel_);
+  params_ = v1::ParameterService::NewStub(channel_);
   v1::SubmitJobRequest req;
   std::string spec = kSpec;
   spec.replace(spec.find("workers: 1"), 10, "workers: 2");
