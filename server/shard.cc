@@ -93,7 +93,8 @@ void ParameterShard::SaveAt(
                }
                RunReady(ready);
                done(std::move(state));
-             }});
+             },
+             /*worker_id=*/""});
         return;
       }
     }
@@ -551,6 +552,7 @@ absl::Status ParameterShard::AcceptLocked(
           "a push of step ", meta.step, " after its commit"));
     }
     DropPartLocked(meta.worker_id, ready);
+    RestartIfLateLocked(meta.worker_id, ready);
     SumPart& part = parts_[meta.worker_id];
     part.incarnation = meta.incarnation;
     part.samples = meta.samples;
@@ -627,8 +629,12 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       if (step < version_ || step > version_ + window) return true;
       if (!RequiredLocked(m, step)) return true;
       // Its push is no longer in the sum: it pushes again first (the pull
-      // that carries this commit is told so).
-      if (m.push_again == step) return true;
+      // that carries this commit is told so), unless it says the push
+      // counts as nothing anyway (another shard refused it).
+      if (m.push_again == step) {
+        if (contributed) return true;
+        m.push_again = -1;
+      }
       auto it = m.staged.find(step);
       if (it != m.staged.end() && !contributed) {
         ReleaseLocked(std::move(it->second.grads));
@@ -999,22 +1005,11 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
                                int64_t min_version, absl::Time deadline,
                                std::function<void(absl::Status)> done) {
   int64_t v = min_version;
-  absl::Status again;
   {
     absl::MutexLock lock(&mu_);
     v = std::max(v, consistency_.FirstUsableVersion(clock));
     auto it = members_.find(worker_id);
-    if (it != members_.end() && it->second.push_again == version_ &&
-        v > version_) {
-      // It would wait for a step its push is no longer in.
-      again = PushAgainLocked();
-    } else if (it != members_.end()) {
-      it->second.waiting = version_ < v;
-    }
-  }
-  if (!again.ok()) {
-    done(again);
-    return;
+    if (it != members_.end()) it->second.waiting = version_ < v;
   }
   WhenVersionFor(worker_id, v, deadline, [this, worker_id, clock,
                             done = std::move(done)](absl::Status s) {
@@ -1046,7 +1041,15 @@ void ParameterShard::WhenVersionFor(const std::string& worker_id, int64_t v,
   {
     absl::MutexLock lock(&mu_);
     now = closed_;
-    if (now.ok()) {
+    auto m = worker_id.empty() ? members_.end() : members_.find(worker_id);
+    if (now.ok() && m != members_.end() && m->second.push_again == version_ &&
+        v > version_) {
+      // It would wait for a step its push is no longer in (checked under
+      // the lock that registers the wait: a drop tells the waiters it
+      // finds).
+      m->second.waiting = false;
+      now = PushAgainLocked();
+    } else if (now.ok()) {
       // Training time counts from the first pull of the weights.
       if (started_ == absl::InfinitePast() && !retired_)
         started_ = clock_->Now();
@@ -1199,19 +1202,7 @@ absl::StatusOr<int64_t> ParameterShard::BeginStreamed(const PushMeta& meta) {
       // Another push of the step in its place: what the first added goes.
       DropPartLocked(meta.worker_id, &ready);
     }
-    // Ranks add each element in order, so a rank's blocks wait for lower
-    // ones it knows nothing of yet; a lower rank beginning after a higher
-    // one added something (a member set changed under the step) restarts
-    // the sum.
-    const auto key = std::make_pair(m.spec.rank, meta.worker_id);
-    for (const auto& [id, p] : parts_) {
-      auto q = members_.find(id);
-      if (q != members_.end() && std::make_pair(q->second.spec.rank, id) > key &&
-          !p.added.empty()) {
-        ResetSumLocked("", &ready);
-        break;
-      }
-    }
+    RestartIfLateLocked(meta.worker_id, &ready);
     SumPart& part = parts_[meta.worker_id];
     part = SumPart{};
     part.incarnation = meta.incarnation;
@@ -1279,6 +1270,22 @@ absl::Status ParameterShard::FinishStreamed(const PushMeta& meta,
   it->second.complete = true;
   members_.at(meta.worker_id).pushed_step = meta.step;
   return absl::OkStatus();
+}
+
+void ParameterShard::RestartIfLateLocked(const std::string& id,
+                                         Ready* ready) {
+  // Ranks add each element in order, so a rank's blocks wait for lower
+  // ones it knows nothing of yet; a lower rank beginning after a higher one
+  // added something (a member set changed under the step) restarts the sum.
+  const auto key = std::make_pair(members_.at(id).spec.rank, id);
+  for (const auto& [qid, p] : parts_) {
+    auto q = members_.find(qid);
+    if (q != members_.end() && std::make_pair(q->second.spec.rank, qid) > key &&
+        !p.added.empty()) {
+      ResetSumLocked("", ready);
+      return;
+    }
+  }
 }
 
 bool ParameterShard::TurnLocked(const std::string& id, int64_t b, int64_t e,

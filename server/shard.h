@@ -442,6 +442,10 @@ class ParameterShard {
   // PUSH_AGAIN). `keep_out` (may be empty) contributes nothing.
   void ResetSumLocked(const std::string& keep_out, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `id` (about to push) ranks below a push already partly in the sum: the
+  // sum starts over.
+  void RestartIfLateLocked(const std::string& id, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `id`'s push of the open step counts as nothing: its part goes (and the
   // sum with it if anything of it was added).
   void DropPartLocked(const std::string& id, Ready* ready)

@@ -333,6 +333,10 @@ class Parking {
     while (s.ok() && push.waiting()) {
       {
         absl::MutexLock lock(&mu_);
+        if (cancelled_) {  // nobody would end it while it waits
+          state_ = kIdle;
+          return absl::CancelledError("cancelled");
+        }
         if (state_ != kWoken) {
           state_ = kParked;
           *parked = true;
@@ -355,9 +359,11 @@ class Parking {
     if (state_ == kRunning) state_ = kWoken;
     return false;
   }
-  // True when the reader was parked: nobody resumes it any more.
+  // True when the reader was parked: nobody resumes it any more. Otherwise
+  // it does not park again (Try says kCancelled instead).
   bool Cancel() {
     absl::MutexLock lock(&mu_);
+    cancelled_ = true;
     if (state_ != kParked) return false;
     state_ = kIdle;
     return true;
@@ -371,7 +377,12 @@ class Parking {
   }
   absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = kIdle;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// The handle whose lock this thread holds while it resumes that reader (a
+// pull begun there may be ready at once, on this thread).
+thread_local const void* resuming_handle = nullptr;
 
 // PushGradients: one push a call, read as raw PushRequest bytes.
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
@@ -711,8 +722,11 @@ class ExchangeReactor final
         std::shared_ptr<Handle> h = weak.lock();
         if (h == nullptr) return;
         absl::MutexLock lock(&h->mu);
-        if (h->reactor != nullptr && h->reactor->parking_.Wake())
+        if (h->reactor != nullptr && h->reactor->parking_.Wake()) {
+          resuming_handle = h.get();
           h->reactor->Continue();
+          resuming_handle = nullptr;
+        }
       });
     };
   }
@@ -831,6 +845,10 @@ class ExchangeReactor final
                                    const absl::Status& st) {
             std::shared_ptr<Handle> h = weak.lock();
             if (h == nullptr) return;
+            if (resuming_handle == h.get()) {  // its lock is this thread's
+              h->reactor->Ready(st);
+              return;
+            }
             absl::MutexLock lock(&h->mu);
             if (h->reactor != nullptr) h->reactor->Ready(st);
           });

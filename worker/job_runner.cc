@@ -78,12 +78,20 @@ absl::Status JobRunner::Run() {
     if (!pulled.ok()) {
       const absl::Status& s = pulled.status();
       if (ReasonOf(s) == v1::PUSH_AGAIN) {
-        // The step's sum lost our push (another push in it could not
-        // count): the step is done again from its weights and pushed again,
-        // and the commit goes with the next push's pull.
-        context_.log(absl::StrCat("step ", ReasonStep(s), ": ", s.message()));
-        next_ = ReasonStep(s);
+        // A shard's sum lost our push (another push in it could not
+        // count). Its gradient still the engine's: the same push again (a
+        // shard that kept it answers "duplicate"), then the pull that
+        // commits it. Otherwise (a step was begun since: one shard, so no
+        // other shard kept the commit) the step is done again from its
+        // weights.
+        const int64_t step = ReasonStep(s);
+        context_.log(absl::StrCat("step ", step, ": ", s.message()));
         have_commit_ = false;
+        if (held_step_ == step) {
+          TALLY_RETURN_IF_ERROR(FinishStep(step, held_stats_));
+          continue;
+        }
+        next_ = step;
         loader_next_ = -1;
         continue;
       }
@@ -128,6 +136,8 @@ absl::Status JobRunner::FinishStep(int64_t step, const StepStats& stats) {
     }
     TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
   }
+  held_step_ = step;
+  held_stats_ = stats;
   if (context_.progress) context_.progress(progress_);
   if (absl::Now() - last_log_ > absl::Seconds(5)) {
     last_log_ = absl::Now();
@@ -291,6 +301,7 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, Work* pull) {
     loader_.reset();
     loader_ = std::make_unique<BatchLoader>(&data_->train, lo);
   }
+  held_step_ = -1;  // the engine's gradient is about to change
   absl::StatusOr<std::unique_ptr<HostBatch>> next =
       loader_->Next(absl::Minutes(1));
   // Said to the coordinator: a runner that stops quietly would hold its

@@ -150,6 +150,12 @@ class JobRunner {
   // The push that Compute started beside the backward pass, whole once
   // Compute returned OK; PushAndAdvance waits for it.
   std::shared_ptr<Work> started_push_;
+  // The step last pushed and its figures while the engine still holds its
+  // gradient (no step begun since; -1: none): a shard that lost that push
+  // (PUSH_AGAIN) gets it again as it was, so a commit other shards kept
+  // stays true.
+  int64_t held_step_ = -1;
+  StepStats held_stats_;
   absl::Duration backoff_ = absl::Milliseconds(100);
   absl::Time last_log_ = absl::Now();
 };

@@ -996,11 +996,16 @@ TEST_F(ServiceTest, AHigherRankPushWaitsOnTheWireForTheLowerOne) {
     return push;
   };
 
-  // Step 0: the higher rank's whole push, on a stream, goes first.
+  // Step 0: the higher rank's whole push goes first, on a stream, in one
+  // message that also asks for the weights there are (so the pull, begun
+  // when the message is resumed, is ready at once on the resuming thread).
   ExchangeStream stream(params_.get(), absl::Seconds(20));
-  const auto high0 = self_committed(0, 0.5f);
-  ASSERT_TRUE(stream.Write(AsExchange(high0[0], false)));
-  ASSERT_TRUE(stream.Write(AsExchange(high0[1], true)));
+  v1::ExchangeRequest whole;
+  *whole.mutable_header() = self_committed(0, 0.5f)[0].header();
+  *whole.mutable_chunk() = Chunk(0, std::vector<float>(kParams, 0.5f));
+  whole.set_push_done(true);
+  *whole.mutable_pull() = PullRequest(0);
+  ASSERT_TRUE(stream.Write(whole));
   auto answer = std::async(std::launch::async,
                            [&] { return stream.ReadPushAnswer(); });
   EXPECT_EQ(answer.wait_for(std::chrono::milliseconds(300)),
@@ -1015,11 +1020,16 @@ TEST_F(ServiceTest, AHigherRankPushWaitsOnTheWireForTheLowerOne) {
   ASSERT_TRUE(a.has_value());
   EXPECT_FALSE(a->duplicate());
   EXPECT_TRUE(a->committed());
+  auto pulled = stream.ReadWeights(kParams);
+  ASSERT_TRUE(pulled.has_value());
+  EXPECT_EQ(pulled->first, 0);  // asked while step 0 was open
   auto w1 = Pull(1, 2000, /*send_commit=*/false);
   ASSERT_TRUE(w1.ok()) << w1.status();
   EXPECT_EQ(w1->first, 1);
-  for (int i = 0; i < kParams; ++i)  // mean (4 * 0.5 + 4 * 1.5) / 8, lr 1
+  for (int i = 0; i < kParams; ++i) {  // mean (4 * 0.5 + 4 * 1.5) / 8, lr 1
     EXPECT_EQ(w1->second[i], w0->second[i] - 1.0f);
+    EXPECT_EQ(pulled->second[i], w0->second[i]);
+  }
 
   // Step 1: the higher rank's push waits, and is cancelled meanwhile.
   worker_ = high;

@@ -649,5 +649,35 @@ TEST(StreamedSumTest, ACommitAsNothingAfterTheSumTellsTheOthersToPushAgain) {
   for (float x : *shard->Snapshot(&v)) ASSERT_FLOAT_EQ(x, 0.5f + 0.01f);
 }
 
+// A member whose push a drop took out of the sum, but which another shard
+// refused anyway: its commit as nothing still counts (it is not told to push
+// again), and the step closes with the others.
+TEST(StreamedSumTest, ACommitAsNothingCountsAfterTheSumWasDropped) {
+  FakeClock clock;
+  auto shard = StreamShard(&clock, true, 3);
+  std::vector<float> g(kStreamN, 1.0f), gb(kStreamN, -2.0f);
+  bool dup = false;
+  const PushMeta a = StreamMeta(0, 0, 1), b = StreamMeta(1, 0, 1),
+                 c = StreamMeta(2, 0, 1);
+  TALLY_ASSERT_OK(shard->Accept(a, g.data(), &dup));
+  TALLY_ASSERT_OK(shard->Accept(b, gb.data(), &dup));
+  const int64_t tc = *shard->BeginStreamed(c);
+  EXPECT_TRUE(*shard->AddStreamed(c, tc, 0, 500, g.data(), [] {}));
+  shard->Reject(c);  // c's next block had a NaN: a and b push again
+  EXPECT_EQ(shard->Metrics().sum_resets, 1);
+  shard->Commit("a", 1, 0, false);  // a was refused on another shard
+  absl::Status a_told = absl::UnknownError("not yet");
+  shard->WhenClock("a", 1, 0, absl::InfiniteFuture(),
+                   [&](absl::Status s) { a_told = s; });
+  EXPECT_THAT(a_told, StatusIs(absl::StatusCode::kUnknown, ::testing::_));
+  shard->Commit("c", 1, 0, false);
+  TALLY_ASSERT_OK(PushAndCommit(*shard, b, gb.data(), &dup));
+  EXPECT_EQ(shard->version(), 1);
+  TALLY_EXPECT_OK(a_told);
+  EXPECT_EQ(shard->Metrics().sum_resets, 1);  // no second drop
+  int64_t v = 0;
+  for (float x : *shard->Snapshot(&v)) ASSERT_FLOAT_EQ(x, 0.5f + 0.01f);
+}
+
 }  // namespace
 }  // namespace tally
