@@ -69,8 +69,11 @@ case $case_name in
     ;;
   kill)
     # One of two workers dies mid-job (SIGKILL): its lease expires, the open
-    # step closes without it, and the job still finishes.
-    start_server 1000
+    # step closes without it, and the job still finishes. The server sums
+    # pushes as they arrive (this model is below the default size for it):
+    # a worker killed in the middle of its push drops the step's sum, and
+    # the other pushes that step again (PUSH_AGAIN).
+    start_server 1000 --streamed_sums_min_bytes=0
     start_worker w1
     start_worker w2
     id=$(submit tests/long-synthetic.yaml)
