@@ -473,7 +473,8 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     // answer moves us on.
     context_.log(absl::StrCat("step ", step, ": push failed (",
                               other.message(), "); retrying"));
-    Backoff();
+    // A dropped sum wants the push back at once; anything else, later.
+    if (ReasonOf(other) != v1::PUSH_AGAIN) Backoff();
     repush_ = true;
     return absl::OkStatus();
   }
