@@ -740,37 +740,46 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
     return a->spec.rank != b->spec.rank ? a->spec.rank < b->spec.rank
                                         : a->spec.worker_id < b->spec.worker_id;
   });
-  if (StreamedLocked()) return CloseStreamedLocked(required, ready);
   int64_t samples = 0, correct = 0;
   double loss = 0.0;
-  // The sum is made in the first contributing push's own buffer (no buffer
-  // of its own), and then scaled there into the mean.
-  std::unique_ptr<std::vector<float>> sum;
-  for (Member* m : required) {
-    auto it = m->staged.find(version_);
-    if (m->committed_step < version_) {
-      // A backup: its push of this step, if any, is late.
-      if (it != m->staged.end()) {
-        ++late_;
-        ReleaseLocked(std::move(it->second.grads));
-        m->staged.erase(it);
+  // Streamed: the sum is made already (sum_). Staged: it is made in the
+  // first contributing push's own buffer (no buffer of its own), and then
+  // scaled there into the mean.
+  const bool streamed = StreamedLocked();
+  std::unique_ptr<std::vector<float>> staged_sum;
+  float* sum = nullptr;
+  if (streamed) {
+    if (!TallyStreamedLocked(required, &samples, &loss, &correct, ready))
+      return false;
+    sum = sum_->data();
+  } else {
+    for (Member* m : required) {
+      auto it = m->staged.find(version_);
+      if (m->committed_step < version_) {
+        // A backup: its push of this step, if any, is late.
+        if (it != m->staged.end()) {
+          ++late_;
+          ReleaseLocked(std::move(it->second.grads));
+          m->staged.erase(it);
+        }
+        continue;
       }
-      continue;
+      if (it == m->staged.end() || it->second.grads == nullptr) continue;
+      Staged& st = it->second;
+      // Weighted by samples (and staleness), in rank order.
+      const float w = static_cast<float>(st.samples) *
+                      ScaleLocked(version_ - st.base);
+      if (staged_sum == nullptr) {
+        staged_sum = std::move(st.grads);
+        Scale(staged_sum->data(), w, num_params_);
+      } else {
+        AddScaled(staged_sum->data(), st.grads->data(), w, num_params_);
+      }
+      samples += st.samples;
+      loss += st.loss_sum;
+      correct += st.correct;
     }
-    if (it == m->staged.end() || it->second.grads == nullptr) continue;
-    Staged& st = it->second;
-    // Weighted by samples (and staleness), in rank order.
-    const float w = static_cast<float>(st.samples) *
-                    ScaleLocked(version_ - st.base);
-    if (sum == nullptr) {
-      sum = std::move(st.grads);
-      Scale(sum->data(), w, num_params_);
-    } else {
-      AddScaled(sum->data(), st.grads->data(), w, num_params_);
-    }
-    samples += st.samples;
-    loss += st.loss_sum;
-    correct += st.correct;
+    if (staged_sum != nullptr) sum = staged_sum->data();
   }
   for (auto& [id, m] : members_) {
     for (auto it = m.staged.begin();
@@ -779,15 +788,14 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
       it = m.staged.erase(it);
     }
   }
-  if (samples > 0 &&
-      !ScaleFinite(sum->data(), 1.0f / samples, num_params_)) {
+  if (samples > 0 && !ScaleFinite(sum, 1.0f / samples, num_params_)) {
     // The step's mean is not finite: it is not applied (the weights stay
     // as they are), and it is counted with the refused pushes.
     ++rejected_;
     samples = 0;
   }
-  AdvanceLocked(samples, loss, correct, samples > 0 ? sum->data() : nullptr);
-  ReleaseLocked(std::move(sum));
+  AdvanceLocked(samples, loss, correct, samples > 0 ? sum : nullptr);
+  ReleaseLocked(std::move(staged_sum));  // sum_ stays for the next step
   // Members whose last step this was are done here.
   for (auto it = members_.begin(); it != members_.end();) {
     if (it->second.spec.leave_step <= version_) {
@@ -797,15 +805,15 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
       ++it;
     }
   }
+  if (streamed) ProgressLocked(ready);  // blocks of the next step may wait
   return true;
 }
 
-bool ParameterShard::CloseStreamedLocked(const std::vector<Member*>& required,
-                                         Ready* ready) {
+bool ParameterShard::TallyStreamedLocked(const std::vector<Member*>& required,
+                                         int64_t* samples, double* loss,
+                                         int64_t* correct, Ready* ready) {
   // Every committed member's push is whole and in the sum (it is, unless a
   // member committed a push it had not finished here: then the sum goes).
-  int64_t samples = 0, correct = 0;
-  double loss = 0.0;
   for (Member* m : required) {
     auto it = parts_.find(m->spec.worker_id);
     if (it == parts_.end() || it->second.incarnation != m->spec.incarnation)
@@ -817,16 +825,9 @@ bool ParameterShard::CloseStreamedLocked(const std::vector<Member*>& required,
       return false;
     }
     // In rank order, as the staged sum.
-    samples += part.samples;
-    loss += part.loss_sum;
-    correct += part.correct;
-  }
-  for (auto& [id, m] : members_) {
-    for (auto it = m.staged.begin();
-         it != m.staged.end() && it->first <= version_;) {
-      ReleaseLocked(std::move(it->second.grads));
-      it = m.staged.erase(it);
-    }
+    *samples += part.samples;
+    *loss += part.loss_sum;
+    *correct += part.correct;
   }
   parts_.clear();
   ++sum_generation_;
@@ -834,21 +835,6 @@ bool ParameterShard::CloseStreamedLocked(const std::vector<Member*>& required,
     sum_ = std::make_unique<std::vector<float>>(num_params_);
     ++staging_out_;
   }
-  if (samples > 0 && !ScaleFinite(sum_->data(), 1.0f / samples, num_params_)) {
-    ++rejected_;
-    samples = 0;
-  }
-  // The sum's buffer stays for the next step.
-  AdvanceLocked(samples, loss, correct, samples > 0 ? sum_->data() : nullptr);
-  for (auto it = members_.begin(); it != members_.end();) {
-    if (it->second.spec.leave_step <= version_) {
-      UnstageLocked(it->second);
-      it = members_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  ProgressLocked(ready);  // blocks of the next step may wait
   return true;
 }
 
@@ -1277,7 +1263,9 @@ void ParameterShard::RestartIfLateLocked(const std::string& id,
   // Ranks add each element in order, so a rank's blocks wait for lower
   // ones it knows nothing of yet; a lower rank beginning after a higher one
   // added something (a member set changed under the step) restarts the sum.
-  const auto key = std::make_pair(members_.at(id).spec.rank, id);
+  auto self = members_.find(id);
+  if (self == members_.end()) return;
+  const auto key = std::make_pair(self->second.spec.rank, id);
   for (const auto& [qid, p] : parts_) {
     auto q = members_.find(qid);
     if (q != members_.end() && std::make_pair(q->second.spec.rank, qid) > key &&
@@ -1291,8 +1279,9 @@ void ParameterShard::RestartIfLateLocked(const std::string& id,
 bool ParameterShard::TurnLocked(const std::string& id, int64_t b, int64_t e,
                                 bool* first) const {
   *first = true;
-  const Member& me = members_.at(id);
-  const auto key = std::make_pair(me.spec.rank, id);
+  auto self = members_.find(id);
+  if (self == members_.end()) return false;  // not a member: never its turn
+  const auto key = std::make_pair(self->second.spec.rank, id);
   for (const auto& [qid, q] : members_) {
     if (qid == id || !RequiredLocked(q, version_) ||
         !(std::make_pair(q.spec.rank, qid) < key)) {

@@ -401,10 +401,12 @@ class ParameterShard {
   float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the open step (bsp, ssp) if it may; false if not.
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CloseStepLocked's streamed form: `required` in rank order, all
-  // committed.
-  bool CloseStreamedLocked(const std::vector<Member*>& required, Ready* ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Streamed: the closing step's figures from its parts (`required` in rank
+  // order, all committed), which leave; false (the sum dropped) if a
+  // committed push is not whole in the sum.
+  bool TallyStreamedLocked(const std::vector<Member*>& required,
+                           int64_t* samples, double* loss, int64_t* correct,
+                           Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Steps the optimizer with `mean` (if `samples` > 0) and publishes the
   // weights as version + 1.
   void AdvanceLocked(int64_t samples, double loss, int64_t correct,
