@@ -347,6 +347,10 @@ absl::Status WireMessage::ParseChunk(Cursor* in) {
       if (field == 1) chunk_.offset = static_cast<int64_t>(v);
       if (field == 2) chunk_.count = static_cast<int64_t>(v);
       if (field == 4) chunk_.dtype = static_cast<int32_t>(v);
+      if (field == 5) {
+        chunk_.shared = true;
+        chunk_.shared_offset = static_cast<int64_t>(v);
+      }
     } else if (type == 2) {
       uint32_t len;
       if (!in->ReadLength(&len) || len > in->left())
@@ -378,6 +382,7 @@ absl::Status WireMessage::Parse(const grpc::ByteBuffer& buffer,
   chunk_ = WireChunk();
   chunk_field_ = chunk_field;
   data_slice_ = data_skip_ = 0;
+  external_ = nullptr;
   if (!buffer.Valid()) return absl::OkStatus();  // an empty message
   if (!buffer.Dump(&slices_).ok()) return Malformed("unreadable buffer");
   Cursor in(slices_, buffer.Length());
@@ -424,6 +429,10 @@ void WireMessage::ForEachValues(
     int width,
     absl::FunctionRef<void(const char* src, int64_t n, int64_t first)> fn)
     const {
+  if (external_ != nullptr) {
+    if (chunk_.data_size >= width) fn(external_, chunk_.data_size / width, 0);
+    return;
+  }
   char carry[8];
   int have = 0;
   int64_t first = 0;

@@ -61,6 +61,10 @@ struct WireChunk {
   int64_t count = 0;
   int dtype = 0;
   int64_t data_size = 0;  // bytes of `data`
+  // TensorChunk.shared_offset was set: the values lie in the stream's
+  // shared region from that byte (proto/shared_memory.h).
+  bool shared = false;
+  int64_t shared_offset = 0;
 };
 
 // A received message with one TensorChunk field (PushRequest: field 2;
@@ -88,6 +92,14 @@ class WireMessage {
   const std::string& bytes(int field) const { return bytes_[field]; }
   const WireChunk& chunk() const { return chunk_; }
 
+  // A chunk whose values lie in shared memory: from now on (until the next
+  // Parse) its data is the `size` bytes at `data`, which the caller found
+  // inside its region. ForEachValues hands them out from there, in one run.
+  void UseData(const char* data, int64_t size) {
+    external_ = data;
+    chunk_.data_size = size;
+  }
+
   // Hands out the chunk's data, in order, as runs of whole values of
   // `width` bytes: fn(src, n, first) for values [first, first + n) of the
   // chunk at `src` (not aligned). A value split between two slices comes
@@ -109,6 +121,7 @@ class WireMessage {
   int chunk_field_ = 0;
   size_t data_slice_ = 0;  // where the data starts: slice, byte in it
   size_t data_skip_ = 0;
+  const char* external_ = nullptr;  // UseData's
 };
 
 // A PushRequest as gRPC bytes: `header` (the first message's; else null),

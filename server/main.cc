@@ -82,6 +82,12 @@ ABSL_FLAG(int64_t, streamed_sums_min_bytes,
           "With --streamed_sums: ranges smaller than this stage their pushes "
           "(at most this much memory per worker; small pushes summed as they "
           "arrive were slower)");
+ABSL_FLAG(int64_t, shared_memory_max_bytes,
+          tally::ServerOptions().shared_memory_max_bytes,
+          "A worker on this host pushes and pulls ranges of at most this "
+          "size through memory shared with the shard, not loopback TCP (two "
+          "copies of the range per worker stream, in both processes' "
+          "memory); 0: never");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
@@ -105,6 +111,8 @@ int main(int argc, char** argv) {
   server_options.streamed_sums = absl::GetFlag(FLAGS_streamed_sums);
   server_options.streamed_sums_min_bytes =
       absl::GetFlag(FLAGS_streamed_sums_min_bytes);
+  server_options.shared_memory_max_bytes =
+      absl::GetFlag(FLAGS_shared_memory_max_bytes);
   if (!server_options.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
     std::cerr << "tally-server: --state_dir belongs to the coordinator; a "
                  "shard keeps nothing on disk\n";

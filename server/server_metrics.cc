@@ -175,6 +175,12 @@ DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& r)
       pushes_(prometheus::BuildCounter()
                   .Name("tally_pushes_total")
                   .Help("Push calls by result")
+                  .Register(r)),
+      shared_(prometheus::BuildCounter()
+                  .Name("tally_shared_memory_streams_total")
+                  .Help("Exchange streams offered memory shared with their "
+                        "worker, by the worker's answer (mapped: its pushes "
+                        "and pulls skip loopback TCP)")
                   .Register(r)) {}
 
 void DataPlaneMetrics::Pushed(const absl::Status& status, bool duplicate,
@@ -203,6 +209,10 @@ void DataPlaneMetrics::Pulled(double wait_seconds, double seconds,
   pull_wait_seconds_.Observe(wait_seconds);
   pull_seconds_.Observe(seconds);
   pull_bytes_.Increment(bytes);
+}
+
+void DataPlaneMetrics::SharedMemory(bool mapped) {
+  shared_.Add({{"result", mapped ? "mapped" : "declined"}}).Increment();
 }
 
 }  // namespace tally

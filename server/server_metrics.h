@@ -61,6 +61,8 @@ class DataPlaneMetrics {
   // A pull that waited `wait_seconds` for its version and took `seconds`
   // in all, sending `bytes`.
   void Pulled(double wait_seconds, double seconds, double bytes);
+  // A worker's word on the memory a stream offered it: mapped, or not.
+  void SharedMemory(bool mapped);
 
  private:
   prometheus::Counter& push_bytes_;
@@ -69,6 +71,7 @@ class DataPlaneMetrics {
   prometheus::Histogram& pull_seconds_;
   prometheus::Histogram& pull_wait_seconds_;
   prometheus::Family<prometheus::Counter>& pushes_;
+  prometheus::Family<prometheus::Counter>& shared_;
 };
 
 }  // namespace tally

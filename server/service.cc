@@ -330,6 +330,7 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
                                            options.coordinator.spec_limits);
     s->host_->set_streamed_sums(options.streamed_sums,
                                 options.streamed_sums_min_bytes / 4);
+    s->host_->set_shared_memory(options.shared_memory_max_bytes);
     if (options.metrics != nullptr) {
       s->data_metrics_ =
           std::make_unique<DataPlaneMetrics>(options.metrics->registry());

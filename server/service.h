@@ -131,6 +131,10 @@ struct ServerOptions {
   // streamed_sums_min_bytes (4 bytes a value).
   bool streamed_sums = true;
   int64_t streamed_sums_min_bytes = int64_t{16} << 20;
+  // A worker on this host may share memory with a shard for its pushes and
+  // pulls, in ranges of at most this many bytes (0: never; ShardHost::
+  // set_shared_memory).
+  int64_t shared_memory_max_bytes = int64_t{16} << 20;
 };
 
 // A running tally-server: its services plus grpc.health.v1.

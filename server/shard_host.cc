@@ -280,4 +280,17 @@ void ShardHost::Tick() {
   for (auto& s : shards) s->ExpireWaiters();
 }
 
+bool ShardHost::ReserveSharedRegion(int64_t count) {
+  if (count <= 0 || count > shared_memory_max_bytes_ / 4) return false;
+  absl::MutexLock lock(&mu_);
+  if (shared_regions_ >= kMaxSharedRegions) return false;
+  ++shared_regions_;
+  return true;
+}
+
+void ShardHost::ReleaseSharedRegion() {
+  absl::MutexLock lock(&mu_);
+  --shared_regions_;
+}
+
 }  // namespace tally

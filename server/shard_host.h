@@ -64,6 +64,21 @@ class ShardHost {
     streamed_sums_min_elements_ = min_elements;
   }
 
+  // Whether an Exchange stream may share memory with its worker
+  // (proto/shared_memory.h): for ranges of at most `max_range_bytes` (4
+  // bytes a value; 0: never), at most kMaxSharedRegions at once. A region
+  // holds one push and one pull of the range: twice its size, counted in
+  // both processes' memory.
+  static constexpr int kMaxSharedRegions = 256;
+  void set_shared_memory(int64_t max_range_bytes) {
+    shared_memory_max_bytes_ = max_range_bytes;
+  }
+  // A region for a stream of a range of `count` values may be made now:
+  // true, and counted until ReleaseSharedRegion; false when sharing is
+  // off, the range too large, or too many are live.
+  bool ReserveSharedRegion(int64_t count);
+  void ReleaseSharedRegion();
+
   // Creates the job's range, or replaces it when the request's map version
   // is newer (the job was re-placed); the same or an older version is a
   // no-op. Initial weights from the spec's seed, or req.state.
@@ -106,6 +121,7 @@ class ShardHost {
   const Clock* clock_;
   bool streamed_sums_ = true;
   int64_t streamed_sums_min_elements_ = 0;
+  int64_t shared_memory_max_bytes_ = 0;
   const SpecLimits limits_;
   RealClock real_clock_;
   mutable absl::Mutex mu_;
@@ -113,6 +129,7 @@ class ShardHost {
   // Jobs that ended here, the most recent 1024.
   std::set<std::string> ended_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
+  int shared_regions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tally

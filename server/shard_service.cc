@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "proto/shared_memory.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 #include "server/internal/event_reactor.h"
@@ -413,6 +415,10 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     // PushRequest: 1 header, 2 chunk.
     absl::Status s = msg_.Parse(req_, 2);
+    if (s.ok() && msg_.has(2) && msg_.chunk().shared) {
+      s = absl::InvalidArgumentError(
+          "a chunk in shared memory outside an Exchange stream");
+    }
     if (!s.ok()) {
       intake_.ReturnStaging();
       End(absl::InvalidArgumentError(
@@ -535,6 +541,10 @@ class PullServing {
     return absl::OkStatus();
   }
 
+  // Exchange: answer in the stream's region (mapped by the worker; the
+  // pull asked for it), in one message, where the range's values fit.
+  void ShareInto(SharedRegion* region) { shared_ = region; }
+
   // The pull may be served now: the weights it sends are fixed.
   void Ready() {
     waited_ = absl::Now() - started_;
@@ -554,6 +564,28 @@ class PullServing {
   bool Next(grpc::ByteBuffer* out) {
     const int64_t n = static_cast<int64_t>(weights_->size());
     if (next_ >= n && next_ > 0) return false;
+    const int width = dtype_ == v1::BFLOAT16 ? 2 : 4;
+    char* dst = shared_ != nullptr && n > 0
+                    ? shared_->PullPart(shared_->pull_at(), n * width)
+                    : nullptr;
+    if (dst != nullptr) {
+      // The worker reads it once this message reaches it, before it asks
+      // its next pull (proto/tally.proto, SharedMemoryOffer).
+      std::memcpy(dst, values_.begin(), static_cast<size_t>(n * width));
+      v1::PullResponse r;
+      r.set_version(version_);
+      r.set_total_steps(total_steps_);
+      v1::TensorChunk* c = r.mutable_chunk();
+      c->set_offset(range_.offset);
+      c->set_count(n);
+      c->set_dtype(dtype_);
+      c->set_shared_offset(shared_->pull_at());
+      grpc::Slice slice(r.SerializeAsString());
+      *out = grpc::ByteBuffer(&slice, 1);
+      next_ = n;
+      bytes_ += n * width;
+      return true;
+    }
     const int64_t count = std::min(chunk_, n - next_);
     EncodePullResponse(version_, total_steps_, range_.offset + next_, count,
                        dtype_, values_, next_, out);
@@ -582,6 +614,7 @@ class PullServing {
   int64_t total_steps_ = 0;
   int64_t next_ = 0;
   grpc::Slice values_;  // over weights_
+  SharedRegion* shared_ = nullptr;  // the stream's (Exchange), borrowed
 };
 
 // PullWeights: one pull a call, written as raw PullResponse bytes.
@@ -709,6 +742,10 @@ class ExchangeReactor final
     delete this;  // an open push returns its staging buffer
   }
 
+  ~ExchangeReactor() {
+    if (shared_ != nullptr) host_->ReleaseSharedRegion();
+  }
+
  private:
   struct Handle {
     absl::Mutex mu;
@@ -759,6 +796,9 @@ class ExchangeReactor final
     if (absl::Status s = msg_.Parse(req_, 2); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("exchange message: ", s.message()));
+    }
+    if (msg_.has(2) && msg_.chunk().shared) {
+      TALLY_RETURN_IF_ERROR(UseSharedChunk());
     }
     if (msg_.has(1) || msg_.has(2)) {
       if (msg_.has(1) && push_ != nullptr) {
@@ -830,6 +870,18 @@ class ExchangeReactor final
       }
       auto pull = std::make_unique<PullServing>();
       PullServing* p = pull.get();
+      if (req.into_shared_memory()) {
+        if (!shared_mapped_) {
+          return absl::InvalidArgumentError(
+              "a pull into shared memory on a stream with no region mapped");
+        }
+        p->ShareInto(shared_.get());
+      }
+      // The offer goes before the pull's answer.
+      if (req.offer_shared_memory() && !shared_asked_) {
+        shared_asked_ = true;
+        OfferSharedMemory(req);
+      }
       {
         absl::MutexLock lock(&mu_);
         if (pull_ != nullptr) {
@@ -854,6 +906,81 @@ class ExchangeReactor final
           });
       if (!s.ok()) return s;
     }
+    if (msg_.has(5)) {
+      v1::SharedMemoryReply reply;
+      if (!reply.ParseFromString(msg_.bytes(5))) {
+        return absl::InvalidArgumentError("malformed SharedMemoryReply");
+      }
+      if (!shared_asked_ || shared_replied_) {
+        return absl::InvalidArgumentError(
+            shared_replied_ ? "a second SharedMemoryReply"
+                            : "a SharedMemoryReply to no offer");
+      }
+      shared_replied_ = true;
+      if (metrics_ != nullptr && shared_ != nullptr)
+        metrics_->SharedMemory(reply.mapped());
+      if (shared_ != nullptr && reply.mapped()) {
+        shared_->CloseDescriptor();  // the worker's mapping holds it now
+        shared_mapped_ = true;
+      } else if (shared_ != nullptr) {
+        shared_.reset();  // nothing used it
+        host_->ReleaseSharedRegion();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Offers the worker a region for this stream's values, if the job has a
+  // range here, the worker is a member, and the host will (ShardHost::
+  // ReserveSharedRegion). Otherwise nothing: the pull says what is wrong,
+  // if anything, and the stream goes on without one.
+  void OfferSharedMemory(const v1::PullRequest& req) {
+    absl::StatusOr<Range> range = host_->Find(req.job_id());
+    if (!range.ok() ||
+        !range->shard->CheckMember(req.worker_id(), req.incarnation()).ok() ||
+        !host_->ReserveSharedRegion(range->count)) {
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+        SharedRegion::Create(range->count * 4, range->count * 4);
+    if (!region.ok()) {
+      host_->ReleaseSharedRegion();
+      return;
+    }
+    shared_ = *std::move(region);
+    // ExchangeResponse: 5 shared.
+    v1::ExchangeResponse offer;
+    *offer.mutable_shared() = shared_->Offer();
+    grpc::Slice slice(offer.SerializeAsString());
+    absl::MutexLock lock(&mu_);
+    out_.emplace_back(&slice, 1);
+    WriteNextLocked();
+  }
+
+  // A push chunk whose values lie in the region's push part: they are read
+  // from there.
+  absl::Status UseSharedChunk() {
+    const WireChunk& c = msg_.chunk();
+    if (!shared_mapped_) {
+      return absl::InvalidArgumentError(
+          "a chunk in shared memory on a stream with no region mapped");
+    }
+    if (c.data_size != 0) {
+      return absl::InvalidArgumentError(
+          "a chunk with values both in data and in shared memory");
+    }
+    TALLY_ASSIGN_OR_RETURN(const int width, DTypeWidth(c.dtype));
+    const char* at =
+        c.count >= 0 && c.count <= shared_->size() / width
+            ? shared_->PushPart(c.shared_offset, c.count * width)
+            : nullptr;
+    if (at == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a chunk's ", c.count, " values at byte ", c.shared_offset,
+          " are outside the shared region's part for pushes [",
+          shared_->push_at(), ", ", shared_->pull_at(), ")"));
+    }
+    msg_.UseData(at, c.count * width);
     return absl::OkStatus();
   }
 
@@ -929,6 +1056,12 @@ class ExchangeReactor final
   // is done (reads_done_ or an error), under mu_.
   std::unique_ptr<PushIntake> push_;
   Parking parking_;  // the reading side's, while its push waits
+  // Memory shared with the worker (the reading side's; a pull being
+  // served borrows it while mapped). Counted by the host while it exists.
+  std::unique_ptr<SharedRegion> shared_;
+  bool shared_asked_ = false;    // offered once a stream, at most
+  bool shared_replied_ = false;
+  bool shared_mapped_ = false;
 
   absl::Mutex mu_;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;

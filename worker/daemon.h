@@ -42,6 +42,9 @@ struct DaemonOptions {
   // Pushes and pulls on one Exchange stream per shard for the whole job;
   // false: a PushGradients and a PullWeights call per step.
   bool exchange_stream = true;
+  // On those streams, push and pull through memory shared with a shard on
+  // this host (ParamClientOptions::shared_memory).
+  bool shared_memory = true;
   // bsp on one shard: a step's forward pass starts on the first layers
   // while the last layers' weights still arrive.
   bool overlap_pull = true;

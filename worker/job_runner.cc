@@ -211,6 +211,7 @@ absl::Status JobRunner::Prepare() {
   po.rpc_timeout = options_.rpc_timeout;
   po.transport = options_.transport;
   po.exchange = options_.exchange_stream;
+  po.shared_memory = options_.shared_memory;
   po.total_steps = schedule_.total_steps;
   po.steps_per_epoch = schedule_.steps_per_epoch;
   po.mixed_versions =

@@ -60,6 +60,10 @@ ABSL_FLAG(bool, overlap_pull, true,
 ABSL_FLAG(bool, exchange_stream, true,
           "Push and pull on one long-lived stream per shard (false: two "
           "calls per step)");
+ABSL_FLAG(bool, shared_memory, true,
+          "On those streams, push and pull through memory shared with a "
+          "shard on this host, not loopback TCP (where it cannot be "
+          "mapped, the stream goes on without it)");
 ABSL_FLAG(int64_t, push_chunk_elements, 262144,
           "Gradient elements per push message (and per bucket of layers "
           "pushed together while backward runs); 262144 is 1 MiB of float32");
@@ -117,6 +121,7 @@ int RunDaemon() {
   options.verbose = !absl::GetFlag(FLAGS_quiet);
   options.overlap_push = absl::GetFlag(FLAGS_overlap_push);
   options.exchange_stream = absl::GetFlag(FLAGS_exchange_stream);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.overlap_pull = absl::GetFlag(FLAGS_overlap_pull);
   options.chunk_elements = absl::GetFlag(FLAGS_push_chunk_elements);
   if (options.chunk_elements <= 0) {

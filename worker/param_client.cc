@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -13,6 +14,7 @@
 #include "common/bfloat16.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "proto/shared_memory.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 
@@ -175,6 +177,19 @@ const std::string& PushDone() {
   return *done;
 }
 
+// A length-delimited field: its tag, its length and `body`.
+std::string Field(int field, const std::string& body) {
+  std::string out(1, static_cast<char>((field << 3) | 2));
+  for (uint64_t n = body.size();; n >>= 7) {
+    if (n < 0x80) {
+      out.push_back(static_cast<char>(n));
+      break;
+    }
+    out.push_back(static_cast<char>((n & 0x7f) | 0x80));
+  }
+  return out + body;
+}
+
 }  // namespace
 
 // One shard's part of a push, as messages: the header with the first, then
@@ -183,20 +198,25 @@ const std::string& PushDone() {
 // buckets, a message waits until a whole chunk of adjacent ranges is ready
 // or the range is complete: small layers go together, and a model smaller
 // than a chunk goes in one message. Float32 values are not copied: each
-// message's data is a slice of the caller's gradient. Thread-safe.
+// message's data is a slice of the caller's gradient. With a shared
+// region (an Exchange stream's, its push part taken for this push), each
+// offer is copied (or encoded) into the region instead and the messages
+// only say where. Thread-safe.
 class PushMessages {
  public:
   PushMessages(const std::shared_ptr<Work>& work,
                const std::shared_ptr<ParameterClient::InFlight>& in_flight,
                const ParamClientOptions& o, const PushInfo& info, bool commit,
                const float* grads, int64_t offset, int64_t count,
-               std::string last_suffix)
+               std::string last_suffix,
+               std::shared_ptr<SharedRegion> shared = nullptr)
       : grads_(grads),
         offset_(offset),
         total_(info.samples == 0 ? 0 : count),
         chunk_(std::max<int64_t>(1, o.chunk_elements)),
         dtype_(o.dtype),
-        last_suffix_(std::move(last_suffix)) {
+        last_suffix_(std::move(last_suffix)),
+        shared_(std::move(shared)) {
     header_.set_job_id(o.job_id);
     header_.set_worker_id(o.worker_id);
     header_.set_incarnation(o.incarnation);
@@ -207,7 +227,11 @@ class PushMessages {
     header_.set_loss_sum(info.loss_sum);
     header_.set_correct(info.correct);
     header_.set_commit(commit);
-    if (total_ > 0 && dtype_ == v1::BFLOAT16) {
+    if (shared_ != nullptr) {
+      // The region's push part holds the range in float32 (ParameterShard
+      // made it so): in either dtype it fits.
+      shared_values_ = shared_->data() + shared_->push_at();
+    } else if (total_ > 0 && dtype_ == v1::BFLOAT16) {
       // Encoded as offered, into one buffer; the messages are slices of it.
       // Kept here too: an offer may still encode into it after the push
       // failed and let go of its slices.
@@ -226,7 +250,14 @@ class PushMessages {
   // it here (its part of the buffer is this caller's alone until queued).
   void Queue(int64_t b, int64_t e) {
     if (e <= b) return;
-    if (dtype_ == v1::BFLOAT16) {
+    if (shared_values_ != nullptr) {
+      char* dst = shared_values_ + width() * (b - offset_);
+      if (dtype_ == v1::BFLOAT16) {
+        FloatToBfloat16(grads_ + b, dst, e - b);
+      } else {
+        std::memcpy(dst, grads_ + b, sizeof(float) * (e - b));
+      }
+    } else if (dtype_ == v1::BFLOAT16) {
       FloatToBfloat16(grads_ + b, encoded_ + 2 * (b - offset_), e - b);
     }
     absl::MutexLock lock(&mu_);
@@ -266,6 +297,23 @@ class PushMessages {
       if (b == e) ready_.erase(it);
     }
     done_ = queued_ == total_ && ready_.empty();
+    if (shared_values_ != nullptr) {
+      // PushRequest (ExchangeRequest's first fields): 1 header, 2 chunk.
+      v1::PushRequest m;
+      if (first) *m.mutable_header() = header_;
+      if (n > 0) {
+        v1::TensorChunk* c = m.mutable_chunk();
+        c->set_offset(at);
+        c->set_count(n);
+        c->set_dtype(dtype_);
+        c->set_shared_offset(shared_->push_at() + width() * (at - offset_));
+      }
+      grpc::Slice slice(m.SerializeAsString() +
+                        (done_ ? last_suffix_ : std::string()));
+      *out = grpc::ByteBuffer(&slice, 1);
+      header_sent_ = true;
+      return true;
+    }
     EncodePushRequest(first ? &header_ : nullptr, at, n, dtype_, values_,
                       at - offset_, out, done_ ? last_suffix_ : std::string());
     header_sent_ = true;
@@ -288,6 +336,8 @@ class PushMessages {
   }
 
  private:
+  int64_t width() const { return dtype_ == v1::BFLOAT16 ? 2 : 4; }
+
   // A slice over `n` bytes of the caller's buffer at `p`, lent to gRPC:
   // `work` is not done, and the client not destroyed, until gRPC has let
   // go of it.
@@ -320,6 +370,10 @@ class PushMessages {
   const int64_t chunk_;
   const v1::DType dtype_;
   const std::string last_suffix_;
+  // The region whose push part this push holds, and that part (offers may
+  // still write there after the push failed: the region lives as long).
+  const std::shared_ptr<SharedRegion> shared_;
+  char* shared_values_ = nullptr;
   v1::PushHeader header_;
   std::shared_ptr<std::vector<uint16_t>> encoded_holder_;
   char* encoded_ = nullptr;  // bfloat16: the buffer values_ holds
@@ -660,13 +714,19 @@ struct ShardStreamSlot {
 // Its users reach it through a Slot, never directly: the slot's lock and
 // user count keep the reactor alive while a user calls into it, and no
 // lock is held while gRPC is called (a call may run reactions inline).
+//
+// With `share`, its first pull asks the shard for memory to share; when
+// the offer comes and maps, the stream's later pushes and pulls go through
+// it, one push and one pull at a time (the others as before).
 class ShardStream final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ShardStream(ParameterClient::RawStub* stub,
               std::shared_ptr<ParameterClient::InFlight> in_flight,
-              absl::Duration lifetime, std::shared_ptr<ShardStreamSlot> slot)
-      : in_flight_(std::move(in_flight)), slot_(std::move(slot)) {
+              absl::Duration lifetime, std::shared_ptr<ShardStreamSlot> slot,
+              bool share)
+      : in_flight_(std::move(in_flight)), slot_(std::move(slot)),
+        share_(share) {
     {
       absl::MutexLock lock(&slot_->mu);
       slot_->stream = this;
@@ -691,6 +751,27 @@ class ShardStream final
     }
     Kick();
   }
+  // Whether a pull should ask for shared memory: once a stream, if asked
+  // to (a user's call).
+  bool AskOffer() {
+    absl::MutexLock lock(&mu_);
+    if (!share_ || asked_) return false;
+    asked_ = true;
+    return true;
+  }
+  // The shared region with `part` taken for one op of `values` float32
+  // values, which gives it back once answered; null when there is none,
+  // the part is smaller, or it is in use.
+  std::shared_ptr<SharedRegion> TakeShared(SharedRegion::Part part,
+                                           int64_t values) {
+    absl::MutexLock lock(&mu_);
+    if (shared_ == nullptr || shared_->part_bytes(part) / 4 < values ||
+        !shared_->TryTake(part)) {
+      return nullptr;
+    }
+    return shared_;
+  }
+
   // Some op still has messages to write (a user's call).
   bool writing() {
     absl::MutexLock lock(&mu_);
@@ -710,7 +791,12 @@ class ShardStream final
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || writes_done_) return;
-      while (!writes_.empty()) {
+      if (reply_pending_) {  // before anything that may use the region
+        reply_pending_ = false;
+        out_ = std::move(reply_);
+        write = writing_ = true;
+      }
+      while (!write && !writes_.empty()) {
         if (writes_.front()->Next(&out_)) {
           write = writing_ = true;
           break;
@@ -752,9 +838,20 @@ class ShardStream final
     }
     absl::Status s = in_.Parse(resp_bytes_, 3);
     bool done = false;
+    if (s.ok() && in_.has(5)) {  // ExchangeResponse: 5 shared
+      s = TakeOffer();
+      if (s.ok()) {
+        StartRead(&resp_bytes_);
+        return;
+      }
+    } else if (s.ok() && in_.has(3) && in_.chunk().shared) {
+      s = UseSharedChunk();
+    }
     if (!s.ok()) {
-      s = absl::DataLossError(
-          absl::StrCat("malformed answer from the shard: ", s.message()));
+      if (!absl::IsDataLoss(s)) {
+        s = absl::DataLossError(
+            absl::StrCat("malformed answer from the shard: ", s.message()));
+      }
     } else if (op == nullptr) {
       s = absl::DataLossError("an answer from the shard to nothing asked");
     } else {
@@ -804,10 +901,74 @@ class ShardStream final
   }
 
  private:
+  // The shard's offer (alone in its message): maps it if it can, and
+  // tells the shard either way before writing anything else.
+  absl::Status TakeOffer() {
+    v1::SharedMemoryOffer offer;
+    if (in_.has(3) || in_.has(4) || !offer.ParseFromString(in_.bytes(5))) {
+      return absl::DataLossError("a malformed shared memory offer");
+    }
+    v1::SharedMemoryReply reply;
+    std::shared_ptr<SharedRegion> region;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!asked_ || offered_) {
+        return absl::DataLossError("a shared memory offer nobody asked for");
+      }
+      offered_ = true;
+    }
+    absl::StatusOr<std::unique_ptr<SharedRegion>> mapped =
+        SharedRegion::Map(offer);
+    if (mapped.ok()) {
+      region = *std::move(mapped);
+      reply.set_mapped(true);
+    } else {
+      reply.set_error(std::string(mapped.status().message()));
+    }
+    // ExchangeRequest: 5 shared.
+    grpc::Slice slice(Field(5, reply.SerializeAsString()));
+    {
+      absl::MutexLock lock(&mu_);
+      shared_ = std::move(region);
+      reply_ = grpc::ByteBuffer(&slice, 1);
+      reply_pending_ = true;
+    }
+    Kick();
+    return absl::OkStatus();
+  }
+
+  // Weights that lie in the region's pull part are read from there.
+  absl::Status UseSharedChunk() {
+    const WireChunk& c = in_.chunk();
+    std::shared_ptr<SharedRegion> region;
+    {
+      absl::MutexLock lock(&mu_);
+      region = shared_;
+    }
+    absl::StatusOr<int> width = DTypeWidth(c.dtype);
+    const char* at =
+        region != nullptr && width.ok() && c.data_size == 0 && c.count >= 0 &&
+                c.count <= region->size() / *width
+            ? region->PullPart(c.shared_offset, c.count * *width)
+            : nullptr;
+    if (at == nullptr) {
+      return absl::DataLossError(
+          "weights in shared memory outside the stream's region");
+    }
+    in_.UseData(at, c.count * *width);
+    return absl::OkStatus();
+  }
+
   std::shared_ptr<ParameterClient::InFlight> in_flight_;
   std::shared_ptr<ShardStreamSlot> slot_;
+  const bool share_;
   grpc::ClientContext ctx_;
   absl::Mutex mu_;
+  bool asked_ ABSL_GUARDED_BY(mu_) = false;    // a pull asked for an offer
+  bool offered_ ABSL_GUARDED_BY(mu_) = false;  // and it came
+  std::shared_ptr<SharedRegion> shared_ ABSL_GUARDED_BY(mu_);  // mapped
+  bool reply_pending_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer reply_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<StreamOp>> writes_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<StreamOp>> answers_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -853,22 +1014,6 @@ void ShardStreamSlot::Shut() {
   if (release != nullptr) release->RemoveHold();
 }
 
-namespace {
-
-// A length-delimited field: its tag, its length and `body`.
-std::string Field(int field, const std::string& body) {
-  std::string out(1, static_cast<char>((field << 3) | 2));
-  for (uint64_t n = body.size();; n >>= 7) {
-    if (n < 0x80) {
-      out.push_back(static_cast<char>(n));
-      break;
-    }
-    out.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
-  return out + body;
-}
-
-}  // namespace
 
 // One shard's part of a push on its Exchange stream.
 class PushOp final : public StreamOp, public FedPart {
@@ -877,11 +1022,13 @@ class PushOp final : public StreamOp, public FedPart {
          const std::shared_ptr<ParameterClient::InFlight>& in_flight,
          const ParamClientOptions& o, const PushInfo& info, bool commit,
          const float* grads, int64_t offset, int64_t count, bool fed,
-         std::shared_ptr<ShardStreamSlot> slot, grpc::ClientContext* ctx)
+         std::shared_ptr<ShardStreamSlot> slot, grpc::ClientContext* ctx,
+         std::shared_ptr<SharedRegion> shared)
       : work_(std::move(work)),
         part_(part),
+        shared_(shared),
         messages_(work_, in_flight, o, info, commit, grads, offset, count,
-                  PushDone()),
+                  PushDone(), std::move(shared)),
         slot_(std::move(slot)),
         ctx_(ctx) {
     if (!fed) messages_.Queue(messages_.begin(), messages_.end());
@@ -898,6 +1045,7 @@ class PushOp final : public StreamOp, public FedPart {
     if (!msg.has(4) || msg.has(3) || !resp.ParseFromString(msg.bytes(4))) {
       return absl::DataLossError("a malformed push answer from the shard");
     }
+    GiveShared();  // the shard has read the values: the next push may
     work_->Finished(part_, ctx_, absl::OkStatus(), resp.version(),
                     /*cancel_others=*/false, resp.committed());
     *done = true;
@@ -905,6 +1053,7 @@ class PushOp final : public StreamOp, public FedPart {
   }
   void Fail(const absl::Status& s) override {
     messages_.Drop();  // whoever still holds the op, the gradient goes
+    GiveShared();
     work_->Finished(part_, ctx_, s, -1, /*cancel_others=*/false);
   }
 
@@ -926,8 +1075,15 @@ class PushOp final : public StreamOp, public FedPart {
   }
 
  private:
+  void GiveShared() {
+    if (shared_ != nullptr && !given_.exchange(true))
+      shared_->Give(SharedRegion::kPush);
+  }
+
   std::shared_ptr<Work> work_;
   const int part_;
+  const std::shared_ptr<SharedRegion> shared_;  // its push part taken; or null
+  std::atomic<bool> given_{false};
   PushMessages messages_;
   std::shared_ptr<ShardStreamSlot> slot_;
   grpc::ClientContext* ctx_;  // the stream's, for the work (Cancel)
@@ -936,13 +1092,19 @@ class PushOp final : public StreamOp, public FedPart {
 // One shard's part of a pull on its Exchange stream.
 class PullOp final : public StreamOp {
  public:
-  PullOp(std::shared_ptr<Work> work, int part, const v1::PullRequest& req,
+  // `shared`: the stream's region, its pull part taken for this pull (or
+  // null); `ask`: the pull asks for one.
+  PullOp(std::shared_ptr<Work> work, int part, v1::PullRequest req,
          float* params, int64_t num_params, int64_t offset, int64_t count,
-         grpc::ClientContext* ctx)
+         grpc::ClientContext* ctx, std::shared_ptr<SharedRegion> shared,
+         bool ask)
       : work_(std::move(work)),
         part_(part),
         decoder_(params, num_params, offset, count),
-        ctx_(ctx) {
+        ctx_(ctx),
+        shared_(std::move(shared)) {
+    if (ask) req.set_offer_shared_memory(true);
+    if (shared_ != nullptr) req.set_into_shared_memory(true);
     // ExchangeRequest: 4 pull.
     grpc::Slice slice(Field(4, req.SerializeAsString()));
     request_ = grpc::ByteBuffer(&slice, 1);
@@ -963,6 +1125,7 @@ class PullOp final : public StreamOp {
     TALLY_RETURN_IF_ERROR(decoder_.Take(msg));
     work_->Arrived(part_, decoder_.contiguous());
     if (decoder_.complete()) {
+      GiveShared();  // copied out: the next pull may use the region
       work_->Finished(part_, ctx_, absl::OkStatus(), decoder_.version(),
                       /*cancel_others=*/true);
       *done = true;
@@ -970,15 +1133,23 @@ class PullOp final : public StreamOp {
     return absl::OkStatus();
   }
   void Fail(const absl::Status& s) override {
+    GiveShared();
     work_->Finished(part_, ctx_, s, decoder_.version(),
                     /*cancel_others=*/true);
   }
 
  private:
+  void GiveShared() {
+    if (shared_ != nullptr && !given_.exchange(true))
+      shared_->Give(SharedRegion::kPull);
+  }
+
   std::shared_ptr<Work> work_;
   const int part_;
   PullDecoder decoder_;
   grpc::ClientContext* ctx_;  // the stream's, for the work (Cancel)
+  const std::shared_ptr<SharedRegion> shared_;
+  std::atomic<bool> given_{false};
   grpc::ByteBuffer request_;
   bool sent_ = false;  // the writer's (under the stream's lock)
 };
@@ -1101,7 +1272,8 @@ ShardStream* ParameterClient::UseStream(
   }
   s.slot = std::make_shared<ShardStreamSlot>();
   in_flight_->Add();
-  new ShardStream(s.stub.get(), in_flight_, options_.stream_lifetime, s.slot);
+  new ShardStream(s.stub.get(), in_flight_, options_.stream_lifetime, s.slot,
+                  options_.shared_memory);
   *slot = s.slot;
   return s.slot->Use();  // null if it ended at once: then the op fails
 }
@@ -1139,9 +1311,10 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
     }
     OnStream(s, work.get(), i,
              [&](ShardStream* st, const std::shared_ptr<ShardStreamSlot>&) {
-               return std::make_shared<PullOp>(work, i, req, params,
-                                               num_params_, s.offset, s.count,
-                                               st->context());
+               return std::make_shared<PullOp>(
+                   work, i, req, params, num_params_, s.offset, s.count,
+                   st->context(), st->TakeShared(SharedRegion::kPull, s.count),
+                   st->AskOffer());
              });
   }
   return work;
@@ -1171,7 +1344,8 @@ std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
              [&](ShardStream* st, const std::shared_ptr<ShardStreamSlot>& slot) {
                auto op = std::make_shared<PushOp>(
                    work, i, in_flight_, options_, info, commit, grads,
-                   s.offset, s.count, feed != nullptr, slot, st->context());
+                   s.offset, s.count, feed != nullptr, slot, st->context(),
+                   st->TakeShared(SharedRegion::kPush, s.count));
                if (feed != nullptr && op->end() > op->begin()) {
                  parts.push_back({op.get(), op, op->begin(), op->end(),
                                   op->end() - op->begin()});

@@ -157,6 +157,11 @@ struct ParamClientOptions {
   // each. A stream is replaced once it is half this old (its deadline).
   bool exchange = true;
   absl::Duration stream_lifetime = absl::Minutes(10);
+  // On an Exchange stream, ask the shard for memory to share
+  // (proto/shared_memory.h): a shard on this host then takes pushes and
+  // gives pulls through it, not through loopback TCP. Where it cannot be
+  // mapped (another host or container), the stream goes on as before.
+  bool shared_memory = true;
 };
 
 // What a push says besides its gradient.
