@@ -12,7 +12,7 @@
 // (warm-up) not counted.
 //   tally-bench-shard-pushpull --server=HOST:PORT --shards=K [--submit]
 //   [--name=w0] [--steps=10] [--workers=4] [--in=4096] [--out=4096]
-//   [--exchange=false]
+//   [--exchange=false] [--shared_memory]
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -46,6 +46,10 @@ ABSL_FLAG(int, shards, 1, "shards the job's parameters are split over");
 ABSL_FLAG(int, workers, 4, "workers the job trains on");
 ABSL_FLAG(bool, exchange, true,
           "one Exchange stream per shard (false: a call per push and pull)");
+ABSL_FLAG(bool, shared_memory, false,
+          "on those streams, push and pull through memory a shard on this "
+          "host shares (tally-worker's default); false: loopback TCP, what "
+          "the transport benchmarks measure");
 
 namespace v1 = tally::v1;
 
@@ -182,6 +186,7 @@ int main(int argc, char** argv) {
   po.pull_wait = kStepTimeout;
   po.rpc_timeout = kStepTimeout;
   po.exchange = absl::GetFlag(FLAGS_exchange);
+  po.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   po.total_steps = job.schedule().total_steps();
   po.steps_per_epoch = job.schedule().steps_per_epoch();
   auto client = tally::ParameterClient::Create(map, n, server, po);

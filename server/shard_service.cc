@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
@@ -35,6 +36,17 @@ absl::Status CheckRangeChunk(const WireChunk& c, const Range& r) {
         r.offset, ", +", r.count, ")"));
   }
   return absl::OkStatus();
+}
+
+// Whether a call's peer (grpc::ServerContext::peer) reached this process
+// over loopback or a Unix socket: only such a worker is offered shared
+// memory. One on another host could not map it; one in another network
+// namespace on this host could, but is taken to stand for another host.
+bool LoopbackPeer(const std::string& peer) {
+  return absl::StartsWith(peer, "ipv4:127.") ||
+         absl::StartsWith(peer, "ipv6:[::1]:") ||
+         absl::StartsWith(peer, "ipv6:[::ffff:127.") ||
+         absl::StartsWith(peer, "unix:");
 }
 
 // ----------------------------------------------------------------- push --
@@ -687,8 +699,13 @@ class ExchangeReactor final
   // Push answers written to nobody before the stream is ended.
   static constexpr size_t kMaxUnreadAnswers = 64;
 
-  ExchangeReactor(ShardHost* host, DataPlaneMetrics* metrics)
-      : host_(host), metrics_(metrics), handle_(std::make_shared<Handle>()) {
+  // `colocated`: the worker is on this host (LoopbackPeer), and may be
+  // offered shared memory.
+  ExchangeReactor(ShardHost* host, DataPlaneMetrics* metrics, bool colocated)
+      : host_(host),
+        metrics_(metrics),
+        colocated_(colocated),
+        handle_(std::make_shared<Handle>()) {
     handle_->reactor = this;
     StartRead(&req_);
   }
@@ -935,6 +952,7 @@ class ExchangeReactor final
   // ReserveSharedRegion). Otherwise nothing: the pull says what is wrong,
   // if anything, and the stream goes on without one.
   void OfferSharedMemory(const v1::PullRequest& req) {
+    if (!colocated_) return;
     absl::StatusOr<Range> range = host_->Find(req.job_id());
     if (!range.ok() ||
         !range->shard->CheckMember(req.worker_id(), req.incarnation()).ok() ||
@@ -1048,6 +1066,7 @@ class ExchangeReactor final
 
   ShardHost* host_;            // borrowed
   DataPlaneMetrics* metrics_;  // borrowed; may be null
+  const bool colocated_;
   std::shared_ptr<Handle> handle_;
   // The reading side's (one read at a time).
   grpc::ByteBuffer req_;
@@ -1241,8 +1260,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::PullWeights(
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
-ParameterServiceImpl::Exchange(grpc::CallbackServerContext*) {
-  return new ExchangeReactor(host_, metrics_);
+ParameterServiceImpl::Exchange(grpc::CallbackServerContext* ctx) {
+  return new ExchangeReactor(host_, metrics_, LoopbackPeer(ctx->peer()));
 }
 
 grpc::ServerReadReactor<v1::InstallRangeChunk>* ShardServiceImpl::InstallRange(

@@ -4,7 +4,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <limits>
 #include <optional>
@@ -15,6 +19,7 @@
 #include "common/random.h"
 #include "gtest/gtest.h"
 #include "proto/errors.h"
+#include "proto/shared_memory.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 #include "tests/test_util.h"
@@ -533,6 +538,12 @@ class ExchangeStream {
       version = r.version();
     }
     return std::make_pair(version, w);
+  }
+  // The next answer, whatever it is; nullopt if the stream ended.
+  std::optional<v1::ExchangeResponse> Read() {
+    v1::ExchangeResponse r;
+    if (!rw_->Read(&r)) return std::nullopt;
+    return r;
   }
   absl::Status Finish() {
     rw_->WritesDone();
@@ -1055,6 +1066,268 @@ TEST_F(ServiceTest, AHigherRankPushWaitsOnTheWireForTheLowerOne) {
   EXPECT_EQ(w2->first, 2);
   for (int i = 0; i < kParams; ++i)
     EXPECT_EQ(w2->second[i], w0->second[i] - 2.0f);
+  EXPECT_TRUE(stream.Finish().ok());
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// A stream that asked for shared memory with its first pull: the offer,
+// mapped as a worker maps it, then the pull's weights.
+struct SharedStream {
+  std::unique_ptr<ExchangeStream> stream;
+  v1::SharedMemoryOffer offer;
+  std::unique_ptr<SharedRegion> region;
+};
+
+class SharedMemoryTest : public ServiceTest {
+ protected:
+  SharedStream Open(bool reply = true) {
+    SharedStream s;
+    s.stream = std::make_unique<ExchangeStream>(params_.get(), absl::Seconds(20));
+    v1::ExchangeRequest pull;
+    *pull.mutable_pull() = PullRequest(0);
+    pull.mutable_pull()->set_offer_shared_memory(true);
+    EXPECT_TRUE(s.stream->Write(pull));
+    std::optional<v1::ExchangeResponse> offer = s.stream->Read();
+    EXPECT_TRUE(offer.has_value() && offer->has_shared());
+    if (!offer.has_value()) return s;
+    EXPECT_FALSE(offer->has_chunk());  // alone in its message
+    s.offer = offer->shared();
+    absl::StatusOr<std::unique_ptr<SharedRegion>> r = SharedRegion::Map(s.offer);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) s.region = *std::move(r);
+    EXPECT_TRUE(s.stream->ReadWeights(kParams).has_value());
+    if (reply) {
+      v1::ExchangeRequest m;
+      m.mutable_shared()->set_mapped(true);
+      EXPECT_TRUE(s.stream->Write(m));
+    }
+    return s;
+  }
+
+  // Writes `values` at the region's push part and pushes step `step` from
+  // there, in one message.
+  static v1::ExchangeRequest SharedPush(v1::PushRequest header,
+                                        const SharedRegion& region,
+                                        const std::vector<float>& values,
+                                        int64_t at) {
+    std::memcpy(region.data() + at, values.data(), 4 * values.size());
+    v1::ExchangeRequest m = AsExchange(header, true);
+    v1::TensorChunk* c = m.mutable_chunk();
+    c->set_offset(0);
+    c->set_count(static_cast<int64_t>(values.size()));
+    c->set_shared_offset(at);
+    return m;
+  }
+};
+
+TEST_F(SharedMemoryTest, AWorkerOnTheShardsHostPushesAndPullsThroughIt) {
+  StartJob();
+  SharedStream s = Open();
+  ASSERT_NE(s.region, nullptr);
+  EXPECT_EQ(s.offer.pid(), getpid());
+  EXPECT_GE(s.offer.pull_at() - s.offer.push_at(), kParams * 4);
+  auto w = Pull(0);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> expect = w->second;
+  for (int64_t step = 0; step < 3; ++step) {
+    // Generated classes on both ends: the chunk carries no data, only
+    // where its values lie.
+    std::vector<float> grad(kParams);
+    for (int i = 0; i < kParams; ++i) grad[i] = 0.25f * (i + 1) + step;
+    ASSERT_TRUE(s.stream->Write(
+        SharedPush(Header(step), *s.region, grad, s.offer.push_at())));
+    auto answer = s.stream->ReadPushAnswer();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_FALSE(answer->duplicate());
+    v1::ExchangeRequest pull;
+    *pull.mutable_pull() = PullRequest(step + 1);
+    pull.mutable_pull()->mutable_commit()->set_step(step);
+    pull.mutable_pull()->mutable_commit()->set_contributed(true);
+    pull.mutable_pull()->set_into_shared_memory(true);
+    ASSERT_TRUE(s.stream->Write(pull));
+    auto r = s.stream->Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->version(), step + 1);
+    ASSERT_TRUE(r->chunk().has_shared_offset());
+    EXPECT_EQ(r->chunk().shared_offset(), s.offer.pull_at());
+    EXPECT_EQ(r->chunk().offset(), 0);
+    EXPECT_EQ(r->chunk().count(), kParams);
+    EXPECT_TRUE(r->chunk().data().empty());
+    std::vector<float> got(kParams);
+    std::memcpy(got.data(), s.region->data() + s.offer.pull_at(), 4 * kParams);
+    for (int i = 0; i < kParams; ++i) expect[i] -= grad[i];  // sgd, lr 1
+    EXPECT_EQ(got, expect) << "step " << step;
+    // The same weights over TCP.
+    EXPECT_EQ(Pull(step + 1, 2000, false)->second, expect);
+  }
+  // bfloat16 both ways: two bytes a value, where float32 would lie.
+  std::vector<float> grad(kParams, 0.5f);
+  std::vector<uint16_t> wire(kParams);
+  FloatToBfloat16(grad.data(), reinterpret_cast<char*>(wire.data()), kParams);
+  std::memcpy(s.region->data() + s.offer.push_at(), wire.data(), 2 * kParams);
+  v1::ExchangeRequest push = AsExchange(Header(3), true);
+  push.mutable_chunk()->set_count(kParams);
+  push.mutable_chunk()->set_dtype(v1::BFLOAT16);
+  push.mutable_chunk()->set_shared_offset(s.offer.push_at());
+  ASSERT_TRUE(s.stream->Write(push));
+  ASSERT_TRUE(s.stream->ReadPushAnswer().has_value());
+  v1::ExchangeRequest pull;
+  *pull.mutable_pull() = PullRequest(4);
+  pull.mutable_pull()->mutable_commit()->set_step(3);
+  pull.mutable_pull()->mutable_commit()->set_contributed(true);
+  pull.mutable_pull()->set_into_shared_memory(true);
+  pull.mutable_pull()->set_dtype(v1::BFLOAT16);
+  ASSERT_TRUE(s.stream->Write(pull));
+  auto r = s.stream->Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->chunk().dtype(), v1::BFLOAT16);
+  std::vector<float> got(kParams), want(kParams);
+  Bfloat16ToFloat(s.region->data() + r->chunk().shared_offset(), got.data(),
+                  kParams);
+  for (int i = 0; i < kParams; ++i) expect[i] -= 0.5f;
+  FloatToBfloat16(expect.data(), reinterpret_cast<char*>(wire.data()), kParams);
+  Bfloat16ToFloat(reinterpret_cast<const char*>(wire.data()), want.data(),
+                  kParams);
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(s.stream->Finish().ok());
+}
+
+TEST_F(SharedMemoryTest, MisuseEndsTheStreamWithItsCodeAndTheServerKeepsServing) {
+  StartJob();
+  ASSERT_TRUE(Pull(0).ok());
+  auto expect_refused = [&](SharedStream& s, const v1::ExchangeRequest& m,
+                            const std::string& why) {
+    ASSERT_TRUE(s.stream->Write(m));
+    EXPECT_FALSE(s.stream->Read().has_value()) << why;
+    EXPECT_THAT(s.stream->Finish(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(why)));
+  };
+  {
+    // No region: a chunk or a pull that names one, a reply to nothing.
+    SharedStream s;
+    s.stream = std::make_unique<ExchangeStream>(params_.get(), absl::Seconds(10));
+    v1::ExchangeRequest m = AsExchange(Header(0), true);
+    m.mutable_chunk()->set_count(kParams);
+    m.mutable_chunk()->set_shared_offset(64);
+    expect_refused(s, m, "no region mapped");
+    s.stream = std::make_unique<ExchangeStream>(params_.get(), absl::Seconds(10));
+    v1::ExchangeRequest pull;
+    *pull.mutable_pull() = PullRequest(0);
+    pull.mutable_pull()->set_into_shared_memory(true);
+    expect_refused(s, pull, "no region mapped");
+    s.stream = std::make_unique<ExchangeStream>(params_.get(), absl::Seconds(10));
+    v1::ExchangeRequest reply;
+    reply.mutable_shared()->set_mapped(true);
+    expect_refused(s, reply, "no offer");
+  }
+  {
+    // Offered but not yet said mapped.
+    SharedStream s = Open(/*reply=*/false);
+    ASSERT_NE(s.region, nullptr);
+    // Sealed: the worker cannot shrink it under the shard.
+    const std::string path =
+        absl::StrCat("/proc/", s.offer.pid(), "/fd/", s.offer.fd());
+    const int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    EXPECT_NE(ftruncate(fd, 0), 0);
+    EXPECT_EQ(errno, EPERM);
+    close(fd);
+    expect_refused(s,
+                   SharedPush(Header(0), *s.region,
+                              std::vector<float>(kParams, 1), s.offer.push_at()),
+                   "no region mapped");
+  }
+  {
+    // Outside the push part: in the pull part, past the end, a count that
+    // overflows.
+    for (int64_t at : {int64_t{-1}, int64_t{0}, int64_t{8}}) {
+      SharedStream s = Open();
+      ASSERT_NE(s.region, nullptr);
+      int64_t offset = at < 0 ? s.offer.pull_at() : s.offer.size() - at;
+      v1::ExchangeRequest m = AsExchange(Header(0), true);
+      m.mutable_chunk()->set_count(kParams);
+      m.mutable_chunk()->set_shared_offset(offset);
+      expect_refused(s, m, "outside the shared region's part for pushes");
+    }
+    SharedStream s = Open();
+    v1::ExchangeRequest m = AsExchange(Header(0), true);
+    m.mutable_chunk()->set_count(int64_t{1} << 62);
+    m.mutable_chunk()->set_shared_offset(s.offer.push_at());
+    expect_refused(s, m, "outside the shared region's part for pushes");
+  }
+  {
+    // Values in both places; a second reply.
+    SharedStream s = Open();
+    v1::ExchangeRequest m = AsExchange(Header(0), true);
+    *m.mutable_chunk() = Chunk(0, std::vector<float>(kParams, 1));
+    m.mutable_chunk()->set_shared_offset(s.offer.push_at());
+    expect_refused(s, m, "both in data and in shared memory");
+    SharedStream t = Open();
+    v1::ExchangeRequest reply;
+    reply.mutable_shared()->set_mapped(true);
+    expect_refused(t, reply, "a second SharedMemoryReply");
+  }
+  {
+    // A NaN in shared memory is a NaN: refused and counted.
+    SharedStream s = Open();
+    std::vector<float> grad(kParams, 1);
+    grad[3] = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_TRUE(s.stream->Write(
+        SharedPush(Header(0), *s.region, grad, s.offer.push_at())));
+    EXPECT_FALSE(s.stream->Read().has_value());
+    EXPECT_THAT(s.stream->Finish(),
+                HasReason(absl::StatusCode::kInvalidArgument, v1::NON_FINITE));
+  }
+  // PushGradients has no region.
+  std::vector<v1::PushRequest> push = FullPush(0, 0.5f);
+  push[0].mutable_chunk()->set_shared_offset(64);
+  EXPECT_THAT(Push(push), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("outside an Exchange stream")));
+  // The server kept serving: the NaN's step closes as nothing.
+  v1::PullRequest req = PullRequest(1);
+  req.mutable_commit()->set_step(0);
+  req.mutable_commit()->set_contributed(false);
+  req.set_max_wait_ms(5000);
+  auto ctx = Ctx();
+  auto r = params_->PullWeights(ctx.get(), req);
+  v1::PullResponse resp;
+  ASSERT_TRUE(r->Read(&resp));
+  EXPECT_EQ(resp.version(), 1);
+}
+
+TEST_F(SharedMemoryTest, AWorkerThatCannotMapItOrAShardThatWillNotGoesOnOverTcp) {
+  StartJob();
+  {
+    // Declined: the shard lets go of the region, and the stream carries
+    // every step as bytes.
+    SharedStream s = Open(/*reply=*/false);
+    v1::ExchangeRequest m;
+    m.mutable_shared()->set_mapped(false);
+    m.mutable_shared()->set_error("another host");
+    ASSERT_TRUE(s.stream->Write(m));
+    std::vector<v1::PushRequest> push = FullPush(0, 0.5f);
+    ASSERT_TRUE(s.stream->Write(AsExchange(push[0], false)));
+    ASSERT_TRUE(s.stream->Write(AsExchange(push[1], true)));
+    ASSERT_TRUE(s.stream->ReadPushAnswer().has_value());
+    EXPECT_TRUE(s.stream->Finish().ok());
+  }
+  // A shard that shares nothing answers the pull alone.
+  server_->shard_host()->set_shared_memory(0);
+  ExchangeStream stream(params_.get(), absl::Seconds(10));
+  v1::ExchangeRequest pull;
+  *pull.mutable_pull() = PullRequest(1);
+  pull.mutable_pull()->mutable_commit()->set_step(0);
+  pull.mutable_pull()->mutable_commit()->set_contributed(true);
+  pull.mutable_pull()->set_offer_shared_memory(true);
+  ASSERT_TRUE(stream.Write(pull));
+  auto w = stream.ReadWeights(kParams);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->first, 1);
   EXPECT_TRUE(stream.Finish().ok());
 }
 

@@ -1,5 +1,6 @@
 // The worker's parameter client against a real one-process server over a
-// socket, on Exchange streams and on a call per push and pull: a push fed
+// socket, on Exchange streams (over TCP, and through memory the shard
+// shares) and on a call per push and pull: a push fed
 // range by range (as the backward pass produces it) moves the weights
 // exactly as a whole push does; a feed closed early stages nothing, and the
 // retry counts once; an exchange on a stream that breaks fails with the
@@ -8,7 +9,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -37,7 +40,19 @@ constexpr int64_t kParams = 15;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
-class ParamClientTest : public ::testing::TestWithParam<bool> {
+enum class Transport { kCalls, kExchange, kShared };
+
+// Mappings of shared regions in this process (the shard's and the
+// client's: both live here).
+int SharedMappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.find("memfd:tally-shared") != std::string::npos;
+  return n;
+}
+
+class ParamClientTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
     CoordinatorOptions o;
@@ -65,7 +80,8 @@ class ParamClientTest : public ::testing::TestWithParam<bool> {
     po.incarnation = worker.incarnation();
     po.chunk_elements = 4;  // a push of 15 is several messages
     po.pull_wait = absl::Seconds(1);
-    po.exchange = GetParam();
+    po.exchange = GetParam() != Transport::kCalls;
+    po.shared_memory = GetParam() == Transport::kShared;
     po.stream_lifetime = stream_lifetime_;
     v1::ShardMap map;
     map.add_shards()->set_count(kParams);  // the coordinator's own shard
@@ -121,6 +137,9 @@ TEST_P(ParamClientTest, AFedPushInAnyOrderMovesTheWeightsAsAWholePushDoes) {
   ASSERT_TRUE(whole->Wait(Soon()).ok()) << whole->Results()[0];
   const std::vector<float> w2 = PullVersion(2);
   for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w2[i], w1[i] - grads_[i]);
+  // Only the shared transport went through shared memory.
+  EXPECT_EQ(SharedMappings() >= 2, GetParam() == Transport::kShared)
+      << SharedMappings();
 }
 
 TEST_P(ParamClientTest, AFeedClosedEarlyStagesNothingAndTheRetryCountsOnce) {
@@ -211,12 +230,26 @@ TEST_P(ShortStreamTest, AnExchangeOnABrokenStreamFailsAndTheNextOneGoesOn) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transport, ParamClientTest, ::testing::Bool(),
-                         [](const auto& info) {
-                           return info.param ? "Exchange" : "Calls";
-                         });
-INSTANTIATE_TEST_SUITE_P(Transport, ShortStreamTest, ::testing::Values(true),
-                         [](const auto&) { return "Exchange"; });
+std::string Name(const ::testing::TestParamInfo<Transport>& info) {
+  switch (info.param) {
+    case Transport::kCalls:
+      return "Calls";
+    case Transport::kExchange:
+      return "Exchange";
+    case Transport::kShared:
+      return "SharedMemory";
+  }
+  return "";
+}
+INSTANTIATE_TEST_SUITE_P(Transport, ParamClientTest,
+                         ::testing::Values(Transport::kCalls,
+                                           Transport::kExchange,
+                                           Transport::kShared),
+                         Name);
+INSTANTIATE_TEST_SUITE_P(Transport, ShortStreamTest,
+                         ::testing::Values(Transport::kExchange,
+                                           Transport::kShared),
+                         Name);
 
 }  // namespace
 }  // namespace tally
