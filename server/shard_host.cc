@@ -283,14 +283,19 @@ void ShardHost::Tick() {
 bool ShardHost::ReserveSharedRegion(int64_t count) {
   if (count <= 0 || count > shared_memory_max_bytes_ / 4) return false;
   absl::MutexLock lock(&mu_);
-  if (shared_regions_ >= kMaxSharedRegions) return false;
+  if (shared_regions_ >= kMaxSharedRegions ||
+      shared_bytes_ + 8 * count > kMaxSharedBytes) {
+    return false;
+  }
   ++shared_regions_;
+  shared_bytes_ += 8 * count;
   return true;
 }
 
-void ShardHost::ReleaseSharedRegion() {
+void ShardHost::ReleaseSharedRegion(int64_t count) {
   absl::MutexLock lock(&mu_);
   --shared_regions_;
+  shared_bytes_ -= 8 * count;
 }
 
 }  // namespace tally

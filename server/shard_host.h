@@ -66,18 +66,19 @@ class ShardHost {
 
   // Whether an Exchange stream may share memory with its worker
   // (proto/shared_memory.h): for ranges of at most `max_range_bytes` (4
-  // bytes a value; 0: never), at most kMaxSharedRegions at once. A region
-  // holds one push and one pull of the range: twice its size, counted in
-  // both processes' memory.
+  // bytes a value; 0: never), at most kMaxSharedRegions and
+  // kMaxSharedBytes at once. A region holds one push and one pull of the
+  // range: twice its size, counted in both processes' memory.
   static constexpr int kMaxSharedRegions = 256;
+  static constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
   void set_shared_memory(int64_t max_range_bytes) {
     shared_memory_max_bytes_ = max_range_bytes;
   }
   // A region for a stream of a range of `count` values may be made now:
-  // true, and counted until ReleaseSharedRegion; false when sharing is
-  // off, the range too large, or too many are live.
+  // true, and counted until ReleaseSharedRegion(count); false when sharing
+  // is off, the range too large, or too many (or too much) are live.
   bool ReserveSharedRegion(int64_t count);
-  void ReleaseSharedRegion();
+  void ReleaseSharedRegion(int64_t count);
 
   // Creates the job's range, or replaces it when the request's map version
   // is newer (the job was re-placed); the same or an older version is a
@@ -130,6 +131,7 @@ class ShardHost {
   std::set<std::string> ended_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
   int shared_regions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t shared_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tally

@@ -760,7 +760,7 @@ class ExchangeReactor final
   }
 
   ~ExchangeReactor() {
-    if (shared_ != nullptr) host_->ReleaseSharedRegion();
+    if (shared_ != nullptr) host_->ReleaseSharedRegion(shared_count_);
   }
 
  private:
@@ -941,7 +941,7 @@ class ExchangeReactor final
         shared_mapped_ = true;
       } else if (shared_ != nullptr) {
         shared_.reset();  // nothing used it
-        host_->ReleaseSharedRegion();
+        host_->ReleaseSharedRegion(shared_count_);
       }
     }
     return absl::OkStatus();
@@ -962,10 +962,11 @@ class ExchangeReactor final
     absl::StatusOr<std::unique_ptr<SharedRegion>> region =
         SharedRegion::Create(range->count * 4, range->count * 4);
     if (!region.ok()) {
-      host_->ReleaseSharedRegion();
+      host_->ReleaseSharedRegion(range->count);
       return;
     }
     shared_ = *std::move(region);
+    shared_count_ = range->count;
     // ExchangeResponse: 5 shared.
     v1::ExchangeResponse offer;
     *offer.mutable_shared() = shared_->Offer();
@@ -1078,6 +1079,7 @@ class ExchangeReactor final
   // Memory shared with the worker (the reading side's; a pull being
   // served borrows it while mapped). Counted by the host while it exists.
   std::unique_ptr<SharedRegion> shared_;
+  int64_t shared_count_ = 0;     // values of the range it was made for
   bool shared_asked_ = false;    // offered once a stream, at most
   bool shared_replied_ = false;
   bool shared_mapped_ = false;

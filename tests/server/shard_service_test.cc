@@ -23,6 +23,30 @@ training: {workers: 1, epochs: 100}
 optimizer: {type: adam, lr: 0.001}
 )";
 
+// Memory shared with workers is offered within its bounds: the range's
+// size, the number of regions and their bytes at once.
+TEST(ShardHostTest, SharedRegionsStayWithinTheirBounds) {
+  ShardHost host(nullptr);
+  EXPECT_FALSE(host.ReserveSharedRegion(10));  // off until set
+  host.set_shared_memory(int64_t{16} << 20);
+  EXPECT_FALSE(host.ReserveSharedRegion((int64_t{16} << 20) / 4 + 1));
+  EXPECT_FALSE(host.ReserveSharedRegion(0));
+  // 1 GiB: 32 regions of 4 Mi values (two parts of 16 MiB each).
+  constexpr int64_t kBig = int64_t{4} << 20;
+  for (int i = 0; i < 32; ++i) ASSERT_TRUE(host.ReserveSharedRegion(kBig)) << i;
+  EXPECT_FALSE(host.ReserveSharedRegion(kBig));
+  EXPECT_FALSE(host.ReserveSharedRegion(1));
+  host.ReleaseSharedRegion(kBig);
+  EXPECT_TRUE(host.ReserveSharedRegion(1));
+  EXPECT_FALSE(host.ReserveSharedRegion(kBig));
+  for (int i = 0; i < 31; ++i) host.ReleaseSharedRegion(kBig);
+  host.ReleaseSharedRegion(1);
+  // 256 regions, however small.
+  for (int i = 0; i < ShardHost::kMaxSharedRegions; ++i)
+    ASSERT_TRUE(host.ReserveSharedRegion(1)) << i;
+  EXPECT_FALSE(host.ReserveSharedRegion(1));
+}
+
 TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   ServerOptions o;
   o.join = "127.0.0.1:1";  // no coordinator there: it keeps retrying, harmless
