@@ -140,14 +140,23 @@ absl::Status Sequential::Backward(const float* dout, float* dinput,
   dy.data = const_cast<float*>(dout);
   dy.shape = outputs_.back().shape;
   absl::Status hook_status;
+  // Without a dinput, no layer needs its input's gradient from the first
+  // one with parameters down (an MLP's first Linear after its Flatten: the
+  // largest GEMM of the step, skipped).
+  const size_t first_learning = static_cast<size_t>(
+      std::find_if(param_ranges_.begin(), param_ranges_.end(),
+                   [](const auto& r) { return r.second > r.first; }) -
+      param_ranges_.begin());
   for (size_t j = layers_.size(); j-- > 0 && hook_status.ok();) {
-    if (j == 0) {
-      if (dinput == nullptr) {
-        // Only parameter gradients are needed for the first layer.
-        layers_[0]->Backward(k, inputs_[0], outputs_[0], dy, nullptr);
-        hook_status = gradient_done(0);
-        break;
+    if (dinput == nullptr && j <= first_learning) {
+      // Only parameter gradients are needed here, and nothing below.
+      if (j == first_learning) {
+        layers_[j]->Backward(k, inputs_[j], outputs_[j], dy, nullptr);
+        hook_status = gradient_done(j);
       }
+      break;
+    }
+    if (j == 0) {
       Tensor dx;
       dx.shape = inputs_[0].shape;
       dx.data = dinput;

@@ -396,6 +396,33 @@ TEST(SequentialTest, RejectsLayersThatDoNotChain) {
                                  "the input has 5760")));
 }
 
+// Without a dinput, layers from the first with parameters down compute no
+// input gradient (an MLP's first Linear after its Flatten skips its largest
+// GEMM): every parameter gradient is the same as with one, bit for bit.
+TEST(SequentialTest, NoInputGradientLeavesParameterGradientsAlone) {
+  std::vector<LayerConfig> layers = {Simple(LayerType::kFlatten),
+                                     Simple(LayerType::kReLU), Linear(12, 5),
+                                     Simple(LayerType::kReLU), Linear(5, 3)};
+  Harness with(layers, {3, 4}), without(layers, {3, 4});
+  Rng rng(7);
+  std::vector<float> p(with.model().num_params()), x(2 * 12), dy(2 * 3);
+  for (float& v : p) v = 0.5f * rng.Normal();
+  for (float& v : x) v = rng.Normal();
+  for (float& v : dy) v = rng.Normal();
+  with.SetParams(p);
+  without.SetParams(p);
+  with.Forward(x, 2);
+  without.Forward(x, 2);
+  const std::vector<float> dx = with.Backward(dy, x.size());
+  TALLY_ASSERT_OK(without.model().Backward(dy.data(), nullptr));
+  EXPECT_EQ(without.Grads(), with.Grads());
+  // The input gradient, where asked for, is there: zero only where ReLU
+  // cut it.
+  int nonzero = 0;
+  for (float v : dx) nonzero += v != 0.0f && v != 123.0f;
+  EXPECT_GT(nonzero, 0);
+}
+
 TEST(SequentialTest, BackwardWithoutForwardIsAnError) {
   Harness h({Linear(3, 2)}, {3});
   std::vector<float> dy(2);
