@@ -81,6 +81,15 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Map(
   }
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return Errno("opening the shard's region");
+  // The number may have been reused between the look and the open: what
+  // was opened is checked again.
+  const std::string self = absl::StrCat("/proc/self/fd/", fd);
+  const ssize_t m = readlink(self.c_str(), link, sizeof(link) - 1);
+  if (m < 0 || (link[m] = '\0', !absl::StartsWith(link, absl::StrCat(
+                                                         "/memfd:", kName)))) {
+    close(fd);
+    return absl::NotFoundError("the offered descriptor is not a shared region");
+  }
   std::unique_ptr<SharedRegion> r(new SharedRegion);
   struct stat st;
   const int seals = fcntl(fd, F_GET_SEALS);

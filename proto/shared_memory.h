@@ -7,8 +7,8 @@
 // and growing, so that a peer that holds it can never make an access fault,
 // with a random token at its start. The worker maps it (Map) through
 // /proc/<pid>/fd/<fd>, which only a process on the same host, in the same
-// pid namespace and allowed to read the shard's descriptors can open, and
-// checks the token. Either side treats what the other writes there as
+// pid namespace and allowed to read the shard's descriptors can open,
+// checks that it opened a sealed region, maps it and checks the token. Either side treats what the other writes there as
 // untrusted input: values are copied out before they are checked.
 //
 // Thread-safe for concurrent reads and writes of different parts; the
@@ -29,8 +29,8 @@ namespace tally {
 class SharedRegion {
  public:
   // The shard's side: a region with `push_bytes` for a push's values and
-  // `pull_bytes` for a pull's. kResourceExhausted or kInternal (errno) when
-  // the system will not give one.
+  // `pull_bytes` for a pull's. kInvalidArgument for an impossible size,
+  // kInternal (with errno's words) when the system will not give one.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(
       int64_t push_bytes, int64_t pull_bytes);
   // The worker's side: maps the region `offer` describes, or says why not

@@ -292,6 +292,11 @@ bool ShardHost::ReserveSharedRegion(int64_t count) {
   return true;
 }
 
+int ShardHost::shared_regions() const {
+  absl::MutexLock lock(&mu_);
+  return shared_regions_;
+}
+
 void ShardHost::ReleaseSharedRegion(int64_t count) {
   absl::MutexLock lock(&mu_);
   --shared_regions_;

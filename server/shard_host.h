@@ -12,6 +12,8 @@
 #ifndef TALLY_SERVER_SHARD_HOST_H_
 #define TALLY_SERVER_SHARD_HOST_H_
 
+#include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <functional>
@@ -72,13 +74,22 @@ class ShardHost {
   static constexpr int kMaxSharedRegions = 256;
   static constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
   void set_shared_memory(int64_t max_range_bytes) {
-    shared_memory_max_bytes_ = max_range_bytes;
+    shared_memory_max_bytes_ =
+        std::clamp<int64_t>(max_range_bytes, 0, kMaxSharedBytes / 2);
   }
   // A region for a stream of a range of `count` values may be made now:
   // true, and counted until ReleaseSharedRegion(count); false when sharing
   // is off, the range too large, or too many (or too much) are live.
   bool ReserveSharedRegion(int64_t count);
   void ReleaseSharedRegion(int64_t count);
+  // Regions live now; bytes of values pushed and pulled through them.
+  int shared_regions() const;
+  void CountShared(int64_t pushed, int64_t pulled) {
+    shared_pushed_ += pushed;
+    shared_pulled_ += pulled;
+  }
+  int64_t shared_pushed_bytes() const { return shared_pushed_; }
+  int64_t shared_pulled_bytes() const { return shared_pulled_; }
 
   // Creates the job's range, or replaces it when the request's map version
   // is newer (the job was re-placed); the same or an older version is a
@@ -122,7 +133,8 @@ class ShardHost {
   const Clock* clock_;
   bool streamed_sums_ = true;
   int64_t streamed_sums_min_elements_ = 0;
-  int64_t shared_memory_max_bytes_ = 0;
+  std::atomic<int64_t> shared_memory_max_bytes_{0};
+  std::atomic<int64_t> shared_pushed_{0}, shared_pulled_{0};
   const SpecLimits limits_;
   RealClock real_clock_;
   mutable absl::Mutex mu_;

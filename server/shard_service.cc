@@ -42,10 +42,12 @@ absl::Status CheckRangeChunk(const WireChunk& c, const Range& r) {
 // over loopback or a Unix socket: only such a worker is offered shared
 // memory. One on another host could not map it; one in another network
 // namespace on this host could, but is taken to stand for another host.
+// gRPC writes peers as URIs: "ipv4:127.0.0.1:5000", "ipv6:%5B::1%5D:5000"
+// (percent-encoded since 1.48; "[::1]" before), "unix:/path".
 bool LoopbackPeer(const std::string& peer) {
   return absl::StartsWith(peer, "ipv4:127.") ||
+         absl::StartsWith(peer, "ipv6:%5B::1%5D:") ||
          absl::StartsWith(peer, "ipv6:[::1]:") ||
-         absl::StartsWith(peer, "ipv6:[::ffff:127.") ||
          absl::StartsWith(peer, "unix:");
 }
 
@@ -521,6 +523,7 @@ class PullServing {
     chunk_ = req.chunk_elements() > 0 ? std::min<int64_t>(req.chunk_elements(),
                                                           kDefaultChunkElements)
                                       : kDefaultChunkElements;
+    host_ = host;
     TALLY_ASSIGN_OR_RETURN(Range range, host->Find(req.job_id()));
     TALLY_RETURN_IF_ERROR(DTypeWidth(req.dtype()).status());
     dtype_ = req.dtype();
@@ -584,6 +587,7 @@ class PullServing {
       // The worker reads it once this message reaches it, before it asks
       // its next pull (proto/tally.proto, SharedMemoryOffer).
       std::memcpy(dst, values_.begin(), static_cast<size_t>(n * width));
+      host_->CountShared(0, n * width);
       v1::PullResponse r;
       r.set_version(version_);
       r.set_total_steps(total_steps_);
@@ -617,6 +621,7 @@ class PullServing {
   const absl::Time started_ = absl::Now();
   absl::Duration waited_;
   int64_t bytes_ = 0;
+  ShardHost* host_ = nullptr;  // borrowed, from Begin
   Range range_;
   std::shared_ptr<ParameterShard> shard_;
   int64_t chunk_ = kDefaultChunkElements;
@@ -760,7 +765,9 @@ class ExchangeReactor final
   }
 
   ~ExchangeReactor() {
-    if (shared_ != nullptr) host_->ReleaseSharedRegion(shared_count_);
+    if (shared_ == nullptr) return;
+    shared_.reset();  // unmapped before it stops counting
+    host_->ReleaseSharedRegion(shared_count_);
   }
 
  private:
@@ -813,6 +820,12 @@ class ExchangeReactor final
     if (absl::Status s = msg_.Parse(req_, 2); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("exchange message: ", s.message()));
+    }
+    // A worker that does not answer an offer soon has no more use of the
+    // shard's descriptor (it would have opened it by now).
+    if (shared_ != nullptr && !shared_replied_ &&
+        absl::Now() - offered_at_ > kOfferAnswerTime) {
+      shared_->CloseDescriptor();
     }
     if (msg_.has(2) && msg_.chunk().shared) {
       TALLY_RETURN_IF_ERROR(UseSharedChunk());
@@ -894,17 +907,21 @@ class ExchangeReactor final
         }
         p->ShareInto(shared_.get());
       }
-      // The offer goes before the pull's answer.
-      if (req.offer_shared_memory() && !shared_asked_) {
-        shared_asked_ = true;
-        OfferSharedMemory(req);
-      }
       {
         absl::MutexLock lock(&mu_);
         if (pull_ != nullptr) {
           return absl::InvalidArgumentError(
               "a pull while the last one is being answered");
         }
+      }
+      // The offer goes before the pull's answer (nothing else is being
+      // answered now), ...
+      if (req.offer_shared_memory() && !shared_asked_) {
+        shared_asked_ = true;
+        OfferSharedMemory(req);
+      }
+      {
+        absl::MutexLock lock(&mu_);
         pull_ = std::move(pull);
       }
       // Ready may run at once, on this thread: not under mu_. Until then
@@ -967,6 +984,7 @@ class ExchangeReactor final
     }
     shared_ = *std::move(region);
     shared_count_ = range->count;
+    offered_at_ = absl::Now();
     // ExchangeResponse: 5 shared.
     v1::ExchangeResponse offer;
     *offer.mutable_shared() = shared_->Offer();
@@ -1000,6 +1018,7 @@ class ExchangeReactor final
           shared_->push_at(), ", ", shared_->pull_at(), ")"));
     }
     msg_.UseData(at, c.count * width);
+    host_->CountShared(c.count * width, 0);
     return absl::OkStatus();
   }
 
@@ -1080,6 +1099,8 @@ class ExchangeReactor final
   // served borrows it while mapped). Counted by the host while it exists.
   std::unique_ptr<SharedRegion> shared_;
   int64_t shared_count_ = 0;     // values of the range it was made for
+  static constexpr absl::Duration kOfferAnswerTime = absl::Seconds(5);
+  absl::Time offered_at_;
   bool shared_asked_ = false;    // offered once a stream, at most
   bool shared_replied_ = false;
   bool shared_mapped_ = false;

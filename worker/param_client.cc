@@ -916,6 +916,8 @@ class ShardStream final
         return absl::DataLossError("a shared memory offer nobody asked for");
       }
       offered_ = true;
+      // Nothing more will be written: no reply, no use for a region.
+      if (writes_done_) return absl::OkStatus();
     }
     absl::StatusOr<std::unique_ptr<SharedRegion>> mapped =
         SharedRegion::Map(offer);

@@ -45,12 +45,12 @@ class ServiceTest : public ::testing::Test {
   void SetUp() override {
     CoordinatorOptions o;
     o.lease_timeout = absl::Seconds(30);
-    auto s = TallyServer::Start("127.0.0.1:0", o);
+    auto s = TallyServer::Start(absl::StrCat(host_, ":0"), o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
     // Tally's own settings (no send limit: the tests send oversized
     // messages on purpose).
-    channel_ = Dial(absl::StrCat("127.0.0.1:", server_->port()));
+    channel_ = Dial(absl::StrCat(host_, ":", server_->port()));
     jobs_ = v1::JobService::NewStub(channel_);
     workers_ = v1::WorkerService::NewStub(channel_);
     params_ = v1::ParameterService::NewStub(channel_);
@@ -168,6 +168,7 @@ class ServiceTest : public ::testing::Test {
     return j;
   }
 
+  std::string host_ = "127.0.0.1";  // listened on and dialled
   std::unique_ptr<TallyServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
@@ -1245,10 +1246,12 @@ TEST_F(SharedMemoryTest, MisuseEndsTheStreamWithItsCodeAndTheServerKeepsServing)
   {
     // Outside the push part: in the pull part, past the end, a count that
     // overflows.
-    for (int64_t at : {int64_t{-1}, int64_t{0}, int64_t{8}}) {
+    for (int64_t at : {int64_t{-2}, int64_t{-1}, int64_t{0}, int64_t{8}}) {
       SharedStream s = Open();
       ASSERT_NE(s.region, nullptr);
-      int64_t offset = at < 0 ? s.offer.pull_at() : s.offer.size() - at;
+      int64_t offset = at == -2   ? s.offer.push_at() - 4  // on the token
+                       : at == -1 ? s.offer.pull_at()
+                                  : s.offer.size() - at;
       v1::ExchangeRequest m = AsExchange(Header(0), true);
       m.mutable_chunk()->set_count(kParams);
       m.mutable_chunk()->set_shared_offset(offset);
@@ -1316,6 +1319,9 @@ TEST_F(SharedMemoryTest, AWorkerThatCannotMapItOrAShardThatWillNotGoesOnOverTcp)
     ASSERT_TRUE(s.stream->ReadPushAnswer().has_value());
     EXPECT_TRUE(s.stream->Finish().ok());
   }
+  // The region went at the decline (and would at the stream's end).
+  EXPECT_EQ(server_->shard_host()->shared_regions(), 0);
+  EXPECT_EQ(server_->shard_host()->shared_pushed_bytes(), 0);
   // A shard that shares nothing answers the pull alone.
   server_->shard_host()->set_shared_memory(0);
   ExchangeStream stream(params_.get(), absl::Seconds(10));
@@ -1325,10 +1331,29 @@ TEST_F(SharedMemoryTest, AWorkerThatCannotMapItOrAShardThatWillNotGoesOnOverTcp)
   pull.mutable_pull()->mutable_commit()->set_contributed(true);
   pull.mutable_pull()->set_offer_shared_memory(true);
   ASSERT_TRUE(stream.Write(pull));
-  auto w = stream.ReadWeights(kParams);
-  ASSERT_TRUE(w.has_value());
-  EXPECT_EQ(w->first, 1);
+  auto first = stream.Read();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_FALSE(first->has_shared());
+  EXPECT_EQ(first->version(), 1);
+  EXPECT_EQ(first->chunk().count(), kParams);
   EXPECT_TRUE(stream.Finish().ok());
+}
+
+// A worker that dials its shard over IPv6 loopback is on its host too.
+class SharedMemoryOverIpv6Test : public SharedMemoryTest {
+ protected:
+  void SetUp() override {
+    host_ = "[::1]";
+    SharedMemoryTest::SetUp();
+  }
+};
+
+TEST_F(SharedMemoryOverIpv6Test, IsOffered) {
+  StartJob();
+  SharedStream s = Open();
+  ASSERT_NE(s.region, nullptr);
+  EXPECT_EQ(server_->shard_host()->shared_regions(), 1);
+  EXPECT_TRUE(s.stream->Finish().ok());
 }
 
 }  // namespace

@@ -137,9 +137,20 @@ TEST_P(ParamClientTest, AFedPushInAnyOrderMovesTheWeightsAsAWholePushDoes) {
   ASSERT_TRUE(whole->Wait(Soon()).ok()) << whole->Results()[0];
   const std::vector<float> w2 = PullVersion(2);
   for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w2[i], w1[i] - grads_[i]);
-  // Only the shared transport went through shared memory.
-  EXPECT_EQ(SharedMappings() >= 2, GetParam() == Transport::kShared)
-      << SharedMappings();
+  // Only the shared transport went through shared memory, both ways: the
+  // fed push from several threads, the whole one, every pull but the
+  // first (which asked for the region).
+  const bool shared = GetParam() == Transport::kShared;
+  EXPECT_EQ(SharedMappings() >= 2, shared) << SharedMappings();
+  ShardHost* host = server_->shard_host();
+  EXPECT_EQ(host->shared_pushed_bytes(), shared ? 2 * 4 * kParams : 0);
+  EXPECT_EQ(host->shared_pulled_bytes(), shared ? 2 * 4 * kParams : 0);
+  // The region goes with the stream.
+  client_.reset();
+  for (int i = 0; i < 100 && host->shared_regions() > 0; ++i)
+    absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(host->shared_regions(), 0);
+  EXPECT_EQ(SharedMappings(), 0);
 }
 
 TEST_P(ParamClientTest, AFeedClosedEarlyStagesNothingAndTheRetryCountsOnce) {
