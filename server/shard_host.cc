@@ -280,13 +280,17 @@ void ShardHost::Tick() {
   for (auto& s : shards) s->ExpireWaiters();
 }
 
-bool ShardHost::ReserveSharedRegion(int64_t count) {
+bool ShardHost::ReserveSharedRegion(const std::string& owner, int64_t count) {
   if (count <= 0 || count > shared_memory_max_bytes_ / 4) return false;
   absl::MutexLock lock(&mu_);
+  int& mine = shared_owners_[owner];
   if (shared_regions_ >= kMaxSharedRegions ||
-      shared_bytes_ + 8 * count > kMaxSharedBytes) {
+      shared_bytes_ + 8 * count > kMaxSharedBytes ||
+      mine >= kMaxSharedRegionsPerWorker) {
+    if (mine == 0) shared_owners_.erase(owner);
     return false;
   }
+  ++mine;
   ++shared_regions_;
   shared_bytes_ += 8 * count;
   return true;
@@ -297,8 +301,12 @@ int ShardHost::shared_regions() const {
   return shared_regions_;
 }
 
-void ShardHost::ReleaseSharedRegion(int64_t count) {
+void ShardHost::ReleaseSharedRegion(const std::string& owner, int64_t count) {
   absl::MutexLock lock(&mu_);
+  if (auto it = shared_owners_.find(owner);
+      it != shared_owners_.end() && --it->second <= 0) {
+    shared_owners_.erase(it);
+  }
   --shared_regions_;
   shared_bytes_ -= 8 * count;
 }

@@ -69,19 +69,23 @@ class ShardHost {
   // Whether an Exchange stream may share memory with its worker
   // (proto/shared_memory.h): for ranges of at most `max_range_bytes` (4
   // bytes a value; 0: never), at most kMaxSharedRegions and
-  // kMaxSharedBytes at once. A region holds one push and one pull of the
-  // range: twice its size, counted in both processes' memory.
+  // kMaxSharedBytes at once, and kMaxSharedRegionsPerWorker for one
+  // worker of a job (its stream and the one replacing it). A region holds
+  // one push and one pull of the range: twice its size, counted in both
+  // processes' memory.
   static constexpr int kMaxSharedRegions = 256;
+  static constexpr int kMaxSharedRegionsPerWorker = 2;
   static constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
   void set_shared_memory(int64_t max_range_bytes) {
     shared_memory_max_bytes_ =
         std::clamp<int64_t>(max_range_bytes, 0, kMaxSharedBytes / 2);
   }
-  // A region for a stream of a range of `count` values may be made now:
-  // true, and counted until ReleaseSharedRegion(count); false when sharing
-  // is off, the range too large, or too many (or too much) are live.
-  bool ReserveSharedRegion(int64_t count);
-  void ReleaseSharedRegion(int64_t count);
+  // A region for a stream of `owner` (a job's worker) over a range of
+  // `count` values may be made now: true, and counted until
+  // ReleaseSharedRegion(owner, count); false when sharing is off, the range
+  // too large, or too many (or too much) are live.
+  bool ReserveSharedRegion(const std::string& owner, int64_t count);
+  void ReleaseSharedRegion(const std::string& owner, int64_t count);
   // Regions live now; bytes of values pushed and pulled through them.
   int shared_regions() const;
   void CountShared(int64_t pushed, int64_t pulled) {
@@ -144,6 +148,7 @@ class ShardHost {
   std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
   int shared_regions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t shared_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int> shared_owners_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tally

@@ -767,7 +767,7 @@ class ExchangeReactor final
   ~ExchangeReactor() {
     if (shared_ == nullptr) return;
     shared_.reset();  // unmapped before it stops counting
-    host_->ReleaseSharedRegion(shared_count_);
+    host_->ReleaseSharedRegion(shared_owner_, shared_count_);
   }
 
  private:
@@ -958,7 +958,7 @@ class ExchangeReactor final
         shared_mapped_ = true;
       } else if (shared_ != nullptr) {
         shared_.reset();  // nothing used it
-        host_->ReleaseSharedRegion(shared_count_);
+        host_->ReleaseSharedRegion(shared_owner_, shared_count_);
       }
     }
     return absl::OkStatus();
@@ -973,16 +973,19 @@ class ExchangeReactor final
     absl::StatusOr<Range> range = host_->Find(req.job_id());
     if (!range.ok() ||
         !range->shard->CheckMember(req.worker_id(), req.incarnation()).ok() ||
-        !host_->ReserveSharedRegion(range->count)) {
+        !host_->ReserveSharedRegion(
+            absl::StrCat(req.job_id(), "\n", req.worker_id()), range->count)) {
       return;
     }
     absl::StatusOr<std::unique_ptr<SharedRegion>> region =
         SharedRegion::Create(range->count * 4, range->count * 4);
     if (!region.ok()) {
-      host_->ReleaseSharedRegion(range->count);
+      host_->ReleaseSharedRegion(
+          absl::StrCat(req.job_id(), "\n", req.worker_id()), range->count);
       return;
     }
     shared_ = *std::move(region);
+    shared_owner_ = absl::StrCat(req.job_id(), "\n", req.worker_id());
     shared_count_ = range->count;
     offered_at_ = absl::Now();
     // ExchangeResponse: 5 shared.
@@ -1098,6 +1101,7 @@ class ExchangeReactor final
   // Memory shared with the worker (the reading side's; a pull being
   // served borrows it while mapped). Counted by the host while it exists.
   std::unique_ptr<SharedRegion> shared_;
+  std::string shared_owner_;     // its job and worker, for the host
   int64_t shared_count_ = 0;     // values of the range it was made for
   static constexpr absl::Duration kOfferAnswerTime = absl::Seconds(5);
   absl::Time offered_at_;

@@ -27,24 +27,36 @@ optimizer: {type: adam, lr: 0.001}
 // size, the number of regions and their bytes at once.
 TEST(ShardHostTest, SharedRegionsStayWithinTheirBounds) {
   ShardHost host(nullptr);
-  EXPECT_FALSE(host.ReserveSharedRegion(10));  // off until set
+  EXPECT_FALSE(host.ReserveSharedRegion("w", 10));  // off until set
   host.set_shared_memory(int64_t{16} << 20);
-  EXPECT_FALSE(host.ReserveSharedRegion((int64_t{16} << 20) / 4 + 1));
-  EXPECT_FALSE(host.ReserveSharedRegion(0));
+  EXPECT_FALSE(host.ReserveSharedRegion("w", (int64_t{16} << 20) / 4 + 1));
+  EXPECT_FALSE(host.ReserveSharedRegion("w", 0));
+  // Two a worker: its stream and the one replacing it.
+  EXPECT_TRUE(host.ReserveSharedRegion("a", 1));
+  EXPECT_TRUE(host.ReserveSharedRegion("a", 1));
+  EXPECT_FALSE(host.ReserveSharedRegion("a", 1));
+  host.ReleaseSharedRegion("a", 1);
+  EXPECT_TRUE(host.ReserveSharedRegion("a", 1));
+  host.ReleaseSharedRegion("a", 1);
+  host.ReleaseSharedRegion("a", 1);
+  EXPECT_EQ(host.shared_regions(), 0);
   // 1 GiB: 32 regions of 4 Mi values (two parts of 16 MiB each).
   constexpr int64_t kBig = int64_t{4} << 20;
-  for (int i = 0; i < 32; ++i) ASSERT_TRUE(host.ReserveSharedRegion(kBig)) << i;
-  EXPECT_FALSE(host.ReserveSharedRegion(kBig));
-  EXPECT_FALSE(host.ReserveSharedRegion(1));
-  host.ReleaseSharedRegion(kBig);
-  EXPECT_TRUE(host.ReserveSharedRegion(1));
-  EXPECT_FALSE(host.ReserveSharedRegion(kBig));
-  for (int i = 0; i < 31; ++i) host.ReleaseSharedRegion(kBig);
-  host.ReleaseSharedRegion(1);
+  auto owner = [](int i) { return absl::StrCat("w", i); };
+  for (int i = 0; i < 32; ++i)
+    ASSERT_TRUE(host.ReserveSharedRegion(owner(i), kBig)) << i;
+  EXPECT_FALSE(host.ReserveSharedRegion(owner(32), kBig));
+  EXPECT_FALSE(host.ReserveSharedRegion(owner(32), 1));
+  host.ReleaseSharedRegion(owner(0), kBig);
+  EXPECT_TRUE(host.ReserveSharedRegion(owner(32), 1));
+  EXPECT_FALSE(host.ReserveSharedRegion(owner(33), kBig));
+  for (int i = 1; i < 32; ++i) host.ReleaseSharedRegion(owner(i), kBig);
+  host.ReleaseSharedRegion(owner(32), 1);
+  EXPECT_EQ(host.shared_regions(), 0);
   // 256 regions, however small.
   for (int i = 0; i < ShardHost::kMaxSharedRegions; ++i)
-    ASSERT_TRUE(host.ReserveSharedRegion(1)) << i;
-  EXPECT_FALSE(host.ReserveSharedRegion(1));
+    ASSERT_TRUE(host.ReserveSharedRegion(owner(i), 1)) << i;
+  EXPECT_FALSE(host.ReserveSharedRegion(owner(1000), 1));
 }
 
 TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
