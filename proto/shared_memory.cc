@@ -27,6 +27,16 @@ absl::Status Errno(const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
+// Whether the descriptor /proc/.../fd/N at `path` is one of Tally's memfds
+// (a readable link "/memfd:tally-shared (deleted)").
+bool IsRegionLink(const std::string& path) {
+  char link[256];
+  const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n < 0) return false;
+  link[n] = '\0';
+  return absl::StartsWith(link, absl::StrCat("/memfd:", kName));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
@@ -72,21 +82,16 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Map(
       absl::StrCat("/proc/", offer.pid(), "/fd/", offer.fd());
   // Only the shard's memfd will do: nothing else of whatever process has
   // that number here is opened.
-  char link[256];
-  const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
-  if (n < 0) return Errno("the shard's region is not reachable from here");
-  link[n] = '\0';
-  if (!absl::StartsWith(link, absl::StrCat("/memfd:", kName))) {
+  if (access(path.c_str(), F_OK) != 0)
+    return Errno("the shard's region is not reachable from here");
+  if (!IsRegionLink(path)) {
     return absl::NotFoundError("the offered descriptor is not a shared region");
   }
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return Errno("opening the shard's region");
   // The number may have been reused between the look and the open: what
   // was opened is checked again.
-  const std::string self = absl::StrCat("/proc/self/fd/", fd);
-  const ssize_t m = readlink(self.c_str(), link, sizeof(link) - 1);
-  if (m < 0 || (link[m] = '\0', !absl::StartsWith(link, absl::StrCat(
-                                                         "/memfd:", kName)))) {
+  if (!IsRegionLink(absl::StrCat("/proc/self/fd/", fd))) {
     close(fd);
     return absl::NotFoundError("the offered descriptor is not a shared region");
   }

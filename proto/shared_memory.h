@@ -54,17 +54,20 @@ class SharedRegion {
   int64_t push_at() const { return push_at_; }
   int64_t pull_at() const { return pull_at_; }
 
-  // Where `bytes` from byte `at` lie, if [at, at + bytes) is inside the
-  // push part [push_at, pull_at) (or the pull part [pull_at, size)); null
-  // otherwise.
-  char* PushPart(int64_t at, int64_t bytes) const {
-    return Inside(at, bytes, push_at_, pull_at_);
-  }
-  char* PullPart(int64_t at, int64_t bytes) const {
-    return Inside(at, bytes, pull_at_, size_);
-  }
-
   enum Part { kPush = 0, kPull = 1 };
+
+  // Where `count` values of `width` bytes from byte `at` lie, if they are
+  // all inside `part` (the push part [push_at, pull_at), the pull part
+  // [pull_at, size)); null otherwise, whatever the numbers (a peer's).
+  char* Values(Part part, int64_t at, int64_t count, int width) const {
+    const int64_t begin = part == kPush ? push_at_ : pull_at_;
+    const int64_t end = part == kPush ? pull_at_ : size_;
+    if (width <= 0 || count < 0 || count > (end - begin) / width ||
+        at < begin || at > end - count * width) {
+      return nullptr;
+    }
+    return data_ + at;
+  }
   int64_t part_bytes(Part part) const {
     return part == kPush ? pull_at_ - push_at_ : size_ - pull_at_;
   }
@@ -76,10 +79,6 @@ class SharedRegion {
 
  private:
   SharedRegion() = default;
-  char* Inside(int64_t at, int64_t bytes, int64_t begin, int64_t end) const {
-    if (at < begin || bytes < 0 || at > end || bytes > end - at) return nullptr;
-    return data_ + at;
-  }
 
   int fd_ = -1;  // the shard's, until CloseDescriptor; the worker keeps none
   char* data_ = nullptr;

@@ -581,7 +581,8 @@ class PullServing {
     if (next_ >= n && next_ > 0) return false;
     const int width = dtype_ == v1::BFLOAT16 ? 2 : 4;
     char* dst = shared_ != nullptr && n > 0
-                    ? shared_->PullPart(shared_->pull_at(), n * width)
+                    ? shared_->Values(SharedRegion::kPull, shared_->pull_at(),
+                                      n, width)
                     : nullptr;
     if (dst != nullptr) {
       // The worker reads it once this message reaches it, before it asks
@@ -971,21 +972,20 @@ class ExchangeReactor final
   void OfferSharedMemory(const v1::PullRequest& req) {
     if (!colocated_) return;
     absl::StatusOr<Range> range = host_->Find(req.job_id());
+    const std::string owner = absl::StrCat(req.job_id(), "\n", req.worker_id());
     if (!range.ok() ||
         !range->shard->CheckMember(req.worker_id(), req.incarnation()).ok() ||
-        !host_->ReserveSharedRegion(
-            absl::StrCat(req.job_id(), "\n", req.worker_id()), range->count)) {
+        !host_->ReserveSharedRegion(owner, range->count)) {
       return;
     }
     absl::StatusOr<std::unique_ptr<SharedRegion>> region =
         SharedRegion::Create(range->count * 4, range->count * 4);
     if (!region.ok()) {
-      host_->ReleaseSharedRegion(
-          absl::StrCat(req.job_id(), "\n", req.worker_id()), range->count);
+      host_->ReleaseSharedRegion(owner, range->count);
       return;
     }
     shared_ = *std::move(region);
-    shared_owner_ = absl::StrCat(req.job_id(), "\n", req.worker_id());
+    shared_owner_ = owner;
     shared_count_ = range->count;
     offered_at_ = absl::Now();
     // ExchangeResponse: 5 shared.
@@ -1011,9 +1011,7 @@ class ExchangeReactor final
     }
     TALLY_ASSIGN_OR_RETURN(const int width, DTypeWidth(c.dtype));
     const char* at =
-        c.count >= 0 && c.count <= shared_->size() / width
-            ? shared_->PushPart(c.shared_offset, c.count * width)
-            : nullptr;
+        shared_->Values(SharedRegion::kPush, c.shared_offset, c.count, width);
     if (at == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a chunk's ", c.count, " values at byte ", c.shared_offset,

@@ -688,6 +688,28 @@ class StreamOp {
   virtual void Fail(const absl::Status& s) = 0;
 };
 
+// A part of a stream's shared region, taken for one op (ShardStream::
+// TakeShared) and given back once: when the op is answered or fails, or at
+// the latest with the op.
+class SharedPart {
+ public:
+  SharedPart(std::shared_ptr<SharedRegion> region, SharedRegion::Part part)
+      : region_(std::move(region)), part_(part) {}
+  SharedPart(const SharedPart&) = delete;
+  SharedPart& operator=(const SharedPart&) = delete;
+  ~SharedPart() { Give(); }
+
+  const std::shared_ptr<SharedRegion>& region() const { return region_; }
+  void Give() {
+    if (!given_.exchange(true)) region_->Give(part_);
+  }
+
+ private:
+  const std::shared_ptr<SharedRegion> region_;
+  const SharedRegion::Part part_;
+  std::atomic<bool> given_{false};
+};
+
 // How users reach a ShardStream (see there): the lock and the user count
 // keep the reactor alive while a user calls into it.
 struct ShardStreamSlot {
@@ -759,17 +781,16 @@ class ShardStream final
     asked_ = true;
     return true;
   }
-  // The shared region with `part` taken for one op of `values` float32
-  // values, which gives it back once answered; null when there is none,
-  // the part is smaller, or it is in use.
-  std::shared_ptr<SharedRegion> TakeShared(SharedRegion::Part part,
-                                           int64_t values) {
+  // The shared region's `part`, taken for one op of `values` float32
+  // values; null when there is none, the part is smaller, or it is in use.
+  std::unique_ptr<SharedPart> TakeShared(SharedRegion::Part part,
+                                         int64_t values) {
     absl::MutexLock lock(&mu_);
     if (shared_ == nullptr || shared_->part_bytes(part) / 4 < values ||
         !shared_->TryTake(part)) {
       return nullptr;
     }
-    return shared_;
+    return std::make_unique<SharedPart>(shared_, part);
   }
 
   // Some op still has messages to write (a user's call).
@@ -948,11 +969,10 @@ class ShardStream final
       region = shared_;
     }
     absl::StatusOr<int> width = DTypeWidth(c.dtype);
-    const char* at =
-        region != nullptr && width.ok() && c.data_size == 0 && c.count >= 0 &&
-                c.count <= region->size() / *width
-            ? region->PullPart(c.shared_offset, c.count * *width)
-            : nullptr;
+    const char* at = region != nullptr && width.ok() && c.data_size == 0
+                         ? region->Values(SharedRegion::kPull, c.shared_offset,
+                                          c.count, *width)
+                         : nullptr;
     if (at == nullptr) {
       return absl::DataLossError(
           "weights in shared memory outside the stream's region");
@@ -1025,12 +1045,12 @@ class PushOp final : public StreamOp, public FedPart {
          const ParamClientOptions& o, const PushInfo& info, bool commit,
          const float* grads, int64_t offset, int64_t count, bool fed,
          std::shared_ptr<ShardStreamSlot> slot, grpc::ClientContext* ctx,
-         std::shared_ptr<SharedRegion> shared)
+         std::unique_ptr<SharedPart> shared)
       : work_(std::move(work)),
         part_(part),
-        shared_(shared),
+        shared_(std::move(shared)),
         messages_(work_, in_flight, o, info, commit, grads, offset, count,
-                  PushDone(), std::move(shared)),
+                  PushDone(), shared_ != nullptr ? shared_->region() : nullptr),
         slot_(std::move(slot)),
         ctx_(ctx) {
     if (!fed) messages_.Queue(messages_.begin(), messages_.end());
@@ -1047,7 +1067,7 @@ class PushOp final : public StreamOp, public FedPart {
     if (!msg.has(4) || msg.has(3) || !resp.ParseFromString(msg.bytes(4))) {
       return absl::DataLossError("a malformed push answer from the shard");
     }
-    GiveShared();  // the shard has read the values: the next push may
+    if (shared_ != nullptr) shared_->Give();  // the shard has read them
     work_->Finished(part_, ctx_, absl::OkStatus(), resp.version(),
                     /*cancel_others=*/false, resp.committed());
     *done = true;
@@ -1055,7 +1075,7 @@ class PushOp final : public StreamOp, public FedPart {
   }
   void Fail(const absl::Status& s) override {
     messages_.Drop();  // whoever still holds the op, the gradient goes
-    GiveShared();
+    if (shared_ != nullptr) shared_->Give();
     work_->Finished(part_, ctx_, s, -1, /*cancel_others=*/false);
   }
 
@@ -1077,15 +1097,9 @@ class PushOp final : public StreamOp, public FedPart {
   }
 
  private:
-  void GiveShared() {
-    if (shared_ != nullptr && !given_.exchange(true))
-      shared_->Give(SharedRegion::kPush);
-  }
-
   std::shared_ptr<Work> work_;
   const int part_;
-  const std::shared_ptr<SharedRegion> shared_;  // its push part taken; or null
-  std::atomic<bool> given_{false};
+  const std::unique_ptr<SharedPart> shared_;  // the region's push part, or null
   PushMessages messages_;
   std::shared_ptr<ShardStreamSlot> slot_;
   grpc::ClientContext* ctx_;  // the stream's, for the work (Cancel)
@@ -1098,7 +1112,7 @@ class PullOp final : public StreamOp {
   // null); `ask`: the pull asks for one.
   PullOp(std::shared_ptr<Work> work, int part, v1::PullRequest req,
          float* params, int64_t num_params, int64_t offset, int64_t count,
-         grpc::ClientContext* ctx, std::shared_ptr<SharedRegion> shared,
+         grpc::ClientContext* ctx, std::unique_ptr<SharedPart> shared,
          bool ask)
       : work_(std::move(work)),
         part_(part),
@@ -1127,7 +1141,7 @@ class PullOp final : public StreamOp {
     TALLY_RETURN_IF_ERROR(decoder_.Take(msg));
     work_->Arrived(part_, decoder_.contiguous());
     if (decoder_.complete()) {
-      GiveShared();  // copied out: the next pull may use the region
+      if (shared_ != nullptr) shared_->Give();  // copied out
       work_->Finished(part_, ctx_, absl::OkStatus(), decoder_.version(),
                       /*cancel_others=*/true);
       *done = true;
@@ -1135,23 +1149,17 @@ class PullOp final : public StreamOp {
     return absl::OkStatus();
   }
   void Fail(const absl::Status& s) override {
-    GiveShared();
+    if (shared_ != nullptr) shared_->Give();
     work_->Finished(part_, ctx_, s, decoder_.version(),
                     /*cancel_others=*/true);
   }
 
  private:
-  void GiveShared() {
-    if (shared_ != nullptr && !given_.exchange(true))
-      shared_->Give(SharedRegion::kPull);
-  }
-
   std::shared_ptr<Work> work_;
   const int part_;
   PullDecoder decoder_;
   grpc::ClientContext* ctx_;  // the stream's, for the work (Cancel)
-  const std::shared_ptr<SharedRegion> shared_;
-  std::atomic<bool> given_{false};
+  const std::unique_ptr<SharedPart> shared_;  // the region's pull part, or null
   grpc::ByteBuffer request_;
   bool sent_ = false;  // the writer's (under the stream's lock)
 };

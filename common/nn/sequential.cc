@@ -51,6 +51,10 @@ absl::StatusOr<std::unique_ptr<Sequential>> Sequential::Create(
       m->param_ranges_.back() = {off, end};
     }
   }
+  m->first_learning_ = static_cast<size_t>(
+      std::find_if(m->param_ranges_.begin(), m->param_ranges_.end(),
+                   [](const auto& r) { return r.second > r.first; }) -
+      m->param_ranges_.begin());
   m->inputs_.resize(layers.size());
   m->outputs_.resize(layers.size());
   m->acts_.resize(layers.size());
@@ -140,17 +144,10 @@ absl::Status Sequential::Backward(const float* dout, float* dinput,
   dy.data = const_cast<float*>(dout);
   dy.shape = outputs_.back().shape;
   absl::Status hook_status;
-  // Without a dinput, no layer needs its input's gradient from the first
-  // one with parameters down (an MLP's first Linear after its Flatten: the
-  // largest GEMM of the step, skipped).
-  const size_t first_learning = static_cast<size_t>(
-      std::find_if(param_ranges_.begin(), param_ranges_.end(),
-                   [](const auto& r) { return r.second > r.first; }) -
-      param_ranges_.begin());
   for (size_t j = layers_.size(); j-- > 0 && hook_status.ok();) {
-    if (dinput == nullptr && j <= first_learning) {
+    if (dinput == nullptr && j <= first_learning_) {
       // Only parameter gradients are needed here, and nothing below.
-      if (j == first_learning) {
+      if (j == first_learning_) {
         layers_[j]->Backward(k, inputs_[j], outputs_[j], dy, nullptr);
         hook_status = gradient_done(j);
       }

@@ -89,6 +89,10 @@ class Sequential {
   std::vector<std::unique_ptr<internal::Layer>> layers_;
   // Per layer, its range of the flat vectors (empty for parameterless ones).
   std::vector<std::pair<int64_t, int64_t>> param_ranges_;
+  // The first layer with parameters (layers_.size() if none). Without a
+  // dinput, no layer from it down needs its input's gradient: an MLP's
+  // first Linear after its Flatten skips the step's largest GEMM.
+  size_t first_learning_ = 0;
   DeviceBuffer<float> params_;
   DeviceBuffer<float> grads_;
   int capacity_ = 0;                       // batch the buffers fit
