@@ -87,6 +87,17 @@ class Device {
                                        size_t bytes) {
     return CopyToHost(dst, src, bytes);
   }
+  // Marks the CopyToHostAsync copies enqueued so far. WaitCopiesToHost(mark)
+  // returns once they have landed in host memory, without waiting for the
+  // kernels enqueued after them (as Synchronize() does), so a caller can hand
+  // on each layer's gradient while earlier layers still compute. Marks count
+  // from 1 and are valid until the next Synchronize(); the wait returns the
+  // first error so far, if any (it stays sticky). The default copies are
+  // synchronous: there is nothing to wait for.
+  virtual absl::StatusOr<int> MarkCopiesToHost() { return 0; }
+  virtual absl::Status WaitCopiesToHost(int /*mark*/) {
+    return absl::OkStatus();
+  }
 
   // Enqueues a copy of `bytes` at `src` on device `peer` (borrowed) into
   // `dst` on this device, ordered after this device's earlier work. The

@@ -57,18 +57,42 @@ absl::Status OffHostDevice::CopyFromPeer(void* dst, Device& peer,
   return absl::OkStatus();
 }
 
+absl::Status OffHostDevice::Land(Pending& p) {
+  absl::Status status;
+  if (std::memcmp(p.src, p.snapshot.data(), p.snapshot.size()) != 0) {
+    status = absl::InternalError(
+        absl::StrCat(id_.ToString(), ": the source of an async ",
+                     p.dst == nullptr ? "host-to-device" : "device-to-host",
+                     " copy changed before it landed (a race on a GPU)"));
+  }
+  if (p.dst != nullptr)
+    std::memcpy(p.dst, p.snapshot.data(), p.snapshot.size());
+  p.landed = true;
+  return status;
+}
+
+absl::StatusOr<int> OffHostDevice::MarkCopiesToHost() {
+  return static_cast<int>(pending_.size()) + 1;
+}
+
+absl::Status OffHostDevice::WaitCopiesToHost(int mark) {
+  if (mark <= 0 || static_cast<size_t>(mark) > pending_.size() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("no copy mark ", mark));
+  }
+  absl::Status status;
+  for (int i = 0; i + 1 < mark; ++i) {
+    Pending& p = pending_[i];
+    if (p.dst == nullptr || p.landed) continue;
+    if (absl::Status s = Land(p); status.ok()) status = s;
+  }
+  return status;
+}
+
 absl::Status OffHostDevice::Synchronize() {
   absl::Status status = cpu_->Synchronize();
-  for (const Pending& p : pending_) {
-    if (std::memcmp(p.src, p.snapshot.data(), p.snapshot.size()) != 0 &&
-        status.ok()) {
-      status = absl::InternalError(
-          absl::StrCat(id_.ToString(), ": the source of an async ",
-                       p.dst == nullptr ? "host-to-device" : "device-to-host",
-                       " copy changed before Synchronize (a race on a GPU)"));
-    }
-    if (p.dst != nullptr)
-      std::memcpy(p.dst, p.snapshot.data(), p.snapshot.size());
+  for (Pending& p : pending_) {
+    if (p.landed) continue;
+    if (absl::Status s = Land(p); status.ok()) status = s;
   }
   pending_.clear();
   return status;

@@ -3,10 +3,10 @@
 // collectives) run and are checked on machines without one.
 //
 // host_accessible() is false. Synchronous copies happen at once. An async
-// copy to host lands only at Synchronize(), so a caller that reads it early
-// sees stale data; an async copy whose source changes before Synchronize()
-// (a race on a GPU, where the copy runs beside later kernels) makes
-// Synchronize() fail with kInternal. Kernels are the CPU's.
+// copy to host lands only at Synchronize() or the WaitCopiesToHost of a later
+// mark, so a caller that reads it early sees stale data; an async copy whose
+// source changes before it lands (a race on a GPU, where the copy runs beside
+// later kernels) makes that call fail with kInternal. Kernels are the CPU's.
 #ifndef TALLY_TESTS_OFF_HOST_DEVICE_H_
 #define TALLY_TESTS_OFF_HOST_DEVICE_H_
 
@@ -42,6 +42,10 @@ class OffHostDevice final : public Device {
   absl::Status CopyFromPeer(void* dst, Device& peer, const void* src,
                             size_t bytes) override;
   absl::Status Synchronize() override;
+  // A mark counts the copies enqueued so far; waiting on it lands those of
+  // them that go to host memory (and checks their sources), no others.
+  absl::StatusOr<int> MarkCopiesToHost() override;
+  absl::Status WaitCopiesToHost(int mark) override;
 
   // Async copies enqueued so far, each way.
   int64_t async_to_device() const { return async_to_device_; }
@@ -52,7 +56,10 @@ class OffHostDevice final : public Device {
     void* dst;  // null for a host-to-device copy (already done)
     const void* src;
     std::vector<char> snapshot;  // src when the copy was enqueued
+    bool landed = false;         // by WaitCopiesToHost
   };
+  // Lands a device-to-host copy: kInternal if its source changed.
+  absl::Status Land(Pending& p);
 
   DeviceId id_;
   std::unique_ptr<Device> cpu_;

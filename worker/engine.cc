@@ -194,11 +194,11 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   const int used = static_cast<int>(sizes.size());
   const int64_t feat = NumElements(input_shape_);
   const float grad_scale = 1.0f / batch.size;
-  // One replica in host memory computes straight into grads(): its layers'
-  // gradients are final as backward produces them, and the loss is the
-  // batch's once its forward pass is done.
-  const bool per_layer = num_replicas() == 1 && collective_ == nullptr &&
-                         replicas_[0]->device->host_accessible();
+  // One replica's gradients are final layer by layer, as backward produces
+  // them (in host memory: straight into grads(); on a GPU: once each layer's
+  // copy to grads() has landed), and the loss is the batch's once its
+  // forward pass is done.
+  const bool per_layer = num_replicas() == 1 && collective_ == nullptr;
   const StepHooks no_hooks;
   const StepHooks& sh = step_hooks != nullptr ? *step_hooks : no_hooks;
 
@@ -209,29 +209,54 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   auto compute = [&](internal::Replica& rep, int r) -> absl::Status {
     Device* dev = rep.device.get();
     ParamHooks hooks;
+    // A GPU's layer gradients on their way to grads(): (copy mark, range).
+    struct Landing {
+      int mark;
+      int64_t begin, end;
+    };
+    std::vector<Landing> landing;
+    const bool report = per_layer && static_cast<bool>(sh.grads_ready);
     if (dev->host_accessible()) {
       TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
                                               num_params_ * sizeof(float)));
+      if (per_layer && sh.params_ready) hooks.before_forward = sh.params_ready;
+      if (report) {
+        hooks.after_backward = [&](int64_t begin, int64_t end) {
+          sh.grads_ready(begin, end);
+          return absl::OkStatus();
+        };
+      }
     } else {
-      hooks.before_forward = [&](int64_t begin, int64_t end) {
+      hooks.before_forward = [&](int64_t begin, int64_t end) -> absl::Status {
+        if (per_layer && sh.params_ready)
+          TALLY_RETURN_IF_ERROR(sh.params_ready(begin, end));
         return dev->CopyFromHostAsync(rep.model->params() + begin,
                                       params_ + begin,
                                       (end - begin) * sizeof(float));
       };
       if (rep.host_grads != nullptr) {
-        hooks.after_backward = [&](int64_t begin, int64_t end) {
-          return dev->CopyToHostAsync(rep.host_grads + begin,
-                                      rep.model->grads() + begin,
-                                      (end - begin) * sizeof(float));
+        hooks.after_backward = [&](int64_t begin, int64_t end) -> absl::Status {
+          TALLY_RETURN_IF_ERROR(dev->CopyToHostAsync(
+              rep.host_grads + begin, rep.model->grads() + begin,
+              (end - begin) * sizeof(float)));
+          if (!report) return absl::OkStatus();
+          TALLY_ASSIGN_OR_RETURN(int mark, dev->MarkCopiesToHost());
+          landing.push_back({mark, begin, end});
+          return absl::OkStatus();
         };
       }
-    }
-    if (per_layer && sh.params_ready) hooks.before_forward = sh.params_ready;
-    if (per_layer && sh.grads_ready) {
-      hooks.after_backward = [&](int64_t begin, int64_t end) {
-        sh.grads_ready(begin, end);
-        return absl::OkStatus();
-      };
+      if (report) {
+        // The whole backward pass is enqueued: hand on each layer's gradient
+        // as its copy lands, the last layer first, while the device still
+        // computes the layers before it.
+        hooks.backward_enqueued = [&]() -> absl::Status {
+          for (const Landing& l : landing) {
+            TALLY_RETURN_IF_ERROR(dev->WaitCopiesToHost(l.mark));
+            sh.grads_ready(l.begin, l.end);
+          }
+          return absl::OkStatus();
+        };
+      }
     }
     const float* x;
     const int32_t* y;

@@ -17,7 +17,8 @@
 //      replicas into grads(), then calls the caller's `apply` for that slice
 //      (the standalone trainer runs the optimizer there, in parallel). A
 //      GPU's gradients reach host memory layer by layer during backward, on
-//      the copy stream. Several GPUs instead all-reduce on the devices (NCCL,
+//      the copy stream (with one GPU, StepHooks hears of each layer as its
+//      copy lands). Several GPUs instead all-reduce on the devices (NCCL,
 //      or peer copies and a kernel sum where NCCL is missing or refuses the
 //      devices) and replica 0 copies the sum into grads().
 // The result equals one device running the whole batch, up to float
@@ -86,19 +87,21 @@ struct StepStats {
 struct StepHooks {
   // Before the step reads params()[begin, end): may block until they are
   // there (weights still arriving from a pull, the first layers first). A
-  // non-OK status fails the step. One replica in host memory asks layer by
-  // layer, before each layer's forward pass; otherwise once for the whole
-  // vector, before the replicas copy it.
+  // non-OK status fails the step. One replica (in host memory or on a GPU)
+  // asks layer by layer, before each layer's forward pass (a GPU's copy of
+  // that layer goes in after it); several once for the whole vector, before
+  // the replicas copy it.
   std::function<absl::Status(int64_t begin, int64_t end)> params_ready;
   // Once per successful forward pass, with the whole batch's loss and
   // counts, before any grads_ready. A non-OK status fails the step.
   std::function<absl::Status(const StepStats&)> loss_known;
   // grads()[begin, end) holds this step's final gradient and does not
   // change before the next Step. The ranges of one step cover
-  // [0, num_params()) exactly once, in any order (one replica on host
-  // memory: layer by layer as backward produces them, the last layer
-  // first; otherwise one range per reduced slice, possibly from several
-  // threads at once). A step that fails may have reported some ranges:
+  // [0, num_params()) exactly once, in any order (one replica: layer by
+  // layer, the last layer first, as backward produces them in host memory
+  // or, on a GPU, as each layer's copy lands while the layers before it
+  // still compute; several: one range per reduced slice, possibly from
+  // several threads at once). A step that fails may have reported some ranges:
   // what was done with them is to be undone.
   std::function<void(int64_t begin, int64_t end)> grads_ready;
 };

@@ -158,6 +158,7 @@ class CudaDevice final : public Device {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
     if (copy_done_ != nullptr) cudaEventDestroy(copy_done_);
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -240,6 +241,34 @@ class CudaDevice final : public Device {
     return absl::OkStatus();
   }
 
+  // One event per mark, recorded on the copy stream; reused after the next
+  // Synchronize, when every one of them has completed.
+  absl::StatusOr<int> MarkCopiesToHost() override {
+    cudaSetDevice(index_);
+    if (marks_used_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      if (auto s = CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                              "cudaEventCreate", index_);
+          !s.ok()) {
+        return s;
+      }
+      marks_.push_back(e);
+    }
+    Note(CudaStatus(cudaEventRecord(marks_[marks_used_], copy_stream_),
+                    "cudaEventRecord", index_));
+    return static_cast<int>(++marks_used_);
+  }
+  absl::Status WaitCopiesToHost(int mark) override {
+    if (mark <= 0 || static_cast<size_t>(mark) > marks_used_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no copy mark ", mark, " on cuda:", index_));
+    }
+    cudaSetDevice(index_);
+    Note(CudaStatus(cudaEventSynchronize(marks_[mark - 1]),
+                    "cudaEventSynchronize", index_));
+    return error_;
+  }
+
   absl::Status CopyFromPeer(void* dst, Device& peer, const void* src,
                             size_t bytes) override {
     auto* gpu = dynamic_cast<CudaDevice*>(&peer);
@@ -272,6 +301,7 @@ class CudaDevice final : public Device {
     }
     absl::Status s = std::move(error_);
     error_ = absl::OkStatus();
+    marks_used_ = 0;
     return s;
   }
   void SetAllowTf32(bool allow) override {
@@ -310,6 +340,8 @@ class CudaDevice final : public Device {
   cudaStream_t copy_stream_ = nullptr;  // the *Async copies
   cudaEvent_t compute_done_ = nullptr;  // compute -> copy ordering
   cudaEvent_t copy_done_ = nullptr;     // copy -> compute ordering
+  std::vector<cudaEvent_t> marks_;      // MarkCopiesToHost's events
+  size_t marks_used_ = 0;               // since the last Synchronize
   std::vector<int> peers_checked_;
   cublasHandle_t cublas_ = nullptr;
   int* error_flag_ = nullptr;

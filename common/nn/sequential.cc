@@ -171,6 +171,8 @@ absl::Status Sequential::Backward(const float* dout, float* dinput,
     hook_status = gradient_done(j);
     dy = dx;
   }
+  if (hook_status.ok() && hooks != nullptr && hooks->backward_enqueued)
+    hook_status = hooks->backward_enqueued();
   // Wait for the device even when a hook failed: its work is in flight.
   absl::Status sync = device_->Synchronize();
   TALLY_RETURN_IF_ERROR(hook_status);

@@ -34,10 +34,14 @@ class Layer;
 // before_forward runs just before the forward pass of a layer with
 // parameters is enqueued; after_backward just after its backward (which
 // writes that range of grads()) is. Layers without parameters get no call.
-// A non-OK status stops the pass and is returned. Either may be empty.
+// A non-OK status stops the pass and is returned. Any may be empty.
 struct ParamHooks {
   std::function<absl::Status(int64_t begin, int64_t end)> before_forward;
   std::function<absl::Status(int64_t begin, int64_t end)> after_backward;
+  // Once the last after_backward is enqueued, before Backward waits for the
+  // device: where the hooks' copies can be waited for one by one (a GPU's
+  // gradients landing in host memory while earlier layers still compute).
+  std::function<absl::Status()> backward_enqueued;
 };
 
 class Sequential {

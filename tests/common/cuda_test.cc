@@ -4,6 +4,7 @@
 // that case is tested here too.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -357,6 +358,56 @@ EngineOptions Gpus(const std::string& spec) {
 TEST(CudaEngineTest, TrainingStepOnOneGpuMatchesCpu) {
   REQUIRE_GPUS(1);
   ExpectEngineMatchesCpu(Gpus("cuda:0"), "cuda:0");
+}
+
+// One GPU hands on each layer's gradient as its copy to host memory lands
+// (the job runner pushes it from there while the GPU computes the layers
+// before it): the last layer first, each range final when reported.
+TEST(CudaEngineTest, OneGpuReportsEachLayersGradientOnceItLands) {
+  REQUIRE_GPUS(1);
+  Rng rng(21);
+  const int batch = 64;
+  std::vector<float> x(batch * 784);
+  for (float& v : x) v = rng.Uniform(0, 1);
+  std::vector<int32_t> y(batch);
+  for (int& v : y) v = static_cast<int>(rng.Below(10));
+  auto layout = ComputeLayout(Cnn(), {1, 28, 28});
+  std::vector<float> init = InitParams(Cnn(), *layout, 7);
+  auto cpu = Engine::Create(Cnn(), {1, 28, 28}, EngineOptions{});
+  auto gpu = Engine::Create(Cnn(), {1, 28, 28}, Gpus("cuda:0"));
+  ASSERT_TRUE(cpu.ok() && gpu.ok()) << gpu.status();
+  Engine& g = **gpu;
+  const int64_t n = g.num_params();
+  std::copy(init.begin(), init.end(), (*cpu)->params());
+  std::fill(g.params(), g.params() + n, std::nanf(""));  // arrives per layer
+  std::vector<std::pair<int64_t, int64_t>> asked, reported;
+  std::vector<float> seen(n, std::nanf(""));
+  StepHooks h;
+  h.params_ready = [&](int64_t b, int64_t e) {
+    asked.push_back({b, e});
+    std::copy(init.begin() + b, init.begin() + e, g.params() + b);
+    return absl::OkStatus();
+  };
+  h.grads_ready = [&](int64_t b, int64_t e) {
+    reported.push_back({b, e});
+    std::copy(g.grads() + b, g.grads() + e, seen.begin() + b);
+  };
+  BatchView view{x.data(), y.data(), batch};
+  auto a = (*cpu)->Step(view, 3);
+  auto b = g.Step(view, 3, {}, &h);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+  // Two layers with parameters: the convolution, then the linear layer.
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[0].first, 0);
+  ASSERT_EQ(reported.size(), 2u);
+  EXPECT_EQ(reported[0], asked[1]);
+  EXPECT_EQ(reported[1], asked[0]);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::memcmp(&seen[i], g.grads() + i, 4), 0) << i;
+    ASSERT_NEAR(seen[i], (*cpu)->grads()[i],
+                1e-4f + 1e-3f * std::fabs((*cpu)->grads()[i]))
+        << "gradient " << i;
+  }
 }
 
 TEST(CudaEngineTest, MultiGpuReductionMatchesCpuSum) {

@@ -155,5 +155,27 @@ TEST(OffHostDeviceTest, AsyncCopiesLandAtSynchronizeAndRacesAreCaught) {
   EXPECT_EQ(d.async_to_host(), 2);
 }
 
+// A mark lands the copies to host enqueued before it, and only those.
+TEST(OffHostDeviceTest, WaitingOnAMarkLandsTheCopiesBeforeIt) {
+  OffHostDevice d({DeviceType::kCpu, 0});
+  auto buf = *DeviceBuffer<float>::Create(&d, 2);
+  buf.data()[0] = 1;
+  buf.data()[1] = 2;
+  float first = 0, second = 0;
+  TALLY_ASSERT_OK(d.CopyToHostAsync(&first, buf.data(), sizeof(float)));
+  auto mark = d.MarkCopiesToHost();
+  TALLY_ASSERT_OK(mark.status());
+  TALLY_ASSERT_OK(d.CopyToHostAsync(&second, buf.data() + 1, sizeof(float)));
+  TALLY_ASSERT_OK(d.WaitCopiesToHost(*mark));
+  EXPECT_EQ(first, 1.0f);
+  EXPECT_EQ(second, 0.0f);  // after the mark: not yet
+  buf.data()[0] = 7;        // landed: its source is free again
+  TALLY_ASSERT_OK(d.Synchronize());
+  EXPECT_EQ(first, 1.0f);
+  EXPECT_EQ(second, 2.0f);
+  EXPECT_THAT(d.WaitCopiesToHost(5),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mark")));
+}
+
 }  // namespace
 }  // namespace tally

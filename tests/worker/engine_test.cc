@@ -180,40 +180,73 @@ TEST(EngineTest, TwentySgdStepsGiveTheSameWeightsOnOneAndFourReplicas) {
   }
 }
 
-// StepHooks, which the job runner pushes from while backward runs: the loss
-// comes first; then ranges that cover the vector once, each already holding
-// its final gradient when reported (one host replica: layer by layer, the
-// last layer first; several: one range per reduced slice). The gradient is
-// the one a step without hooks computes, bit for bit.
-TEST(EngineTest, StepHooksReportEachRangeOnceAndFinal) {
-  for (int replicas : {1, 3}) {
-    SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
-    auto plain = MakeEngine(replicas, false);
-    auto hooked = MakeEngine(replicas, false);
-    const int64_t n = hooked->num_params();
-    Data d = RandomBatch(13, 7);
-    BatchView view{d.x.data(), d.y.data(), 13};
-    absl::Mutex mu;
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    std::vector<float> seen(n, std::nanf(""));
-    int loss_calls = 0;
-    bool loss_first = true;
-    StepStats at_loss;
-    StepHooks h;
-    h.loss_known = [&](const StepStats& s) {
-      absl::MutexLock lock(&mu);
-      ++loss_calls;
-      loss_first = loss_first && ranges.empty();
-      at_loss = s;
-      return absl::OkStatus();
-    };
-    h.grads_ready = [&](int64_t b, int64_t e) {
-      absl::MutexLock lock(&mu);
-      ranges.push_back({b, e});
-      std::copy(hooked->grads() + b, hooked->grads() + e, seen.begin() + b);
-    };
-    auto want = plain->Step(view, 5);
-    auto got = hooked->Step(view, 5, {}, &h);
+// StepHooks, which the job runner pushes from while backward runs, on one
+// CPU replica, several, and one device with a GPU's memory model (its
+// gradients land in host memory on the copy stream, layer by layer).
+struct HookCase {
+  const char* name;
+  int replicas;
+  bool off_host;
+};
+
+void PrintTo(const HookCase& c, std::ostream* os) { *os << c.name; }
+
+class StepHooksTest : public ::testing::TestWithParam<HookCase> {
+ protected:
+  std::unique_ptr<Engine> Make() {
+    EngineOptions o;
+    if (GetParam().off_host) {
+      o.open_device = [this](DeviceId id) {
+        auto d = std::make_unique<testing::OffHostDevice>(id);
+        off_host_ = d.get();
+        return absl::StatusOr<std::unique_ptr<Device>>(std::move(d));
+      };
+    }
+    return MakeEngine(GetParam().replicas, false, o);
+  }
+  bool per_layer() const { return GetParam().replicas == 1; }
+
+  testing::OffHostDevice* off_host_ = nullptr;  // the last one opened
+};
+
+// The loss comes first; then ranges that cover the vector once, each
+// already holding its final gradient in grads() when reported (one replica:
+// layer by layer, the last layer first; several: one range per reduced
+// slice). The gradient is the one a step without hooks computes, bit for
+// bit where one replica computes it.
+TEST_P(StepHooksTest, ReportEachRangeOnceAndFinal) {
+  const HookCase& c = GetParam();
+  auto plain = MakeEngine(c.replicas, false);
+  auto hooked = Make();
+  const int64_t n = hooked->num_params();
+  Data d = RandomBatch(13, 7);
+  BatchView view{d.x.data(), d.y.data(), 13};
+  absl::Mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::vector<float> seen(n, std::nanf(""));
+  int loss_calls = 0;
+  bool loss_first = true;
+  StepStats at_loss;
+  StepHooks h;
+  h.loss_known = [&](const StepStats& s) {
+    absl::MutexLock lock(&mu);
+    ++loss_calls;
+    loss_first = loss_first && ranges.empty();
+    at_loss = s;
+    return absl::OkStatus();
+  };
+  h.grads_ready = [&](int64_t b, int64_t e) {
+    absl::MutexLock lock(&mu);
+    ranges.push_back({b, e});
+    std::copy(hooked->grads() + b, hooked->grads() + e, seen.begin() + b);
+  };
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    ranges.clear();
+    loss_calls = 0;
+    std::fill(seen.begin(), seen.end(), std::nanf(""));
+    auto want = plain->Step(view, 5 + step);
+    auto got = hooked->Step(view, 5 + step, {}, &h);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(loss_calls, 1);
@@ -221,13 +254,13 @@ TEST(EngineTest, StepHooksReportEachRangeOnceAndFinal) {
     EXPECT_EQ(at_loss.samples, 13);
     EXPECT_EQ(at_loss.correct, got->correct);
     EXPECT_DOUBLE_EQ(at_loss.loss_sum, got->loss_sum);
-    if (replicas == 1) {
+    if (per_layer()) {
       // Two layers with parameters (the convolution, the linear layer),
       // the linear one reported first.
       ASSERT_EQ(ranges.size(), 2u);
       EXPECT_GT(ranges[0].first, ranges[1].first);
     } else {
-      EXPECT_EQ(ranges.size(), 3u);
+      EXPECT_EQ(ranges.size(), static_cast<size_t>(c.replicas));
     }
     std::sort(ranges.begin(), ranges.end());
     int64_t at = 0;
@@ -237,59 +270,84 @@ TEST(EngineTest, StepHooksReportEachRangeOnceAndFinal) {
     }
     EXPECT_EQ(at, n);
     for (int64_t i = 0; i < n; ++i) {
-      // Final when reported, and the plain step's (bit for bit: memcmp
-      // semantics, NaN included).
+      // Final when reported (on the off-host device, a copy not yet landed
+      // would show the last step's gradient), and the plain step's, bit for
+      // bit (memcmp semantics, NaN included).
       ASSERT_EQ(std::memcmp(&seen[i], hooked->grads() + i, 4), 0) << i;
-      if (replicas == 1) {
+      if (per_layer()) {
         ASSERT_EQ(std::memcmp(&seen[i], plain->grads() + i, 4), 0) << i;
       }
     }
-    if (replicas > 1) ExpectSameGradients(*plain, *hooked);
+    if (!per_layer()) ExpectSameGradients(*plain, *hooked);
+    // The weights change between steps, as a pull would change them.
+    for (Engine* e : {plain.get(), hooked.get()}) {
+      for (int64_t i = 0; i < n; ++i) e->params()[i] -= 0.1f * e->grads()[i];
+    }
+  }
+  if (off_host_ != nullptr) {
+    EXPECT_EQ(off_host_->async_to_host(), 4);
   }
 }
 
-// params_ready: one host replica asks for each layer's weights just before
-// its forward pass, in order; several replicas ask once for the whole
-// vector. A refusal fails the step before any gradient.
-TEST(EngineTest, StepHooksAskForEachLayersWeightsBeforeItsForwardPass) {
-  for (int replicas : {1, 2}) {
-    SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
-    auto e = MakeEngine(replicas, false);
-    Data d = RandomBatch(8, 3);
-    BatchView view{d.x.data(), d.y.data(), 8};
-    std::vector<std::pair<int64_t, int64_t>> asked;
-    bool loss_seen = false, asked_after_loss = false;
-    StepHooks h;
-    h.params_ready = [&](int64_t b, int64_t end) {
-      asked.push_back({b, end});
-      asked_after_loss = asked_after_loss || loss_seen;
-      return absl::OkStatus();
-    };
-    h.loss_known = [&](const StepStats&) {
-      loss_seen = true;
-      return absl::OkStatus();
-    };
-    ASSERT_TRUE(e->Step(view, 1, {}, &h).ok());
-    EXPECT_FALSE(asked_after_loss);
-    if (replicas == 1) {
-      ASSERT_EQ(asked.size(), 2u);  // the convolution, then the linear layer
-      EXPECT_EQ(asked[0].first, 0);
-      EXPECT_EQ(asked[0].second, asked[1].first);
-      EXPECT_EQ(asked[1].second, e->num_params());
-    } else {
-      ASSERT_EQ(asked.size(), 1u);
-      EXPECT_EQ(asked[0], std::make_pair(int64_t{0}, e->num_params()));
-    }
-    int reported = 0;
-    h.params_ready = [](int64_t, int64_t) {
-      return absl::DataLossError("the pull broke");
-    };
-    h.grads_ready = [&](int64_t, int64_t) { ++reported; };
-    EXPECT_THAT(e->Step(view, 1, {}, &h),
-                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pull broke")));
-    EXPECT_EQ(reported, 0);
+// params_ready: one replica asks for each layer's weights just before its
+// forward pass, in order, and reads them only after it returns (weights
+// written there are the ones used); several ask once for the whole vector.
+// A refusal fails the step before any gradient.
+TEST_P(StepHooksTest, AskForEachLayersWeightsBeforeItsForwardPass) {
+  auto plain = MakeEngine(GetParam().replicas, false);
+  auto e = Make();
+  const int64_t n = e->num_params();
+  const std::vector<float> weights(plain->params(), plain->params() + n);
+  std::fill(e->params(), e->params() + n, std::nanf(""));  // not there yet
+  Data d = RandomBatch(8, 3);
+  BatchView view{d.x.data(), d.y.data(), 8};
+  std::vector<std::pair<int64_t, int64_t>> asked;
+  bool loss_seen = false, asked_after_loss = false;
+  StepHooks h;
+  h.params_ready = [&](int64_t b, int64_t end) {
+    asked.push_back({b, end});
+    asked_after_loss = asked_after_loss || loss_seen;
+    std::copy(weights.begin() + b, weights.begin() + end, e->params() + b);
+    return absl::OkStatus();
+  };
+  h.loss_known = [&](const StepStats&) {
+    loss_seen = true;
+    return absl::OkStatus();
+  };
+  auto want = plain->Step(view, 1);
+  auto got = e->Step(view, 1, {}, &h);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(asked_after_loss);
+  if (per_layer()) {
+    ASSERT_EQ(asked.size(), 2u);  // the convolution, then the linear layer
+    EXPECT_EQ(asked[0].first, 0);
+    EXPECT_EQ(asked[0].second, asked[1].first);
+    EXPECT_EQ(asked[1].second, n);
+  } else {
+    ASSERT_EQ(asked.size(), 1u);
+    EXPECT_EQ(asked[0], std::make_pair(int64_t{0}, n));
   }
+  EXPECT_DOUBLE_EQ(got->loss_sum, want->loss_sum);
+  ExpectSameGradients(*plain, *e);
+  int reported = 0;
+  h.params_ready = [](int64_t, int64_t) {
+    return absl::DataLossError("the pull broke");
+  };
+  h.grads_ready = [&](int64_t, int64_t) { ++reported; };
+  EXPECT_THAT(e->Step(view, 1, {}, &h),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pull broke")));
+  EXPECT_EQ(reported, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Engines, StepHooksTest,
+    ::testing::Values(HookCase{"OneCpu", 1, false},
+                      HookCase{"ThreeCpus", 3, false},
+                      HookCase{"OneOffHost", 1, true}),
+    [](const ::testing::TestParamInfo<HookCase>& info) {
+      return std::string(info.param.name);
+    });
 
 TEST(EngineTest, AFailingLossHookFailsTheStepAndReportsNoGradient) {
   auto e = MakeEngine(1, false);
