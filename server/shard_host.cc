@@ -75,10 +75,12 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   if (!req.has_state()) {
     std::vector<float> init =
         InitParams(spec.layers, spec.layout, spec.training.seed);
-    shard = std::make_shared<ParameterShard>(
-        std::vector<float>(init.begin() + req.offset(),
-                           init.begin() + req.offset() + count),
-        std::move(opt), clock_);
+    if (count != n) {  // a part of the model: keep only that
+      init = std::vector<float>(init.begin() + req.offset(),
+                                init.begin() + req.offset() + count);
+    }
+    shard = std::make_shared<ParameterShard>(std::move(init), std::move(opt),
+                                             clock_);
   } else {
     const v1::RangeState& rs = req.state();
     ShardState st;
