@@ -41,6 +41,12 @@ inline constexpr size_t kMaxControlBytes = 256 * 1024;
 // What gRPC's own buffers may take in a server (its resource quota): under
 // pressure it shrinks flow-control windows and cuts oversized calls.
 inline constexpr size_t kServerMemoryQuotaBytes = 256 << 20;
+// A server's receive window per stream (HTTP/2's initial window): what one
+// caller may have sent that the server has not read yet. A shard leaves a
+// worker's push unread while lower ranks add the same block first, so this
+// much (and up to 1 MiB more) per worker is shard memory; one stream moves
+// at most a window per round trip (2 MiB / 1 ms = 2 GB/s).
+inline constexpr int kServerStreamWindowBytes = 2 * 1024 * 1024;
 // Calls one connection may have open at once (HTTP/2 streams).
 inline constexpr int kMaxStreamsPerConnection = 128;
 // Elements per tensor chunk unless a caller asks for fewer: 1 MiB of float32.
@@ -100,10 +106,12 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& target,
 
 // Adds a listening port on `address` ("0.0.0.0:7070"; port 0 picks one,
 // written to *port once the server starts) and applies Tally's server
-// settings: message limit, HTTP/2 tuning, and no port sharing, so a second
+// settings: message limit, HTTP/2 tuning (a receive window of
+// `stream_window_bytes` per stream), and no port sharing, so a second
 // server on a busy port fails instead of silently taking half its calls.
 void ConfigureServer(const std::string& address, grpc::ServerBuilder* builder,
-                     int* port, const ServerSecurity& security = {});
+                     int* port, const ServerSecurity& security = {},
+                     int stream_window_bytes = kServerStreamWindowBytes);
 
 }  // namespace tally
 

@@ -88,6 +88,11 @@ ABSL_FLAG(int64_t, shared_memory_max_bytes,
           "size through memory shared with the shard, not loopback TCP (two "
           "copies of the range per worker stream, in both processes' "
           "memory); 0: never");
+ABSL_FLAG(int, stream_window_bytes, tally::kServerStreamWindowBytes,
+          "Receive window of each stream (HTTP/2): what a caller may send "
+          "before the server reads it. A shard holds up to this (and 1 MiB "
+          "more) per worker whose push waits; one stream moves at most a "
+          "window per round trip, so raise it for links with long ones");
 ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
@@ -113,6 +118,13 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_streamed_sums_min_bytes);
   server_options.shared_memory_max_bytes =
       absl::GetFlag(FLAGS_shared_memory_max_bytes);
+  server_options.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
+  if (server_options.stream_window_bytes < 65535 ||
+      server_options.stream_window_bytes > (1 << 30)) {
+    std::cerr << "tally-server: --stream_window_bytes must be between 65535 "
+                 "(HTTP/2's smallest initial window) and 1073741824\n";
+    return 2;
+  }
   if (!server_options.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
     std::cerr << "tally-server: --state_dir belongs to the coordinator; a "
                  "shard keeps nothing on disk\n";

@@ -358,7 +358,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  ConfigureServer(address, &builder, &s->port_, options.security);
+  ConfigureServer(address, &builder, &s->port_, options.security,
+                  options.stream_window_bytes);
   if (s->jobs_ != nullptr) {
     builder.RegisterService(s->jobs_.get());
     builder.RegisterService(s->workers_.get());
