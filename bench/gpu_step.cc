@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
     };
     if (auto s = (*engine)->Step(view, i, {}, &hooks); !s.ok())
       return Fail(s.status());
+    if (first == absl::InfiniteFuture())
+      return Fail(absl::InternalError("the step reported no gradient"));
     hooked_ms += absl::ToDoubleMilliseconds(absl::Now() - began) / steps;
     first_ms += absl::ToDoubleMilliseconds(first - began) / steps;
   }

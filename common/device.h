@@ -91,9 +91,10 @@ class Device {
   // returns once they have landed in host memory, without waiting for the
   // kernels enqueued after them (as Synchronize() does), so a caller can hand
   // on each layer's gradient while earlier layers still compute. Marks count
-  // from 1 and are valid until the next Synchronize(); the wait returns the
-  // first error so far, if any (it stays sticky). The default copies are
-  // synchronous: there is nothing to wait for.
+  // from 1 and are valid until the next Synchronize() (which the synchronous
+  // copies also do); the wait returns the first error so far, if any (it
+  // stays sticky). The default copies are synchronous: its mark is 0 and
+  // there is nothing to wait for.
   virtual absl::StatusOr<int> MarkCopiesToHost() { return 0; }
   virtual absl::Status WaitCopiesToHost(int /*mark*/) {
     return absl::OkStatus();

@@ -1147,11 +1147,17 @@ void ParameterShard::SetStreamedSums(bool on) {
   // The step's one sum, made (and its pages touched) now rather than by the
   // first push of the job, under the lock every other push of that step
   // waits on while their data piles up in the transport.
-  std::unique_ptr<std::vector<float>> sum;
-  if (on) sum = std::make_unique<std::vector<float>>(num_params_);
+  // (After SetConsistency: a rule that stages needs none.)
+  bool make = false;
+  {
+    absl::MutexLock lock(&mu_);
+    streamed_sums_ = on;
+    make = StreamedLocked() && sum_ == nullptr && staging_pool_.empty();
+  }
+  if (!make) return;
+  auto sum = std::make_unique<std::vector<float>>(num_params_);
   absl::MutexLock lock(&mu_);
-  streamed_sums_ = on;
-  if (sum != nullptr && sum_ == nullptr && staging_pool_.empty() && !retired_)
+  if (sum_ == nullptr && staging_pool_.empty() && !retired_)
     staging_pool_.push_back(std::move(sum));
 }
 

@@ -251,6 +251,8 @@ class ParameterShard {
   // sums, above) rather than staged: bsp (ssp(0)) without backup workers,
   // unless SetStreamedSums(false).
   bool StreamsPushes() const;
+  // Called after SetConsistency: a shard that streams makes its sum buffer
+  // here, not at the step's first push.
   void SetStreamedSums(bool on);
 
   // A push with samples > 0 whose header CheckPush passed (not a

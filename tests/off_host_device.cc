@@ -95,6 +95,10 @@ absl::Status OffHostDevice::Synchronize() {
     if (absl::Status s = Land(p); status.ok()) status = s;
   }
   pending_.clear();
+  if (!injected_.ok()) {
+    if (status.ok()) status = injected_;
+    injected_ = absl::OkStatus();
+  }
   return status;
 }
 

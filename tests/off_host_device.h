@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/device.h"
@@ -47,6 +48,10 @@ class OffHostDevice final : public Device {
   absl::StatusOr<int> MarkCopiesToHost() override;
   absl::Status WaitCopiesToHost(int mark) override;
 
+  // The next Synchronize() fails with `error` (after landing the copies), as
+  // a kernel's fault shows only there; WaitCopiesToHost does not see it.
+  void FailNextSynchronize(absl::Status error) { injected_ = std::move(error); }
+
   // Async copies enqueued so far, each way.
   int64_t async_to_device() const { return async_to_device_; }
   int64_t async_to_host() const { return async_to_host_; }
@@ -64,6 +69,7 @@ class OffHostDevice final : public Device {
   DeviceId id_;
   std::unique_ptr<Device> cpu_;
   std::vector<Pending> pending_;
+  absl::Status injected_;
   int64_t async_to_device_ = 0;
   int64_t async_to_host_ = 0;
 };

@@ -198,7 +198,10 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   // them (in host memory: straight into grads(); on a GPU: once each layer's
   // copy to grads() has landed), and the loss is the batch's once its
   // forward pass is done.
-  const bool per_layer = num_replicas() == 1 && collective_ == nullptr;
+  const bool per_layer =
+      num_replicas() == 1 && collective_ == nullptr &&
+      (replicas_[0]->device->host_accessible() ||
+       replicas_[0]->host_grads == grads_);
   const StepHooks no_hooks;
   const StepHooks& sh = step_hooks != nullptr ? *step_hooks : no_hooks;
 
@@ -216,13 +219,25 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
     };
     std::vector<Landing> landing;
     const bool report = per_layer && static_cast<bool>(sh.grads_ready);
+    // The first layer's range (the last one backward reports) waits until
+    // the whole backward pass has succeeded: a step that fails then never
+    // reports every range, so a push fed from them stays incomplete and is
+    // cancelled, whatever the device reports late.
+    int64_t first_end = -1;
+    auto hand_on = [&](int64_t begin, int64_t end) {
+      if (begin == 0) {
+        first_end = end;
+      } else {
+        sh.grads_ready(begin, end);
+      }
+    };
     if (dev->host_accessible()) {
       TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
                                               num_params_ * sizeof(float)));
       if (per_layer && sh.params_ready) hooks.before_forward = sh.params_ready;
       if (report) {
         hooks.after_backward = [&](int64_t begin, int64_t end) {
-          sh.grads_ready(begin, end);
+          hand_on(begin, end);
           return absl::OkStatus();
         };
       }
@@ -251,8 +266,12 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
         // computes the layers before it.
         hooks.backward_enqueued = [&]() -> absl::Status {
           for (const Landing& l : landing) {
+            if (l.begin == 0) {  // lands by Backward's Synchronize
+              first_end = l.end;
+              continue;
+            }
             TALLY_RETURN_IF_ERROR(dev->WaitCopiesToHost(l.mark));
-            sh.grads_ready(l.begin, l.end);
+            hand_on(l.begin, l.end);
           }
           return absl::OkStatus();
         };
@@ -274,6 +293,7 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
     }
     TALLY_RETURN_IF_ERROR(
         rep.model->Backward(rep.loss->dlogits(), nullptr, &hooks));
+    if (first_end > 0) sh.grads_ready(0, first_end);
     rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
     return absl::OkStatus();
   };

@@ -101,8 +101,10 @@ struct StepHooks {
   // layer, the last layer first, as backward produces them in host memory
   // or, on a GPU, as each layer's copy lands while the layers before it
   // still compute; several: one range per reduced slice, possibly from
-  // several threads at once). A step that fails may have reported some ranges:
-  // what was done with them is to be undone.
+  // several threads at once). A step that fails may have reported some
+  // ranges, never all of them (one replica reports the range holding
+  // element 0 only once its backward pass has succeeded): what was done
+  // with them is to be undone.
   std::function<void(int64_t begin, int64_t end)> grads_ready;
 };
 

@@ -266,6 +266,8 @@ class CudaDevice final : public Device {
     cudaSetDevice(index_);
     Note(CudaStatus(cudaEventSynchronize(marks_[mark - 1]),
                     "cudaEventSynchronize", index_));
+    // A kernel that failed to launch leaves the events complete.
+    Note(CudaStatus(cudaGetLastError(), "kernel launch", index_));
     return error_;
   }
 

@@ -115,8 +115,14 @@ absl::StatusOr<Tensor> Sequential::Forward(const float* x, int batch,
     internal::ForwardContext ctx{training, seed * 1000003ULL + i,
                                  sample_offset};
     const auto [pb, pe] = param_ranges_[i];
-    if (hooks != nullptr && hooks->before_forward && pe > pb)
-      TALLY_RETURN_IF_ERROR(hooks->before_forward(pb, pe));
+    if (hooks != nullptr && hooks->before_forward && pe > pb) {
+      if (absl::Status s = hooks->before_forward(pb, pe); !s.ok()) {
+        // The layers before this one are in flight, reading the caller's
+        // weights: let them finish before the caller changes those.
+        device_->Synchronize().IgnoreError();
+        return s;
+      }
+    }
     layers_[i]->Forward(k, cur, &out, ctx);
     inputs_[i] = cur;
     outputs_[i] = out;

@@ -393,20 +393,34 @@ TEST(CudaEngineTest, OneGpuReportsEachLayersGradientOnceItLands) {
     std::copy(g.grads() + b, g.grads() + e, seen.begin() + b);
   };
   BatchView view{x.data(), y.data(), batch};
-  auto a = (*cpu)->Step(view, 3);
-  auto b = g.Step(view, 3, {}, &h);
-  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
-  // Two layers with parameters: the convolution, then the linear layer.
-  ASSERT_EQ(asked.size(), 2u);
-  EXPECT_EQ(asked[0].first, 0);
-  ASSERT_EQ(reported.size(), 2u);
-  EXPECT_EQ(reported[0], asked[1]);
-  EXPECT_EQ(reported[1], asked[0]);
-  for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(std::memcmp(&seen[i], g.grads() + i, 4), 0) << i;
-    ASSERT_NEAR(seen[i], (*cpu)->grads()[i],
-                1e-4f + 1e-3f * std::fabs((*cpu)->grads()[i]))
-        << "gradient " << i;
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    asked.clear();
+    reported.clear();
+    std::fill(seen.begin(), seen.end(), std::nanf(""));
+    // Poisoned: a range read before its copy landed shows.
+    float* grads = const_cast<float*>(g.grads());
+    std::fill(grads, grads + n, std::nanf(""));
+    auto a = (*cpu)->Step(view, 3 + step);
+    auto b = g.Step(view, 3 + step, {}, &h);
+    ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+    // Two layers with parameters: the convolution, then the linear layer.
+    ASSERT_EQ(asked.size(), 2u);
+    EXPECT_EQ(asked[0].first, 0);
+    ASSERT_EQ(reported.size(), 2u);
+    EXPECT_EQ(reported[0], asked[1]);
+    EXPECT_EQ(reported[1], asked[0]);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(&seen[i], g.grads() + i, 4), 0) << i;
+      ASSERT_NEAR(seen[i], (*cpu)->grads()[i],
+                  1e-4f + 1e-3f * std::fabs((*cpu)->grads()[i]))
+          << "gradient " << i;
+    }
+    // New weights for the next step, on both sides.
+    for (int64_t i = 0; i < n; ++i) {
+      init[i] -= 0.1f * (*cpu)->grads()[i];
+      (*cpu)->params()[i] = init[i];
+    }
   }
 }
 

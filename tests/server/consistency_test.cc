@@ -199,7 +199,9 @@ TEST(ConsistencyPropertyTest, BspEqualsSspWithStalenessZero) {
     EXPECT_EQ(bsp.version, 4000);
     // And bsp serves exactly the worker's step.
     for (const auto& [w, clock, v] : bsp.served) {
-      if (v < 4000) EXPECT_EQ(v, clock);
+      if (v < 4000) {
+        EXPECT_EQ(v, clock);
+      }
     }
   }
 }

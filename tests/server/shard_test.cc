@@ -400,7 +400,9 @@ TEST(ShardBfloat16Test, EncodedOncePerVersion) {
     auto s = shard.Snapshot(&v);
     ASSERT_EQ(v, t + 1);
     if (t == 0) first_buffer = s->data();
-    if (t == 2) EXPECT_EQ(s->data(), first_buffer);  // a reused buffer
+    if (t == 2) {
+      EXPECT_EQ(s->data(), first_buffer);  // a reused buffer
+    }
     if (t == 1) continue;  // nobody pulls version 2 in bfloat16
     auto e = shard.Bfloat16Of(s, v);
     EXPECT_EQ(*e, encoding_of(*s)) << "version " << v;

@@ -226,6 +226,7 @@ TEST_P(StepHooksTest, ReportEachRangeOnceAndFinal) {
   std::vector<float> seen(n, std::nanf(""));
   int loss_calls = 0;
   bool loss_first = true;
+  bool first_layer_pending = false;  // at the first report
   StepStats at_loss;
   StepHooks h;
   h.loss_known = [&](const StepStats& s) {
@@ -237,6 +238,7 @@ TEST_P(StepHooksTest, ReportEachRangeOnceAndFinal) {
   };
   h.grads_ready = [&](int64_t b, int64_t e) {
     absl::MutexLock lock(&mu);
+    if (ranges.empty()) first_layer_pending = std::isnan(hooked->grads()[0]);
     ranges.push_back({b, e});
     std::copy(hooked->grads() + b, hooked->grads() + e, seen.begin() + b);
   };
@@ -245,6 +247,9 @@ TEST_P(StepHooksTest, ReportEachRangeOnceAndFinal) {
     ranges.clear();
     loss_calls = 0;
     std::fill(seen.begin(), seen.end(), std::nanf(""));
+    // Poisoned, so that a range read before it is final shows.
+    float* grads = const_cast<float*>(hooked->grads());
+    std::fill(grads, grads + n, std::nanf(""));
     auto want = plain->Step(view, 5 + step);
     auto got = hooked->Step(view, 5 + step, {}, &h);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -256,9 +261,11 @@ TEST_P(StepHooksTest, ReportEachRangeOnceAndFinal) {
     EXPECT_DOUBLE_EQ(at_loss.loss_sum, got->loss_sum);
     if (per_layer()) {
       // Two layers with parameters (the convolution, the linear layer),
-      // the linear one reported first.
+      // the linear one reported first, while the convolution's gradient
+      // was still to come: handed on beside the backward pass, not after.
       ASSERT_EQ(ranges.size(), 2u);
       EXPECT_GT(ranges[0].first, ranges[1].first);
+      EXPECT_TRUE(first_layer_pending);
     } else {
       EXPECT_EQ(ranges.size(), static_cast<size_t>(c.replicas));
     }
@@ -338,6 +345,65 @@ TEST_P(StepHooksTest, AskForEachLayersWeightsBeforeItsForwardPass) {
   EXPECT_THAT(e->Step(view, 1, {}, &h),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pull broke")));
   EXPECT_EQ(reported, 0);
+}
+
+// A device fault that shows only when backward synchronises fails the step
+// after the last layer's gradient went out: the first layer's range, which
+// holds element 0, is never reported, so a push fed from the step is never
+// complete (the job runner then cancels it). The next step reports all.
+TEST(EngineTest, AStepThatFailsLateNeverReportsTheFirstLayersRange) {
+  testing::OffHostDevice* dev = nullptr;
+  EngineOptions o;
+  o.open_device = [&dev](DeviceId id) {
+    auto d = std::make_unique<testing::OffHostDevice>(id);
+    dev = d.get();
+    return absl::StatusOr<std::unique_ptr<Device>>(std::move(d));
+  };
+  auto e = MakeEngine(1, false, o);
+  Data d = RandomBatch(8, 3);
+  BatchView view{d.x.data(), d.y.data(), 8};
+  std::vector<std::pair<int64_t, int64_t>> reported;
+  StepHooks h;
+  h.loss_known = [&](const StepStats&) {
+    dev->FailNextSynchronize(absl::InternalError("the device faulted"));
+    return absl::OkStatus();
+  };
+  h.grads_ready = [&](int64_t b, int64_t end) { reported.push_back({b, end}); };
+  EXPECT_THAT(e->Step(view, 1, {}, &h),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("faulted")));
+  ASSERT_EQ(reported.size(), 1u);  // the linear layer's, beside backward
+  EXPECT_GT(reported[0].first, 0);
+  reported.clear();
+  h.loss_known = nullptr;
+  ASSERT_TRUE(e->Step(view, 1, {}, &h).ok());
+  EXPECT_EQ(reported.size(), 2u);
+}
+
+// A refusal of a later layer's weights leaves nothing of the step in
+// flight: the next step (after the caller rewrote the weights) runs clean.
+TEST_P(StepHooksTest, ARefusalPartWayThroughForwardLeavesTheNextStepClean) {
+  if (!per_layer()) GTEST_SKIP() << "several replicas ask once";
+  auto plain = MakeEngine(1, false);
+  auto e = Make();
+  Data d = RandomBatch(8, 3);
+  BatchView view{d.x.data(), d.y.data(), 8};
+  int asked = 0;
+  StepHooks h;
+  h.params_ready = [&](int64_t, int64_t) {
+    return ++asked == 2 ? absl::DataLossError("the pull broke")
+                        : absl::OkStatus();
+  };
+  EXPECT_THAT(e->Step(view, 1, {}, &h),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pull broke")));
+  // The caller takes the weights again (the job runner's pull), over the
+  // memory the first layer's copy read.
+  std::fill(e->params(), e->params() + e->num_params(), 0.5f);
+  std::fill(plain->params(), plain->params() + plain->num_params(), 0.5f);
+  auto want = plain->Step(view, 1);
+  auto got = e->Step(view, 1);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameGradients(*plain, *e);
 }
 
 INSTANTIATE_TEST_SUITE_P(
