@@ -10,8 +10,9 @@
 # With BASELINE=DIR (another build tree, e.g. of an earlier commit) its
 # server and client run too, alternating, as a row of their own;
 # BASELINE_FLAGS (tally-bench-shard-pushpull flags, e.g. --exchange=false)
-# go to the baseline's client, whose build is then this one unless
-# BASELINE is set. With
+# go to the baseline's client and BASELINE_SERVER_FLAGS (tally-server
+# flags, e.g. --stream_window_bytes=16777216) to its server, whose build is
+# then this one unless BASELINE is set. With
 # PROFILE=1 one more run of each is recorded with perf on the server, and
 # the shares of its CPU time in memmove/memcpy and in libprotobuf printed.
 set -euo pipefail
@@ -25,7 +26,7 @@ trap cleanup EXIT
 command -v iperf3 >/dev/null || { echo "needs iperf3 (deploy/install-deps.sh --with-torch)" >&2; exit 1; }
 . bench/lib.sh  # median, ratio, iperf_gbps
 : > "$tmp/t"; : > "$tmp/c"; : > "$tmp/i"; : > "$tmp/b"
-[[ ${BASELINE_FLAGS:-} && ! ${BASELINE:-} ]] && BASELINE=$B
+[[ (${BASELINE_FLAGS:-} || ${BASELINE_SERVER_FLAGS:-}) && ! ${BASELINE:-} ]] && BASELINE=$B
 # One push+pull run against a fresh server; extra flags go to the server.
 pushpull() {  # build port outfile [server flags]
   local b=$1 port=$2 out=$3 cflags=(${client_flags:-})
@@ -47,7 +48,7 @@ pushpull() {  # build port outfile [server flags]
 }
 for ((r = 0; r < repeats; r++)); do
   pushpull $B $((7600 + r)) "$tmp/t"
-  [[ ${BASELINE:-} ]] && client_flags=${BASELINE_FLAGS:-} pushpull "$BASELINE" $((7620 + r)) "$tmp/b"
+  [[ ${BASELINE:-} ]] && client_flags=${BASELINE_FLAGS:-} pushpull "$BASELINE" $((7620 + r)) "$tmp/b" ${BASELINE_SERVER_FLAGS:-}
   # The worst case for checkpoints: the job's state written after every step.
   rm -rf "$tmp/state"
   pushpull $B $((7650 + r)) "$tmp/c" --state_dir="$tmp/state" --checkpoint_interval_s=0
@@ -62,7 +63,7 @@ t=$(median < "$tmp/t"); c=$(median < "$tmp/c"); i=$(median < "$tmp/i")
 printf "%-52s %8s\n" "path" "GB/s"
 printf "%-52s %8.3f\n" "Tally push+pull, 67 MB model, loopback" "$t"
 if [[ ${BASELINE:-} ]]; then
-  printf "%-52s %8.3f\n" "  the same, baseline ($BASELINE ${BASELINE_FLAGS:-})" "$(median < "$tmp/b")"
+  printf "%-52s %8.3f\n" "  the same, baseline ($BASELINE ${BASELINE_FLAGS:-} ${BASELINE_SERVER_FLAGS:-})" "$(median < "$tmp/b")"
 fi
 printf "%-52s %8.3f\n" "  the same, checkpointed after every step" "$c"
 printf "%-52s %8.3f\n" "iperf3 one TCP stream, loopback" "$i"
