@@ -306,15 +306,24 @@ std::vector<LayerConfig> Cnn() {
   return l;
 }
 
+// `batch` random 28 x 28 images in [0, 1) and labels of 10 classes.
+struct ImageBatch {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+ImageBatch RandomImages(int batch, uint64_t seed) {
+  Rng rng(seed);
+  ImageBatch b{std::vector<float>(batch * 784), std::vector<int32_t>(batch)};
+  for (float& v : b.x) v = rng.Uniform(0, 1);
+  for (int& v : b.y) v = static_cast<int>(rng.Below(10));
+  return b;
+}
+
 // A whole data-parallel step on GPU replicas against cpu:1, then (weights
 // streamed in anew every step) ten SGD steps.
 void ExpectEngineMatchesCpu(EngineOptions go, const std::string& what) {
-  Rng rng(13);
   const int batch = 50;
-  std::vector<float> x(batch * 784);
-  for (float& v : x) v = rng.Uniform(0, 1);
-  std::vector<int32_t> y(batch);
-  for (int& v : y) v = static_cast<int>(rng.Below(10));
+  auto [x, y] = RandomImages(batch, 13);
   auto layout = ComputeLayout(Cnn(), {1, 28, 28});
   std::vector<float> init = InitParams(Cnn(), *layout, 5);
   EngineOptions co;
@@ -365,12 +374,8 @@ TEST(CudaEngineTest, TrainingStepOnOneGpuMatchesCpu) {
 // before it): the last layer first, each range final when reported.
 TEST(CudaEngineTest, OneGpuReportsEachLayersGradientOnceItLands) {
   REQUIRE_GPUS(1);
-  Rng rng(21);
   const int batch = 64;
-  std::vector<float> x(batch * 784);
-  for (float& v : x) v = rng.Uniform(0, 1);
-  std::vector<int32_t> y(batch);
-  for (int& v : y) v = static_cast<int>(rng.Below(10));
+  auto [x, y] = RandomImages(batch, 21);
   auto layout = ComputeLayout(Cnn(), {1, 28, 28});
   std::vector<float> init = InitParams(Cnn(), *layout, 7);
   auto cpu = Engine::Create(Cnn(), {1, 28, 28}, EngineOptions{});
