@@ -275,8 +275,7 @@ int Health(const std::shared_ptr<grpc::Channel>& channel) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = tally::ParseProgramFlags(argc, argv, kUsage);
   if (args.size() < 2) {
     std::cerr << kUsage;
     return 2;

@@ -9,6 +9,10 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
@@ -23,6 +27,11 @@ ABSL_FLAG(std::string, token_file, "",
 namespace tally {
 
 namespace {
+
+// A flag of the program's own, not one of Abseil's (--flagfile, ...).
+bool OwnFlag(absl::string_view file) {
+  return !absl::StrContains(file, "absl/");
+}
 
 void LimitedLog(google::protobuf::LogLevel level, const char* filename,
                 int line, const std::string& message) {
@@ -67,6 +76,16 @@ absl::StatusOr<TransportOptions> TransportFromFlags() {
     }
   }
   return options;
+}
+
+std::vector<char*> ParseProgramFlags(int argc, char** argv,
+                                     absl::string_view usage) {
+  absl::FlagsUsageConfig config;
+  config.contains_helpshort_flags = &OwnFlag;
+  config.contains_help_flags = &OwnFlag;
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(usage);
+  return absl::ParseCommandLine(argc, argv);
 }
 
 }  // namespace tally

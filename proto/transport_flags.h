@@ -2,14 +2,25 @@
 // tally), defined once:
 //   --tls_ca=FILE --tls_cert=FILE --tls_key=FILE   mTLS (all three or none)
 //   --token_file=FILE                              this program's bearer token
-// Call from main() only, after absl::ParseCommandLine.
+// and the command-line parsing they share. Call from main() only.
 #ifndef TALLY_PROTO_TRANSPORT_FLAGS_H_
 #define TALLY_PROTO_TRANSPORT_FLAGS_H_
 
+#include <vector>
+
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/transport.h"
 
 namespace tally {
+
+// absl::ParseCommandLine with `usage` as the program's usage message, and
+// --help / --helpfull listing every flag the program's own sources define
+// with its help text (Abseil's default lists only those of a file named
+// after the binary: "No flags matched"). Returns the positional arguments,
+// argv[0] first.
+std::vector<char*> ParseProgramFlags(int argc, char** argv,
+                                     absl::string_view usage);
 
 // TransportOptions with the TLS material and token the flags name.
 // NOT_FOUND or INVALID_ARGUMENT names the flag and file.

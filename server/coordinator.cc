@@ -1,5 +1,7 @@
 #include "server/coordinator.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <climits>
 #include <thread>
@@ -36,6 +38,29 @@ int64_t JobNumber(const std::string& id) {
   return n;
 }
 
+// A tag for this coordinator's lifetime, put into every worker and shard
+// id it hands out, so that no id repeats across restarts (with or without
+// a state_dir): six base-36 characters from the kernel's random source.
+std::string LifetimeTag() {
+  uint64_t bits = 0;
+  while (getrandom(&bits, sizeof(bits), 0) != sizeof(bits)) {
+  }
+  constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  std::string tag;
+  for (int i = 0; i < 6; ++i, bits /= 36) tag.push_back(kDigits[bits % 36]);
+  return tag;
+}
+
+// Appends to a job's events, keeping the last 200.
+void AddEvent(v1::JobHistory& history, absl::Time now, std::string text) {
+  constexpr int kMaxEvents = 200;
+  auto* events = history.mutable_events();
+  if (events->size() >= kMaxEvents) events->DeleteSubrange(0, 1);
+  v1::JobEvent* e = events->Add();
+  e->set_unix_time(UnixSeconds(now));
+  e->set_text(std::move(text));
+}
+
 constexpr char kLocalShard[] = "shard-0";
 // How long a membership change may hold a job's ranges.
 constexpr absl::Duration kHoldFor = absl::Seconds(2);
@@ -69,7 +94,7 @@ absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
       for (size_t i = 0; i < ranges.size(); ++i) {
         threads.emplace_back([&, i] {
           states[i] = ranges[i].control->Save(job_id, map_version, version,
-                                              kSaveWait,
+                                              ranges[i].count, kSaveWait,
                                               weights_only);
         });
       }
@@ -175,6 +200,7 @@ struct Coordinator::ControlTask {
 
 Coordinator::Coordinator(const CoordinatorOptions& options)
     : options_(options),
+      lifetime_(LifetimeTag()),
       leases_(options.lease_timeout,
               (options.clock != nullptr ? options.clock : &real_clock_)->Now()) {
   if (options_.clock == nullptr) options_.clock = &real_clock_;
@@ -201,11 +227,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text,
                                             const std::string& owner) {
   {
     absl::MutexLock lock(&mu_);
-    if (QueuedLocked() >= options_.max_queued_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          options_.max_queued_jobs, " jobs already wait for workers "
-          "(--max_queued_jobs); cancel some or try later"));
-    }
+    TALLY_RETURN_IF_ERROR(AdmitLocked(owner));
   }
   TALLY_ASSIGN_OR_RETURN(JobSpec spec,
                          ParseJobSpec(spec_text, options_.spec_limits));
@@ -213,11 +235,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text,
   v1::Job out;
   {
     absl::MutexLock lock(&mu_);
-    if (QueuedLocked() >= options_.max_queued_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          options_.max_queued_jobs, " jobs already wait for workers "
-          "(--max_queued_jobs); cancel some or try later"));
-    }
+    TALLY_RETURN_IF_ERROR(AdmitLocked(owner));  // again: others submitted
     const std::string id = absl::StrCat("job-", next_job_++);
     JobEntry& job = jobs_[id];
     job.spec = std::move(spec);
@@ -278,10 +296,21 @@ int64_t Coordinator::VersionLocked(const JobEntry& job) const {
 
 v1::Job Coordinator::Render(const JobEntry& job) const {
   v1::Job j = job.proto;
+  if (!job.condition.empty() && !Terminal(job.proto.state())) {
+    j.set_message(j.message().empty()
+                      ? job.condition
+                      : absl::StrCat(job.condition, "; ", j.message()));
+  }
   v1::JobMetrics* out = j.mutable_metrics();
   // Present, zeros included, before the job starts too.
   out->set_total_steps(job.schedule.total_steps);
-  if (Terminal(job.proto.state()) || job.ranges.empty() || !job.installed) {
+  if (Terminal(job.proto.state())) return j;  // the figures at its end
+  // Who is on the job now is rendered afresh, never taken from the record
+  // (a restored one carries the previous lifetime's workers).
+  out->clear_progress();
+  out->clear_waiting_on();
+  out->clear_stalled_seconds();
+  if (job.ranges.empty() || !job.installed) {
     out->set_samples_per_sec(0.0);
     out->set_workers(0);
     return j;
@@ -385,11 +414,14 @@ void Coordinator::RenderProgressLocked(
     return;
   // The open step waits on the workers that have not pushed it: those on
   // it or behind, not waiting for weights themselves.
+  // A member that has never pulled (clock -1) holds the step as much as one
+  // that pulled and did not push: it is named too, so that an operator sees
+  // it (docs/cluster.md, "A stalled job").
   for (const v1::WorkerProgress& p : out->progress()) {
-    if (p.clock() >= 0 && p.clock() <= version && !p.waiting()) {
-      out->add_waiting_on(
-          p.name().empty() ? p.worker_id()
-                           : absl::StrCat(p.worker_id(), " (", p.name(), ")"));
+    if (p.clock() <= version && !p.waiting()) {
+      out->add_waiting_on(absl::StrCat(
+          p.worker_id(), p.name().empty() ? "" : absl::StrCat(" (", p.name(), ")"),
+          p.clock() < 0 ? ": has not pulled yet" : ""));
     }
   }
 }
@@ -414,12 +446,7 @@ std::vector<v1::Job> Coordinator::List(bool with_specs) const {
 }
 
 void Coordinator::EventLocked(JobEntry& job, std::string text) {
-  constexpr int kMaxEvents = 200;
-  auto* events = job.history.mutable_events();
-  if (events->size() >= kMaxEvents) events->DeleteSubrange(0, 1);
-  v1::JobEvent* e = events->Add();
-  e->set_unix_time(UnixSeconds(Now()));
-  e->set_text(std::move(text));
+  AddEvent(job.history, Now(), std::move(text));
 }
 
 void Coordinator::CurvePointLocked(JobEntry& job, const v1::JobMetrics& m) {
@@ -476,10 +503,31 @@ absl::StatusOr<std::vector<v1::JobWorker>> Coordinator::JobWorkers(
   return out;
 }
 
-int64_t Coordinator::QueuedLocked() const {
+int64_t Coordinator::QueuedLocked(const std::string* owner) const {
   int64_t n = 0;
-  for (const auto& [id, job] : jobs_) n += job.proto.state() == v1::PENDING;
+  for (const auto& [id, job] : jobs_) {
+    n += job.proto.state() == v1::PENDING &&
+         (owner == nullptr || job.proto.owner() == *owner);
+  }
   return n;
+}
+
+absl::Status Coordinator::AdmitLocked(const std::string& owner) const {
+  if (QueuedLocked() >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_queued_jobs, " jobs already wait for workers "
+        "(--max_queued_jobs); cancel some or try later"));
+  }
+  // Without tokens every caller is the same nobody: only named submitters
+  // have shares.
+  if (!owner.empty() &&
+      QueuedLocked(&owner) >= options_.max_queued_jobs_per_submitter) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Quoted(owner), " has ", options_.max_queued_jobs_per_submitter,
+        " jobs waiting for workers already "
+        "(--max_queued_jobs_per_submitter); cancel some or try later"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JobPage> Coordinator::ListPage(const JobQuery& query) const {
@@ -700,7 +748,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
           options_.max_workers, " workers are registered already "
           "(--max_workers)"));
     }
-    const std::string id = absl::StrCat("worker-", next_worker_++);
+    const std::string id = absl::StrCat("worker-", lifetime_, "-", next_worker_++);
     WorkerEntry& w = workers_[id];
     w.name = req.name();
     w.devices = req.devices();
@@ -843,7 +891,7 @@ v1::RegisterShardResponse Coordinator::RegisterShard(
   v1::RegisterShardResponse out;
   {
     absl::MutexLock lock(&mu_);
-    const std::string id = absl::StrCat("shard-", next_shard_++);
+    const std::string id = absl::StrCat("shard-", lifetime_, "-", next_shard_++);
     ShardEntry& s = shards_[id];
     s.address = req.address();
     s.incarnation = leases_.Grant(id, Now());
@@ -1195,6 +1243,15 @@ void Coordinator::RunControl() {
         if (t.installed_now) {
           job.installed = true;
           job.members.clear();
+          if (!job.condition.empty()) {
+            EventLocked(job, absl::StrCat("placed again on ", job.ranges.size(),
+                                          " parameter shard",
+                                          job.ranges.size() == 1 ? "" : "s",
+                                          " at step ",
+                                          t.start != nullptr ? t.start->version
+                                                             : 0));
+            job.condition.clear();
+          }
         }
         if (t.members_now) {
           job.members = t.new_members;
@@ -1245,7 +1302,7 @@ void Coordinator::Reconcile(ControlTask& t) {
                             absl::Milliseconds(1));
         absl::StatusOr<ShardState> st =
             h.ok() ? r.control->Save(t.job_id, t.map_version, h->version,
-                                     absl::Seconds(1),
+                                     r.count, absl::Seconds(1),
                                      /*weights_only=*/true)
                    : absl::StatusOr<ShardState>(h.status());
         if (!st.ok() ||
@@ -1411,6 +1468,7 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   JobEntry job;
   job.proto = stored.job;
   job.history = stored.history;
+  const bool was_running = stored.job.state() == v1::RUNNING;
   // The spec was checked when the file was read (with the default limits;
   // a spec a larger --max_params admitted is read with that).
   job.spec = *ParseJobSpec(job.proto.spec(), options_.spec_limits);
@@ -1439,6 +1497,21 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
     } else {
       job.proto.set_state(v1::PENDING);  // started without weights: again
     }
+  }
+  if (job.proto.state() == v1::RUNNING) {
+    const std::string from =
+        job.start != nullptr
+            ? absl::StrCat("the checkpoint of step ", job.start->version)
+            : "the initial weights";
+    AddEvent(job.history, Now(),
+             absl::StrCat("the coordinator restarted; the job resumes from ",
+                          from));
+    job.condition = absl::StrCat("the coordinator restarted; resuming from ",
+                                 from, " once its ranges are placed");
+  } else if (job.proto.state() == v1::PENDING && was_running) {
+    AddEvent(job.history, Now(),
+             "the coordinator restarted; the job had no checkpoint and waits "
+             "to start again");
   }
   job.saved_state = job.proto.state();
   job.saved_at = Now();
@@ -1523,6 +1596,14 @@ absl::Status Coordinator::Checkpoint(bool force) {
         continue;
       Due d;
       d.job = Render(job);
+      // The record keeps what outlives this process: not the conditions
+      // and workers of the moment.
+      d.job.set_message(job.proto.message());
+      if (!Terminal(job.proto.state())) {
+        d.job.mutable_metrics()->clear_progress();
+        d.job.mutable_metrics()->clear_waiting_on();
+        d.job.mutable_metrics()->clear_stalled_seconds();
+      }
       d.history = job.history;
       d.num_params = job.spec.layout.num_params;
       d.total_steps = job.schedule.total_steps;
@@ -1662,17 +1743,16 @@ void Coordinator::Tick() {
     JobEntry& job = jobs_.at(jid);
     job.start = start;
     job.awaiting_start = false;
-    const std::string note =
+    // The event is the history; the condition is the job's message only
+    // until the ranges are installed again.
+    const std::string from =
         start != nullptr
-            ? absl::StrCat("a parameter shard was lost; resumed from the "
-                           "checkpoint of step ",
-                           start->version)
-            : "a parameter shard was lost and there is no checkpoint; "
-              "started again from the initial weights";
-    job.proto.set_message(job.proto.message().empty()
-                              ? note
-                              : absl::StrCat(job.proto.message(), "; ", note));
-    EventLocked(job, note);
+            ? absl::StrCat("the checkpoint of step ", start->version)
+            : "the initial weights (there is no checkpoint)";
+    EventLocked(job, absl::StrCat("a parameter shard was lost; the job "
+                                  "starts again from ", from));
+    job.condition = absl::StrCat("a parameter shard was lost; resuming from ",
+                                 from, " once its ranges are placed");
     job.proto.mutable_metrics()->set_step(start != nullptr ? start->version
                                                            : 0);
   }

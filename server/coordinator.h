@@ -93,6 +93,10 @@ struct CoordinatorOptions {
   // Jobs waiting for workers (PENDING) beyond this: SubmitJob answers
   // kResourceExhausted.
   int64_t max_queued_jobs = 1000;
+  // A named submitter's share of them (servers with tokens; without, every
+  // caller is the same anonymous submitter and only max_queued_jobs holds):
+  // one submitter cannot fill the queue and lock the others out.
+  int64_t max_queued_jobs_per_submitter = 100;
   // Registered workers beyond this: RegisterWorker answers
   // kResourceExhausted (a lapsed lease frees its place).
   int64_t max_workers = 4096;
@@ -231,6 +235,10 @@ class Coordinator {
     // A shard of the job was lost: its checkpoint is being read; it is
     // placed again once `start` is set.
     bool awaiting_start = false;
+    // What the job waits for now (a restart, a lost shard), shown before
+    // its message until its ranges are installed again; the events keep
+    // the history.
+    std::string condition;
     bool dirty = true;     // control-plane work pending
     int64_t generation = 0;  // bumped with every change that needs work
     // Leave steps decided and sent to some range: never decided again
@@ -284,8 +292,12 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CurvePointLocked(JobEntry& job, const v1::JobMetrics& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Jobs PENDING.
-  int64_t QueuedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs PENDING (of `owner` alone when given).
+  int64_t QueuedLocked(const std::string* owner = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kResourceExhausted when the queue, or `owner`'s share of it, is full.
+  absl::Status AdmitLocked(const std::string& owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live progress of a job's ranges, in map order (empty entries for
   // ranges not reported yet).
   std::vector<v1::RangeStatus> RangeStatusLocked(const JobEntry& job) const
@@ -324,6 +336,9 @@ class Coordinator {
   absl::Time Now() const { return options_.clock->Now(); }
 
   CoordinatorOptions options_;
+  // In every worker and shard id ("worker-k3x9a2-1"): ids never repeat
+  // across the coordinator's lifetimes.
+  const std::string lifetime_;
   RealClock real_clock_;
   std::unique_ptr<JobStore> store_;  // with a state_dir, after Restore
 

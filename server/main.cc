@@ -4,18 +4,17 @@
 //                [--state_dir=DIR [--checkpoint_interval_s=30]]
 //   tally-server --coordinator=HOST:7070 --port=7071 [--advertise=HOST:7071]
 // Every form takes --tls_ca/--tls_cert/--tls_key (mTLS) and --tokens=FILE
-// (roles; proto/auth.h); without TLS it listens only on loopback unless
-// --insecure.
+// (roles; proto/auth.h); without TLS it listens on loopback by default and
+// refuses any other address unless --insecure.
 #include <cstdio>
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/malloc_tuning.h"
+#include "common/status_macros.h"
 #include "common/stop_signal.h"
 #include "common/http/http_server.h"
 #include "proto/auth.h"
@@ -23,9 +22,9 @@
 #include "server/dashboard/dashboard.h"
 #include "server/service.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0",
-          "Address to listen on (anything but loopback needs TLS or "
-          "--insecure)");
+ABSL_FLAG(std::string, listen, "",
+          "Address to listen on (default: 0.0.0.0 with TLS or --insecure, "
+          "127.0.0.1 otherwise; anything but loopback needs one of them)");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening beyond loopback without TLS (anyone who reaches "
           "the port may do anything)");
@@ -36,6 +35,10 @@ ABSL_FLAG(std::string, tokens, "",
           "--token_file (an admin token) to each other");
 ABSL_FLAG(int64_t, max_queued_jobs, tally::CoordinatorOptions().max_queued_jobs,
           "Refuse submissions while this many jobs wait for workers");
+ABSL_FLAG(int64_t, max_queued_jobs_per_submitter,
+          tally::CoordinatorOptions().max_queued_jobs_per_submitter,
+          "Refuse a named submitter's jobs while this many of theirs wait "
+          "(servers with --tokens)");
 ABSL_FLAG(int64_t, max_workers, tally::CoordinatorOptions().max_workers,
           "Refuse worker registrations beyond this many");
 ABSL_FLAG(int64_t, max_finished_jobs,
@@ -48,7 +51,9 @@ ABSL_FLAG(std::string, keep_weights_dir, "",
           "Write a dropped job's final weights here as JOB.safetensors");
 ABSL_FLAG(int, port, 7070, "Port to listen on (0 picks a free one)");
 ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
-          "A worker that sends no heartbeat for this long leaves its job");
+          "The coordinator's lease: a worker or shard that sends no "
+          "heartbeat for this long is dropped (a shard process takes the "
+          "coordinator's)");
 ABSL_FLAG(std::string, state_dir, "",
           "Keep jobs (records, weights, optimizer state) in this directory "
           "and resume them after a restart; empty: in memory only");
@@ -97,10 +102,141 @@ ABSL_FLAG(double, checkpoint_interval_s, 30,
           "With --state_dir: write a training job's weights at most this "
           "often (state changes are written at once)");
 
+namespace {
+
+constexpr char kUsage[] =
+    "Tally parameter server and coordinator.\n"
+    "  tally-server [--port=7070] [--state_dir=DIR] [--noshard] [TLS flags]\n"
+    "  tally-server --coordinator=HOST:7070 --port=7071   (a parameter shard)";
+
+// A flag out of range: the message for stderr, exit code 2.
+absl::Status Bad(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+absl::Status DataPlaneFromFlags(tally::ServerOptions& o) {
+  o.join = absl::GetFlag(FLAGS_coordinator);
+  o.shard = absl::GetFlag(FLAGS_shard);
+  o.advertise = absl::GetFlag(FLAGS_advertise);
+  o.streamed_sums = absl::GetFlag(FLAGS_streamed_sums);
+  o.streamed_sums_min_bytes = absl::GetFlag(FLAGS_streamed_sums_min_bytes);
+  o.shared_memory_max_bytes = absl::GetFlag(FLAGS_shared_memory_max_bytes);
+  o.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
+  if (o.stream_window_bytes < 65535 || o.stream_window_bytes > (1 << 30)) {
+    return Bad("--stream_window_bytes must be between 65535 (HTTP/2's "
+               "smallest initial window) and 1073741824");
+  }
+  if (!o.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
+    return Bad("--state_dir belongs to the coordinator; a shard keeps "
+               "nothing on disk");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ControlPlaneFromFlags(tally::CoordinatorOptions& o) {
+  o.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
+  if (o.lease_timeout <= absl::ZeroDuration())
+    return Bad("--lease_timeout_ms must be positive");
+  o.state_dir = absl::GetFlag(FLAGS_state_dir);
+  o.spec_limits.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
+  o.spec_limits.max_params = absl::GetFlag(FLAGS_max_params);
+  if (o.spec_limits.max_spec_bytes <= 0 || o.spec_limits.max_params <= 0)
+    return Bad("--max_spec_bytes and --max_params must be positive");
+  o.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  o.max_queued_jobs_per_submitter =
+      absl::GetFlag(FLAGS_max_queued_jobs_per_submitter);
+  o.max_workers = absl::GetFlag(FLAGS_max_workers);
+  o.max_finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs);
+  o.finished_job_ttl = absl::Hours(absl::GetFlag(FLAGS_finished_job_ttl_h));
+  o.keep_weights_dir = absl::GetFlag(FLAGS_keep_weights_dir);
+  if (o.max_queued_jobs <= 0 || o.max_queued_jobs_per_submitter <= 0 ||
+      o.max_workers <= 0 || o.max_finished_jobs < 0 ||
+      o.finished_job_ttl < absl::ZeroDuration()) {
+    return Bad("--max_queued_jobs, --max_queued_jobs_per_submitter and "
+               "--max_workers must be positive, --max_finished_jobs and "
+               "--finished_job_ttl_h not negative");
+  }
+  o.checkpoint_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
+  if (o.checkpoint_interval < absl::ZeroDuration())
+    return Bad("--checkpoint_interval_s must not be negative");
+  return absl::OkStatus();
+}
+
+absl::Status SecurityFromFlags(tally::ServerOptions& o) {
+  auto transport = tally::TransportFromFlags();
+  if (!transport.ok()) return Bad(transport.status().message());
+  o.coordinator.transport = *std::move(transport);
+  o.security.tls = o.coordinator.transport.tls;
+  o.security.insecure = absl::GetFlag(FLAGS_insecure);
+  if (const std::string path = absl::GetFlag(FLAGS_tokens); !path.empty()) {
+    auto tokens = tally::TokenTable::Load(path);
+    if (!tokens.ok())
+      return Bad(absl::StrCat("--tokens: ", tokens.status().message()));
+    o.security.tokens = *std::move(tokens);
+  }
+  return absl::OkStatus();
+}
+
+// Without TLS (and without --insecure) the default address is loopback,
+// so that a plaintext server started with no flags runs, reachable from
+// this host alone.
+std::string ListenAddress(const tally::ServerOptions& o) {
+  const std::string flag = absl::GetFlag(FLAGS_listen);
+  if (!flag.empty()) return flag;
+  return o.security.tls.enabled() || o.security.insecure ? "0.0.0.0"
+                                                         : "127.0.0.1";
+}
+
+void PrintStarted(const tally::ServerOptions& o, const std::string& listen,
+                  int port) {
+  const std::string security = !o.security.tls.enabled() ? "plaintext"
+                               : o.security.tokens != nullptr ? "mTLS, tokens"
+                                                              : "mTLS";
+  if (!o.join.empty()) {
+    // A shard's lease is the coordinator's; it says so once registered.
+    std::printf("tally-server listening on %s:%d (%s; shard of %s)\n",
+                listen.c_str(), port, security.c_str(), o.join.c_str());
+    return;
+  }
+  std::printf("tally-server listening on %s:%d (%s; lease %lld ms; %s)\n",
+              listen.c_str(), port, security.c_str(),
+              static_cast<long long>(
+                  absl::ToInt64Milliseconds(o.coordinator.lease_timeout)),
+              o.shard ? "coordinator and shard" : "coordinator");
+}
+
+// The dashboard, with --http_port (the coordinator's alone).
+absl::StatusOr<std::unique_ptr<tally::HttpServer>> StartDashboard(
+    tally::TallyServer& server, std::unique_ptr<tally::Dashboard>& dashboard) {
+  const int port = absl::GetFlag(FLAGS_http_port);
+  if (port <= 0) return nullptr;
+  if (server.coordinator() == nullptr)
+    return Bad("--http_port belongs to the coordinator");
+  dashboard = std::make_unique<tally::Dashboard>(server.coordinator());
+  TALLY_ASSIGN_OR_RETURN(
+      auto http,
+      tally::HttpServer::Start(
+          absl::StrCat(absl::GetFlag(FLAGS_http_listen), ":", port),
+          [d = dashboard.get()](const std::string& path) {
+            return d->Handle(path);
+          }));
+  std::printf("tally-server: dashboard at http://%s:%d/\n",
+              absl::GetFlag(FLAGS_http_listen).c_str(), http->port());
+  return http;
+}
+
+// 2 for a bad flag, 1 for anything else.
+int Fail(const absl::Status& s) {
+  std::cerr << "tally-server: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   tally::TuneMallocForBulkTransfers();
-  absl::SetProgramUsageMessage("Tally parameter server and coordinator.");
-  absl::ParseCommandLine(argc, argv);
+  tally::ParseProgramFlags(argc, argv, kUsage);
   // Debian's Abseil is built without NDEBUG, so every Mutex lock would
   // walk a deadlock-detection graph (about 1% of a busy cluster's CPU in a
   // profile). The tests keep the check; the programs do not pay for it.
@@ -109,143 +245,40 @@ int main(int argc, char** argv) {
   // Before anything slow: a signal during start-up then stops the server
   // as soon as it is up, instead of being lost.
   tally::InstallStopSignals();
-  tally::ServerOptions server_options;
-  server_options.join = absl::GetFlag(FLAGS_coordinator);
-  server_options.shard = absl::GetFlag(FLAGS_shard);
-  server_options.advertise = absl::GetFlag(FLAGS_advertise);
-  server_options.streamed_sums = absl::GetFlag(FLAGS_streamed_sums);
-  server_options.streamed_sums_min_bytes =
-      absl::GetFlag(FLAGS_streamed_sums_min_bytes);
-  server_options.shared_memory_max_bytes =
-      absl::GetFlag(FLAGS_shared_memory_max_bytes);
-  server_options.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
-  if (server_options.stream_window_bytes < 65535 ||
-      server_options.stream_window_bytes > (1 << 30)) {
-    std::cerr << "tally-server: --stream_window_bytes must be between 65535 "
-                 "(HTTP/2's smallest initial window) and 1073741824\n";
-    return 2;
+  tally::ServerOptions options;
+  for (const absl::Status& s :
+       {DataPlaneFromFlags(options), ControlPlaneFromFlags(options.coordinator),
+        SecurityFromFlags(options)}) {
+    if (!s.ok()) return Fail(s);
   }
-  if (!server_options.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
-    std::cerr << "tally-server: --state_dir belongs to the coordinator; a "
-                 "shard keeps nothing on disk\n";
-    return 2;
-  }
-  tally::CoordinatorOptions& options = server_options.coordinator;
-  options.lease_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
-  if (options.lease_timeout <= absl::ZeroDuration()) {
-    std::cerr << "tally-server: --lease_timeout_ms must be positive\n";
-    return 2;
-  }
-  options.state_dir = absl::GetFlag(FLAGS_state_dir);
-  options.spec_limits.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
-  options.spec_limits.max_params = absl::GetFlag(FLAGS_max_params);
-  if (options.spec_limits.max_spec_bytes <= 0 ||
-      options.spec_limits.max_params <= 0) {
-    std::cerr << "tally-server: --max_spec_bytes and --max_params must be "
-                 "positive\n";
-    return 2;
-  }
-  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
-  options.max_workers = absl::GetFlag(FLAGS_max_workers);
-  options.max_finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs);
-  options.finished_job_ttl =
-      absl::Hours(absl::GetFlag(FLAGS_finished_job_ttl_h));
-  options.keep_weights_dir = absl::GetFlag(FLAGS_keep_weights_dir);
-  if (options.max_queued_jobs <= 0 || options.max_workers <= 0 ||
-      options.max_finished_jobs < 0 ||
-      options.finished_job_ttl < absl::ZeroDuration()) {
-    std::cerr << "tally-server: --max_queued_jobs and --max_workers must be "
-                 "positive, --max_finished_jobs and --finished_job_ttl_h not "
-                 "negative\n";
-    return 2;
-  }
-  auto transport = tally::TransportFromFlags();
-  if (!transport.ok()) {
-    std::cerr << "tally-server: " << transport.status().message() << "\n";
-    return 2;
-  }
-  options.transport = *transport;
-  server_options.security.tls = transport->tls;
-  server_options.security.insecure = absl::GetFlag(FLAGS_insecure);
-  if (const std::string path = absl::GetFlag(FLAGS_tokens); !path.empty()) {
-    auto tokens = tally::TokenTable::Load(path);
-    if (!tokens.ok()) {
-      std::cerr << "tally-server: --tokens: " << tokens.status().message()
-                << "\n";
-      return 2;
-    }
-    server_options.security.tokens = *std::move(tokens);
-  }
-  options.checkpoint_interval =
-      absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
-  if (options.checkpoint_interval < absl::ZeroDuration()) {
-    std::cerr << "tally-server: --checkpoint_interval_s must not be negative\n";
-    return 2;
-  }
+  const std::string listen = ListenAddress(options);
   std::unique_ptr<tally::MetricsEndpoint> metrics;
   if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
-    auto m = tally::MetricsEndpoint::Start(
-        absl::StrCat(absl::GetFlag(FLAGS_listen), ":", port));
-    if (!m.ok()) {
-      std::cerr << "tally-server: " << m.status().message() << "\n";
-      return 1;
-    }
+    auto m = tally::MetricsEndpoint::Start(absl::StrCat(listen, ":", port));
+    if (!m.ok()) return Fail(absl::UnavailableError(m.status().message()));
     metrics = *std::move(m);
-    server_options.metrics = metrics.get();
+    options.metrics = metrics.get();
   }
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_listen), ":", absl::GetFlag(FLAGS_port));
-  auto server = tally::TallyServer::Start(address, server_options);
-  if (!server.ok()) {
-    std::cerr << "tally-server: " << server.status().message() << "\n";
-    return 1;
-  }
-  std::printf("tally-server listening on %s:%d (%s; lease %lld ms; %s)\n",
-              absl::GetFlag(FLAGS_listen).c_str(), (*server)->port(),
-              !transport->tls.enabled() ? "plaintext"
-              : server_options.security.tokens != nullptr
-                  ? "mTLS, tokens"
-                  : "mTLS",
-              static_cast<long long>(absl::GetFlag(FLAGS_lease_timeout_ms)),
-              !server_options.join.empty()
-                  ? ("shard of " + server_options.join).c_str()
-              : server_options.shard ? "coordinator and shard"
-                                     : "coordinator");
+  auto server = tally::TallyServer::Start(
+      absl::StrCat(listen, ":", absl::GetFlag(FLAGS_port)), options);
+  if (!server.ok()) return Fail(absl::UnavailableError(server.status().message()));
+  PrintStarted(options, listen, (*server)->port());
   std::unique_ptr<tally::Dashboard> dashboard;
-  std::unique_ptr<tally::HttpServer> http;
-  if (const int port = absl::GetFlag(FLAGS_http_port); port > 0) {
-    if ((*server)->coordinator() == nullptr) {
-      std::cerr << "tally-server: --http_port belongs to the coordinator\n";
-      return 2;
-    }
-    dashboard = std::make_unique<tally::Dashboard>((*server)->coordinator());
-    auto h = tally::HttpServer::Start(
-        absl::StrCat(absl::GetFlag(FLAGS_http_listen), ":", port),
-        [d = dashboard.get()](const std::string& path) {
-          return d->Handle(path);
-        });
-    if (!h.ok()) {
-      std::cerr << "tally-server: " << h.status().message() << "\n";
-      return 1;
-    }
-    http = *std::move(h);
-    std::printf("tally-server: dashboard at http://%s:%d/\n",
-                absl::GetFlag(FLAGS_http_listen).c_str(), http->port());
-  }
+  auto http = StartDashboard(**server, dashboard);
+  if (!http.ok()) return Fail(http.status());
   if (metrics != nullptr) {
     std::printf("tally-server: metrics at http://%s:%d/metrics\n",
-                absl::GetFlag(FLAGS_listen).c_str(), metrics->port());
+                listen.c_str(), metrics->port());
   }
-  if (!options.state_dir.empty()) {
+  if (!options.coordinator.state_dir.empty()) {
     std::printf("tally-server: keeping jobs in %s (%zu restored)\n",
-                options.state_dir.c_str(),
+                options.coordinator.state_dir.c_str(),
                 (*server)->coordinator()->List().size());
   }
   std::fflush(stdout);
   const int sig = tally::WaitForStopSignal();
   std::printf("tally-server: signal %d, shutting down\n", sig);
-  http.reset();  // no page reads the coordinator from now on
+  http->reset();  // no page reads the coordinator from now on
   (*server)->Shutdown(absl::Seconds(2));
   server->reset();  // before the metrics endpoint it reports to
   return 0;

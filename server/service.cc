@@ -438,8 +438,10 @@ void TallyServer::ShardLoop() {
                             absl::Milliseconds(20), absl::Milliseconds(500));
       backoff = absl::Milliseconds(100);
       said_away = false;
-      std::fprintf(stderr, "tally-server: registered with %s as %s (%s)\n",
-                   options_.join.c_str(), shard_id.c_str(), advertise_.c_str());
+      std::fprintf(stderr,
+                   "tally-server: registered with %s as %s (%s; lease %lld ms)\n",
+                   options_.join.c_str(), shard_id.c_str(), advertise_.c_str(),
+                   static_cast<long long>(resp.lease_ms()));
     }
     v1::ShardHeartbeatRequest req;
     req.set_shard_id(shard_id);

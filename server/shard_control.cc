@@ -45,7 +45,8 @@ class LocalShardControl final : public ShardControl {
   }
   absl::StatusOr<ShardState> Save(const std::string& job_id,
                                   int64_t map_version, int64_t version,
-                                  absl::Duration wait, bool) override {
+                                  int64_t /*count*/, absl::Duration wait,
+                                  bool) override {
     struct Result {
       absl::Notification done;
       absl::StatusOr<ShardState> state = absl::UnknownError("not saved");
@@ -157,7 +158,7 @@ class RemoteShardControl final : public ShardControl {
   void Drop(const std::string&, bool) override {}
   absl::StatusOr<ShardState> Save(const std::string& job_id,
                                   int64_t map_version, int64_t version,
-                                  absl::Duration wait,
+                                  int64_t count, absl::Duration wait,
                                   bool weights_only) override {
     v1::SaveRangeRequest req;
     req.set_job_id(job_id);
@@ -184,13 +185,20 @@ class RemoteShardControl final : public ShardControl {
         st.optimizer.step = rs.optimizer_step();
         first = false;
       }
-      if (chunk.part() < 0 || chunk.part() > 16) {
+      const bool malformed = chunk.part() < 0 || chunk.part() > 16;
+      if (!malformed && static_cast<size_t>(chunk.part()) >= parts.size())
+        parts.resize(chunk.part() + 1);
+      // Checked before the bytes are kept: nothing beyond the range's size
+      // is ever held.
+      if (malformed || parts[chunk.part()].size() + chunk.data().size() >
+                           static_cast<uint64_t>(count) * 4) {
         ctx->TryCancel();
         reader->Finish();
-        return absl::DataLossError("a malformed range from the shard");
+        return Named(absl::DataLossError(
+            malformed ? "a malformed range from the shard"
+                      : absl::StrCat("the shard sent more than the range's ",
+                                     count, " values")));
       }
-      if (static_cast<size_t>(chunk.part()) >= parts.size())
-        parts.resize(chunk.part() + 1);
       parts[chunk.part()] += chunk.data();
     }
     absl::Status s = FromGrpc(reader->Finish());

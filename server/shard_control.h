@@ -45,9 +45,12 @@ class ShardControl {
   // (drop_jobs): this is a no-op for it.
   virtual void Drop(const std::string& job_id, bool ended) = 0;
   // The range's state at exactly `version`, waiting at most `wait` for it.
+  // `count` is the range's length as placed: a shard that sends more than
+  // that many values in any part is cut off at once (kDataLoss), so a
+  // rogue shard process cannot make the caller hold more than the range.
   virtual absl::StatusOr<ShardState> Save(const std::string& job_id,
                                           int64_t map_version,
-                                          int64_t version,
+                                          int64_t version, int64_t count,
                                           absl::Duration wait,
                                           bool weights_only) = 0;
   // The shard's ranges and their progress.

@@ -202,6 +202,8 @@ print(int(p["w1"]["clock"]), int(p["w2"]["clock"]), p["w1"].get("waiting", False
     done_id=$(submit examples/synthetic-2workers.yaml)  # queued behind it
     wait_step "$id" 200 60
     sleep 0.5  # a checkpoint after step 200
+    ids_before=$(job_workers "$id")
+    [[ $(wc -l <<< "$ids_before") == 2 ]] || fail "two workers before the kill: '$ids_before'"
     kill -9 "${pids[0]}"
     [[ -s $state/$id.ckpt && -s $state/$done_id.ckpt ]] || fail "no checkpoint files in $state"
     start_server 1000 --state_dir="$state" --checkpoint_interval_s=0.2
@@ -209,7 +211,23 @@ print(int(p["w1"]["clock"]), int(p["w2"]["clock"]), p["w1"].get("waiting", False
     step=$(job_field "$id" "['metrics']['step']")
     (( step >= 200 )) || fail "resumed at step $step, not from the checkpoint"
     [[ $(job_field "$done_id" "['state']") == PENDING ]] || fail "the queued job is not PENDING"
+    # Each live worker is listed once, under an id the old coordinator
+    # never gave; the events say what happened; the message is current.
+    wait_step "$id" $((step + 20)) 60
+    ids_after=$(job_workers "$id")
+    [[ $(wc -l <<< "$ids_after") == 2 ]] || fail "workers after the restart: '$ids_after'"
+    [[ $(cut -d' ' -f2 <<< "$ids_after" | sort | tr '\n' ' ') == "w1 w2 " ]] || fail "not w1 and w2 once each: '$ids_after'"
+    for old_id in $(cut -d' ' -f1 <<< "$ids_before"); do
+      grep -q "^$old_id " <<< "$ids_after" && fail "worker id $old_id was given again: '$ids_after'"
+    done
+    msg=$(job_field "$id" "['message']")
+    [[ $msg != *resum* ]] || fail "the message still says '$msg' while the job trains"
+    tally report "$id" --output="$dir/report.html" > /dev/null || fail "report"
+    grep -q "the coordinator restarted; the job resumes from the checkpoint of step" "$dir/report.html" || fail "no restart event"
+    grep -q "placed again on 1 parameter shard" "$dir/report.html" || fail "no placement event"
     wait_state "$id" SUCCEEDED 120
+    msg=$(job_field "$id" "['message']")
+    [[ $msg != *resum* ]] || fail "the ended job's message says '$msg'"
     acc=$(job_field "$id" "['metrics']['test_accuracy']")
     python3 -c "import sys; sys.exit(0 if $acc > 0.80 else 1)" || fail "test accuracy $acc <= 0.80"
     wait_state "$done_id" SUCCEEDED 120

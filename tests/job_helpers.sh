@@ -35,3 +35,7 @@ wait_step() {  # job min_step timeout_s
   done
   fail "$1 did not reach step $2"
 }
+job_workers() {  # job -> "worker_id name" per worker on it now
+  tally status "$1" --json |
+    python3 -c "import json,sys; [print(p['worker_id'], p.get('name', '')) for p in json.load(sys.stdin)['metrics'].get('progress', [])]"
+}

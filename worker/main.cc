@@ -183,10 +183,13 @@ int RunDaemon() {
 
 int main(int argc, char** argv) {
   tally::TuneMallocForBulkTransfers();
-  absl::SetProgramUsageMessage(
-      "Tally worker.\n  tally-worker --standalone --job=FILE "
-      "[--devices=cpu:1] [--output=PATH] [--summary_json=PATH]");
-  absl::ParseCommandLine(argc, argv);
+  tally::ParseProgramFlags(
+      argc, argv,
+      "Tally worker.\n"
+      "  tally-worker --server=HOST:7070 [--devices=cpu:1|cuda:all] "
+      "[TLS and token flags]\n"
+      "  tally-worker --standalone --job=FILE [--devices=cpu:1] "
+      "[--output=PATH] [--summary_json=PATH]");
   // Debian's Abseil is built without NDEBUG, so every Mutex lock would
   // walk a deadlock-detection graph (about 1% of a busy cluster's CPU in a
   // profile). The tests keep the check; the programs do not pay for it.

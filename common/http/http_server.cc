@@ -68,6 +68,8 @@ const char* Reason(int status) {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 503:
+      return "Service Unavailable";
     default:
       return "Internal Server Error";
   }
@@ -123,12 +125,40 @@ HttpServer::~HttpServer() {
 
 void HttpServer::Serve() {
   while (!stop_) {
+    Reap(/*all=*/false);
     pollfd p{listen_fd_, POLLIN, 0};
     if (poll(&p, 1, 200) <= 0) continue;  // wakes to see stop_
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    Answer(fd);
-    close(fd);
+    if (connections_.size() >= kMaxConnections) {
+      // Busy: said at once, without reading the request.
+      WriteAll(fd,
+               "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+               "Retry-After: 1\r\nConnection: close\r\n\r\n",
+               absl::Now() + absl::Milliseconds(100));
+      close(fd);
+      continue;
+    }
+    auto c = std::make_unique<Connection>();
+    Connection* raw = c.get();
+    c->thread = std::thread([this, fd, raw] {
+      Answer(fd);
+      close(fd);
+      raw->done = true;
+    });
+    connections_.push_back(std::move(c));
+  }
+  Reap(/*all=*/true);
+}
+
+void HttpServer::Reap(bool all) {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (all || (*it)->done) {
+      (*it)->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

@@ -1,16 +1,19 @@
 // A small HTTP/1.1 server for Tally's read-only pages: /metrics and the
-// coordinator's dashboard. One thread answers one request per connection
-// (GET only, request head at most 8 KiB, 2 s in all to send it, 10 s to
-// take the answer), then closes it:
-// enough for Prometheus and a browser refreshing every few seconds, and
-// nothing a client sends can hold it longer than that.
+// coordinator's dashboard. Each connection gets its own thread, which
+// answers one request (GET only, request head at most 8 KiB, 2 s in all to
+// send it, 10 s to take the answer) and closes it. At most
+// kMaxConnections are answered at once; a connection beyond that is
+// answered 503 at once and closed. So a slow or silent client holds one
+// thread for 12 s at most and delays nobody else's scrape or page.
 //
-// Thread-safe; the handler runs on the server's thread.
+// Thread-safe; the handler runs on the connections' threads, several at
+// once, and must be thread-safe.
 #ifndef TALLY_COMMON_HTTP_HTTP_SERVER_H_
 #define TALLY_COMMON_HTTP_HTTP_SERVER_H_
 
 #include <atomic>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,16 +43,25 @@ class HttpServer {
 
   int port() const { return port_; }
 
+  static constexpr int kMaxConnections = 32;
+
  private:
+  struct Connection {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
   HttpServer() = default;
   void Serve();
   void Answer(int fd) const;
+  // Joins the connections' threads that have finished (all, with `all`).
+  void Reap(bool all);
 
   Handler handler_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::thread thread_;  // accepts; owns connections_
+  std::list<std::unique_ptr<Connection>> connections_;
 };
 
 }  // namespace tally

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "common/io/safetensors.h"
@@ -255,6 +256,28 @@ TEST_F(CoordinatorTest, WorkerFailureFailsTheJobAndCancelReleasesWorkers) {
   EXPECT_FALSE(Beat(a)->has_assignment());
 }
 
+// A member that heartbeats but never pulls holds a bsp job at step 0: it is
+// named in waiting_on (members that never pulled were skipped before).
+TEST_F(CoordinatorTest, AMemberThatNeverPullsIsNamedInWaitingOn) {
+  auto job = coord_.Submit(kSpec);
+  auto a = Register("a");
+  auto b = Register("b");
+  ASSERT_EQ(coord_.Get(job->id())->state(), v1::RUNNING);
+  coord_.Tick();
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(2));
+    ASSERT_TRUE(Beat(a).ok() && Beat(b).ok());
+    coord_.Tick();
+  }
+  const v1::JobMetrics m = coord_.Get(job->id())->metrics();
+  EXPECT_GE(m.stalled_seconds(), 3.0);
+  std::vector<std::string> waiting(m.waiting_on().begin(), m.waiting_on().end());
+  EXPECT_THAT(waiting,
+              ::testing::UnorderedElementsAre(
+                  a.worker_id() + " (a): has not pulled yet",
+                  b.worker_id() + " (b): has not pulled yet"));
+}
+
 TEST_F(CoordinatorTest, StaleIncarnationMustRegisterAgain) {
   auto a = Register("a");
   v1::HeartbeatRequest r;
@@ -287,6 +310,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   };
   std::vector<float> weights_at_3;
   OptimizerState optimizer_at_3;
+  std::set<std::string> first_ids;
   // Adam: two state slots and a step count to carry over.
   const std::string adam_spec =
       SpecWith("epochs: 10, max_steps: 100",
@@ -301,6 +325,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     ASSERT_TRUE(running.ok() && queued.ok() && cancelled.ok());
     TALLY_ASSERT_OK(a.Cancel(cancelled->id()).status());
     auto w1 = reg(a, "a"), w2 = reg(a, "b");
+    first_ids = {w1.worker_id(), w2.worker_id()};
     ASSERT_EQ(a.Get(running->id())->state(), v1::RUNNING);
     auto shard = ShardOf(host_a, running->id());
     ASSERT_TRUE(shard.ok());
@@ -375,10 +400,32 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   const OptimizerState restored = (*ShardOf(host_b, "job-1"))->Save().optimizer;
   EXPECT_EQ(restored.step, optimizer_at_3.step);
   EXPECT_EQ(restored.slots, optimizer_at_3.slots);
+  // The restart is in the events, and the message says what the job
+  // waits for only while it waits.
+  events.clear();
+  history = b.History("job-1");
+  ASSERT_TRUE(history.ok());
+  for (const auto& e : history->events()) events += e.text() + "; ";
+  EXPECT_THAT(events, HasSubstr("the coordinator restarted; the job resumes "
+                                "from the checkpoint of step 3"));
+  EXPECT_THAT(events, HasSubstr("placed again on 1 parameter shard at step 3"));
+  EXPECT_THAT(b.Get("job-1")->message(), ::testing::Not(HasSubstr("resum")));
   // New workers fill the running job's slots first.
   auto n1 = reg(b, "c");
-  reg(b, "d");
+  auto n2 = reg(b, "d");
   EXPECT_EQ(b.Get("job-1")->metrics().workers(), 2);
+  // Each is listed once (not beside the previous lifetime's workers), under
+  // an id the first coordinator never gave.
+  const v1::JobMetrics now = b.Get("job-1")->metrics();
+  ASSERT_EQ(now.progress_size(), 2);
+  std::set<std::string> names;
+  for (const v1::WorkerProgress& p : now.progress()) {
+    names.insert(p.name());
+    EXPECT_EQ(first_ids.count(p.worker_id()), 0u) << p.worker_id();
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"c", "d"}));
+  EXPECT_EQ(first_ids.count(n1.worker_id()) + first_ids.count(n2.worker_id()),
+            0u);
   v1::HeartbeatRequest hb;
   hb.set_worker_id(n1.worker_id());
   hb.set_incarnation(n1.incarnation());
@@ -492,6 +539,26 @@ TEST_F(CoordinatorLimitsTest, QueuedJobsAndWorkersAreBounded) {
   EXPECT_THAT(coord_->Register(r),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("at most 256 bytes")));
+}
+
+// One submitter cannot fill the queue: each named one has a share of it.
+TEST_F(CoordinatorLimitsTest, EachSubmitterHasAShareOfTheQueue) {
+  CoordinatorOptions o;
+  o.max_queued_jobs = 10;
+  o.max_queued_jobs_per_submitter = 2;
+  Make(o);
+  ASSERT_TRUE(coord_->Submit(kSpec, "alice").ok());
+  ASSERT_TRUE(coord_->Submit(kSpec, "alice").ok());
+  EXPECT_THAT(coord_->Submit(kSpec, "alice"),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max_queued_jobs_per_submitter")));
+  EXPECT_TRUE(coord_->Submit(kSpec, "bob").ok());
+  // Without tokens nobody has a name: only the whole queue's limit holds.
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(coord_->Submit(kSpec).ok());
+  EXPECT_EQ(coord_->List().size(), 6u);
+  // A job of alice's that ends frees her place.
+  ASSERT_TRUE(coord_->Cancel("job-1").ok());
+  EXPECT_TRUE(coord_->Submit(kSpec, "alice").ok());
 }
 
 TEST_F(CoordinatorLimitsTest, ListPagesInOrderAndFiltersByOwner) {

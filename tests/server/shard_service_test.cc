@@ -95,7 +95,7 @@ TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   EXPECT_EQ(range->shard->version(), 42);
 
   absl::StatusOr<ShardState> saved =
-      shard->Save("job-9", 5, 42, absl::Seconds(5), /*weights_only=*/false);
+      shard->Save("job-9", 5, 42, count, absl::Seconds(5), /*weights_only=*/false);
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->metrics.version, 42);
   EXPECT_EQ(*saved->weights, parts[0]);
@@ -104,11 +104,11 @@ TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   EXPECT_EQ(saved->optimizer.slots[1], parts[2]);
   EXPECT_EQ(saved->optimizer.step, 42);
   // Past that version: the shard says where it is.
-  EXPECT_THAT(shard->Save("job-9", 5, 41, absl::Seconds(1), true),
+  EXPECT_THAT(shard->Save("job-9", 5, 41, count, absl::Seconds(1), true),
               testing::HasReason(absl::StatusCode::kFailedPrecondition,
                                  v1::STEP_CLOSED));
   // Another placement of the job is not this one.
-  EXPECT_THAT(shard->Save("job-9", 4, 42, absl::Seconds(1), true),
+  EXPECT_THAT(shard->Save("job-9", 4, 42, count, absl::Seconds(1), true),
               testing::StatusIs(absl::StatusCode::kNotFound,
                                 ::testing::HasSubstr("map version 5")));
   // A state that does not fit the range is refused, and nothing changes.
