@@ -20,7 +20,7 @@
 #include "proto/auth.h"
 #include "proto/transport_flags.h"
 #include "server/dashboard/dashboard.h"
-#include "server/service.h"
+#include "server/tally_server.h"
 
 ABSL_FLAG(std::string, listen, "",
           "Address to listen on (default: 0.0.0.0 with TLS or --insecure, "

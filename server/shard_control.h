@@ -1,14 +1,25 @@
-// One parameter shard as the coordinator drives it: install a job's range,
-// hold it and set its members, save it, retire and drop it. Two kinds: the
-// coordinator's own ShardHost, called in process, and a shard process,
-// called over ShardService. The seam also lets tests replace a shard.
+// The contract between tally-server's two wings: the control plane
+// (server/control/: the coordinator, which decides) and the data plane
+// (server/data/: parameter shards, which hold and step the weights). The
+// control wing reaches the data wing only through ShardControl, which the
+// server's start-up code hands it: in process for the coordinator's own
+// shard (server/data/local_shard_control.h), over ShardService for a shard
+// process (server/control/remote_shard_control.h). The seam also lets tests
+// replace a shard.
 //
-// Every call is bounded (`timeout`, or the control plane's default of a few
-// seconds); a shard that does not answer is kUnavailable or
-// kDeadlineExceeded and the coordinator tries again later. Thread-safe.
+// Besides the interface, the vocabulary both wings speak: a push's
+// metadata, a member as the coordinator decides it, a member's progress as
+// a shard reports it, a range's state, and its one codec (RangeStateCodec
+// below) to and from the wire's v1::RangeState.
+//
+// Every ShardControl call is bounded (`wait`, or the control plane's
+// default of a few seconds); a shard that does not answer is kUnavailable
+// or kDeadlineExceeded and the coordinator tries again later. Thread-safe.
 #ifndef TALLY_SERVER_SHARD_CONTROL_H_
 #define TALLY_SERVER_SHARD_CONTROL_H_
 
+#include <climits>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,13 +27,79 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/optim/optimizer.h"
 #include "proto/tally.pb.h"
-#include "proto/transport.h"
-#include "server/shard.h"
 
 namespace tally {
 
-class ShardHost;
+struct PushMeta {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  int64_t step = 0;
+  int64_t base_version = 0;
+  int64_t samples = 0;
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+};
+
+struct ShardMetrics {
+  int64_t version = 0;
+  int64_t total_steps = 0;
+  int64_t steps_per_epoch = 0;
+  double loss = 0.0;      // last closed step
+  double accuracy = 0.0;  // last closed step
+  double samples_per_sec = 0.0;
+  int64_t samples = 0;
+  int64_t rejected_pushes = 0;
+  int64_t stale_pushes = 0;  // refused: staler than max_staleness
+  int64_t late_pushes = 0;   // came after their step closed
+  int64_t sum_resets = 0;    // streamed sums dropped (PUSH_AGAIN)
+  int members = 0;
+  double train_seconds = 0.0;  // first schedule (pull) to last close, or now
+};
+
+// One member as the coordinator decides it.
+struct MemberSpec {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  int rank = 0;             // the order of summation
+  int64_t join_step = 0;    // required from this step
+  int64_t leave_step = kNoStep;  // ... up to this one, excluded
+  // Its push of leave_step - 1 was committed as nothing on some shard (it
+  // was refused there): a shard that staged it drops it.
+  bool last_refused = false;
+  static constexpr int64_t kNoStep = INT64_MAX;
+};
+
+// A member's progress on this shard, for the coordinator's decisions.
+struct MemberProgress {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  int64_t pushed_step = -1;     // last step it pushed (staged or settled)
+  int64_t committed_step = -1;  // last step it committed
+  // The step its last served pull was for (WhenClock), -1 before; and
+  // whether a pull of it waits here now.
+  int64_t clock = -1;
+  bool waiting = false;
+  bool last_refused = false;  // its commit of committed_step said: nothing
+};
+
+struct HoldReport {
+  int64_t version = 0;
+  std::vector<MemberProgress> members;
+};
+
+// What a checkpoint keeps of a shard: the weights of the last closed step
+// with the optimizer state that goes with them, and the metrics (version,
+// schedule, counters; members and samples_per_sec are not restored). The
+// open step's partial sum is not kept: after a restart that step is
+// computed again.
+struct ShardState {
+  ShardMetrics metrics;  // metrics.version: the version of `weights`
+  bool retired = false;
+  std::shared_ptr<const std::vector<float>> weights;  // of `version`
+  OptimizerState optimizer;                           // empty once retired
+};
 
 class ShardControl {
  public:
@@ -59,11 +136,25 @@ class ShardControl {
   virtual bool local() const = 0;
 };
 
-// `host` is borrowed and must outlive the control.
-std::unique_ptr<ShardControl> MakeLocalShardControl(ShardHost* host);
-// Over ShardService at `address`, dialled with `transport`.
-std::unique_ptr<ShardControl> MakeRemoteShardControl(
-    const std::string& address, const TransportOptions& transport);
+// Members and their progress on the wire (SetRangeMembers, HoldRange).
+MemberSpec FromProto(const v1::MemberSpec& m);
+v1::MemberSpec ToProto(const MemberSpec& m);
+MemberProgress FromProto(const v1::MemberProgress& m);
+v1::MemberProgress ToProto(const MemberProgress& m);
+
+// RangeStateCodec: the one conversion between a range's state and the
+// wire's v1::RangeState, used by every install, save and checkpoint of a
+// range. The record is the version, the counters and the optimizer's step;
+// the tensors are the weights and each optimizer slot, `count` float32
+// values each. Streams send the record in their first message and the
+// tensors as parts (part 0 the weights, part k the slot k - 1).
+void EncodeRangeRecord(const ShardState& state, v1::RangeState* out);
+void DecodeRangeRecord(const v1::RangeState& in, ShardState* out);
+// The record and the tensors (state.weights must be set).
+void EncodeRangeState(const ShardState& state, v1::RangeState* out);
+// kInvalidArgument when a tensor is not `count` values.
+absl::StatusOr<ShardState> DecodeRangeState(const v1::RangeState& in,
+                                            int64_t count);
 
 }  // namespace tally
 

@@ -192,9 +192,15 @@ case $case_name in
       start_shard s3 "$(free_port)"
     fi
     wait_state "$id" SUCCEEDED 180
+    # The resume is in the job's events; the message of the ended job no
+    # longer says it (it said what the job waited for, while it waited).
     message=$(job_field "$id" "['message']")
-    [[ $message == *"resumed from the checkpoint of step"* ]] || fail "no resume noted: '$message'"
-    resumed=$(sed -E 's/.*checkpoint of step ([0-9]+).*/\1/' <<< "$message")
+    [[ $message != *resum* ]] || fail "the ended job's message still says '$message'"
+    tally report "$id" --output="$dir/report.html" > /dev/null || fail "report"
+    event=$(grep -o "a parameter shard was lost; the job starts again from the checkpoint of step [0-9]*" "$dir/report.html" | head -n 1)
+    [[ -n $event ]] || fail "no resume in the events"
+    grep -q "placed again on 2 parameter shards" "$dir/report.html" || fail "no placement event"
+    resumed=${event##* }
     # The checkpoint past step 300 (the coordinator's view of the step lags
     # the shards' a little, so the kill may come after a later one).
     (( resumed >= 300 )) || fail "resumed at $resumed, killed at about $step_at_kill"

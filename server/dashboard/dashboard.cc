@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "server/coordinator.h"
+#include "server/control/coordinator.h"
 #include "server/dashboard/page.h"
 
 namespace tally {

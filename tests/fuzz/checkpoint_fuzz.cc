@@ -6,7 +6,7 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "absl/strings/string_view.h"
-#include "server/job_store.h"
+#include "server/control/job_store.h"
 
 // protobuf logs every string field with invalid UTF-8; the harness runs
 // millions of such inputs.

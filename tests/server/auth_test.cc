@@ -14,7 +14,7 @@
 #include "proto/errors.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/transport.h"
-#include "server/service.h"
+#include "server/tally_server.h"
 #include "tests/test_util.h"
 
 namespace tally {

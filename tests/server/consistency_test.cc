@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/shard.h"
+#include "server/data/shard.h"
 #include "tests/test_util.h"
 
 namespace tally {

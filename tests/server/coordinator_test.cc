@@ -1,7 +1,8 @@
 // Job lifecycle, scheduling and leases, with a fake clock (no sleeping).
-#include "server/coordinator.h"
+#include "server/control/coordinator.h"
 
-#include "server/shard_host.h"
+#include "server/data/local_shard_control.h"
+#include "server/data/shard_host.h"
 
 #include <cstring>
 #include <limits>
@@ -59,7 +60,7 @@ class CoordinatorTest : public ::testing::Test {
     CoordinatorOptions o;
     o.clock = &clock_;
     o.lease_timeout = absl::Seconds(3);
-    o.local_shard = &host_;
+    o.local_shard = MakeLocalShardControl(&host_);
     return o;
   }
   absl::StatusOr<std::shared_ptr<ParameterShard>> Shard(
@@ -316,7 +317,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
       SpecWith("epochs: 10, max_steps: 100",
                "optimizer: {type: adam, lr: 0.01}\n");
   {
-    o.local_shard = &host_a;
+    o.local_shard = MakeLocalShardControl(&host_a);
     Coordinator a(o);
     TALLY_ASSERT_OK(a.Restore());  // creates the directory
     auto running = a.Submit(adam_spec);
@@ -368,7 +369,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     ASSERT_EQ(optimizer_at_3.slots.size(), 2u);
     step(3);  // never checkpointed: redone after the restart
   }
-  o.local_shard = &host_b;
+  o.local_shard = MakeLocalShardControl(&host_b);
   Coordinator b(o);
   TALLY_ASSERT_OK(b.Restore());
   std::vector<v1::Job> jobs = b.List();
@@ -506,7 +507,7 @@ class CoordinatorLimitsTest : public ::testing::Test {
   void Make(const CoordinatorOptions& base) {
     CoordinatorOptions o = base;
     o.clock = &clock_;
-    o.local_shard = &host_;
+    o.local_shard = MakeLocalShardControl(&host_);
     coord_ = std::make_unique<Coordinator>(o);
   }
   FakeClock clock_;

@@ -1,5 +1,5 @@
 // Registrations and their leases: renewals, stale incarnations, expiry.
-#include "server/leases.h"
+#include "server/control/leases.h"
 
 #include <set>
 

@@ -10,9 +10,10 @@
 
 #include "common/random.h"
 #include "gtest/gtest.h"
-#include "server/coordinator.h"
-#include "server/partition.h"
-#include "server/shard_host.h"
+#include "server/control/coordinator.h"
+#include "server/control/partition.h"
+#include "server/data/local_shard_control.h"
+#include "server/data/shard_host.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -37,7 +38,7 @@ class MembershipTest : public ::testing::TestWithParam<bool> {
     CoordinatorOptions o;
     o.clock = &clock_;
     o.lease_timeout = absl::Seconds(3);
-    o.local_shard = &local_;
+    o.local_shard = MakeLocalShardControl(&local_);
     // The "shard process" is a second host in process.
     o.connect_shard = [this](const std::string&) {
       return MakeLocalShardControl(&remote_);

@@ -1,6 +1,6 @@
 // The gRPC surface of tally-server, in process over a real socket: every
 // kind of bad input gets its specific status and the server keeps serving.
-#include "server/service.h"
+#include "server/tally_server.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -1,6 +1,6 @@
 // RemoteShardControl against a shard process that misbehaves: what it may
 // make the coordinator hold is bounded by the range it was given.
-#include "server/shard_control.h"
+#include "server/control/remote_shard_control.h"
 
 #include <grpcpp/grpcpp.h>
 

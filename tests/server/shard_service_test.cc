@@ -2,14 +2,14 @@
 // larger than the 4 MiB message limit goes in (InstallRange, streamed) and
 // comes back out (SaveRange) unchanged, as when a lost shard's job is
 // placed again from its checkpoint.
-#include "server/shard_service.h"
+#include "server/data/shard_service.h"
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/service.h"
-#include "server/shard_control.h"
+#include "server/tally_server.h"
+#include "server/control/remote_shard_control.h"
 #include "tests/test_util.h"
 
 namespace tally {

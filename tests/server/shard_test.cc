@@ -1,5 +1,5 @@
 // Aggregation and step-closing rules of a parameter shard.
-#include "server/shard.h"
+#include "server/data/shard.h"
 
 #include <cmath>
 #include <cstring>

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/errors.h"
 #include "proto/transport.h"
-#include "server/service.h"
+#include "server/tally_server.h"
 #include "tests/test_util.h"
 
 namespace tally {

@@ -1,5 +1,5 @@
 // Copying a pushed chunk while finding its first infinity or NaN.
-#include "server/internal/finite.h"
+#include "server/data/internal/finite.h"
 
 #include <cmath>
 #include <cstring>

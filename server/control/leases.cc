@@ -1,4 +1,4 @@
-#include "server/leases.h"
+#include "server/control/leases.h"
 
 #include <sys/random.h>
 

@@ -7,8 +7,8 @@
 //
 // One coordinator per directory: Open() takes <dir>/LOCK (flock) for the
 // store's lifetime. Not thread-safe: the coordinator serialises its calls.
-#ifndef TALLY_SERVER_JOB_STORE_H_
-#define TALLY_SERVER_JOB_STORE_H_
+#ifndef TALLY_SERVER_CONTROL_JOB_STORE_H_
+#define TALLY_SERVER_CONTROL_JOB_STORE_H_
 
 #include <cstdint>
 #include <memory>
@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
+#include "server/shard_control.h"
 
 namespace tally {
 
@@ -36,6 +37,10 @@ struct StoredJob {
   int64_t optimizer_step = 0;
   std::vector<std::vector<float>> optimizer_slots;  // num_params each
   v1::JobHistory history;  // curves and events (the dashboard's)
+
+  // The state of elements [offset, offset + count) as a range holds it
+  // (has_state must be set): what a shard is installed with.
+  ShardState Range(int64_t offset, int64_t count) const;
 };
 
 class JobStore {
@@ -82,4 +87,4 @@ class JobStore {
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_JOB_STORE_H_
+#endif  // TALLY_SERVER_CONTROL_JOB_STORE_H_

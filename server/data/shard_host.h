@@ -9,8 +9,8 @@
 // accepts only chunks inside it.
 //
 // Thread-safe. Callbacks run without the host's lock held.
-#ifndef TALLY_SERVER_SHARD_HOST_H_
-#define TALLY_SERVER_SHARD_HOST_H_
+#ifndef TALLY_SERVER_DATA_SHARD_HOST_H_
+#define TALLY_SERVER_DATA_SHARD_HOST_H_
 
 #include <algorithm>
 #include <atomic>
@@ -32,7 +32,7 @@
 #include "common/clock.h"
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
-#include "server/shard.h"
+#include "server/data/shard.h"
 
 namespace tally {
 
@@ -46,8 +46,6 @@ struct Range {
 };
 
 // MemberSpec <-> its wire form.
-MemberSpec FromProto(const v1::MemberSpec& m);
-v1::MemberSpec ToProto(const MemberSpec& m);
 
 class ShardHost {
  public:
@@ -153,4 +151,4 @@ class ShardHost {
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_SHARD_HOST_H_
+#endif  // TALLY_SERVER_DATA_SHARD_HOST_H_

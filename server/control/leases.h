@@ -7,8 +7,8 @@
 // coordinator restart is stale after it (a repeat is a 2^-63 chance).
 //
 // Not thread-safe: the coordinator's lock guards it.
-#ifndef TALLY_SERVER_LEASES_H_
-#define TALLY_SERVER_LEASES_H_
+#ifndef TALLY_SERVER_CONTROL_LEASES_H_
+#define TALLY_SERVER_CONTROL_LEASES_H_
 
 #include <cstdint>
 #include <map>
@@ -53,4 +53,4 @@ class Leases {
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_LEASES_H_
+#endif  // TALLY_SERVER_CONTROL_LEASES_H_

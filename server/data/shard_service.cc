@@ -1,4 +1,4 @@
-#include "server/shard_service.h"
+#include "server/data/shard_service.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -17,8 +17,8 @@
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 #include "server/internal/event_reactor.h"
-#include "server/internal/finite.h"
-#include "server/internal/intervals.h"
+#include "server/data/internal/finite.h"
+#include "server/data/internal/intervals.h"
 
 namespace tally {
 
@@ -1156,14 +1156,7 @@ class SaveReactor final
         sizes_.push_back(slot.size());
       }
     }
-    v1::RangeState* rs = msg_.mutable_state();
-    rs->set_version(state_.metrics.version);
-    rs->set_optimizer_step(state_.optimizer.step);
-    rs->set_samples(state_.metrics.samples);
-    rs->set_rejected_pushes(state_.metrics.rejected_pushes);
-    rs->set_loss(state_.metrics.loss);
-    rs->set_accuracy(state_.metrics.accuracy);
-    rs->set_train_seconds(state_.metrics.train_seconds);
+    EncodeRangeRecord(state_, msg_.mutable_state());
     WriteNextLocked();
   }
 
@@ -1304,14 +1297,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
       absl::Milliseconds(std::clamp<int64_t>(req->hold_ms(), 0, 60000)));
   if (!r.ok()) return Reply(ctx, r.status());
   resp->set_version(r->version);
-  for (const MemberProgress& m : r->members) {
-    v1::MemberProgress* p = resp->add_members();
-    p->set_worker_id(m.worker_id);
-    p->set_incarnation(m.incarnation);
-    p->set_pushed_step(m.pushed_step);
-    p->set_committed_step(m.committed_step);
-    p->set_last_refused(m.last_refused);
-  }
+  for (const MemberProgress& m : r->members) *resp->add_members() = ToProto(m);
   return Reply(ctx, absl::OkStatus());
 }
 

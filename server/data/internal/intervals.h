@@ -1,7 +1,7 @@
 // A merged set of [begin, end) element ranges: what of a push arrived, or
 // what of it is in a step's sum.
-#ifndef TALLY_SERVER_INTERNAL_INTERVALS_H_
-#define TALLY_SERVER_INTERNAL_INTERVALS_H_
+#ifndef TALLY_SERVER_DATA_INTERNAL_INTERVALS_H_
+#define TALLY_SERVER_DATA_INTERNAL_INTERVALS_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -61,4 +61,4 @@ class Intervals {
 
 }  // namespace tally::internal
 
-#endif  // TALLY_SERVER_INTERNAL_INTERVALS_H_
+#endif  // TALLY_SERVER_DATA_INTERNAL_INTERVALS_H_

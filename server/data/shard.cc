@@ -1,4 +1,4 @@
-#include "server/shard.h"
+#include "server/data/shard.h"
 
 #include <algorithm>
 #include <atomic>

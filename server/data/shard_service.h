@@ -3,12 +3,12 @@
 // coordinator (install, hold, members, save, retire). Callback API: one
 // reactor per streaming call, nothing blocking inside a reactor;
 // absl::Status becomes grpc::Status here.
-#ifndef TALLY_SERVER_SHARD_SERVICE_H_
-#define TALLY_SERVER_SHARD_SERVICE_H_
+#ifndef TALLY_SERVER_DATA_SHARD_SERVICE_H_
+#define TALLY_SERVER_DATA_SHARD_SERVICE_H_
 
 #include "proto/tally.grpc.pb.h"
-#include "server/server_metrics.h"
-#include "server/shard_host.h"
+#include "server/data/data_metrics.h"
+#include "server/data/shard_host.h"
 
 namespace tally {
 
@@ -66,4 +66,4 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_SHARD_SERVICE_H_
+#endif  // TALLY_SERVER_DATA_SHARD_SERVICE_H_

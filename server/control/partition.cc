@@ -1,4 +1,4 @@
-#include "server/partition.h"
+#include "server/control/partition.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "server/shard_host.h"
+#include "server/data/shard_host.h"
 
 #include <cstring>
 #include <utility>
@@ -13,42 +13,12 @@ namespace tally {
 
 namespace {
 
-bool BytesToFloats(const std::string& bytes, int64_t want,
-                   std::vector<float>* out) {
-  if (static_cast<int64_t>(bytes.size()) != want * 4) return false;
-  out->resize(want);
-  std::memcpy(out->data(), bytes.data(), bytes.size());
-  return true;
-}
-
 absl::Status NoRange(const std::string& job_id) {
   return absl::NotFoundError(
       absl::StrCat("no range of job ", Quoted(job_id), " on this shard"));
 }
 
 }  // namespace
-
-MemberSpec FromProto(const v1::MemberSpec& m) {
-  MemberSpec s;
-  s.worker_id = m.worker_id();
-  s.incarnation = m.incarnation();
-  s.rank = m.rank();
-  s.join_step = m.join_step();
-  s.leave_step = m.leave_step() > 0 ? m.leave_step() : MemberSpec::kNoStep;
-  s.last_refused = m.last_refused();
-  return s;
-}
-
-v1::MemberSpec ToProto(const MemberSpec& m) {
-  v1::MemberSpec s;
-  s.set_worker_id(m.worker_id);
-  s.set_incarnation(m.incarnation);
-  s.set_rank(m.rank);
-  s.set_join_step(m.join_step);
-  s.set_leave_step(m.leave_step == MemberSpec::kNoStep ? 0 : m.leave_step);
-  s.set_last_refused(m.last_refused);
-  return s;
-}
 
 ShardHost::ShardHost(const Clock* clock, const SpecLimits& limits)
     : clock_(clock != nullptr ? clock : &real_clock_), limits_(limits) {}
@@ -82,30 +52,9 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
     shard = std::make_shared<ParameterShard>(std::move(init), std::move(opt),
                                              clock_);
   } else {
-    const v1::RangeState& rs = req.state();
-    ShardState st;
-    st.metrics.version = rs.version();
-    st.metrics.samples = rs.samples();
-    st.metrics.rejected_pushes = rs.rejected_pushes();
-    st.metrics.loss = rs.loss();
-    st.metrics.accuracy = rs.accuracy();
-    st.metrics.train_seconds = rs.train_seconds();
+    TALLY_ASSIGN_OR_RETURN(ShardState st, DecodeRangeState(req.state(), count));
     st.metrics.total_steps = req.schedule().total_steps();
     st.metrics.steps_per_epoch = req.schedule().steps_per_epoch();
-    auto weights = std::make_shared<std::vector<float>>();
-    if (!BytesToFloats(rs.weights(), count, weights.get())) {
-      return absl::InvalidArgumentError(
-          "the range's weights do not match its size");
-    }
-    st.weights = std::move(weights);
-    st.optimizer.step = rs.optimizer_step();
-    for (const std::string& slot : rs.optimizer_slots()) {
-      st.optimizer.slots.emplace_back();
-      if (!BytesToFloats(slot, count, &st.optimizer.slots.back())) {
-        return absl::InvalidArgumentError(
-            "the range's optimizer state does not match its size");
-      }
-    }
     TALLY_ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> restored,
                            ParameterShard::Restore(st, std::move(opt), clock_));
     shard = std::move(restored);

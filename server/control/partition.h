@@ -12,8 +12,8 @@
 // more than keep each range at least 1 MiB (262,144 float32 values) and at
 // least one: small models are not cut into pieces smaller than the cost of
 // a round trip.
-#ifndef TALLY_SERVER_PARTITION_H_
-#define TALLY_SERVER_PARTITION_H_
+#ifndef TALLY_SERVER_CONTROL_PARTITION_H_
+#define TALLY_SERVER_CONTROL_PARTITION_H_
 
 #include <cstdint>
 #include <utility>
@@ -33,4 +33,4 @@ int ShardCount(int64_t n, int wanted, int live);
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_PARTITION_H_
+#endif  // TALLY_SERVER_CONTROL_PARTITION_H_

@@ -1,6 +1,6 @@
 // Copying pushed gradients out of a message while checking them.
-#ifndef TALLY_SERVER_INTERNAL_FINITE_H_
-#define TALLY_SERVER_INTERNAL_FINITE_H_
+#ifndef TALLY_SERVER_DATA_INTERNAL_FINITE_H_
+#define TALLY_SERVER_DATA_INTERNAL_FINITE_H_
 
 #include <cstdint>
 
@@ -16,4 +16,4 @@ int64_t DecodeBfloat16AndFindNonFinite(float* dst, const char* src, int64_t n);
 
 }  // namespace tally::internal
 
-#endif  // TALLY_SERVER_INTERNAL_FINITE_H_
+#endif  // TALLY_SERVER_DATA_INTERNAL_FINITE_H_

@@ -1,4 +1,4 @@
-#include "server/internal/finite.h"
+#include "server/data/internal/finite.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "server/coordinator.h"
+#include "server/control/coordinator.h"
 
 #include <sys/random.h>
 
@@ -14,8 +14,8 @@
 #include "common/io/safetensors.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
-#include "server/partition.h"
-#include "server/shard_host.h"
+#include "server/control/partition.h"
+#include "server/control/remote_shard_control.h"
 
 namespace tally {
 
@@ -213,7 +213,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options)
   absl::MutexLock lock(&mu_);
   if (options_.local_shard != nullptr) {
     ShardEntry& s = shards_[kLocalShard];
-    s.control = MakeLocalShardControl(options_.local_shard);
+    s.control = options_.local_shard;
     s.incarnation = leases_.Grant(kLocalShard, Now(), /*forever=*/true);
     s.last_seen = Now();
   }
@@ -1337,18 +1337,8 @@ void Coordinator::Reconcile(ControlTask& t) {
       s->set_steps_per_epoch(t.schedule.steps_per_epoch);
       s->set_total_steps(t.schedule.total_steps);
       if (t.start != nullptr) {
-        const StoredJob& st = *t.start;
-        v1::RangeState* rs = req.mutable_state();
-        rs->set_version(st.version);
-        rs->set_optimizer_step(st.optimizer_step);
-        rs->set_weights(st.weights->data() + r.offset, 4 * r.count);
-        for (const auto& slot : st.optimizer_slots)
-          rs->add_optimizer_slots(slot.data() + r.offset, 4 * r.count);
-        rs->set_samples(st.samples);
-        rs->set_rejected_pushes(st.rejected_pushes);
-        rs->set_loss(st.loss);
-        rs->set_accuracy(st.accuracy);
-        rs->set_train_seconds(st.train_seconds);
+        EncodeRangeState(t.start->Range(r.offset, r.count),
+                         req.mutable_state());
       }
       if (!r.control->Install(req).ok()) {
         t.failed = true;

@@ -35,7 +35,7 @@
 //
 // Persistence (options.state_dir, server/job_store.h): every job's record,
 // and for a running job the whole vector at one version, taken from every
-// range at exactly that version (ParameterShard::SaveAt).
+// range at exactly that version (ShardControl::Save).
 //
 // Control-plane work (installs, membership, retirement) runs after the
 // state change that needs it, outside the coordinator's lock, in the
@@ -45,8 +45,8 @@
 // Thread-safe. Subscriber callbacks run without the coordinator's lock.
 // Errors carry an ErrorReason (proto/errors.h) wherever a caller must tell
 // situations apart; proto/tally.proto lists them per RPC.
-#ifndef TALLY_SERVER_COORDINATOR_H_
-#define TALLY_SERVER_COORDINATOR_H_
+#ifndef TALLY_SERVER_CONTROL_COORDINATOR_H_
+#define TALLY_SERVER_CONTROL_COORDINATOR_H_
 
 #include <functional>
 #include <map>
@@ -62,14 +62,12 @@
 #include "common/clock.h"
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
-#include "server/job_store.h"
-#include "server/leases.h"
-#include "server/shard.h"
+#include "proto/transport.h"
+#include "server/control/job_store.h"
+#include "server/control/leases.h"
 #include "server/shard_control.h"
 
 namespace tally {
-
-class ShardHost;
 
 struct CoordinatorOptions {
   absl::Duration lease_timeout = absl::Seconds(3);
@@ -80,9 +78,9 @@ struct CoordinatorOptions {
   // written at the next Checkpoint).
   absl::Duration checkpoint_interval = absl::Seconds(30);
   // This process's own parameter shard ("shard-0", reached at the
-  // coordinator's address); borrowed; null: the coordinator holds no
-  // parameters and jobs wait for shard processes.
-  ShardHost* local_shard = nullptr;
+  // coordinator's address; server/data/local_shard_control.h); null: the
+  // coordinator holds no parameters and jobs wait for shard processes.
+  std::shared_ptr<ShardControl> local_shard;
   // What a submitted spec may ask for (docs/job-spec.md, "Limits").
   SpecLimits spec_limits;
   // How a registered shard process is reached (a seam for tests).
@@ -365,4 +363,4 @@ class Coordinator {
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_COORDINATOR_H_
+#endif  // TALLY_SERVER_CONTROL_COORDINATOR_H_

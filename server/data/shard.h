@@ -59,8 +59,8 @@
 //
 // Thread-safe: every method may be called from any thread. Callbacks given
 // to WhenVersion run without the shard's lock held.
-#ifndef TALLY_SERVER_SHARD_H_
-#define TALLY_SERVER_SHARD_H_
+#ifndef TALLY_SERVER_DATA_SHARD_H_
+#define TALLY_SERVER_DATA_SHARD_H_
 
 #include <climits>
 #include <cstdint>
@@ -80,78 +80,10 @@
 #include "common/clock.h"
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
-#include "server/internal/intervals.h"
+#include "server/data/internal/intervals.h"
+#include "server/shard_control.h"
 
 namespace tally {
-
-struct PushMeta {
-  std::string worker_id;
-  int64_t incarnation = 0;
-  int64_t step = 0;
-  int64_t base_version = 0;
-  int64_t samples = 0;
-  double loss_sum = 0.0;
-  int64_t correct = 0;
-};
-
-struct ShardMetrics {
-  int64_t version = 0;
-  int64_t total_steps = 0;
-  int64_t steps_per_epoch = 0;
-  double loss = 0.0;      // last closed step
-  double accuracy = 0.0;  // last closed step
-  double samples_per_sec = 0.0;
-  int64_t samples = 0;
-  int64_t rejected_pushes = 0;
-  int64_t stale_pushes = 0;  // refused: staler than max_staleness
-  int64_t late_pushes = 0;   // came after their step closed
-  int64_t sum_resets = 0;    // streamed sums dropped (PUSH_AGAIN)
-  int members = 0;
-  double train_seconds = 0.0;  // first schedule (pull) to last close, or now
-};
-
-// One member as the coordinator decides it.
-struct MemberSpec {
-  std::string worker_id;
-  int64_t incarnation = 0;
-  int rank = 0;             // the order of summation
-  int64_t join_step = 0;    // required from this step
-  int64_t leave_step = kNoStep;  // ... up to this one, excluded
-  // Its push of leave_step - 1 was committed as nothing on some shard (it
-  // was refused there): a shard that staged it drops it.
-  bool last_refused = false;
-  static constexpr int64_t kNoStep = INT64_MAX;
-};
-
-// A member's progress on this shard, for the coordinator's decisions.
-struct MemberProgress {
-  std::string worker_id;
-  int64_t incarnation = 0;
-  int64_t pushed_step = -1;     // last step it pushed (staged or settled)
-  int64_t committed_step = -1;  // last step it committed
-  // The step its last served pull was for (WhenClock), -1 before; and
-  // whether a pull of it waits here now.
-  int64_t clock = -1;
-  bool waiting = false;
-  bool last_refused = false;  // its commit of committed_step said: nothing
-};
-
-struct HoldReport {
-  int64_t version = 0;
-  std::vector<MemberProgress> members;
-};
-
-// What a checkpoint keeps of a shard: the weights of the last closed step
-// with the optimizer state that goes with them, and the metrics (version,
-// schedule, counters; members and samples_per_sec are not restored). The
-// open step's partial sum is not kept: after a restart that step is
-// computed again.
-struct ShardState {
-  ShardMetrics metrics;  // metrics.version: the version of `weights`
-  bool retired = false;
-  std::shared_ptr<const std::vector<float>> weights;  // of `version`
-  OptimizerState optimizer;                           // empty once retired
-};
 
 class ParameterShard {
  public:
@@ -514,4 +446,4 @@ class ParameterShard {
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_SHARD_H_
+#endif  // TALLY_SERVER_DATA_SHARD_H_

@@ -1,4 +1,4 @@
-#include "server/job_store.h"
+#include "server/control/job_store.h"
 
 #include <fcntl.h>
 #include <google/protobuf/io/coded_stream.h>
@@ -81,6 +81,24 @@ std::string BytesFieldPrefix(int field, size_t size) {
 }
 
 }  // namespace
+
+ShardState StoredJob::Range(int64_t offset, int64_t count) const {
+  ShardState out;
+  out.metrics.version = version;
+  out.metrics.samples = samples;
+  out.metrics.rejected_pushes = rejected_pushes;
+  out.metrics.loss = loss;
+  out.metrics.accuracy = accuracy;
+  out.metrics.train_seconds = train_seconds;
+  out.optimizer.step = optimizer_step;
+  out.weights = std::make_shared<const std::vector<float>>(
+      weights->begin() + offset, weights->begin() + offset + count);
+  for (const std::vector<float>& slot : optimizer_slots) {
+    out.optimizer.slots.emplace_back(slot.begin() + offset,
+                                     slot.begin() + offset + count);
+  }
+  return out;
+}
 
 JobStore::~JobStore() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock

@@ -1,0 +1,181 @@
+#include "server/control/remote_shard_control.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/errors.h"
+#include "proto/tally.grpc.pb.h"
+
+namespace tally {
+
+namespace {
+
+// The control plane's bound on one call to a shard.
+constexpr absl::Duration kControlTimeout = absl::Seconds(3);
+
+class RemoteShardControl final : public ShardControl {
+ public:
+  RemoteShardControl(const std::string& address,
+                     const TransportOptions& transport)
+      : address_(address),
+        stub_(v1::ShardService::NewStub(Dial(address, transport))) {}
+
+  absl::Status Install(const v1::InstallRangeRequest& req) override {
+    v1::InstallRangeResponse resp;
+    // The state's bytes take a while on a slow link: a minute more.
+    auto ctx = Context(kControlTimeout +
+                       (req.has_state() ? absl::Minutes(1) : absl::ZeroDuration()));
+    auto writer = stub_->InstallRange(ctx.get(), &resp);
+    v1::InstallRangeChunk msg;
+    *msg.mutable_request() = req;
+    if (req.has_state()) {
+      msg.mutable_request()->mutable_state()->clear_weights();
+      msg.mutable_request()->mutable_state()->clear_optimizer_slots();
+    }
+    bool ok = writer->Write(msg);
+    msg.clear_request();
+    if (req.has_state()) {
+      std::vector<const std::string*> parts = {&req.state().weights()};
+      for (const std::string& slot : req.state().optimizer_slots())
+        parts.push_back(&slot);
+      constexpr size_t kPiece = 1 << 20;
+      for (size_t p = 0; p < parts.size() && ok; ++p) {
+        for (size_t at = 0; at < parts[p]->size() && ok; at += kPiece) {
+          msg.set_part(static_cast<int32_t>(p));
+          msg.set_data(parts[p]->data() + at,
+                       std::min(kPiece, parts[p]->size() - at));
+          ok = writer->Write(msg);
+        }
+      }
+    }
+    if (ok) writer->WritesDone();
+    return Named(FromGrpc(writer->Finish()));
+  }
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id,
+                                  int64_t map_version, int64_t hold_id,
+                                  absl::Duration hold) override {
+    v1::HoldRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    req.set_hold_id(hold_id);
+    req.set_hold_ms(absl::ToInt64Milliseconds(hold));
+    v1::HoldRangeResponse resp;
+    auto ctx = Context(kControlTimeout);
+    absl::Status s = FromGrpc(stub_->HoldRange(ctx.get(), req, &resp));
+    if (!s.ok()) return Named(s);
+    HoldReport r;
+    r.version = resp.version();
+    for (const v1::MemberProgress& m : resp.members())
+      r.members.push_back(FromProto(m));
+    return r;
+  }
+  absl::Status SetMembers(const std::string& job_id, int64_t map_version,
+                          const std::vector<MemberSpec>& members,
+                          int64_t hold_id) override {
+    v1::SetRangeMembersRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    req.set_hold_id(hold_id);
+    for (const MemberSpec& m : members) *req.add_members() = ToProto(m);
+    v1::SetRangeMembersResponse resp;
+    auto ctx = Context(kControlTimeout);
+    return Named(FromGrpc(stub_->SetRangeMembers(ctx.get(), req, &resp)));
+  }
+  absl::Status Retire(const std::string& job_id, int64_t map_version) override {
+    v1::RetireRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    v1::RetireRangeResponse resp;
+    auto ctx = Context(kControlTimeout);
+    return Named(FromGrpc(stub_->RetireRange(ctx.get(), req, &resp)));
+  }
+  void Drop(const std::string&, bool) override {}
+  absl::StatusOr<ShardState> Save(const std::string& job_id,
+                                  int64_t map_version, int64_t version,
+                                  int64_t count, absl::Duration wait,
+                                  bool weights_only) override {
+    v1::SaveRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    req.set_version(version);
+    req.set_max_wait_ms(absl::ToInt64Milliseconds(wait));
+    req.set_weights_only(weights_only);
+    // Waiting, then the bytes (a minute covers a few GB).
+    auto ctx = Context(wait + absl::Minutes(1));
+    auto reader = stub_->SaveRange(ctx.get(), req);
+    v1::SaveRangeChunk chunk;
+    ShardState st;
+    std::vector<std::string> parts;
+    bool first = true;
+    while (reader->Read(&chunk)) {
+      if (first) {
+        DecodeRangeRecord(chunk.state(), &st);
+        first = false;
+      }
+      const bool malformed = chunk.part() < 0 || chunk.part() > 16;
+      if (!malformed && static_cast<size_t>(chunk.part()) >= parts.size())
+        parts.resize(chunk.part() + 1);
+      // Checked before the bytes are kept: nothing beyond the range's size
+      // is ever held.
+      if (malformed || parts[chunk.part()].size() + chunk.data().size() >
+                           static_cast<uint64_t>(count) * 4) {
+        ctx->TryCancel();
+        reader->Finish();
+        return Named(absl::DataLossError(
+            malformed ? "a malformed range from the shard"
+                      : absl::StrCat("the shard sent more than the range's ",
+                                     count, " values")));
+      }
+      parts[chunk.part()] += chunk.data();
+    }
+    absl::Status s = FromGrpc(reader->Finish());
+    if (!s.ok()) return Named(s);
+    if (parts.empty()) parts.resize(1);
+    auto weights = std::make_shared<std::vector<float>>(parts[0].size() / 4);
+    std::memcpy(weights->data(), parts[0].data(), weights->size() * 4);
+    st.weights = std::move(weights);
+    for (size_t i = 1; i < parts.size(); ++i) {
+      std::vector<float> slot(parts[i].size() / 4);
+      std::memcpy(slot.data(), parts[i].data(), slot.size() * 4);
+      st.optimizer.slots.push_back(std::move(slot));
+    }
+    return st;
+  }
+  absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
+    return absl::UnimplementedError("remote shards report by heartbeat");
+  }
+  bool local() const override { return false; }
+
+ private:
+  static std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return ctx;
+  }
+  // The shard's address in the message, keeping the code and reason.
+  absl::Status Named(const absl::Status& s) const {
+    if (s.ok()) return s;
+    absl::Status out(s.code(), absl::StrCat("shard ", address_, ": ",
+                                            s.message()));
+    s.ForEachPayload([&out](absl::string_view url, const absl::Cord& p) {
+      out.SetPayload(url, p);
+    });
+    return out;
+  }
+
+  const std::string address_;
+  std::unique_ptr<v1::ShardService::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardControl> MakeRemoteShardControl(
+    const std::string& address, const TransportOptions& transport) {
+  return std::make_unique<RemoteShardControl>(address, transport);
+}
+
+}  // namespace tally

@@ -1,0 +1,75 @@
+#include "server/data/local_shard_control.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/data/shard_host.h"
+
+namespace tally {
+
+namespace {
+
+class LocalShardControl final : public ShardControl {
+ public:
+  explicit LocalShardControl(ShardHost* host) : host_(host) {}
+
+  absl::Status Install(const v1::InstallRangeRequest& req) override {
+    return host_->Install(req);
+  }
+  absl::StatusOr<HoldReport> Hold(const std::string& job_id,
+                                  int64_t map_version, int64_t hold_id,
+                                  absl::Duration hold) override {
+    return host_->Hold(job_id, map_version, hold_id, hold);
+  }
+  absl::Status SetMembers(const std::string& job_id, int64_t map_version,
+                          const std::vector<MemberSpec>& members,
+                          int64_t hold_id) override {
+    return host_->SetMembers(job_id, map_version, members, hold_id);
+  }
+  absl::Status Retire(const std::string& job_id, int64_t map_version) override {
+    return host_->Retire(job_id, map_version);
+  }
+  void Drop(const std::string& job_id, bool ended) override {
+    host_->Drop(job_id, ended);
+  }
+  absl::StatusOr<ShardState> Save(const std::string& job_id,
+                                  int64_t map_version, int64_t version,
+                                  int64_t /*count*/, absl::Duration wait,
+                                  bool) override {
+    struct Result {
+      absl::Notification done;
+      absl::StatusOr<ShardState> state = absl::UnknownError("not saved");
+    };
+    auto result = std::make_shared<Result>();
+    host_->SaveAt(job_id, map_version, version, absl::Now() + wait,
+                  [result](absl::StatusOr<ShardState> s) {
+                    result->state = std::move(s);
+                    result->done.Notify();
+                  });
+    // The host releases the wait at its deadline (its Tick); a margin
+    // covers the tick.
+    if (!result->done.WaitForNotificationWithTimeout(wait +
+                                                     absl::Seconds(1))) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("version ", version, " not reached in time"));
+    }
+    return result->state;
+  }
+  absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
+    return host_->Status();
+  }
+  bool local() const override { return true; }
+
+ private:
+  ShardHost* host_;  // borrowed
+};
+
+}  // namespace
+
+std::unique_ptr<ShardControl> MakeLocalShardControl(ShardHost* host) {
+  return std::make_unique<LocalShardControl>(host);
+}
+
+}  // namespace tally

@@ -1,0 +1,232 @@
+#include "server/tally_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/malloc_tuning.h"
+#include "common/status_macros.h"
+#include "proto/errors.h"
+#include "proto/tensor_chunk.h"
+#include "proto/transport.h"
+#include "server/data/local_shard_control.h"
+
+namespace tally {
+
+// -------------------------------------------------------------- server --
+
+absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
+    const std::string& address, const CoordinatorOptions& options) {
+  ServerOptions o;
+  o.coordinator = options;
+  return Start(address, o);
+}
+
+absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
+    const std::string& address, const ServerOptions& options) {
+  if (absl::Status st = CheckServerSecurity(address, options.security);
+      !st.ok()) {
+    return st;
+  }
+  std::unique_ptr<TallyServer> s(new TallyServer());
+  s->options_ = options;
+  const bool coordinator = options.join.empty();
+  if (!coordinator || options.shard) {
+    s->host_ = std::make_unique<ShardHost>(options.coordinator.clock,
+                                           options.coordinator.spec_limits);
+    s->host_->set_streamed_sums(options.streamed_sums,
+                                options.streamed_sums_min_bytes / 4);
+    s->host_->set_shared_memory(options.shared_memory_max_bytes);
+    if (options.metrics != nullptr) {
+      s->data_metrics_ =
+          std::make_unique<DataPlaneMetrics>(options.metrics->registry());
+    }
+    s->params_ = std::make_unique<ParameterServiceImpl>(
+        s->host_.get(), s->data_metrics_.get());
+    s->shard_service_ = std::make_unique<ShardServiceImpl>(s->host_.get());
+  }
+  if (coordinator) {
+    CoordinatorOptions co = options.coordinator;
+    if (s->host_ != nullptr) co.local_shard = MakeLocalShardControl(s->host_.get());
+    s->coordinator_ = std::make_unique<Coordinator>(co);
+    // Jobs kept from an earlier run come back before anyone can connect.
+    if (absl::Status r = s->coordinator_->Restore(); !r.ok()) return r;
+    s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(),
+                                                options.security.tokens.get());
+    s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
+    s->coordination_ =
+        std::make_unique<CoordinatorServiceImpl>(s->coordinator_.get());
+    if (options.metrics != nullptr) {
+      s->collector_ =
+          std::make_shared<CoordinatorCollector>(s->coordinator_.get());
+      options.metrics->Add(s->collector_);
+    }
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  ConfigureServer(address, &builder, &s->port_, options.security,
+                  options.stream_window_bytes);
+  if (s->jobs_ != nullptr) {
+    builder.RegisterService(s->jobs_.get());
+    builder.RegisterService(s->workers_.get());
+    builder.RegisterService(s->coordination_.get());
+  }
+  if (s->params_ != nullptr) {
+    builder.RegisterService(s->params_.get());
+    builder.RegisterService(s->shard_service_.get());
+  }
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, " (in use by another process?)"));
+  }
+  s->advertise_ = options.advertise;
+  if (s->advertise_.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    s->advertise_ = absl::StrCat(host, ":", s->port_);
+  }
+  TallyServer* raw = s.get();
+  s->ticker_ = std::thread([raw] { raw->TickLoop(); });
+  if (coordinator && !options.coordinator.state_dir.empty())
+    s->checkpointer_ = std::thread([raw] { raw->CheckpointLoop(); });
+  if (!coordinator) s->shard_agent_ = std::thread([raw] { raw->ShardLoop(); });
+  return s;
+}
+
+bool TallyServer::SleepUnlessStopped(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&stopped), d);
+}
+
+void TallyServer::TickLoop() {
+  for (int64_t tick = 1; !SleepUnlessStopped(absl::Milliseconds(100)); ++tick) {
+    if (host_ != nullptr) host_->Tick();
+    if (coordinator_ != nullptr) coordinator_->Tick();
+    // Every 2 s: give back what large transient buffers left free (more
+    // than 64 MiB of it), so a refused 1 GB request costs nothing after.
+    if (tick % 20 == 0) ReturnFreeMemory(64 << 20);
+  }
+}
+
+void TallyServer::ShardLoop() {
+  auto channel = Dial(options_.join, options_.coordinator.transport);
+  auto stub = v1::CoordinatorService::NewStub(channel);
+  std::string shard_id;
+  int64_t incarnation = 0;
+  absl::Duration interval = absl::Milliseconds(100);
+  absl::Duration backoff = absl::Milliseconds(100);
+  bool said_away = false;
+  while (true) {
+    if (shard_id.empty()) {
+      v1::RegisterShardRequest req;
+      req.set_address(advertise_);
+      v1::RegisterShardResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      absl::Status st = FromGrpc(stub->RegisterShard(&ctx, req, &resp));
+      if (!st.ok()) {
+        if (!said_away) {
+          std::fprintf(stderr,
+                       "tally-server: cannot register with %s: %s; retrying\n",
+                       options_.join.c_str(), std::string(st.message()).c_str());
+          said_away = true;
+        }
+        if (SleepUnlessStopped(backoff)) return;
+        backoff = std::min(backoff * 2, absl::Seconds(2));
+        continue;
+      }
+      shard_id = resp.shard_id();
+      incarnation = resp.incarnation();
+      // Well within the lease: a few heartbeats may be lost.
+      interval = std::clamp(absl::Milliseconds(resp.lease_ms()) / 6,
+                            absl::Milliseconds(20), absl::Milliseconds(500));
+      backoff = absl::Milliseconds(100);
+      said_away = false;
+      std::fprintf(stderr,
+                   "tally-server: registered with %s as %s (%s; lease %lld ms)\n",
+                   options_.join.c_str(), shard_id.c_str(), advertise_.c_str(),
+                   static_cast<long long>(resp.lease_ms()));
+    }
+    v1::ShardHeartbeatRequest req;
+    req.set_shard_id(shard_id);
+    req.set_incarnation(incarnation);
+    for (v1::RangeStatus& r : host_->Status()) *req.add_ranges() = std::move(r);
+    v1::ShardHeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval * 2 +
+                                        absl::Milliseconds(200)));
+    absl::Status st = FromGrpc(stub->ShardHeartbeat(&ctx, req, &resp));
+    if (st.ok()) {
+      for (const auto& d : resp.drop())
+        host_->Drop(d.job_id(), /*ended=*/false, d.map_version());
+      for (const auto& d : resp.ended())
+        host_->Drop(d.job_id(), /*ended=*/true, d.map_version());
+    } else if (ReasonOf(st) == v1::REGISTER_AGAIN) {
+      // The coordinator restarted or gave us up: what we hold is stale, and
+      // it places its jobs again from its own checkpoints.
+      std::fprintf(stderr, "tally-server: %s; registering again\n",
+                   std::string(st.message()).c_str());
+      host_->DropAll();
+      shard_id.clear();
+      continue;
+    }
+    if (SleepUnlessStopped(interval)) return;
+  }
+}
+
+// Its own thread: writing a large model's state takes a while, and leases
+// must not wait for it.
+void TallyServer::CheckpointLoop() {
+  absl::MutexLock lock(&mu_);
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  bool failing = false;
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopped),
+                               absl::Milliseconds(100))) {
+    mu_.Unlock();
+    // A failing checkpoint (disk full, ...) is said once, and again once it
+    // works; the jobs go on in memory meanwhile.
+    const absl::Status s = coordinator_->Checkpoint(/*force=*/false);
+    if (s.ok() == failing) {
+      failing = !s.ok();
+      std::fprintf(stderr, "tally-server: checkpoint: %s\n",
+                   s.ok() ? "writing again" : std::string(s.message()).c_str());
+    }
+    mu_.Lock();
+  }
+}
+
+void TallyServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (ticker_.joinable()) ticker_.join();
+  if (checkpointer_.joinable()) checkpointer_.join();
+  if (shard_agent_.joinable()) shard_agent_.join();
+  if (server_ != nullptr)
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  // Nothing changes any more: keep every job's latest state.
+  if (coordinator_ != nullptr) {
+    if (absl::Status s = coordinator_->Checkpoint(/*force=*/true); !s.ok())
+      std::fprintf(stderr, "tally-server: checkpoint: %s\n",
+                   std::string(s.message()).c_str());
+  }
+}
+
+TallyServer::~TallyServer() {
+  // First: a scrape must not read a coordinator that is going away.
+  if (collector_ != nullptr) options_.metrics->Remove(collector_);
+  Shutdown(absl::Seconds(1));
+}
+
+}  // namespace tally

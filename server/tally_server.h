@@ -1,0 +1,116 @@
+// TallyServer: a running tally-server in its roles, the coordinator (the
+// control wing, server/control/), a parameter shard (the data wing,
+// server/data/), or both. The start-up code here is the only place that
+// sees both wings: it builds the shard host and hands the coordinator a
+// ShardControl over it (server/shard_control.h), and, in a shard process,
+// registers the shard with its coordinator and heartbeats.
+#ifndef TALLY_SERVER_TALLY_SERVER_H_
+#define TALLY_SERVER_TALLY_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/metrics/metrics.h"
+#include "proto/auth.h"
+#include "proto/transport.h"
+#include "server/control/control_service.h"
+#include "server/control/coordinator.h"
+#include "server/control/coordinator_metrics.h"
+#include "server/data/data_metrics.h"
+#include "server/data/shard_host.h"
+#include "server/data/shard_service.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace tally {
+
+struct ServerOptions {
+  // The coordinator's options; its local_shard is set by Start.
+  CoordinatorOptions coordinator;
+  // Run as a parameter shard only, joining the coordinator at this address
+  // (host:port); empty: run the coordinator.
+  std::string join;
+  // With the coordinator: also hold parameters (the one-process cluster).
+  bool shard = true;
+  // How workers and the coordinator reach this shard (host:port); empty:
+  // this host's name and the bound port.
+  std::string advertise;
+  // TLS, tokens and the plaintext rule for the listening port; how this
+  // server dials others (a shard its coordinator, the coordinator its
+  // shards) is coordinator.transport.
+  ServerSecurity security;
+  // Where this server's metrics go (server/control/coordinator_metrics.h, server/data/data_metrics.h); borrowed,
+  // must outlive the server; null: none.
+  MetricsEndpoint* metrics = nullptr;
+  // Shards sum pushes as they arrive (bsp without backup workers) instead
+  // of staging each whole (server/shard.h), in ranges of at least
+  // streamed_sums_min_bytes (4 bytes a value).
+  bool streamed_sums = true;
+  int64_t streamed_sums_min_bytes = int64_t{16} << 20;
+  // A worker on this host may share memory with a shard for its pushes and
+  // pulls, in ranges of at most this many bytes (0: never; ShardHost::
+  // set_shared_memory).
+  int64_t shared_memory_max_bytes = int64_t{16} << 20;
+  // Each stream's receive window (proto/transport.h): a push waiting for
+  // lower ranks holds up to this much (and 1 MiB more) of shard memory.
+  int stream_window_bytes = kServerStreamWindowBytes;
+};
+
+// A running tally-server: its services plus grpc.health.v1.
+class TallyServer {
+ public:
+  // Listens on `address` ("0.0.0.0:7070"; port 0 picks a free one).
+  static absl::StatusOr<std::unique_ptr<TallyServer>> Start(
+      const std::string& address, const ServerOptions& options);
+  // The one-process cluster: coordinator and shard.
+  static absl::StatusOr<std::unique_ptr<TallyServer>> Start(
+      const std::string& address, const CoordinatorOptions& options);
+  TallyServer(const TallyServer&) = delete;
+  TallyServer& operator=(const TallyServer&) = delete;
+  ~TallyServer();
+
+  int port() const { return port_; }
+  // Null for a shard process.
+  Coordinator* coordinator() { return coordinator_.get(); }
+  // Null for a coordinator that holds no parameters.
+  ShardHost* shard_host() { return host_.get(); }
+  // Stops accepting calls and cancels the rest, waiting at most `grace`.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  TallyServer() = default;
+  void TickLoop();
+  void CheckpointLoop();
+  // A shard process: registers with the coordinator and heartbeats, with
+  // backoff while it is away; registers again when told to.
+  void ShardLoop();
+  bool SleepUnlessStopped(absl::Duration d);
+
+  ServerOptions options_;
+  std::unique_ptr<DataPlaneMetrics> data_metrics_;
+  std::shared_ptr<CoordinatorCollector> collector_;  // served by options_.metrics
+  std::unique_ptr<ShardHost> host_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<JobServiceImpl> jobs_;
+  std::unique_ptr<WorkerServiceImpl> workers_;
+  std::unique_ptr<CoordinatorServiceImpl> coordination_;
+  std::unique_ptr<ParameterServiceImpl> params_;
+  std::unique_ptr<ShardServiceImpl> shard_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string advertise_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread ticker_;        // Tick every 100 ms
+  std::thread checkpointer_;  // with a state_dir: Checkpoint every 100 ms
+  std::thread shard_agent_;   // a shard process: ShardLoop
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_TALLY_SERVER_H_
