@@ -48,7 +48,7 @@ struct ServerOptions {
   // must outlive the server; null: none.
   MetricsEndpoint* metrics = nullptr;
   // Shards sum pushes as they arrive (bsp without backup workers) instead
-  // of staging each whole (server/shard.h), in ranges of at least
+  // of staging each whole (server/data/shard.h), in ranges of at least
   // streamed_sums_min_bytes (4 bytes a value).
   bool streamed_sums = true;
   int64_t streamed_sums_min_bytes = int64_t{16} << 20;

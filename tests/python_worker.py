@@ -1105,7 +1105,7 @@ class JobRunner(threading.Thread):
             req.test_accuracy = correct / n
             req.test_loss = loss / n
         log(f"{self.job_id} finished at step {version}: test accuracy "
-            f"{req.test_accuracy:.4f}, loss {req.test_loss:.4f}")
+            f"{req.test_accuracy!r}, loss {req.test_loss!r}")
         give_up = time.monotonic() + 30
         backoff = 0.1
         while True:
@@ -1116,6 +1116,7 @@ class JobRunner(threading.Thread):
                 err = self.w.error(e)
                 if err.code.name not in RETRYABLE or time.monotonic() > give_up:
                     raise err
+                log(f"{self.job_id}: report: {err}; retrying")
             self.cancelled.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 

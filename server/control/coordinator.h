@@ -12,7 +12,7 @@
 // the job (never the job's schedule changed). A job starts when
 // `training.workers` workers are idle and enough shards are live (jobs
 // start in submission order); its vector is split over shards
-// (server/partition.h) and each range installed. A slot vacated by a worker
+// (server/control/partition.h) and each range installed. A slot vacated by a worker
 // whose lease expired is refilled by the next idle worker, which joins at
 // the next step. Training ends when the weights reach the schedule's last
 // version; the job succeeds once a worker has reported the test accuracy of
@@ -33,7 +33,7 @@
 // version; every range of the job restarts from that same step, and the
 // workers, seeing the new map, pull it and go on: none restarts.
 //
-// Persistence (options.state_dir, server/job_store.h): every job's record,
+// Persistence (options.state_dir, server/control/job_store.h): every job's record,
 // and for a running job the whole vector at one version, taken from every
 // range at exactly that version (ShardControl::Save).
 //
