@@ -907,7 +907,7 @@ class JobRunner(threading.Thread):
         return mine[k * b:(k + 1) * b]
 
     def loop(self):
-        pb, spec = self.pb, self.spec
+        spec = self.spec
         sync = spec.mode != "async"
         clock, commit, held, min_version = 0, None, None, 0
         started = False

@@ -11,9 +11,14 @@
 #    synthetic job (examples/synthetic-2workers.yaml) with two C++ workers,
 #    then with one C++ and one Python worker. The mixed job must succeed,
 #    the Python worker must report its own evaluation, and both test
-#    accuracies and the final weights must match the C++ pair's (the data
-#    order, loss, gradient and protocol are the same; only float32 rounding
-#    inside the matrix products differs: weights within ~1e-6 observed).
+#    accuracies and the final weights must match the C++ pair's: the data
+#    order, loss, gradient and protocol are the same, only float32 rounding
+#    inside the matrix products differs (numpy's summation order is not the
+#    C++ kernels'). Observed: the same test accuracy; final weights within
+#    2e-7 with the Python worker as rank 0, and within 3.3e-3 as rank 1
+#    (its batch of step 271 has a ReLU pre-activation of 1e-7, which the two
+#    round to opposite signs, and momentum carries the difference on); a
+#    worker with a wrong data split ends 0.16 away.
 # 3. The same with the parameters split over two shard processes
 #    (coordinator --noshard, training.shards: 2).
 # Exits 77 (skipped) without a python3 that has grpc, numpy and protobuf,
@@ -24,8 +29,8 @@ cd "$(dirname "$0")/.."
 bin_server=$build/server/tally-server
 bin_worker=$build/worker/tally-worker
 bin_tally=$build/client/tally
-ACC_TOL=0.03       # |test accuracy, mixed - C++ pair|; 0 observed
-WEIGHT_TOL=1e-4    # max |weight, mixed - C++ pair|; ~2e-7 observed
+ACC_TOL=0.03       # |test accuracy, mixed - C++ pair|; 0 or 0.001 observed
+WEIGHT_TOL=0.03    # max |weight, mixed - C++ pair|; 2e-7 or 3.3e-3 observed
 
 py=
 for candidate in ${PYTHON:-} python3 /usr/bin/python3; do
@@ -168,6 +173,7 @@ run_case() {
     own=$(sed -n "s/.*$id finished at step 320: test accuracy \([0-9.]*\),.*/\1/p" "$dir/$name-py.log")
     [[ -n $own ]] || fail "$name: the Python worker did not finish $id"
     printf -v "own_$name" '%s' "$own"
+    printf -v "rank_$name" '%s' "$(sed -n "s/.*assigned $id as rank \([01]\) of 2.*/\1/p" "$dir/$name-py.log")"
   fi
   grep -q "assigned $id as rank [01] of 2 ($shards parameter shard" "$dir/$name-cpp1.log" ||
     fail "$name: the C++ worker was not on $id with $shards shard(s)"
@@ -200,6 +206,8 @@ if not wdiff <= weight_tol:
 PY
 }
 
+# Set by run_case (acc_, own_, rank_ NAME).
+acc_cpp1='' acc_mix1='' own_mix1='' rank_mix1='' acc_cpp2='' acc_mix2='' own_mix2='' rank_mix2=''
 # ---- 2: one server ----
 run_case cpp1 1 cpp
 run_case mix1 1 mixed
@@ -211,6 +219,6 @@ run_case mix2 2 mixed
 diff2=$(compare cpp2 mix2 "$acc_cpp2" "$acc_mix2" "$own_mix2") ||
   fail "two shards: the mixed job differs from the C++ pair"
 
-echo "one shard: C++ pair $acc_cpp1, C++ + Python $acc_mix1 (Python's own $own_mix1); |acc diff| ${diff1% *}, max |weight diff| ${diff1#* }"
-echo "two shards: C++ pair $acc_cpp2, C++ + Python $acc_mix2 (Python's own $own_mix2); |acc diff| ${diff2% *}, max |weight diff| ${diff2#* }"
+echo "one shard: C++ pair $acc_cpp1, C++ + Python (rank $rank_mix1) $acc_mix1 (Python's own $own_mix1); |acc diff| ${diff1% *}, max |weight diff| ${diff1#* }"
+echo "two shards: C++ pair $acc_cpp2, C++ + Python (rank $rank_mix2) $acc_mix2 (Python's own $own_mix2); |acc diff| ${diff2% *}, max |weight diff| ${diff2#* }"
 echo "python_worker: ok (acc $acc_mix1 one shard, $acc_mix2 two shards; C++ pair $acc_cpp1, $acc_cpp2; $((SECONDS - began)) s)"

@@ -9,28 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "worker/reaction.h"
 #include "worker/worker_metrics.h"
 
 namespace tally {
-
-namespace {
-
-// Worth trying again: the other side is slow, busy or away, or (NOT_FOUND)
-// the job is being placed on other shards; the loop checks at every turn
-// that the job is still ours, with the same shard map.
-bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
-         absl::IsNotFound(s) || absl::IsResourceExhausted(s);
-}
-
-// The job is not (or no longer) this worker's to train: leave it quietly.
-bool NotOurs(const absl::Status& s) {
-  const v1::ErrorReason r = ReasonOf(s);
-  return r == v1::JOB_ENDED || r == v1::NOT_A_MEMBER ||
-         r == v1::REGISTER_AGAIN;
-}
-
-}  // namespace
 
 JobRunner::JobRunner(const v1::Assignment& assignment,
                      const DaemonOptions& options, JobContext context)
@@ -95,16 +77,19 @@ absl::Status JobRunner::Run() {
         loader_next_ = -1;
         continue;
       }
-      if (Retryable(s) || absl::IsAborted(s)) {
-        // Others are slow, a shard is away, or the job is being placed
-        // again (a new shard map comes with the assignment): pull again.
-        Backoff();
-        continue;
+      switch (ReactTo(Call::kPull, s)) {
+        case Reaction::kLeave:
+          return s;
+        case Reaction::kGiveUp:
+          // SCHEDULE_MISMATCH, or what should not happen: said to the
+          // coordinator, so the slot does not wait for us.
+          return Refuse(s);
+        default:
+          // Others are slow, a shard is away, or the job is being placed
+          // again (a new shard map comes with the assignment): pull again.
+          Backoff();
+          continue;
       }
-      if (NotOurs(s)) return s;
-      // Anything else (SCHEDULE_MISMATCH, or what should not happen) is
-      // said to the coordinator, so the slot does not wait for us.
-      return Refuse(s);
     }
     backoff_ = absl::Milliseconds(100);
     const int64_t version = *pulled;
@@ -441,19 +426,21 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
   bool settled = push->Done(), contributed = true, retry = !push->Done();
   absl::Status refusal, other;
   for (const absl::Status& r : push->Results()) {
-    if (r.ok()) continue;
-    if (absl::IsInvalidArgument(r) || ReasonOf(r) == v1::STALE_GRADIENT) {
+    const Reaction reaction = ReactTo(Call::kPush, r);
+    if (reaction == Reaction::kDone) continue;
+    if (reaction == Reaction::kNotCounted) {
       // Remembered across attempts: the shard that refused it answers a
       // second attempt as a duplicate.
       refused_step_ = step;
       if (refusal.ok()) refusal = r;
       continue;
     }
-    if (NotOurs(r)) return r;  // ended, taken off the job, stale registration
+    if (reaction == Reaction::kLeave) return r;  // ended, taken off, stale
     settled = false;
-    // PUSH_AGAIN: the shard dropped the step's sum while reading this push.
-    retry = retry || Retryable(r) || absl::IsCancelled(r) ||
-            ReasonOf(r) == v1::PUSH_AGAIN;
+    // PUSH_AGAIN (kRetryNow): the shard dropped the step's sum while
+    // reading this push.
+    retry = retry || reaction == Reaction::kRetry ||
+            reaction == Reaction::kStaleMap || reaction == Reaction::kRetryNow;
     if (other.ok()) other = r;
   }
   if (refused_step_ == step) contributed = false;
@@ -475,27 +462,27 @@ absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
     context_.log(absl::StrCat("step ", step, ": push failed (",
                               other.message(), "); retrying"));
     // A dropped sum wants the push back at once; anything else, later.
-    if (ReasonOf(other) != v1::PUSH_AGAIN) Backoff();
+    if (ReactTo(Call::kPush, other) != Reaction::kRetryNow) Backoff();
     repush_ = true;
     return absl::OkStatus();
   }
   s = other;
-  switch (ReasonOf(s)) {
-    case v1::STEP_CLOSED:   // closed without us: pull its successor
+  switch (ReactTo(Call::kPush, s)) {
+    case Reaction::kNextStep:  // closed without us: pull its successor
       context_.log(absl::StrCat("step ", step, ": ", s.message()));
       next_ = step + 1;
       return absl::OkStatus();
-    case v1::JOIN_LATER:    // a member only from a later step
+    case Reaction::kJoinLater:  // a member only from a later step
       next_ = ReasonStep(s);
       return absl::OkStatus();
-    case v1::STEP_NOT_OPEN:  // we are ahead of the shards: pull this again
+    case Reaction::kPullAgain:  // we are ahead of the shards: pull this again
       next_ = step;
       return absl::OkStatus();
+    case Reaction::kLeave:  // ended, taken off the job, stale registration
+      return s;
     default:
-      break;
+      return Refuse(s);
   }
-  if (NotOurs(s)) return s;  // ended, taken off the job, stale registration
-  return Refuse(s);
 }
 
 absl::Status JobRunner::Finish(int64_t version) {
@@ -525,7 +512,10 @@ absl::Status JobRunner::Finish(int64_t version) {
     v1::ReportResultResponse resp;
     absl::Status s =
         FromGrpc(context_.workers->ReportResult(&ctx, req, &resp));
-    if (!Retryable(s) || absl::Now() > give_up) return s;
+    if (ReactTo(Call::kReport, s) != Reaction::kRetry ||
+        absl::Now() > give_up) {
+      return s;
+    }
     Backoff();
   }
 }

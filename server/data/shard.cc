@@ -479,7 +479,8 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
   const int64_t window =
       consistency_.mode == ConsistencyMode::kSsp ? consistency_.staleness : 0;
   if (meta.step > version_ + window) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+    // ABORTED: redo at a higher level (pull this step, compute it again).
+    return WithReason(absl::AbortedError(absl::StrCat(
                           "step ", meta.step, " is not open yet (open: ",
                           version_, window > 0 ? absl::StrCat(" to ", version_ + window) : "",
                           ")")),
@@ -502,7 +503,7 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
     return stale(meta.step - meta.base_version);
   if (m.spec.join_step > meta.step) {
     return WithReason(
-        absl::FailedPreconditionError(
+        absl::AbortedError(
             absl::StrCat("worker ", meta.worker_id, " joins at step ",
                          m.spec.join_step, "; pull that version first")),
         v1::JOIN_LATER, m.spec.join_step);

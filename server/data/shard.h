@@ -160,8 +160,8 @@ class ParameterShard {
   //   kFailedPrecondition + REGISTER_AGAIN stale incarnation
   //   kAborted + STEP_CLOSED(version)      the step closed without this push,
   //                                        or training is over: pull, go on
-  //   kFailedPrecondition + STEP_NOT_OPEN(version)  a step beyond the open one
-  //   kFailedPrecondition + JOIN_LATER(join step)   required only from then
+  //   kAborted + STEP_NOT_OPEN(version)  a step beyond the open one
+  //   kAborted + JOIN_LATER(join step)   required only from then
   //   kAborted + STALE_GRADIENT(version)   staler than max_staleness
   //   kInvalidArgument                     negative samples, a base version
   //                                        the rule does not allow

@@ -366,7 +366,7 @@ TEST_F(ServiceTest, BadPushesGetSpecificStatusesAndChangeNothing) {
   // Wrong step bookkeeping: the typed reason crosses the wire, with the
   // step it refers to.
   auto ahead = Push(FullPush(5, 1.0f));
-  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kFailedPrecondition,
+  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kAborted,
                                v1::STEP_NOT_OPEN));
   EXPECT_EQ(ReasonStep(ahead.status()), 0);
   auto stale = FullPush(0, 1.0f);
