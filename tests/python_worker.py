@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -636,7 +637,11 @@ def load_protos(proto_dir):
     if r.returncode != 0:
         raise RuntimeError(f"protoc: {r.stderr.strip()}")
     sys.path.insert(0, out)
-    import tally_pb2  # noqa: E402
+    try:
+        import tally_pb2  # noqa: E402
+    finally:
+        sys.path.remove(out)
+        shutil.rmtree(out, ignore_errors=True)
     return tally_pb2
 
 
