@@ -1037,18 +1037,24 @@ class JobRunner(threading.Thread):
                     f.result()
                     answers[i] = "ok"
                 except Rpc as e:
+                    # The reason first, then the code: STEP_NOT_OPEN and
+                    # JOIN_LATER came with FAILED_PRECONDITION before 0.9,
+                    # with ABORTED since.
                     if e.reason in NOT_OURS:
                         raise
-                    if e.reason in ("NON_FINITE", "STALE_GRADIENT") or e.code.name == "INVALID_ARGUMENT":
+                    if e.reason in ("NON_FINITE", "STALE_GRADIENT"):
                         log(f"{self.job_id} step {step}: push refused: {e}")
                         answers[i] = "refused"
                     elif e.reason == "PUSH_AGAIN":
                         again.append(i)           # at once
+                    elif e.reason in ("STEP_CLOSED", "STEP_NOT_OPEN", "JOIN_LATER"):
+                        answers[i] = e
+                    elif e.code.name == "INVALID_ARGUMENT":
+                        log(f"{self.job_id} step {step}: push refused: {e}")
+                        answers[i] = "refused"
                     elif e.code.name in RETRYABLE or e.code.name == "CANCELLED":
                         again.append(i)
                         wait = True
-                    elif e.reason in ("STEP_CLOSED", "STEP_NOT_OPEN", "JOIN_LATER"):
-                        answers[i] = e
                     else:
                         raise
             pending = again
@@ -1119,7 +1125,10 @@ class JobRunner(threading.Thread):
                 return
             except self.grpc.RpcError as e:
                 err = self.w.error(e)
-                if err.code.name not in RETRYABLE or time.monotonic() > give_up:
+                # NOT_FOUND (an unknown job) is not retried; UNAVAILABLE +
+                # NOT_FINISHED is, for a few seconds at most in practice.
+                if err.code.name not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED") \
+                        or time.monotonic() > give_up:
                     raise err
                 log(f"{self.job_id}: report: {err}; retrying")
             self.cancelled.wait(backoff)

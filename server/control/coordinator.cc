@@ -159,6 +159,28 @@ absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
       "the job's ranges kept moving past the version to save");
 }
 
+// Retired ranges do not move: each is saved as it stands. Null when one
+// cannot be read.
+std::shared_ptr<const std::vector<float>> RetiredWeights(
+    const std::string& job_id, int64_t map_version, int64_t hold_id,
+    int64_t num_params, const std::vector<RangeRef>& refs) {
+  auto weights = std::make_shared<std::vector<float>>(num_params);
+  for (const RangeRef& r : refs) {
+    absl::StatusOr<HoldReport> h = r.control->Hold(
+        job_id, map_version, hold_id, absl::Milliseconds(1));
+    absl::StatusOr<ShardState> st =
+        h.ok() ? r.control->Save(job_id, map_version, h->version,
+                                 r.count, absl::Seconds(1),
+                                 /*weights_only=*/true)
+               : absl::StatusOr<ShardState>(h.status());
+    if (!st.ok() || static_cast<int64_t>(st->weights->size()) != r.count)
+      return nullptr;
+    std::copy(st->weights->begin(), st->weights->end(),
+              weights->begin() + r.offset);
+  }
+  return weights;
+}
+
 }  // namespace
 
 // One job's pending control-plane work, taken from the job under mu_ and
@@ -558,6 +580,16 @@ absl::StatusOr<JobPage> Coordinator::ListPage(const JobQuery& query) const {
   return page;
 }
 
+// An ended job dropped from memory; its weights, when kept, are encoded
+// after the lock: the final vector and its layout.
+struct Coordinator::DroppedJob {
+  std::string id;
+  std::shared_ptr<const std::vector<float>> weights;
+  std::vector<ParamInfo> params;
+  std::string name;
+  int64_t step = 0;
+};
+
 int Coordinator::DropOldJobs() {
   // Not while a checkpoint is being written (it could write a dropped job
   // back); the next call drops it.
@@ -566,59 +598,12 @@ int Coordinator::DropOldJobs() {
     absl::Mutex* mu;
     ~Unlock() { mu->Unlock(); }
   } unlock{&checkpoint_mu_};
-  struct Dropped {
-    std::string id;
-    // Kept weights, encoded after the lock: the final vector, its layout.
-    std::shared_ptr<const std::vector<float>> weights;
-    std::vector<ParamInfo> params;
-    std::string name;
-    int64_t step = 0;
-  };
-  std::vector<Dropped> dropped;
+  std::vector<DroppedJob> dropped;
   int64_t next_job = 0;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = Now();
     next_job = next_job_;
-    std::set<std::string> busy;  // jobs a worker is still leaving
-    for (const auto& [wid, w] : workers_) busy.insert(w.job_id);
-    std::vector<std::string> ended;  // oldest first (by job number)
-    for (const std::string& id : job_order_) {
-      const JobEntry& job = jobs_.at(id);
-      // Only once the ranges are gone and the end is on disk.
-      if (Terminal(job.proto.state()) &&
-          (job.retired || job.ranges.empty()) &&
-          (options_.state_dir.empty() ||
-           job.saved_state == job.proto.state()) &&
-          !busy.count(id)) {
-        ended.push_back(id);
-      }
-    }
-    const int64_t excess =
-        static_cast<int64_t>(ended.size()) - options_.max_finished_jobs;
-    for (size_t i = 0; i < ended.size(); ++i) {
-      const JobEntry& job = jobs_.at(ended[i]);
-      const bool too_many = static_cast<int64_t>(i) < excess;
-      const bool too_old =
-          options_.finished_job_ttl > absl::ZeroDuration() &&
-          now - absl::FromUnixSeconds(static_cast<int64_t>(
-                    job.proto.finished_unix())) >
-              options_.finished_job_ttl;
-      if (!too_many && !too_old) continue;
-      Dropped d;
-      d.id = ended[i];
-      if (!options_.keep_weights_dir.empty() && job.final_weights != nullptr) {
-        d.weights = job.final_weights;
-        d.params = job.spec.layout.params;
-        d.name = job.spec.name;
-        d.step = job.proto.metrics().step();
-      }
-      dropped.push_back(std::move(d));
-    }
-    for (const Dropped& d : dropped) {
-      jobs_.erase(d.id);
-      job_order_.erase(std::find(job_order_.begin(), job_order_.end(), d.id));
-    }
+    dropped = TakeDroppableLocked();
   }
   // Job numbers are never given twice, even once every file is gone.
   if (store_ != nullptr && !dropped.empty()) {
@@ -626,32 +611,79 @@ int Coordinator::DropOldJobs() {
       std::fprintf(stderr, "tally-server: %s\n", std::string(s.message()).c_str());
     }
   }
-  for (const Dropped& d : dropped) {
-    if (d.weights != nullptr) {
-      const std::string path =
-          absl::StrCat(options_.keep_weights_dir, "/", d.id, ".safetensors");
-      absl::Status s = WriteFileAtomic(
-          path, EncodeSafetensors(d.params, d.weights->data(),
-                                  {{"format", "pt"},
-                                   {"job", d.id},
-                                   {"name", d.name},
-                                   {"version", absl::StrCat(d.step)}}));
-      if (!s.ok()) {
-        // The checkpoint stays: the weights are not lost (the job comes
-        // back at the next restart, and is dropped again then).
-        std::fprintf(stderr, "tally-server: keeping %s's weights: %s\n",
-                     d.id.c_str(), std::string(s.message()).c_str());
-        continue;
-      }
-    }
-    if (store_ != nullptr) {
-      if (absl::Status s = store_->Remove(d.id); !s.ok()) {
-        std::fprintf(stderr, "tally-server: dropping %s: %s\n", d.id.c_str(),
-                     std::string(s.message()).c_str());
-      }
+  for (const DroppedJob& d : dropped) ForgetDropped(d);
+  return static_cast<int>(dropped.size());
+}
+
+std::vector<Coordinator::DroppedJob> Coordinator::TakeDroppableLocked() {
+  const absl::Time now = Now();
+  std::set<std::string> busy;  // jobs a worker is still leaving
+  for (const auto& [wid, w] : workers_) busy.insert(w.job_id);
+  std::vector<std::string> ended;  // oldest first (by job number)
+  for (const std::string& id : job_order_) {
+    const JobEntry& job = jobs_.at(id);
+    // Only once the ranges are gone and the end is on disk.
+    if (Terminal(job.proto.state()) && (job.retired || job.ranges.empty()) &&
+        (options_.state_dir.empty() || job.saved_state == job.proto.state()) &&
+        !busy.count(id)) {
+      ended.push_back(id);
     }
   }
-  return static_cast<int>(dropped.size());
+  const int64_t excess =
+      static_cast<int64_t>(ended.size()) - options_.max_finished_jobs;
+  std::vector<DroppedJob> dropped;
+  for (size_t i = 0; i < ended.size(); ++i) {
+    const JobEntry& job = jobs_.at(ended[i]);
+    const bool too_many = static_cast<int64_t>(i) < excess;
+    const bool too_old =
+        options_.finished_job_ttl > absl::ZeroDuration() &&
+        now - absl::FromUnixSeconds(
+                  static_cast<int64_t>(job.proto.finished_unix())) >
+            options_.finished_job_ttl;
+    if (!too_many && !too_old) continue;
+    DroppedJob d;
+    d.id = ended[i];
+    if (!options_.keep_weights_dir.empty() && job.final_weights != nullptr) {
+      d.weights = job.final_weights;
+      d.params = job.spec.layout.params;
+      d.name = job.spec.name;
+      d.step = job.proto.metrics().step();
+    }
+    dropped.push_back(std::move(d));
+  }
+  for (const DroppedJob& d : dropped) {
+    jobs_.erase(d.id);
+    job_order_.erase(std::find(job_order_.begin(), job_order_.end(), d.id));
+  }
+  return dropped;
+}
+
+// A dropped job's weights go to keep_weights_dir (when asked), then its
+// file goes.
+void Coordinator::ForgetDropped(const DroppedJob& d) {
+  if (d.weights != nullptr) {
+    const std::string path =
+        absl::StrCat(options_.keep_weights_dir, "/", d.id, ".safetensors");
+    absl::Status s = WriteFileAtomic(
+        path, EncodeSafetensors(d.params, d.weights->data(),
+                                {{"format", "pt"},
+                                 {"job", d.id},
+                                 {"name", d.name},
+                                 {"version", absl::StrCat(d.step)}}));
+    if (!s.ok()) {
+      // The checkpoint stays: the weights are not lost (the job comes back
+      // at the next restart, and is dropped again then).
+      std::fprintf(stderr, "tally-server: keeping %s's weights: %s\n",
+                   d.id.c_str(), std::string(s.message()).c_str());
+      return;
+    }
+  }
+  if (store_ != nullptr) {
+    if (absl::Status s = store_->Remove(d.id); !s.ok()) {
+      std::fprintf(stderr, "tally-server: dropping %s: %s\n", d.id.c_str(),
+                   std::string(s.message()).c_str());
+    }
+  }
 }
 
 absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
@@ -1276,97 +1308,108 @@ void Coordinator::RunControl() {
 }
 
 void Coordinator::Reconcile(ControlTask& t) {
-  // The end: retire every range, keep the final weights, drop the ranges.
   if (t.terminal) {
-    if (t.retired) return;
-    std::vector<RangeRef> refs;
-    int64_t version = 0;
-    for (const ControlTask::Range& r : t.ranges) {
-      absl::Status s = r.control->Retire(t.job_id, t.map_version);
-      if (!s.ok() && !absl::IsNotFound(s)) {
-        // Away: its weights went with it; the others' are kept below.
-        continue;
-      }
-      absl::StatusOr<HoldReport> h = r.control->Hold(
-          t.job_id, t.map_version, t.hold_id, absl::Milliseconds(1));
-      if (h.ok()) version = std::max(version, h->version);
-      refs.push_back({r.control, r.offset, r.count});
-    }
-    if (!t.ranges.empty() && refs.size() == t.ranges.size()) {
-      // Retired ranges do not move: each is saved as it stands.
-      auto weights = std::make_shared<std::vector<float>>(t.num_params);
-      bool ok = true;
-      for (const RangeRef& r : refs) {
-        absl::StatusOr<HoldReport> h =
-            r.control->Hold(t.job_id, t.map_version, t.hold_id,
-                            absl::Milliseconds(1));
-        absl::StatusOr<ShardState> st =
-            h.ok() ? r.control->Save(t.job_id, t.map_version, h->version,
-                                     r.count, absl::Seconds(1),
-                                     /*weights_only=*/true)
-                   : absl::StatusOr<ShardState>(h.status());
-        if (!st.ok() ||
-            static_cast<int64_t>(st->weights->size()) != r.count) {
-          ok = false;
-          break;
-        }
-        std::copy(st->weights->begin(), st->weights->end(),
-                  weights->begin() + r.offset);
-      }
-      if (ok) t.final_weights = std::move(weights);
-    }
-    if (t.final_weights == nullptr && t.start != nullptr)
-      t.final_weights = t.start->weights;
-    for (const ControlTask::Range& r : t.ranges)
-      r.control->Drop(t.job_id, /*ended=*/true);
-    t.retired_now = true;
+    if (!t.retired) RetireRanges(t);
     return;
   }
   if (t.ranges.empty()) return;  // waiting for shards
-  // Install every range (members come next).
   if (!t.installed) {
-    for (const ControlTask::Range& r : t.ranges) {
-      v1::InstallRangeRequest req;
-      req.set_job_id(t.job_id);
-      req.set_spec(t.spec);
-      req.set_map_version(t.map_version);
-      req.set_offset(r.offset);
-      req.set_count(r.count);
-      v1::Schedule* s = req.mutable_schedule();
-      s->set_train_size(t.schedule.train_size);
-      s->set_steps_per_epoch(t.schedule.steps_per_epoch);
-      s->set_total_steps(t.schedule.total_steps);
-      if (t.start != nullptr) {
-        EncodeRangeState(t.start->Range(r.offset, r.count),
-                         req.mutable_state());
-      }
-      if (!r.control->Install(req).ok()) {
-        t.failed = true;
-        return;
-      }
-    }
-    t.installed_now = true;
-    t.progressed = true;
+    InstallRanges(t);
     return;
   }
-  // Membership: what the slots hold against what every range has.
+  SetMembership(t);
+}
+
+// The end: retire every range, keep the final weights, drop the ranges.
+void Coordinator::RetireRanges(ControlTask& t) {
+  std::vector<RangeRef> refs;
+  for (const ControlTask::Range& r : t.ranges) {
+    absl::Status s = r.control->Retire(t.job_id, t.map_version);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      // Away: its weights went with it; the others' are kept below.
+      continue;
+    }
+    refs.push_back({r.control, r.offset, r.count});
+  }
+  if (!t.ranges.empty() && refs.size() == t.ranges.size())
+    t.final_weights = RetiredWeights(t.job_id, t.map_version, t.hold_id,
+                                     t.num_params, refs);
+  if (t.final_weights == nullptr && t.start != nullptr)
+    t.final_weights = t.start->weights;
+  for (const ControlTask::Range& r : t.ranges)
+    r.control->Drop(t.job_id, /*ended=*/true);
+  t.retired_now = true;
+}
+
+// Every range installed (members come next), from the job's start.
+void Coordinator::InstallRanges(ControlTask& t) {
+  for (const ControlTask::Range& r : t.ranges) {
+    v1::InstallRangeRequest req;
+    req.set_job_id(t.job_id);
+    req.set_spec(t.spec);
+    req.set_map_version(t.map_version);
+    req.set_offset(r.offset);
+    req.set_count(r.count);
+    v1::Schedule* s = req.mutable_schedule();
+    s->set_train_size(t.schedule.train_size);
+    s->set_steps_per_epoch(t.schedule.steps_per_epoch);
+    s->set_total_steps(t.schedule.total_steps);
+    if (t.start != nullptr) {
+      EncodeRangeState(t.start->Range(r.offset, r.count), req.mutable_state());
+    }
+    if (!r.control->Install(req).ok()) {
+      t.failed = true;
+      return;
+    }
+  }
+  t.installed_now = true;
+  t.progressed = true;
+}
+
+namespace {
+
+bool SameMember(const MemberSpec& a, const MemberSpec& b) {
+  return a.worker_id == b.worker_id && a.incarnation == b.incarnation &&
+         a.rank == b.rank;
+}
+
+bool Contains(const std::vector<MemberSpec>& members, const MemberSpec& m) {
+  for (const MemberSpec& x : members) {
+    if (SameMember(x, m)) return true;
+  }
+  return false;
+}
+
+// A member's last commit any range saw, and whether it said "nothing".
+int64_t LastCommit(const std::vector<HoldReport>& reports, const MemberSpec& m,
+                   bool* refused) {
+  int64_t c = -1;
+  *refused = false;
+  for (const HoldReport& h : reports) {
+    for (const MemberProgress& p : h.members) {
+      if (p.worker_id == m.worker_id && p.incarnation == m.incarnation &&
+          p.committed_step > c) {
+        c = p.committed_step;
+        *refused = p.last_refused;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+// Membership: what the slots hold against what every range has. Every
+// range is held (none closes a step) while the new members are worked out
+// from all their reports, then set on every range.
+void Coordinator::SetMembership(ControlTask& t) {
   std::vector<MemberSpec> active;
   for (const MemberSpec& m : t.members) {
     if (m.leave_step == MemberSpec::kNoStep) active.push_back(m);
   }
-  auto same = [](const MemberSpec& a, const MemberSpec& b) {
-    return a.worker_id == b.worker_id && a.incarnation == b.incarnation &&
-           a.rank == b.rank;
-  };
   bool changed = active.size() != t.desired.size();
-  for (const MemberSpec& d : t.desired) {
-    bool found = false;
-    for (const MemberSpec& a : active) found = found || same(a, d);
-    changed = changed || !found;
-  }
+  for (const MemberSpec& d : t.desired) changed = changed || !Contains(active, d);
   if (!changed) return;
-  // Hold every range: none closes a step while the new members are worked
-  // out from all their reports.
   std::vector<HoldReport> reports;
   for (const ControlTask::Range& r : t.ranges) {
     absl::StatusOr<HoldReport> h =
@@ -1377,42 +1420,44 @@ void Coordinator::Reconcile(ControlTask& t) {
     }
     reports.push_back(*std::move(h));
   }
+  std::vector<MemberSpec> next = DecideMembers(t, active, reports);
+  for (const ControlTask::Range& r : t.ranges) {
+    if (!r.control->SetMembers(t.job_id, t.map_version, next, t.hold_id)
+             .ok()) {
+      // A range whose hold lapsed kept its members; the others have the
+      // new ones. Both are safe until the next try sets them all.
+      t.failed = true;
+      return;
+    }
+  }
+  t.new_members = std::move(next);
+  t.members_now = true;
+  t.progressed = true;
+}
+
+// Leavers belong to every step some range saw them commit (that push
+// reached every range); joiners join at the highest version any range has
+// (no range has closed it).
+std::vector<MemberSpec> Coordinator::DecideMembers(
+    ControlTask& t, const std::vector<MemberSpec>& active,
+    const std::vector<HoldReport>& reports) {
   int64_t vmin = INT64_MAX, vmax = 0;
   for (const HoldReport& h : reports) {
     vmin = std::min(vmin, h.version);
     vmax = std::max(vmax, h.version);
   }
-  // A member's last commit any range saw, and whether it said "nothing".
-  auto committed = [&reports](const MemberSpec& m, bool* refused) {
-    int64_t c = -1;
-    *refused = false;
-    for (const HoldReport& h : reports) {
-      for (const MemberProgress& p : h.members) {
-        if (p.worker_id == m.worker_id && p.incarnation == m.incarnation &&
-            p.committed_step > c) {
-          c = p.committed_step;
-          *refused = p.last_refused;
-        }
-      }
-    }
-    return c;
-  };
   // Async steps are each worker's own: versions do not bound them.
   const bool async = t.async;
   std::vector<MemberSpec> next;
   for (MemberSpec m : t.members) {
-    bool stays = false;
-    for (const MemberSpec& d : t.desired) stays = stays || same(m, d);
-    if (m.leave_step == MemberSpec::kNoStep && !stays) {
+    if (m.leave_step == MemberSpec::kNoStep && !Contains(t.desired, m)) {
       auto decided = t.leaves.find({m.worker_id, m.incarnation});
       if (decided != t.leaves.end()) {
         m.leave_step = decided->second.first;
         m.last_refused = decided->second.second;
       } else {
-        // It belongs to every step some range saw it commit: that push
-        // reached every range.
         bool refused = false;
-        const int64_t c = committed(m, &refused);
+        const int64_t c = LastCommit(reports, m, &refused);
         m.leave_step = async ? c + 1 : std::max(c + 1, m.join_step);
         m.last_refused = refused && c + 1 == m.leave_step;
       }
@@ -1431,25 +1476,12 @@ void Coordinator::Reconcile(ControlTask& t) {
     }
   }
   for (const MemberSpec& d : t.desired) {
-    bool present = false;
-    for (const MemberSpec& a : active) present = present || same(a, d);
-    if (present) continue;
+    if (Contains(active, d)) continue;
     MemberSpec m = d;
-    m.join_step = vmax;  // no range has closed it
+    m.join_step = vmax;
     next.push_back(m);
   }
-  for (const ControlTask::Range& r : t.ranges) {
-    if (!r.control->SetMembers(t.job_id, t.map_version, next, t.hold_id)
-             .ok()) {
-      // A range whose hold lapsed kept its members; the others have the
-      // new ones. Both are safe until the next try sets them all.
-      t.failed = true;
-      return;
-    }
-  }
-  t.new_members = std::move(next);
-  t.members_now = true;
-  t.progressed = true;
+  return next;
 }
 
 // ------------------------------------------------------------ persistence --
@@ -1551,6 +1583,20 @@ absl::Status Coordinator::Restore() {
   return absl::OkStatus();
 }
 
+// A job whose record is due to be written, taken under mu_ and written
+// without it.
+struct Coordinator::CheckpointDue {
+  v1::Job job;
+  int64_t num_params = 0;
+  int64_t total_steps = 0;
+  int64_t map_version = 0;
+  int64_t version = -1;  // of the ranges, to save at
+  std::vector<RangeRef> ranges;
+  std::shared_ptr<const std::vector<float>> final_weights;
+  std::shared_ptr<const StoredJob> start;
+  v1::JobHistory history;
+};
+
 absl::Status Coordinator::Checkpoint(bool force) {
   if (options_.state_dir.empty()) return absl::OkStatus();
   absl::MutexLock writing(&checkpoint_mu_);  // one writer at a time
@@ -1559,108 +1605,101 @@ absl::Status Coordinator::Checkpoint(bool force) {
     TALLY_RETURN_IF_ERROR(store->Open());
     store_ = std::move(store);
   }
-  struct Due {
-    v1::Job job;
-    int64_t num_params = 0;
-    int64_t total_steps = 0;
-    int64_t map_version = 0;
-    int64_t version = -1;  // of the ranges, to save at
-    std::vector<RangeRef> ranges;
-    std::shared_ptr<const std::vector<float>> final_weights;
-    std::shared_ptr<const StoredJob> start;
-    v1::JobHistory history;
-  };
-  std::vector<Due> due;
+  std::vector<CheckpointDue> due;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = Now();
-    for (const std::string& id : job_order_) {
-      const JobEntry& job = jobs_.at(id);
-      const bool placed = !job.ranges.empty() && job.installed;
-      const int64_t version = placed ? VersionLocked(job) : job.saved_version;
-      const bool state_changed = job.proto.state() != job.saved_state;
-      const bool progressed = version != job.saved_version;
-      const bool interval_passed =
-          now - job.saved_at >= options_.checkpoint_interval;
-      if (!(state_changed || (progressed && (force || interval_passed))))
-        continue;
-      Due d;
-      d.job = Render(job);
-      // The record keeps what outlives this process: not the conditions
-      // and workers of the moment.
-      d.job.set_message(job.proto.message());
-      if (!Terminal(job.proto.state())) {
-        d.job.mutable_metrics()->clear_progress();
-        d.job.mutable_metrics()->clear_waiting_on();
-        d.job.mutable_metrics()->clear_stalled_seconds();
-      }
-      d.history = job.history;
-      d.num_params = job.spec.layout.num_params;
-      d.total_steps = job.schedule.total_steps;
-      d.map_version = job.map_version;
-      d.final_weights = job.final_weights;
-      d.start = job.start;
-      if (placed && !Terminal(job.proto.state())) {
-        for (const v1::RangeStatus& r : RangeStatusLocked(job))
-          d.version = std::max(d.version, r.version());
-        for (const Placement& p : job.ranges)
-          d.ranges.push_back(
-              {shards_.at(p.shard_id).control, p.offset, p.count});
-      }
-      due.push_back(std::move(d));
-    }
+    due = DueLocked(force);
   }
   absl::Status first_error;
-  for (Due& d : due) {
-    const absl::Time began = absl::Now();  // real time: work, not schedule
-    StoredJob stored;
-    if (!d.ranges.empty()) {
-      absl::StatusOr<StoredJob> saved =
-          SaveRanges(d.job.id(), d.map_version, d.ranges, d.version,
-                     d.total_steps,
-                     d.num_params, /*weights_only=*/false);
-      if (!saved.ok()) {
-        // Training moves on; the next interval tries again.
-        continue;
-      }
-      stored = *std::move(saved);
-    } else if (d.final_weights != nullptr) {
-      stored.has_state = true;
-      stored.weights = d.final_weights;
-      stored.version = d.job.metrics().step();
-      stored.samples = d.job.metrics().samples();
-      stored.loss = d.job.metrics().loss();
-      stored.accuracy = d.job.metrics().accuracy();
-      stored.train_seconds = d.job.metrics().train_seconds();
-      stored.rejected_pushes = d.job.metrics().rejected_pushes();
-    } else if (d.start != nullptr) {
-      stored = *d.start;  // restored, not placed yet: as it was
-    }
-    stored.job = d.job;
-    stored.history = std::move(d.history);
-    if (stored.has_state) {
-      v1::JobMetrics* m = stored.job.mutable_metrics();
-      m->set_step(stored.version);
-    }
-    absl::Status s = store_->Save(stored);
-    if (!s.ok()) {
-      if (first_error.ok()) first_error = s;
-      continue;
-    }
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(d.job.id());
-    if (it == jobs_.end()) continue;
-    it->second.saved_state = d.job.state();
-    it->second.saved_version = stored.has_state ? stored.version : -1;
-    it->second.saved_at = Now();
-    if (stored.has_state && !Terminal(d.job.state())) {
-      EventLocked(it->second,
-                  absl::StrCat("checkpoint at step ", stored.version));
-    }
-    ++checkpoints_written_;
-    checkpoint_seconds_ += absl::ToDoubleSeconds(absl::Now() - began);
+  for (CheckpointDue& d : due) {
+    absl::Status s = WriteCheckpoint(d);
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
   return first_error;
+}
+
+std::vector<Coordinator::CheckpointDue> Coordinator::DueLocked(bool force) {
+  std::vector<CheckpointDue> due;
+  const absl::Time now = Now();
+  for (const std::string& id : job_order_) {
+    const JobEntry& job = jobs_.at(id);
+    const bool placed = !job.ranges.empty() && job.installed;
+    const int64_t version = placed ? VersionLocked(job) : job.saved_version;
+    const bool state_changed = job.proto.state() != job.saved_state;
+    const bool progressed = version != job.saved_version;
+    const bool interval_passed =
+        now - job.saved_at >= options_.checkpoint_interval;
+    if (!(state_changed || (progressed && (force || interval_passed))))
+      continue;
+    CheckpointDue d;
+    d.job = Render(job);
+    // The record keeps what outlives this process: not the conditions
+    // and workers of the moment.
+    d.job.set_message(job.proto.message());
+    if (!Terminal(job.proto.state())) {
+      d.job.mutable_metrics()->clear_progress();
+      d.job.mutable_metrics()->clear_waiting_on();
+      d.job.mutable_metrics()->clear_stalled_seconds();
+    }
+    d.history = job.history;
+    d.num_params = job.spec.layout.num_params;
+    d.total_steps = job.schedule.total_steps;
+    d.map_version = job.map_version;
+    d.final_weights = job.final_weights;
+    d.start = job.start;
+    if (placed && !Terminal(job.proto.state())) {
+      for (const v1::RangeStatus& r : RangeStatusLocked(job))
+        d.version = std::max(d.version, r.version());
+      for (const Placement& p : job.ranges)
+        d.ranges.push_back({shards_.at(p.shard_id).control, p.offset, p.count});
+    }
+    due.push_back(std::move(d));
+  }
+  return due;
+}
+
+// Writes one job's file: a running job's ranges at one version, an ended
+// job's final weights, a restored job not placed yet as it was read. A
+// running job whose ranges cannot be saved now is skipped (OK): training
+// moves on, and the next interval tries again.
+absl::Status Coordinator::WriteCheckpoint(CheckpointDue& d) {
+  const absl::Time began = absl::Now();  // real time: work, not schedule
+  StoredJob stored;
+  if (!d.ranges.empty()) {
+    absl::StatusOr<StoredJob> saved =
+        SaveRanges(d.job.id(), d.map_version, d.ranges, d.version,
+                   d.total_steps, d.num_params, /*weights_only=*/false);
+    if (!saved.ok()) return absl::OkStatus();
+    stored = *std::move(saved);
+  } else if (d.final_weights != nullptr) {
+    const v1::JobMetrics& m = d.job.metrics();
+    stored.has_state = true;
+    stored.weights = d.final_weights;
+    stored.version = m.step();
+    stored.samples = m.samples();
+    stored.loss = m.loss();
+    stored.accuracy = m.accuracy();
+    stored.train_seconds = m.train_seconds();
+    stored.rejected_pushes = m.rejected_pushes();
+  } else if (d.start != nullptr) {
+    stored = *d.start;  // restored, not placed yet: as it was
+  }
+  stored.job = d.job;
+  stored.history = std::move(d.history);
+  if (stored.has_state) stored.job.mutable_metrics()->set_step(stored.version);
+  TALLY_RETURN_IF_ERROR(store_->Save(stored));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(d.job.id());
+  if (it == jobs_.end()) return absl::OkStatus();
+  it->second.saved_state = d.job.state();
+  it->second.saved_version = stored.has_state ? stored.version : -1;
+  it->second.saved_at = Now();
+  if (stored.has_state && !Terminal(d.job.state())) {
+    EventLocked(it->second, absl::StrCat("checkpoint at step ", stored.version));
+  }
+  ++checkpoints_written_;
+  checkpoint_seconds_ += absl::ToDoubleSeconds(absl::Now() - began);
+  return absl::OkStatus();
 }
 
 // ------------------------------------------------------------------ tick --
@@ -1670,55 +1709,7 @@ void Coordinator::Tick() {
   std::vector<std::string> lost_jobs;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = Now();
-    std::vector<std::string> lost_shards;
-    for (const std::string& id : leases_.Expire(now)) {
-      ++lease_expiries_;
-      if (workers_.count(id)) DropWorkerLocked(id, &notes);
-      if (shards_.count(id)) lost_shards.push_back(id);
-    }
-    // A shard that lost its lease took its ranges with it: every running
-    // job with a range there starts again, on live shards, from its last
-    // checkpoint.
-    for (const std::string& sid : lost_shards) {
-      ShardEntry& s = shards_.at(sid);
-      s.live = false;
-      s.ranges.clear();
-      for (const std::string& jid : job_order_) {
-        JobEntry& job = jobs_.at(jid);
-        if (Terminal(job.proto.state())) continue;
-        bool hit = false;
-        for (const Placement& p : job.ranges) hit = hit || p.shard_id == sid;
-        if (!hit) continue;
-        // The other ranges go too: every range must restart from one step.
-        for (const Placement& p : job.ranges) {
-          if (p.shard_id != sid)
-            shards_.at(p.shard_id).control->Drop(jid, /*ended=*/false);
-        }
-        job.ranges.clear();
-        job.installed = false;
-        job.members.clear();
-        job.leaves.clear();
-        job.awaiting_start = true;
-        ++job.map_version;  // work in flight for the old map is void
-        MarkDirty(job);
-        lost_jobs.push_back(jid);
-        NotifyLocked(jid, &notes);
-      }
-    }
-    // Shards lost long ago are forgotten, once no placement names them.
-    std::set<std::string> placed;
-    for (const auto& [jid, job] : jobs_) {
-      for (const Placement& p : job.ranges) placed.insert(p.shard_id);
-    }
-    for (auto it = shards_.begin(); it != shards_.end();) {
-      if (!it->second.live && !placed.count(it->first) &&
-          now - it->second.last_seen > absl::Minutes(10)) {
-        it = shards_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    lost_jobs = ExpireLocked(&notes);
   }
   // Where the lost jobs start again: their last checkpoint (read outside
   // the lock), else the beginning.
@@ -1730,48 +1721,111 @@ void Coordinator::Tick() {
         start = std::make_shared<const StoredJob>(*std::move(s));
     }
     absl::MutexLock lock(&mu_);
-    JobEntry& job = jobs_.at(jid);
-    job.start = start;
-    job.awaiting_start = false;
-    // The event is the history; the condition is the job's message only
-    // until the ranges are installed again.
-    const std::string from =
-        start != nullptr
-            ? absl::StrCat("the checkpoint of step ", start->version)
-            : "the initial weights (there is no checkpoint)";
-    EventLocked(job, absl::StrCat("a parameter shard was lost; the job "
-                                  "starts again from ", from));
-    job.condition = absl::StrCat("a parameter shard was lost; resuming from ",
-                                 from, " once its ranges are placed");
-    job.proto.mutable_metrics()->set_step(start != nullptr ? start->version
-                                                           : 0);
+    RestartLocked(jobs_.at(jid), std::move(start));
   }
   {
     absl::MutexLock lock(&mu_);
     ScheduleLocked(&notes);
-    for (auto& [id, job] : jobs_) {
-      if (job.ranges.empty() || !job.installed) continue;
-      const int64_t v = VersionLocked(job);
-      const absl::Time now = Now();
-      if (v != job.notified_version) {
-        job.moved_at = now;
-      } else if (now - job.moved_at > absl::Seconds(kStallReport) &&
-                 now - job.stall_noted >= absl::Seconds(1)) {
-        // Watchers hear which workers a stalled step waits on.
-        job.stall_noted = now;
-        NotifyLocked(id, &notes);
-      }
-      if (v != job.notified_version) {
-        job.notified_version = v;
-        // Render only when a point is due: this runs every tick.
-        if (Now() - job.last_point >= job.point_every)
-          CurvePointLocked(job, Render(job).metrics());
-        NotifyLocked(id, &notes);
-      }
-    }
+    NoteProgressLocked(&notes);
   }
   Settle(notes);
   DropOldJobs();
+}
+
+std::vector<std::string> Coordinator::ExpireLocked(Notes* notes) {
+  std::vector<std::string> lost_jobs;
+  const absl::Time now = Now();
+  std::vector<std::string> lost_shards;
+  for (const std::string& id : leases_.Expire(now)) {
+    ++lease_expiries_;
+    if (workers_.count(id)) DropWorkerLocked(id, notes);
+    if (shards_.count(id)) lost_shards.push_back(id);
+  }
+  // A shard that lost its lease took its ranges with it: every running job
+  // with a range there starts again, on live shards, from its last
+  // checkpoint.
+  for (const std::string& sid : lost_shards) {
+    ShardEntry& s = shards_.at(sid);
+    s.live = false;
+    s.ranges.clear();
+    for (const std::string& jid : job_order_) {
+      JobEntry& job = jobs_.at(jid);
+      if (Terminal(job.proto.state())) continue;
+      bool hit = false;
+      for (const Placement& p : job.ranges) hit = hit || p.shard_id == sid;
+      if (!hit) continue;
+      // The other ranges go too: every range must restart from one step.
+      for (const Placement& p : job.ranges) {
+        if (p.shard_id != sid)
+          shards_.at(p.shard_id).control->Drop(jid, /*ended=*/false);
+      }
+      job.ranges.clear();
+      job.installed = false;
+      job.members.clear();
+      job.leaves.clear();
+      job.awaiting_start = true;
+      ++job.map_version;  // work in flight for the old map is void
+      MarkDirty(job);
+      lost_jobs.push_back(jid);
+      NotifyLocked(jid, notes);
+    }
+  }
+  // Shards lost long ago are forgotten, once no placement names them.
+  std::set<std::string> placed;
+  for (const auto& [jid, job] : jobs_) {
+    for (const Placement& p : job.ranges) placed.insert(p.shard_id);
+  }
+  for (auto it = shards_.begin(); it != shards_.end();) {
+    if (!it->second.live && !placed.count(it->first) &&
+        now - it->second.last_seen > absl::Minutes(10)) {
+      it = shards_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return lost_jobs;
+}
+
+void Coordinator::RestartLocked(JobEntry& job,
+                                std::shared_ptr<const StoredJob> start) {
+  job.start = std::move(start);
+  job.awaiting_start = false;
+  // The event is the history; the condition is the job's message only
+  // until the ranges are installed again.
+  const std::string from =
+      job.start != nullptr
+          ? absl::StrCat("the checkpoint of step ", job.start->version)
+          : "the initial weights (there is no checkpoint)";
+  EventLocked(job, absl::StrCat("a parameter shard was lost; the job "
+                                "starts again from ", from));
+  job.condition = absl::StrCat("a parameter shard was lost; resuming from ",
+                               from, " once its ranges are placed");
+  job.proto.mutable_metrics()->set_step(
+      job.start != nullptr ? job.start->version : 0);
+}
+
+// Moves, stalls and curve points, for watchers and the dashboard.
+void Coordinator::NoteProgressLocked(Notes* notes) {
+  for (auto& [id, job] : jobs_) {
+    if (job.ranges.empty() || !job.installed) continue;
+    const int64_t v = VersionLocked(job);
+    const absl::Time now = Now();
+    if (v != job.notified_version) {
+      job.moved_at = now;
+    } else if (now - job.moved_at > absl::Seconds(kStallReport) &&
+               now - job.stall_noted >= absl::Seconds(1)) {
+      // Watchers hear which workers a stalled step waits on.
+      job.stall_noted = now;
+      NotifyLocked(id, notes);
+    }
+    if (v != job.notified_version) {
+      job.notified_version = v;
+      // Render only when a point is due: this runs every tick.
+      if (Now() - job.last_point >= job.point_every)
+        CurvePointLocked(job, Render(job).metrics());
+      NotifyLocked(id, notes);
+    }
+  }
 }
 
 }  // namespace tally

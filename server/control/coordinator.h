@@ -303,6 +303,14 @@ class Coordinator {
   int64_t VersionLocked(const JobEntry& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick's phases. Expires leases; a lost shard's jobs lose their ranges
+  // (returned: their checkpoints are read next, without the lock).
+  std::vector<std::string> ExpireLocked(Notes* notes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A lost shard's job starts again from `start` (null: the beginning).
+  void RestartLocked(JobEntry& job, std::shared_ptr<const StoredJob> start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteProgressLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits the job over live shards (a new map version); false when too
   // few are live.
   bool PlaceLocked(JobEntry& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -319,6 +327,18 @@ class Coordinator {
   void NotifyLocked(const std::string& job_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobEntry FromStored(StoredJob stored) const;
+  // DropOldJobs' phases: which ended jobs go (under mu_), then their
+  // weights and files (without it).
+  struct DroppedJob;
+  std::vector<DroppedJob> TakeDroppableLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetDropped(const DroppedJob& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Checkpoint's phases: which jobs are due (under mu_), then each one's
+  // file (without it).
+  struct CheckpointDue;
+  std::vector<CheckpointDue> DueLocked(bool force)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteCheckpoint(CheckpointDue& due) ABSL_LOCKS_EXCLUDED(mu_);
   // The job needs control-plane work (RunControl).
   static void MarkDirty(JobEntry& job) {
     job.dirty = true;
@@ -328,7 +348,19 @@ class Coordinator {
   // Control-plane work for every job that needs it, outside mu_.
   void RunControl() ABSL_LOCKS_EXCLUDED(mu_);
   struct ControlTask;
+  // Reconcile's phases: the end (retire, keep the final weights, drop),
+  // the install, the membership.
   void Reconcile(ControlTask& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
+  void RetireRanges(ControlTask& task)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
+  void InstallRanges(ControlTask& task)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
+  void SetMembership(ControlTask& task)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
+  std::vector<MemberSpec> DecideMembers(ControlTask& task,
+                                        const std::vector<MemberSpec>& active,
+                                        const std::vector<HoldReport>& reports)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
   // Runs `notes`, then the control work they may have made due.
   void Settle(Notes& notes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time Now() const { return options_.clock->Now(); }

@@ -4,6 +4,11 @@ main() (the style rule: a function that is three functions is split where
 its phases are).
 
     python3 tests/lint/function_length.py [ROOT] [--list]
+        [--allow_over_max=N] [--allow_long=N]
+
+The limits are the style rule's; --allow_* let CI hold the line at today's
+count while the last long functions are split (a ratchet: lower them as
+they go, never raise them).
 
 A function's length runs from the line of its name to its closing brace; a
 lambda or local class inside a function counts as part of it. The parser is
@@ -114,8 +119,17 @@ def functions(path):
     return found
 
 
+def flag(name, default):
+    for a in sys.argv[1:]:
+        if a.startswith(f"--{name}="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    allow_over_max = flag("allow_over_max", 0)
+    allow_long = flag("allow_long", MAX_LONG)
     root = args[0] if args else os.path.dirname(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rows = []
@@ -136,10 +150,11 @@ def main():
     if "--list" in sys.argv:
         for n, rel, a, name in long:
             print(f"{n:4d}  {rel}:{a}  {name}")
-    ok = not too_long and len(long) <= MAX_LONG
+    ok = len(too_long) <= allow_over_max and len(long) <= allow_long
     print(f"function_length: {len(rows)} functions; {len(too_long)} over "
-          f"{MAX_LINES} lines (at most 0), {len(long)} over {LONG_LINES} "
-          f"(at most {MAX_LONG})")
+          f"{MAX_LINES} lines (allowed {allow_over_max}; the rule: 0), "
+          f"{len(long)} over {LONG_LINES} (allowed {allow_long}; the rule: "
+          f"{MAX_LONG})")
     if not ok:
         for n, rel, a, name in long:
             print(f"  {n:4d} lines  {rel}:{a}  {name}")
