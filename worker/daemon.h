@@ -34,6 +34,19 @@ struct DaemonOptions {
   std::string address;  // advertised health endpoint
   absl::Duration rpc_timeout = absl::Seconds(30);
   absl::Duration max_backoff = absl::Seconds(5);
+  // What a shard waits for a pull's version (PullRequest.max_wait_ms); the
+  // worker waits that plus rpc_timeout for the pull's answer.
+  absl::Duration pull_wait = absl::Seconds(5);
+  // One ReportResult call.
+  absl::Duration report_timeout = absl::Seconds(10);
+  // A cancelled push or pull to let go of the buffers it reads or writes
+  // (cancelled calls end promptly; this guards against a stuck library).
+  absl::Duration release_wait = absl::Minutes(1);
+  // The loader's next batch (a stuck data source is reported, not waited
+  // for forever).
+  absl::Duration batch_wait = absl::Minutes(1);
+  // At most one progress line per job this often.
+  absl::Duration log_every = absl::Seconds(5);
   int64_t chunk_elements = 262144;  // push chunks: 1 MiB
   // Each layer's gradient is pushed as the backward pass produces it (the
   // last layer first), beside the layers still computing; false: the whole

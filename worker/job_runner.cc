@@ -25,113 +25,269 @@ JobRunner::~JobRunner() {
 
 absl::Status JobRunner::Run() {
   if (absl::Status s = Prepare(); !s.ok()) return Refuse(s);
-  while (true) {
-    if (!context_.still_assigned()) {
-      return absl::AbortedError("no longer assigned to this job");
-    }
-    if (CanOverlapPull()) {
-      // The step's weights are on their way (the pull went with the last
-      // push): its forward pass starts on the first layers while the last
-      // still arrive.
-      std::shared_ptr<Work> pull = std::move(next_pull_);
-      const int64_t step = next_;
-      absl::StatusOr<StepStats> stats = Compute(step, pull.get());
-      if (stats.ok()) {
-        backoff_ = absl::Milliseconds(100);
-        TALLY_RETURN_IF_ERROR(FinishStep(step, *stats));
-        continue;
-      }
-      if (!redo_) {
-        Abandon(pull);  // it may still be writing the parameters
-        return stats.status();
-      }
-      // The pull failed or brought other weights than this step's (a step
-      // closed without us): the step is dropped, and the pull's answer is
-      // taken the plain way below.
-      redo_ = false;
-      loader_next_ = -1;  // its batch was taken: the loader starts again
-      if (pull->Done()) {
-        next_pull_ = std::move(pull);
-      } else {
-        Abandon(pull);
-      }
-    }
-    absl::StatusOr<int64_t> pulled = PullNext();
-    if (!pulled.ok()) {
-      const absl::Status& s = pulled.status();
-      if (ReasonOf(s) == v1::PUSH_AGAIN) {
-        // A shard's sum lost our push (another push in it could not
-        // count). Its gradient still the engine's: the same push again (a
-        // shard that kept it answers "duplicate"), then the pull that
+  State state = State::kNextStep;
+  while (state != State::kStopped) state = Enter(state);
+  return stop_status_;
+}
+
+JobRunner::State JobRunner::Enter(State s) {
+  switch (s) {
+    case State::kNextStep:
+      return NextStep();
+    case State::kOverlapped:
+      return Overlapped();
+    case State::kPull:
+      return Pull();
+    case State::kCompute:
+      return ComputeStep();
+    case State::kRepush:
+      if (!context_.still_assigned())
+        return Stop(absl::AbortedError("no longer assigned to this job"));
+      return Push();
+    case State::kPush:
+      return Push();
+    case State::kFinish:
+      return Stop(Finish(final_version_));
+    case State::kStopped:
+      break;
+  }
+  return State::kStopped;
+}
+
+JobRunner::State JobRunner::Stop(absl::Status why) {
+  stop_status_ = std::move(why);
+  return State::kStopped;
+}
+
+JobRunner::State JobRunner::NextStep() {
+  if (!context_.still_assigned())
+    return Stop(absl::AbortedError("no longer assigned to this job"));
+  return CanOverlapPull() ? State::kOverlapped : State::kPull;
+}
+
+// The step's weights are on their way (the pull went with the last push):
+// its forward pass starts on the first layers while the last still arrive.
+JobRunner::State JobRunner::Overlapped() {
+  std::shared_ptr<Work> pull = std::move(next_pull_);
+  step_ = next_;
+  StepWork work;
+  work.pull = pull.get();
+  absl::StatusOr<StepStats> stats = Compute(step_, work);
+  if (stats.ok()) {
+    backoff_ = absl::Milliseconds(100);
+    stats_ = *stats;
+    return State::kPush;
+  }
+  if (!work.pull_failed) {
+    Abandon(pull);  // it may still be writing the parameters
+    return Stop(stats.status());
+  }
+  // The pull failed or brought other weights than this step's (a step
+  // closed without us): the step is dropped, and the pull's answer is taken
+  // the plain way.
+  loader_next_ = -1;  // its batch was taken: the loader starts again
+  if (pull->Done()) {
+    next_pull_ = std::move(pull);
+  } else {
+    Abandon(pull);
+  }
+  return State::kPull;
+}
+
+JobRunner::State JobRunner::Pull() {
+  absl::StatusOr<int64_t> pulled = PullNext();
+  if (!pulled.ok()) {
+    const absl::Status& s = pulled.status();
+    switch (ReactTo(Call::kPull, s)) {
+      case Reaction::kRetryNow: {
+        // PUSH_AGAIN: a shard's sum lost our push (another push in it could
+        // not count). Its gradient still the engine's: the same push again
+        // (a shard that kept it answers "duplicate"), then the pull that
         // commits it. Otherwise (a step was begun since: one shard, so no
         // other shard kept the commit) the step is done again from its
         // weights.
         const int64_t step = ReasonStep(s);
         context_.log(absl::StrCat("step ", step, ": ", s.message()));
-        have_commit_ = false;
-        if (held_step_ == step) {
-          TALLY_RETURN_IF_ERROR(FinishStep(step, held_stats_));
-          continue;
+        commit_.reset();
+        if (held_.has_value() && held_->step == step) {
+          step_ = step;
+          stats_ = held_->stats;
+          return State::kPush;
         }
         next_ = step;
         loader_next_ = -1;
-        continue;
+        return State::kNextStep;
       }
-      switch (ReactTo(Call::kPull, s)) {
-        case Reaction::kLeave:
-          return s;
-        case Reaction::kGiveUp:
-          // SCHEDULE_MISMATCH, or what should not happen: said to the
-          // coordinator, so the slot does not wait for us.
-          return Refuse(s);
-        default:
-          // Others are slow, a shard is away, or the job is being placed
-          // again (a new shard map comes with the assignment): pull again.
-          Backoff();
-          continue;
-      }
+      case Reaction::kLeave:
+        return Stop(s);
+      case Reaction::kGiveUp:
+        // SCHEDULE_MISMATCH, or what should not happen: said to the
+        // coordinator, so the slot does not wait for us.
+        return Stop(Refuse(s));
+      default:
+        // Others are slow, a shard is away, or the job is being placed
+        // again (a new shard map comes with the assignment): pull again.
+        Backoff();
+        return State::kNextStep;
     }
-    backoff_ = absl::Milliseconds(100);
-    const int64_t version = *pulled;
-    if (version >= end_version_) return Finish(version);
-    base_ = version;
-    const bool async =
-        spec_.training.consistency.mode == ConsistencyMode::kAsync;
-    if (async && !clock_set_) {
-      // A runner that starts on a running async job (a new shard map, a
-      // replacement worker) goes on about where its rank would be.
-      next_ = std::max(next_, version / world_);
-    }
-    clock_set_ = true;
-    // bsp and ssp: a step below the weights' version closed without us
-    // (we joined late, or were away): go on from the version.
-    const int64_t step = async ? next_ : std::max(next_, version);
-    TALLY_ASSIGN_OR_RETURN(StepStats stats, Compute(step));
-    TALLY_RETURN_IF_ERROR(FinishStep(step, stats));
   }
+  backoff_ = absl::Milliseconds(100);
+  const int64_t version = *pulled;
+  if (version >= end_version_) {
+    final_version_ = version;
+    return State::kFinish;
+  }
+  base_ = version;
+  const bool async = spec_.training.consistency.mode == ConsistencyMode::kAsync;
+  if (async && !clock_set_) {
+    // A runner that starts on a running async job (a new shard map, a
+    // replacement worker) goes on about where its rank would be.
+    next_ = std::max(next_, version / world_);
+  }
+  clock_set_ = true;
+  // bsp and ssp: a step below the weights' version closed without us (we
+  // joined late, or were away): go on from the version.
+  step_ = async ? next_ : std::max(next_, version);
+  return State::kCompute;
 }
 
-absl::Status JobRunner::FinishStep(int64_t step, const StepStats& stats) {
-  TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
-  // A push that failed on the way goes again as it was (the same gradient
-  // from the same weights) until the shards answer it.
-  while (repush_) {
-    if (!context_.still_assigned()) {
-      return absl::AbortedError("no longer assigned to this job");
-    }
-    TALLY_RETURN_IF_ERROR(PushAndAdvance(step, stats));
+JobRunner::State JobRunner::ComputeStep() {
+  StepWork work;
+  absl::StatusOr<StepStats> stats = Compute(step_, work);
+  if (!stats.ok()) return Stop(stats.status());
+  stats_ = *stats;
+  return State::kPush;
+}
+
+// Pushes step_ (or waits for the push Compute started) and reads every
+// shard's answer.
+JobRunner::State JobRunner::Push() {
+  const int64_t step = step_;
+  // From the end of the step: a push started beside the backward pass
+  // counts only the time the worker waits for it.
+  const absl::Time began = absl::Now();
+  std::shared_ptr<Work> push =
+      started_push_ != nullptr
+          ? std::move(started_push_)
+          : client_->Push(MakePushInfo(step, stats_), engine_->grads());
+  // The weights this push helps make, asked for at once; kept only if the
+  // shard committed the push (otherwise the pull that commits it follows).
+  std::shared_ptr<Work> pull = pipelined_ ? StartPull(step + 1) : nullptr;
+  absl::Status s = push->Wait(absl::Now() + options_.rpc_timeout);
+  if (s.ok()) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
+    Smooth(&progress_.push_seconds, seconds);
+    if (options_.metrics != nullptr)
+      options_.metrics->push_seconds.Observe(seconds);
   }
-  held_step_ = step;
-  held_stats_ = stats;
+  if (absl::IsDeadlineExceeded(s) && !push->Done()) {
+    push->Cancel();
+    push->Wait(absl::Now() + options_.release_wait).IgnoreError();
+  }
+  if (pull != nullptr) {
+    if (push->Committed()) {  // settled, and committed as it was answered
+      next_pull_ = std::move(pull);
+      next_ = step + 1;
+      StepDone(step, stats_);
+      return State::kNextStep;
+    }
+    Abandon(pull);
+  }
+  PushAnswers answers = ReadAnswers(step, *push);
+  if (answers.other.ok()) answers.other = s;
+  return Advance(step, answers);
+}
+
+// Every shard answered OK (or duplicate), or refused the push's content (a
+// non-finite value, a gradient too stale; a malformed push, a bug of ours):
+// the push is settled everywhere, and the next pull commits it, as nothing
+// if any shard refused it. Otherwise each shard's answer counts, not the
+// first to arrive: one shard's refusal with another's passing failure is a
+// push to send again.
+JobRunner::PushAnswers JobRunner::ReadAnswers(int64_t step, Work& push) {
+  PushAnswers a;
+  a.settled = push.Done();
+  a.retry = !push.Done();
+  for (const absl::Status& r : push.Results()) {
+    const Reaction reaction = ReactTo(Call::kPush, r);
+    if (reaction == Reaction::kDone) continue;
+    if (reaction == Reaction::kNotCounted) {
+      // Remembered across attempts: the shard that refused it answers a
+      // second attempt as a duplicate.
+      refused_step_ = step;
+      if (a.refusal.ok()) a.refusal = r;
+      continue;
+    }
+    if (reaction == Reaction::kLeave) {
+      a.leave = r;  // ended, taken off the job, stale registration
+      return a;
+    }
+    a.settled = false;
+    // PUSH_AGAIN (kRetryNow): the shard dropped the step's sum while
+    // reading this push.
+    a.retry = a.retry || reaction == Reaction::kRetry ||
+              reaction == Reaction::kStaleMap ||
+              reaction == Reaction::kRetryNow;
+    if (a.other.ok()) a.other = r;
+  }
+  a.contributed = refused_step_ != step;
+  return a;
+}
+
+JobRunner::State JobRunner::Advance(int64_t step, const PushAnswers& a) {
+  if (!a.leave.ok()) return Stop(a.leave);
+  if (a.settled) {
+    if (!a.contributed) {
+      context_.log(absl::StrCat("step ", step, ": ", a.refusal.message()));
+    }
+    v1::StepCommit commit;
+    commit.set_step(step);
+    commit.set_contributed(a.contributed);
+    commit_ = commit;
+    next_ = step + 1;
+    StepDone(step, stats_);
+    return State::kNextStep;
+  }
+  if (a.retry) {
+    // Pushes are idempotent: the same push goes again; a shard that had it
+    // answers "duplicate", and if the step closed meanwhile, the answer
+    // moves us on.
+    context_.log(absl::StrCat("step ", step, ": push failed (",
+                              a.other.message(), "); retrying"));
+    // A dropped sum wants the push back at once; anything else, later.
+    if (ReactTo(Call::kPush, a.other) != Reaction::kRetryNow) Backoff();
+    return State::kRepush;
+  }
+  switch (ReactTo(Call::kPush, a.other)) {
+    case Reaction::kNextStep:  // closed without us: pull its successor
+      context_.log(absl::StrCat("step ", step, ": ", a.other.message()));
+      next_ = step + 1;
+      break;
+    case Reaction::kJoinLater:  // a member only from a later step
+      next_ = ReasonStep(a.other);
+      break;
+    case Reaction::kPullAgain:  // we are ahead of the shards: pull this again
+      next_ = step;
+      break;
+    case Reaction::kLeave:  // ended, taken off the job, stale registration
+      return Stop(a.other);
+    default:
+      return Stop(Refuse(a.other));
+  }
+  StepDone(step, stats_);
+  return State::kNextStep;
+}
+
+void JobRunner::StepDone(int64_t step, const StepStats& stats) {
+  held_ = HeldPush{step, stats};
   if (context_.progress) context_.progress(progress_);
-  if (absl::Now() - last_log_ > absl::Seconds(5)) {
+  if (absl::Now() - last_log_ > options_.log_every) {
     last_log_ = absl::Now();
     context_.log(absl::StrFormat(
         "%s step %d/%d loss %.4f", assignment_.job_id(), step + 1,
         schedule_.total_steps,
         stats.samples > 0 ? stats.loss_sum / stats.samples : 0.0));
   }
-  return absl::OkStatus();
 }
 
 bool JobRunner::CanOverlapPull() const {
@@ -147,24 +303,8 @@ absl::Status JobRunner::Prepare() {
   TALLY_ASSIGN_OR_RETURN(spec_, ParseJobSpec(assignment_.spec()));
   TALLY_ASSIGN_OR_RETURN(data_, context_.data(spec_));
   world_ = std::max(1, assignment_.world());
+  TALLY_RETURN_IF_ERROR(CheckSchedule());
   const int64_t train_size = data_->train.size();
-  // The job's schedule was fixed by the coordinator from the spec; this
-  // worker can follow it only if its training set has the size the job
-  // expects (every rank's share and step count follow from that).
-  schedule_ = MakeSchedule(spec_, train_size, world_);
-  if (assignment_.has_schedule()) {
-    const v1::Schedule& job = assignment_.schedule();
-    if (job.train_size() != train_size ||
-        job.total_steps() != schedule_.total_steps ||
-        job.steps_per_epoch() != schedule_.steps_per_epoch) {
-      return WithReason(
-          absl::FailedPreconditionError(absl::StrCat(
-              "its training set has ", train_size, " samples (",
-              schedule_.total_steps, " steps) where the job expects ",
-              job.train_size(), " (", job.total_steps(), " steps)")),
-          v1::SCHEDULE_MISMATCH);
-    }
-  }
   const int64_t rank_samples =
       train_size / world_ + (assignment_.rank() < train_size % world_ ? 1 : 0);
   rank_batches_ = (rank_samples + spec_.training.batch_size - 1) /
@@ -185,7 +325,37 @@ absl::Status JobRunner::Prepare() {
         engine_->reduction_note(),
         engine_->reduction_note().empty() ? "" : ")"));
   }
+  TALLY_RETURN_IF_ERROR(MakeClient());
+  if (options_.overlap_push) {
+    context_.log(absl::StrCat(assignment_.job_id(),
+                              ": pushes overlap the backward pass (buckets of ",
+                              options_.chunk_elements, " elements)"));
+  }
+  return absl::OkStatus();
+}
 
+// The job's schedule was fixed by the coordinator from the spec; this
+// worker can follow it only if its training set has the size the job
+// expects (every rank's share and step count follow from that).
+absl::Status JobRunner::CheckSchedule() {
+  const int64_t train_size = data_->train.size();
+  schedule_ = MakeSchedule(spec_, train_size, world_);
+  if (!assignment_.has_schedule()) return absl::OkStatus();
+  const v1::Schedule& job = assignment_.schedule();
+  if (job.train_size() != train_size ||
+      job.total_steps() != schedule_.total_steps ||
+      job.steps_per_epoch() != schedule_.steps_per_epoch) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "its training set has ", train_size, " samples (",
+            schedule_.total_steps, " steps) where the job expects ",
+            job.train_size(), " (", job.total_steps(), " steps)")),
+        v1::SCHEDULE_MISMATCH);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::MakeClient() {
   ParamClientOptions po;
   po.job_id = assignment_.job_id();
   po.worker_id = context_.worker_id;
@@ -194,6 +364,7 @@ absl::Status JobRunner::Prepare() {
                                                                : v1::FLOAT32;
   po.chunk_elements = options_.chunk_elements;
   po.rpc_timeout = options_.rpc_timeout;
+  po.pull_wait = options_.pull_wait;
   po.transport = options_.transport;
   po.exchange = options_.exchange_stream;
   po.shared_memory = options_.shared_memory;
@@ -217,11 +388,6 @@ absl::Status JobRunner::Prepare() {
   // push could get older weights than one sent after it.
   pipelined_ = client_->num_shards() == 1 &&
                spec_.training.consistency.mode == ConsistencyMode::kBsp;
-  if (options_.overlap_push) {
-    context_.log(absl::StrCat(assignment_.job_id(),
-                              ": pushes overlap the backward pass (buckets of ",
-                              options_.chunk_elements, " elements)"));
-  }
   return absl::OkStatus();
 }
 
@@ -231,16 +397,15 @@ std::shared_ptr<Work> JobRunner::StartPull(int64_t clock) {
   const bool sync = spec_.training.consistency.mode != ConsistencyMode::kAsync;
   const int64_t at_least = sync && clock >= end_version_ ? end_version_ : 0;
   return client_->Pull(at_least, engine_->params(),
-                       have_commit_ ? &commit_ : nullptr, clock);
+                       commit_.has_value() ? &*commit_ : nullptr, clock);
 }
 
 void JobRunner::Abandon(const std::shared_ptr<Work>& pull) {
   if (pull->Done()) return;
-  // Cancelled calls end promptly; the bound only guards against a stuck
-  // library, and the buffer must not be reused while a call may write it.
   pull->Cancel();
-  if (absl::IsDeadlineExceeded(pull->Wait(absl::Now() + absl::Minutes(1)))) {
-    context_.log("a cancelled pull did not end within a minute");
+  if (absl::IsDeadlineExceeded(
+          pull->Wait(absl::Now() + options_.release_wait))) {
+    context_.log("a cancelled pull did not let go of the parameters in time");
   }
 }
 
@@ -250,129 +415,140 @@ absl::StatusOr<int64_t> JobRunner::PullNext() {
   // if any), or a new one.
   std::shared_ptr<Work> pull =
       next_pull_ != nullptr ? std::move(next_pull_) : StartPull(next_);
-  // The server bounds its wait (pull_wait); this bound covers the transfer.
+  // The server bounds its wait (pull_wait); rpc_timeout covers the transfer.
   absl::StatusOr<int64_t> v = pull->WaitVersion(
-      absl::Now() + absl::Seconds(5) + options_.rpc_timeout);
-  if (!v.ok()) Abandon(pull);
-  if (v.ok()) have_commit_ = false;  // every shard has it
-  if (v.ok()) {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
-    Smooth(&progress_.wait_seconds, seconds);
-    if (options_.metrics != nullptr)
-      options_.metrics->pull_seconds.Observe(seconds);
+      absl::Now() + options_.pull_wait + options_.rpc_timeout);
+  if (!v.ok()) {
+    Abandon(pull);
+    return v;
   }
+  commit_.reset();  // every shard has it
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
+  Smooth(&progress_.wait_seconds, seconds);
+  if (options_.metrics != nullptr)
+    options_.metrics->pull_seconds.Observe(seconds);
   return v;
 }
 
-absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, Work* pull) {
+absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   const int64_t epoch = step / schedule_.steps_per_epoch;
   const int64_t index = step % schedule_.steps_per_epoch;
   if (index >= rank_batches_) return StepStats{};  // no batch at this step
-  if (loader_ == nullptr || loader_next_ != step) {
-    // First step, or a jump (rejoining, a skipped step): restart the loader
-    // at this step's batch.
-    LoaderOptions lo;
-    lo.batch_size = spec_.training.batch_size;
-    lo.seed = spec_.training.seed;
-    lo.rank = assignment_.rank();
-    lo.world = world_;
-    lo.first_epoch = epoch;
-    lo.first_batch = index;
-    // An async worker faster than others goes round its data shard more
-    // often than the spec's epochs (the job ends on versions, not epochs):
-    // its loader goes on (epochs are shuffled as they come).
-    lo.epochs = spec_.training.consistency.mode == ConsistencyMode::kAsync
-                    ? int64_t{1} << 40
-                    : std::max<int64_t>(1, spec_.training.epochs - epoch);
-    loader_.reset();
-    loader_ = std::make_unique<BatchLoader>(&data_->train, lo);
-  }
-  held_step_ = -1;  // the engine's gradient is about to change
+  SeekLoader(step);
+  held_.reset();  // the engine's gradient is about to change
   absl::StatusOr<std::unique_ptr<HostBatch>> next =
-      loader_->Next(absl::Minutes(1));
+      loader_->Next(options_.batch_wait);
   // Said to the coordinator: a runner that stops quietly would hold its
   // slot (its daemon still heartbeats) and a bsp job would wait for ever.
   if (!next.ok()) return Refuse(next.status());
   std::unique_ptr<HostBatch> batch = *std::move(next);
   BatchView view{batch->x.data(), batch->y.data(), batch->size};
   const absl::Time began = absl::Now();
-  // With a pull still arriving, each layer waits for its weights, and the
-  // loss for the whole pull (its version is the push's base). The push goes
-  // out beside the backward pass: its header once the loss is known, each
-  // layer's gradient once backward has produced it.
-  std::unique_ptr<PushFeed> feed;
-  std::shared_ptr<Work> push;
-  absl::Duration blocked;  // waiting for weights
-  const absl::Time pull_deadline =
-      absl::Now() + absl::Seconds(5) + options_.rpc_timeout;
-  StepHooks hooks;
-  if (pull != nullptr) {
-    hooks.params_ready = [&](int64_t b, int64_t e) {
-      const absl::Time t0 = absl::Now();
-      absl::Status s = pull->WaitRange(b, e, pull_deadline);
-      blocked += absl::Now() - t0;
-      if (!s.ok()) redo_ = true;
-      return s;
-    };
-  }
-  if (pull != nullptr || options_.overlap_push) {
-    hooks.loss_known = [&](const StepStats& s) -> absl::Status {
-      if (pull != nullptr) {
-        const absl::Time t0 = absl::Now();
-        absl::StatusOr<int64_t> v = pull->WaitVersion(pull_deadline);
-        blocked += absl::Now() - t0;
-        if (!v.ok() || *v != step) {
-          redo_ = true;
-          return v.ok() ? absl::AbortedError("the pull brought another version")
-                        : v.status();
-        }
-        base_ = *v;
-        have_commit_ = false;  // the pull carried it to the shard
-      }
-      if (options_.overlap_push) {
-        push = client_->Push(MakePushInfo(step, s), engine_->grads(), &feed);
-      }
-      return absl::OkStatus();
-    };
-  }
-  if (options_.overlap_push) {
-    hooks.grads_ready = [&](int64_t b, int64_t e) { feed->Offer(b, e); };
-  }
+  work.pull_deadline = began + options_.pull_wait + options_.rpc_timeout;
+  StepHooks hooks = HooksFor(step, work);
   absl::StatusOr<StepStats> stats =
       engine_->Step(view, spec_.training.seed + step, {}, &hooks);
   // Everything was offered if the step succeeded; otherwise the parts not
   // whole are cancelled (a shard stages nothing of a push it did not get
   // whole), and so is the rest.
-  if (feed != nullptr) feed->Close();
-  if (push != nullptr && !stats.ok()) {
-    push->Cancel();
-    push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();
-    push = nullptr;
+  if (work.feed != nullptr) work.feed->Close();
+  if (work.push != nullptr && !stats.ok()) {
+    work.push->Cancel();
+    work.push->Wait(absl::Now() + options_.release_wait).IgnoreError();
+    work.push = nullptr;
   }
-  started_push_ = std::move(push);
+  started_push_ = std::move(work.push);
   // What the step waited for its weights counts as the pull's.
-  const double computing =
-      absl::ToDoubleSeconds(absl::Now() - began - blocked);
-  if (stats.ok()) {
-    Smooth(&progress_.compute_seconds, computing);
-    if (pull != nullptr) {
-      Smooth(&progress_.wait_seconds, absl::ToDoubleSeconds(blocked));
-      if (options_.metrics != nullptr)
-        options_.metrics->pull_seconds.Observe(absl::ToDoubleSeconds(blocked));
-    }
-  }
-  if (stats.ok() && options_.metrics != nullptr) {
-    options_.metrics->compute_seconds.Observe(computing);
-    options_.metrics->steps.Increment();
-    options_.metrics->samples.Increment(static_cast<double>(stats->samples));
-  }
+  CountStep(stats, work, absl::Now() - began - work.blocked);
   loader_->Recycle(std::move(batch));
-  // A step dropped for its pull is done again the plain way (Run).
-  if (!stats.ok()) return redo_ ? stats.status() : Refuse(stats.status());
+  // A step dropped for its pull is done again the plain way (Overlapped).
+  if (!stats.ok()) return work.pull_failed ? stats.status() : Refuse(stats.status());
   loader_next_ = index + 1 < rank_batches_
                      ? step + 1
                      : (epoch + 1) * schedule_.steps_per_epoch;
   return stats;
+}
+
+void JobRunner::SeekLoader(int64_t step) {
+  if (loader_ != nullptr && loader_next_ == step) return;
+  // First step, or a jump (rejoining, a skipped step): restart the loader
+  // at this step's batch.
+  const int64_t epoch = step / schedule_.steps_per_epoch;
+  LoaderOptions lo;
+  lo.batch_size = spec_.training.batch_size;
+  lo.seed = spec_.training.seed;
+  lo.rank = assignment_.rank();
+  lo.world = world_;
+  lo.first_epoch = epoch;
+  lo.first_batch = step % schedule_.steps_per_epoch;
+  // An async worker faster than others goes round its data shard more
+  // often than the spec's epochs (the job ends on versions, not epochs):
+  // its loader goes on (epochs are shuffled as they come).
+  lo.epochs = spec_.training.consistency.mode == ConsistencyMode::kAsync
+                  ? int64_t{1} << 40
+                  : std::max<int64_t>(1, spec_.training.epochs - epoch);
+  loader_.reset();
+  loader_ = std::make_unique<BatchLoader>(&data_->train, lo);
+}
+
+// With a pull still arriving, each layer waits for its weights, and the
+// loss for the whole pull (its version is the push's base). The push goes
+// out beside the backward pass: its header once the loss is known, each
+// layer's gradient once backward has produced it.
+StepHooks JobRunner::HooksFor(int64_t step, StepWork& work) {
+  StepHooks hooks;
+  if (work.pull != nullptr) {
+    hooks.params_ready = [&work](int64_t b, int64_t e) {
+      const absl::Time t0 = absl::Now();
+      absl::Status s = work.pull->WaitRange(b, e, work.pull_deadline);
+      work.blocked += absl::Now() - t0;
+      if (!s.ok()) work.pull_failed = true;
+      return s;
+    };
+  }
+  if (work.pull != nullptr || options_.overlap_push) {
+    hooks.loss_known = [this, step, &work](const StepStats& s) -> absl::Status {
+      if (work.pull != nullptr) {
+        const absl::Time t0 = absl::Now();
+        absl::StatusOr<int64_t> v = work.pull->WaitVersion(work.pull_deadline);
+        work.blocked += absl::Now() - t0;
+        if (!v.ok() || *v != step) {
+          work.pull_failed = true;
+          return v.ok() ? absl::AbortedError("the pull brought another version")
+                        : v.status();
+        }
+        base_ = *v;
+        commit_.reset();  // the pull carried it to the shard
+      }
+      if (options_.overlap_push) {
+        work.push =
+            client_->Push(MakePushInfo(step, s), engine_->grads(), &work.feed);
+      }
+      return absl::OkStatus();
+    };
+  }
+  if (options_.overlap_push) {
+    hooks.grads_ready = [&work](int64_t b, int64_t e) { work.feed->Offer(b, e); };
+  }
+  return hooks;
+}
+
+void JobRunner::CountStep(const absl::StatusOr<StepStats>& stats,
+                          const StepWork& work, absl::Duration computing) {
+  if (!stats.ok()) return;
+  Smooth(&progress_.compute_seconds, absl::ToDoubleSeconds(computing));
+  if (work.pull != nullptr) {
+    Smooth(&progress_.wait_seconds, absl::ToDoubleSeconds(work.blocked));
+    if (options_.metrics != nullptr)
+      options_.metrics->pull_seconds.Observe(
+          absl::ToDoubleSeconds(work.blocked));
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->compute_seconds.Observe(
+        absl::ToDoubleSeconds(computing));
+    options_.metrics->steps.Increment();
+    options_.metrics->samples.Increment(static_cast<double>(stats->samples));
+  }
 }
 
 PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) const {
@@ -384,105 +560,6 @@ PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) const {
   info.base_version = base_;
   info.commit = pipelined_;
   return info;
-}
-
-absl::Status JobRunner::PushAndAdvance(int64_t step, const StepStats& stats) {
-  // From the end of the step: a push started beside the backward pass
-  // counts only the time the worker waits for it.
-  const absl::Time began = absl::Now();
-  std::shared_ptr<Work> push =
-      started_push_ != nullptr
-          ? std::move(started_push_)
-          : client_->Push(MakePushInfo(step, stats), engine_->grads());
-  // The weights this push helps make, asked for at once; kept only if the
-  // shard committed the push (otherwise the pull that commits it follows).
-  std::shared_ptr<Work> pull = pipelined_ ? StartPull(step + 1) : nullptr;
-  absl::Status s = push->Wait(absl::Now() + options_.rpc_timeout);
-  if (s.ok()) {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
-    Smooth(&progress_.push_seconds, seconds);
-    if (options_.metrics != nullptr)
-      options_.metrics->push_seconds.Observe(seconds);
-  }
-  if (absl::IsDeadlineExceeded(s) && !push->Done()) {
-    push->Cancel();
-    push->Wait(absl::Now() + absl::Minutes(1)).IgnoreError();
-  }
-  repush_ = false;
-  if (pull != nullptr) {
-    if (push->Committed()) {  // settled, and committed as it was answered
-      next_pull_ = std::move(pull);
-      next_ = step + 1;
-      return absl::OkStatus();
-    }
-    Abandon(pull);
-  }
-  // Every shard answered OK (or duplicate), or refused the push's content
-  // (a non-finite value, a gradient too stale; a malformed push, a bug of
-  // ours): the push is settled everywhere, and the next pull commits it,
-  // as nothing if any shard refused it. Otherwise each shard's answer
-  // counts, not the first to arrive: one shard's refusal with another's
-  // passing failure is a push to send again.
-  bool settled = push->Done(), contributed = true, retry = !push->Done();
-  absl::Status refusal, other;
-  for (const absl::Status& r : push->Results()) {
-    const Reaction reaction = ReactTo(Call::kPush, r);
-    if (reaction == Reaction::kDone) continue;
-    if (reaction == Reaction::kNotCounted) {
-      // Remembered across attempts: the shard that refused it answers a
-      // second attempt as a duplicate.
-      refused_step_ = step;
-      if (refusal.ok()) refusal = r;
-      continue;
-    }
-    if (reaction == Reaction::kLeave) return r;  // ended, taken off, stale
-    settled = false;
-    // PUSH_AGAIN (kRetryNow): the shard dropped the step's sum while
-    // reading this push.
-    retry = retry || reaction == Reaction::kRetry ||
-            reaction == Reaction::kStaleMap || reaction == Reaction::kRetryNow;
-    if (other.ok()) other = r;
-  }
-  if (refused_step_ == step) contributed = false;
-  if (other.ok()) other = s;
-  if (settled) {
-    if (!contributed) {
-      context_.log(absl::StrCat("step ", step, ": ", refusal.message()));
-    }
-    have_commit_ = true;
-    commit_.set_step(step);
-    commit_.set_contributed(contributed);
-    next_ = step + 1;
-    return absl::OkStatus();
-  }
-  if (retry) {
-    // Pushes are idempotent: the same push goes again (Run); a shard that
-    // had it answers "duplicate", and if the step closed meanwhile, the
-    // answer moves us on.
-    context_.log(absl::StrCat("step ", step, ": push failed (",
-                              other.message(), "); retrying"));
-    // A dropped sum wants the push back at once; anything else, later.
-    if (ReactTo(Call::kPush, other) != Reaction::kRetryNow) Backoff();
-    repush_ = true;
-    return absl::OkStatus();
-  }
-  s = other;
-  switch (ReactTo(Call::kPush, s)) {
-    case Reaction::kNextStep:  // closed without us: pull its successor
-      context_.log(absl::StrCat("step ", step, ": ", s.message()));
-      next_ = step + 1;
-      return absl::OkStatus();
-    case Reaction::kJoinLater:  // a member only from a later step
-      next_ = ReasonStep(s);
-      return absl::OkStatus();
-    case Reaction::kPullAgain:  // we are ahead of the shards: pull this again
-      next_ = step;
-      return absl::OkStatus();
-    case Reaction::kLeave:  // ended, taken off the job, stale registration
-      return s;
-    default:
-      return Refuse(s);
-  }
 }
 
 absl::Status JobRunner::Finish(int64_t version) {
@@ -508,7 +585,7 @@ absl::Status JobRunner::Finish(int64_t version) {
   const absl::Time give_up = absl::Now() + options_.rpc_timeout;
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.report_timeout));
     v1::ReportResultResponse resp;
     absl::Status s =
         FromGrpc(context_.workers->ReportResult(&ctx, req, &resp));
@@ -529,7 +606,7 @@ absl::Status JobRunner::Refuse(const absl::Status& why) {
   req.set_message(std::string(why.message()));
   req.set_reason(ReasonOf(why));
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.report_timeout));
   v1::ReportResultResponse resp;
   context_.workers->ReportResult(&ctx, req, &resp);
   return why;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -79,7 +80,43 @@ class JobRunner {
   absl::Status Run();
 
  private:
+  // The runner is a state machine. Run calls the current state's method,
+  // which does that state's work and returns the next state: the one place
+  // each transition is decided. What a state works on (the step, its
+  // figures, the pulls in flight) is in the members below.
+  //
+  //   kNextStep ---> kOverlapped (bsp on one shard: the step's pull went
+  //      |              |          with the last push)
+  //      v              | its pull failed or brought another version
+  //   kPull <-----------+
+  //      |  the final version ---------------------------> kFinish
+  //      v
+  //   kCompute ---> kPush <---> kRepush (the same push again)
+  //                   |
+  //                   +--> kNextStep
+  // Any state may go to kStopped (stop_status_: why).
+  enum class State {
+    kNextStep,    // decide how step next_ starts
+    kOverlapped,  // compute next_ while its weights arrive
+    kPull,        // pull weights for next_, carrying the pending commit
+    kCompute,     // compute step_ from the pulled weights
+    kPush,        // push step_ and read the shards' answers
+    kRepush,      // the same push again (a shard did not take it)
+    kFinish,      // evaluate the final weights and report
+    kStopped,
+  };
+  State Enter(State s);  // runs the state; returns the next
+  State NextStep();
+  State Overlapped();
+  State Pull();
+  State ComputeStep();
+  State Push();
+  State Stop(absl::Status why);
+
   absl::Status Prepare();
+  // The job's schedule against this worker's data (SCHEDULE_MISMATCH).
+  absl::Status CheckSchedule();
+  absl::Status MakeClient();
   // Pulls the weights of version >= next_, carrying the pending commit (or
   // waits for the pull sent with the last push).
   absl::StatusOr<int64_t> PullNext();
@@ -88,25 +125,49 @@ class JobRunner {
   // Cancels a pull that is no longer wanted and waits until it lets go of
   // the parameters.
   void Abandon(const std::shared_ptr<Work>& pull);
+
+  // One step's forward and backward, with what overlaps it.
+  struct StepWork {
+    Work* pull = nullptr;  // borrowed: this step's weights, still arriving
+    absl::Time pull_deadline;
+    std::unique_ptr<PushFeed> feed;  // the push beside the backward pass
+    std::shared_ptr<Work> push;
+    absl::Duration blocked;     // waiting for weights
+    bool pull_failed = false;   // the pull failed or brought another version
+  };
   // Forward and backward of step `step` on this rank's batch (an empty
   // contribution where this rank has no batch at that step). With
   // options_.overlap_push the push of the step starts inside: each layer's
-  // gradient goes as backward produces it (started_push_).
-  // With `pull` (borrowed; the pull of this step's weights, still on its
-  // way), each layer waits for its weights; a step whose pull fails or
-  // brings another version fails with redo_ set (nothing refused).
-  absl::StatusOr<StepStats> Compute(int64_t step, Work* pull = nullptr);
-  // Pushes step `step` until its push is settled; progress and the log.
-  absl::Status FinishStep(int64_t step, const StepStats& stats);
+  // gradient goes as backward produces it (started_push_). With work.pull
+  // each layer waits for its weights; a step whose pull fails or brings
+  // another version fails with work.pull_failed set (nothing refused).
+  absl::StatusOr<StepStats> Compute(int64_t step, StepWork& work);
+  // The loader at `step`'s batch (a new one after a jump).
+  void SeekLoader(int64_t step);
+  StepHooks HooksFor(int64_t step, StepWork& work);
+  void CountStep(const absl::StatusOr<StepStats>& stats, const StepWork& work,
+                 absl::Duration computing);
   // Whether the next step can start while its weights arrive (bsp on one
   // shard, the pull sent with the last push, options_.overlap_pull).
   bool CanOverlapPull() const;
   // What the push of `step` says besides its gradient.
   PushInfo MakePushInfo(int64_t step, const StepStats& stats) const;
-  // Pushes step `step` (or waits for the push Compute started); sets next_
-  // from the answer, or repush_ when the same push is to go again. An
-  // error ends the job here.
-  absl::Status PushAndAdvance(int64_t step, const StepStats& stats);
+
+  // How the shards answered a push.
+  struct PushAnswers {
+    bool settled = false;      // every shard took it or refused its content
+    bool contributed = true;   // no shard refused its content
+    bool retry = false;        // send it again
+    absl::Status refusal;      // a shard's refusal of its content
+    absl::Status other;        // the first other failure
+    absl::Status leave;        // not ours any more (JOB_ENDED, ...)
+  };
+  PushAnswers ReadAnswers(int64_t step, Work& push);
+  // After the step's push: sets next_ and the pending commit, or says the
+  // push is to go again (kRepush), or stops.
+  State Advance(int64_t step, const PushAnswers& answers);
+  // The step is pushed and settled: progress, the log.
+  void StepDone(int64_t step, const StepStats& stats);
   absl::Status Finish(int64_t version);
   // Tells the coordinator this worker cannot run the job, and why.
   absl::Status Refuse(const absl::Status& why);
@@ -126,14 +187,20 @@ class JobRunner {
   std::unique_ptr<ParameterClient> client_;
   std::unique_ptr<BatchLoader> loader_;
   int64_t loader_next_ = -1;  // the step the loader's next batch is for
+  // bsp on one shard (fixed by Prepare): each push is its own commit, and
+  // the pull of the next version goes with it instead of after its answer.
+  bool pipelined_ = false;
 
   // The worker's clock: the step it computes next (bsp: the version it
   // pulls; the consistency rule says which versions it may start from).
   int64_t next_ = 0;
   int64_t end_version_ = 0;  // the schedule's last version
   bool clock_set_ = false;   // next_ was set from the first pull
-  bool repush_ = false;      // the last push is to be sent again
-  bool redo_ = false;        // the step was dropped for its pull
+  // The step being computed and pushed, and its figures.
+  int64_t step_ = 0;
+  StepStats stats_;
+  int64_t final_version_ = 0;  // kFinish: the version pulled
+  absl::Status stop_status_;   // kStopped: why
   int64_t refused_step_ = -1;  // a shard refused this step's push
   JobProgress progress_;
   // The version the last pull got (the oldest of its shards'): the base
@@ -141,21 +208,20 @@ class JobRunner {
   int64_t base_ = 0;
   // Sent with pulls until one reaches every shard: the last push that all
   // shards answered.
-  bool have_commit_ = false;
-  v1::StepCommit commit_;
-  // bsp on one shard: each push is its own commit, and the pull of the
-  // next version goes with it (PushAndAdvance) instead of after its answer.
-  bool pipelined_ = false;
-  std::shared_ptr<Work> next_pull_;  // that pull, once its push settled
+  std::optional<v1::StepCommit> commit_;
+  std::shared_ptr<Work> next_pull_;  // pipelined: the pull sent with a push
   // The push that Compute started beside the backward pass, whole once
-  // Compute returned OK; PushAndAdvance waits for it.
+  // Compute returned OK; Push waits for it.
   std::shared_ptr<Work> started_push_;
   // The step last pushed and its figures while the engine still holds its
-  // gradient (no step begun since; -1: none): a shard that lost that push
+  // gradient (no step begun since): a shard that lost that push
   // (PUSH_AGAIN) gets it again as it was, so a commit other shards kept
   // stays true.
-  int64_t held_step_ = -1;
-  StepStats held_stats_;
+  struct HeldPush {
+    int64_t step = 0;
+    StepStats stats;
+  };
+  std::optional<HeldPush> held_;
   absl::Duration backoff_ = absl::Milliseconds(100);
   absl::Time last_log_ = absl::Now();
 };
