@@ -181,185 +181,226 @@ Engine::~Engine() {
   threads_.reset();  // join before the replicas go
 }
 
+// What every replica's part of one step shares.
+struct Engine::StepPlan {
+  const BatchView& batch;
+  uint64_t seed;
+  const StepHooks& hooks;
+  std::vector<int> sizes;        // micro-batch per used replica
+  std::vector<int64_t> offsets;  // where each starts in the batch
+  int used = 0;
+  int64_t features = 0;
+  float grad_scale = 1.0f;
+  // One replica's gradients are final layer by layer, as backward produces
+  // them (in host memory: straight into grads(); on a GPU: once each
+  // layer's copy to grads() has landed), and the loss is the batch's once
+  // its forward pass is done.
+  bool per_layer = false;
+};
+
+// One replica's hooks for a step: what the device needs around each
+// layer (weights in, gradients out) and what the caller is told. The
+// first layer's range (the last one backward reports) waits until the
+// whole backward pass has succeeded: a step that fails then never reports
+// every range, so a push fed from them stays incomplete and is cancelled,
+// whatever the device reports late.
+struct Engine::ReplicaHooks {
+  ParamHooks hooks;
+  bool report = false;     // hand each layer's gradient on (grads_ready)
+  int64_t first_end = -1;  // element 0's range, held back until the end
+  // A GPU's layer gradients on their way to grads(): (copy mark, range).
+  struct Landing {
+    int mark;
+    int64_t begin, end;
+  };
+  std::vector<Landing> landing;
+
+  void HandOn(const StepHooks& sh, int64_t begin, int64_t end) {
+    if (begin == 0) {
+      first_end = end;
+    } else {
+      sh.grads_ready(begin, end);
+    }
+  }
+};
+
 absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
                                        const SliceFn& apply,
                                        const StepHooks* step_hooks) {
   if (batch.size <= 0 || batch.x == nullptr || batch.y == nullptr) {
     return absl::InvalidArgumentError("a step needs a non-empty batch");
   }
-  const std::vector<int> sizes = Split(batch.size, num_replicas());
-  std::vector<int64_t> offsets(sizes.size());
-  for (size_t r = 1; r < sizes.size(); ++r)
-    offsets[r] = offsets[r - 1] + sizes[r - 1];
-  const int used = static_cast<int>(sizes.size());
-  const int64_t feat = NumElements(input_shape_);
-  const float grad_scale = 1.0f / batch.size;
-  // One replica's gradients are final layer by layer, as backward produces
-  // them (in host memory: straight into grads(); on a GPU: once each layer's
-  // copy to grads() has landed), and the loss is the batch's once its
-  // forward pass is done.
-  const bool per_layer =
-      num_replicas() == 1 && collective_ == nullptr &&
-      (replicas_[0]->device->host_accessible() ||
-       replicas_[0]->host_grads == grads_);
   const StepHooks no_hooks;
-  const StepHooks& sh = step_hooks != nullptr ? *step_hooks : no_hooks;
-
-  // Broadcast, scatter, forward, loss and backward of replica r's part.
-  // Off-host devices stream each layer's weights in before its forward pass
-  // and (without a collective) its gradient out after its backward pass,
-  // beside the compute; Backward's Synchronize waits for both.
-  auto compute = [&](internal::Replica& rep, int r) -> absl::Status {
-    Device* dev = rep.device.get();
-    ParamHooks hooks;
-    // A GPU's layer gradients on their way to grads(): (copy mark, range).
-    struct Landing {
-      int mark;
-      int64_t begin, end;
-    };
-    std::vector<Landing> landing;
-    const bool report = per_layer && static_cast<bool>(sh.grads_ready);
-    // The first layer's range (the last one backward reports) waits until
-    // the whole backward pass has succeeded: a step that fails then never
-    // reports every range, so a push fed from them stays incomplete and is
-    // cancelled, whatever the device reports late.
-    int64_t first_end = -1;
-    auto hand_on = [&](int64_t begin, int64_t end) {
-      if (begin == 0) {
-        first_end = end;
-      } else {
-        sh.grads_ready(begin, end);
-      }
-    };
-    if (dev->host_accessible()) {
-      TALLY_RETURN_IF_ERROR(dev->CopyFromHost(rep.model->params(), params_,
-                                              num_params_ * sizeof(float)));
-      if (per_layer && sh.params_ready) hooks.before_forward = sh.params_ready;
-      if (report) {
-        hooks.after_backward = [&](int64_t begin, int64_t end) {
-          hand_on(begin, end);
-          return absl::OkStatus();
-        };
-      }
-    } else {
-      hooks.before_forward = [&](int64_t begin, int64_t end) -> absl::Status {
-        if (per_layer && sh.params_ready)
-          TALLY_RETURN_IF_ERROR(sh.params_ready(begin, end));
-        return dev->CopyFromHostAsync(rep.model->params() + begin,
-                                      params_ + begin,
-                                      (end - begin) * sizeof(float));
-      };
-      if (rep.host_grads != nullptr) {
-        hooks.after_backward = [&](int64_t begin, int64_t end) -> absl::Status {
-          TALLY_RETURN_IF_ERROR(dev->CopyToHostAsync(
-              rep.host_grads + begin, rep.model->grads() + begin,
-              (end - begin) * sizeof(float)));
-          if (!report) return absl::OkStatus();
-          TALLY_ASSIGN_OR_RETURN(int mark, dev->MarkCopiesToHost());
-          landing.push_back({mark, begin, end});
-          return absl::OkStatus();
-        };
-      }
-      if (report) {
-        // The whole backward pass is enqueued: hand on each layer's gradient
-        // as its copy lands, the last layer first, while the device still
-        // computes the layers before it.
-        hooks.backward_enqueued = [&]() -> absl::Status {
-          for (const Landing& l : landing) {
-            if (l.begin == 0) {  // lands by Backward's Synchronize
-              first_end = l.end;
-              continue;
-            }
-            TALLY_RETURN_IF_ERROR(dev->WaitCopiesToHost(l.mark));
-            hand_on(l.begin, l.end);
-          }
-          return absl::OkStatus();
-        };
-      }
-    }
-    const float* x;
-    const int32_t* y;
-    TALLY_RETURN_IF_ERROR(
-        Stage(rep, batch.x, batch.y, feat, offsets[r], sizes[r], &x, &y));
-    TALLY_ASSIGN_OR_RETURN(
-        Tensor logits,
-        rep.model->Forward(x, sizes[r], true, seed, offsets[r], &hooks));
-    TALLY_ASSIGN_OR_RETURN(LossStats ls,
-                           rep.loss->Compute(logits, y, grad_scale));
-    if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
-    if (per_layer && sh.loss_known) {
-      TALLY_RETURN_IF_ERROR(
-          sh.loss_known(StepStats{ls.loss_sum, ls.correct, sizes[r]}));
-    }
-    TALLY_RETURN_IF_ERROR(
-        rep.model->Backward(rep.loss->dlogits(), nullptr, &hooks));
-    if (first_end > 0) sh.grads_ready(0, first_end);
-    rep.stats = {ls.loss_sum, ls.correct, sizes[r]};
-    return absl::OkStatus();
-  };
-
-  if (!per_layer && sh.params_ready)
+  StepPlan plan{batch, seed, step_hooks != nullptr ? *step_hooks : no_hooks};
+  plan.sizes = Split(batch.size, num_replicas());
+  plan.offsets.assign(plan.sizes.size(), 0);
+  for (size_t r = 1; r < plan.sizes.size(); ++r)
+    plan.offsets[r] = plan.offsets[r - 1] + plan.sizes[r - 1];
+  plan.used = static_cast<int>(plan.sizes.size());
+  plan.features = NumElements(input_shape_);
+  plan.grad_scale = 1.0f / batch.size;
+  plan.per_layer = num_replicas() == 1 && collective_ == nullptr &&
+                   (replicas_[0]->device->host_accessible() ||
+                    replicas_[0]->host_grads == grads_);
+  const StepHooks& sh = plan.hooks;
+  if (!plan.per_layer && sh.params_ready)
     TALLY_RETURN_IF_ERROR(sh.params_ready(0, num_params_));
-
-  // Phase 1: compute; GPUs with a collective also reduce here (every replica
-  // takes part in the all-reduce, an unused one with zero gradients).
+  // Phase 1: compute; GPUs with a collective also reduce here.
   TALLY_RETURN_IF_ERROR(threads_->Run(
-      [&](int r) -> absl::Status {
-        internal::Replica& rep = *replicas_[r];
-        rep.used = r < used;
-        rep.stats = StepStats{};
-        Device* dev = rep.device.get();
-        if (collective_ != nullptr) {
-          absl::Status s = rep.used ? compute(rep, r) : absl::OkStatus();
-          // A failed replica still joins the all-reduce, or the others hang.
-          if (!rep.used || !s.ok())
-            dev->kernels().Fill(rep.model->grads(), num_params_, 0.0f);
-          TALLY_RETURN_IF_ERROR(
-              collective_->AllReduceSum(r, rep.model->grads(), num_params_));
-          TALLY_RETURN_IF_ERROR(s);
-          if (r == 0) {
-            TALLY_RETURN_IF_ERROR(dev->CopyToHost(grads_, rep.model->grads(),
-                                                  num_params_ * sizeof(float)));
-          }
-          return absl::OkStatus();
-        }
-        if (!rep.used) return absl::OkStatus();
-        return compute(rep, r);
-      },
-      options_.step_timeout));
-
+      [&](int r) { return RunReplica(r, plan); }, options_.step_timeout));
   StepStats total;
-  for (int r = 0; r < used; ++r) {
+  for (int r = 0; r < plan.used; ++r) {
     total.loss_sum += replicas_[r]->stats.loss_sum;
     total.correct += replicas_[r]->stats.correct;
     total.samples += replicas_[r]->stats.samples;
   }
-  if (!per_layer && sh.loss_known) TALLY_RETURN_IF_ERROR(sh.loss_known(total));
-
+  if (!plan.per_layer && sh.loss_known)
+    TALLY_RETURN_IF_ERROR(sh.loss_known(total));
   // Phase 2: thread r reduces slice r over the used replicas, then applies.
-  const int k = num_replicas();
   TALLY_RETURN_IF_ERROR(threads_->Run(
-      [&](int r) -> absl::Status {
-        const auto [begin, end] = Slice(num_params_, r, k);
-        const int64_t n = end - begin;
-        for (int s = 0; s < used && collective_ == nullptr; ++s) {
-          internal::Replica& rep = *replicas_[s];
-          const float* g = rep.device->host_accessible() ? rep.model->grads()
-                                                         : rep.host_grads;
-          if (g == grads_) continue;  // replica 0 already is the sum's base
-          if (s == 0) {
-            std::copy(g + begin, g + end, grads_ + begin);
-          } else {
-            AddInto(grads_ + begin, g + begin, n);
-          }
-        }
-        if (!per_layer && sh.grads_ready && end > begin)
-          sh.grads_ready(begin, end);
-        if (apply) apply(r, begin, end);
-        return absl::OkStatus();
-      },
+      [&](int r) { return ReduceSlice(r, plan, apply); },
       options_.step_timeout));
   return total;
+}
+
+// Replica r's thread in phase 1. With a collective every replica takes
+// part in the all-reduce (an unused or failed one with zero gradients, or
+// the others hang).
+absl::Status Engine::RunReplica(int r, const StepPlan& plan) {
+  internal::Replica& rep = *replicas_[r];
+  rep.used = r < plan.used;
+  rep.stats = StepStats{};
+  if (collective_ == nullptr)
+    return rep.used ? ComputeReplica(rep, r, plan) : absl::OkStatus();
+  Device* dev = rep.device.get();
+  absl::Status s = rep.used ? ComputeReplica(rep, r, plan) : absl::OkStatus();
+  if (!rep.used || !s.ok())
+    dev->kernels().Fill(rep.model->grads(), num_params_, 0.0f);
+  TALLY_RETURN_IF_ERROR(
+      collective_->AllReduceSum(r, rep.model->grads(), num_params_));
+  TALLY_RETURN_IF_ERROR(s);
+  if (r == 0) {
+    TALLY_RETURN_IF_ERROR(dev->CopyToHost(grads_, rep.model->grads(),
+                                          num_params_ * sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
+// Broadcast, scatter, forward, loss and backward of replica r's part.
+absl::Status Engine::ComputeReplica(internal::Replica& rep, int r,
+                                    const StepPlan& plan) {
+  const StepHooks& sh = plan.hooks;
+  ReplicaHooks h;
+  h.report = plan.per_layer && static_cast<bool>(sh.grads_ready);
+  if (rep.device->host_accessible()) {
+    TALLY_RETURN_IF_ERROR(HostHooks(rep, plan, h));
+  } else {
+    OffHostHooks(rep, plan, h);
+  }
+  const float* x;
+  const int32_t* y;
+  TALLY_RETURN_IF_ERROR(Stage(rep, plan.batch.x, plan.batch.y, plan.features,
+                              plan.offsets[r], plan.sizes[r], &x, &y));
+  TALLY_ASSIGN_OR_RETURN(Tensor logits,
+                         rep.model->Forward(x, plan.sizes[r], true, plan.seed,
+                                            plan.offsets[r], &h.hooks));
+  TALLY_ASSIGN_OR_RETURN(LossStats ls,
+                         rep.loss->Compute(logits, y, plan.grad_scale));
+  if (options_.fault_hook) TALLY_RETURN_IF_ERROR(options_.fault_hook(r));
+  if (plan.per_layer && sh.loss_known) {
+    TALLY_RETURN_IF_ERROR(
+        sh.loss_known(StepStats{ls.loss_sum, ls.correct, plan.sizes[r]}));
+  }
+  TALLY_RETURN_IF_ERROR(
+      rep.model->Backward(rep.loss->dlogits(), nullptr, &h.hooks));
+  if (h.first_end > 0) sh.grads_ready(0, h.first_end);
+  rep.stats = {ls.loss_sum, ls.correct, plan.sizes[r]};
+  return absl::OkStatus();
+}
+
+// In host memory: the weights are copied in whole; gradients are final as
+// backward writes them.
+absl::Status Engine::HostHooks(internal::Replica& rep, const StepPlan& plan,
+                               ReplicaHooks& h) {
+  const StepHooks& sh = plan.hooks;
+  TALLY_RETURN_IF_ERROR(rep.device->CopyFromHost(
+      rep.model->params(), params_, num_params_ * sizeof(float)));
+  if (plan.per_layer && sh.params_ready)
+    h.hooks.before_forward = sh.params_ready;
+  if (h.report) {
+    h.hooks.after_backward = [&sh, &h](int64_t begin, int64_t end) {
+      h.HandOn(sh, begin, end);
+      return absl::OkStatus();
+    };
+  }
+  return absl::OkStatus();
+}
+
+// Off the host: each layer's weights stream in before its forward pass and
+// (without a collective) its gradient out after its backward pass, beside
+// the compute; Backward's Synchronize waits for both.
+void Engine::OffHostHooks(internal::Replica& rep, const StepPlan& plan,
+                          ReplicaHooks& h) {
+  const StepHooks& sh = plan.hooks;
+  Device* dev = rep.device.get();
+  const bool per_layer = plan.per_layer;
+  h.hooks.before_forward = [this, &sh, &rep, dev, per_layer](
+                               int64_t begin, int64_t end) -> absl::Status {
+    if (per_layer && sh.params_ready)
+      TALLY_RETURN_IF_ERROR(sh.params_ready(begin, end));
+    return dev->CopyFromHostAsync(rep.model->params() + begin, params_ + begin,
+                                  (end - begin) * sizeof(float));
+  };
+  if (rep.host_grads != nullptr) {
+    h.hooks.after_backward = [&rep, dev, &h](int64_t begin,
+                                              int64_t end) -> absl::Status {
+      TALLY_RETURN_IF_ERROR(dev->CopyToHostAsync(
+          rep.host_grads + begin, rep.model->grads() + begin,
+          (end - begin) * sizeof(float)));
+      if (!h.report) return absl::OkStatus();
+      TALLY_ASSIGN_OR_RETURN(int mark, dev->MarkCopiesToHost());
+      h.landing.push_back({mark, begin, end});
+      return absl::OkStatus();
+    };
+  }
+  if (!h.report) return;
+  // The whole backward pass is enqueued: hand on each layer's gradient as
+  // its copy lands, the last layer first, while the device still computes
+  // the layers before it.
+  h.hooks.backward_enqueued = [&sh, dev, &h]() -> absl::Status {
+    for (const ReplicaHooks::Landing& l : h.landing) {
+      if (l.begin == 0) {  // lands by Backward's Synchronize
+        h.first_end = l.end;
+        continue;
+      }
+      TALLY_RETURN_IF_ERROR(dev->WaitCopiesToHost(l.mark));
+      h.HandOn(sh, l.begin, l.end);
+    }
+    return absl::OkStatus();
+  };
+}
+
+// Phase 2, thread r: slice r of the gradient summed over the used replicas
+// (without a collective), handed on, applied.
+absl::Status Engine::ReduceSlice(int r, const StepPlan& plan,
+                                 const SliceFn& apply) {
+  const auto [begin, end] = Slice(num_params_, r, num_replicas());
+  const int64_t n = end - begin;
+  for (int s = 0; s < plan.used && collective_ == nullptr; ++s) {
+    internal::Replica& rep = *replicas_[s];
+    const float* g = rep.device->host_accessible() ? rep.model->grads()
+                                                   : rep.host_grads;
+    if (g == grads_) continue;  // replica 0 already is the sum's base
+    if (s == 0) {
+      std::copy(g + begin, g + end, grads_ + begin);
+    } else {
+      AddInto(grads_ + begin, g + begin, n);
+    }
+  }
+  if (!plan.per_layer && plan.hooks.grads_ready && end > begin)
+    plan.hooks.grads_ready(begin, end);
+  if (apply) apply(r, begin, end);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepStats> Engine::Evaluate(const Dataset& data) {

@@ -152,6 +152,19 @@ class Engine {
 
  private:
   Engine() = default;
+  // Step's parts: the plan every replica shares, each replica's part
+  // (phase 1: compute, and all-reduce with a collective), its hooks in host
+  // memory or off the host, and each thread's slice of the sum (phase 2).
+  struct StepPlan;
+  struct ReplicaHooks;
+  absl::Status RunReplica(int r, const StepPlan& plan);
+  absl::Status ComputeReplica(internal::Replica& rep, int r,
+                              const StepPlan& plan);
+  absl::Status HostHooks(internal::Replica& rep, const StepPlan& plan,
+                         ReplicaHooks& hooks);
+  void OffHostHooks(internal::Replica& rep, const StepPlan& plan,
+                    ReplicaHooks& hooks);
+  absl::Status ReduceSlice(int r, const StepPlan& plan, const SliceFn& apply);
 
   EngineOptions options_;
   ModelLayout layout_;
