@@ -22,25 +22,81 @@ namespace tally {
 
 // ----------------------------------------------------------------- Work --
 
-Work::Work(int parts)
-    : pending_(parts),
+namespace internal {
+
+// The Work of one push or pull: the caller's side (Work's interface) and
+// the completion side its parts call as they start, arrive and end.
+// Thread-safe.
+class ShardWork final : public Work {
+ public:
+  explicit ShardWork(int parts, bool mixed_ok = false);
+
+  absl::Status Wait(absl::Time deadline) override;
+  absl::StatusOr<int64_t> WaitVersion(absl::Time deadline) override;
+  absl::Status WaitRange(int64_t begin, int64_t end,
+                         absl::Time deadline) override;
+  void Cancel() override;
+  bool Done() const override;
+  std::vector<absl::Status> Results() const override;
+  bool Committed() const override;
+
+  // Called once per part, with its context (to cancel it) as it starts and
+  // its result as it ends (`committed`: a push's commit was recorded).
+  void Started(grpc::ClientContext* ctx);
+  void Finished(int part, grpc::ClientContext* ctx, const absl::Status& status,
+                int64_t version, bool cancel_others, bool committed = false);
+  // A part that failed before it started.
+  void Failed(int part, const absl::Status& status);
+  // Part `part` of a pull covers [begin, end) of the vector; `upto`: its
+  // elements before it have arrived.
+  void SetRange(int part, int64_t begin, int64_t end);
+  void Arrived(int part, int64_t upto);
+  // The caller's buffer is lent to gRPC (a push's slices point into it)
+  // until as many Returned() as Lend(): the work is not done before.
+  // Returned() may run on any thread, inside gRPC, even one that holds
+  // mu_ (a cancel): it takes lent_mu_ only.
+  void Lend();
+  void Returned();
+
+ private:
+  const bool mixed_ok_;  // different versions from different shards are fine
+  mutable absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex lent_mu_;
+  int lent_ ABSL_GUARDED_BY(lent_mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
+  int committed_ ABSL_GUARDED_BY(mu_) = 0;  // parts whose commit was recorded
+  bool mixed_versions_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+  // A pull's parts: their ranges, how far each has arrived, which ended.
+  std::vector<std::pair<int64_t, int64_t>> ranges_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> arrived_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> ended_ ABSL_GUARDED_BY(mu_);
+};
+
+ShardWork::ShardWork(int parts, bool mixed_ok)
+    : mixed_ok_(mixed_ok),
+      pending_(parts),
       results_(parts),
       ranges_(parts),
       arrived_(parts, 0),
       ended_(parts, false) {}
 
-void Work::SetRange(int part, int64_t begin, int64_t end) {
+void ShardWork::SetRange(int part, int64_t begin, int64_t end) {
   absl::MutexLock lock(&mu_);
   ranges_[part] = {begin, end};
   arrived_[part] = begin;
 }
 
-void Work::Arrived(int part, int64_t upto) {
+void ShardWork::Arrived(int part, int64_t upto) {
   absl::MutexLock lock(&mu_);
   arrived_[part] = std::max(arrived_[part], upto);
 }
 
-absl::Status Work::WaitRange(int64_t begin, int64_t end, absl::Time deadline) {
+absl::Status ShardWork::WaitRange(int64_t begin, int64_t end, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto there = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!status_.ok()) return true;
@@ -57,15 +113,13 @@ absl::Status Work::WaitRange(int64_t begin, int64_t end, absl::Time deadline) {
   return status_;
 }
 
-Work::~Work() = default;
-
-void Work::Started(grpc::ClientContext* ctx) {
+void ShardWork::Started(grpc::ClientContext* ctx) {
   absl::MutexLock lock(&mu_);
   live_.push_back(ctx);
   if (cancelled_) ctx->TryCancel();
 }
 
-void Work::Finished(int part, grpc::ClientContext* ctx,
+void ShardWork::Finished(int part, grpc::ClientContext* ctx,
                     const absl::Status& status, int64_t version,
                     bool cancel_others, bool committed) {
   absl::MutexLock lock(&mu_);
@@ -89,7 +143,7 @@ void Work::Finished(int part, grpc::ClientContext* ctx,
   --pending_;
 }
 
-void Work::Failed(int part, const absl::Status& status) {
+void ShardWork::Failed(int part, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   results_[part] = status;
   ended_[part] = true;
@@ -97,17 +151,17 @@ void Work::Failed(int part, const absl::Status& status) {
   --pending_;
 }
 
-void Work::Lend() {
+void ShardWork::Lend() {
   absl::MutexLock lock(&lent_mu_);
   ++lent_;
 }
 
-void Work::Returned() {
+void ShardWork::Returned() {
   absl::MutexLock lock(&lent_mu_);
   --lent_;
 }
 
-absl::Status Work::Wait(absl::Time deadline) {
+absl::Status ShardWork::Wait(absl::Time deadline) {
   {
     absl::MutexLock lock(&lent_mu_);
     auto returned = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lent_mu_) {
@@ -132,19 +186,19 @@ absl::Status Work::Wait(absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Work::WaitVersion(absl::Time deadline) {
+absl::StatusOr<int64_t> ShardWork::WaitVersion(absl::Time deadline) {
   if (absl::Status s = Wait(deadline); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return version_;
 }
 
-void Work::Cancel() {
+void ShardWork::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
   for (grpc::ClientContext* c : live_) c->TryCancel();
 }
 
-bool Work::Done() const {
+bool ShardWork::Done() const {
   {
     absl::MutexLock lock(&lent_mu_);
     if (lent_ != 0) return false;
@@ -153,15 +207,33 @@ bool Work::Done() const {
   return pending_ == 0;
 }
 
-std::vector<absl::Status> Work::Results() const {
+std::vector<absl::Status> ShardWork::Results() const {
   absl::MutexLock lock(&mu_);
   return results_;
 }
 
-bool Work::Committed() const {
+bool ShardWork::Committed() const {
   absl::MutexLock lock(&mu_);
   return pending_ == 0 && committed_ == static_cast<int>(results_.size());
 }
+
+// Calls whose reactor has not finished deleting itself. The client (and so
+// its channels) outlives them: a channel whose last reference went with a
+// call's context, inside gRPC's callback, crashes gRPC 1.51.
+struct InFlightCalls {
+  absl::Mutex mu;
+  int calls ABSL_GUARDED_BY(mu) = 0;
+  void Add() {
+    absl::MutexLock lock(&mu);
+    ++calls;
+  }
+  void Done() {
+    absl::MutexLock lock(&mu);
+    --calls;
+  }
+};
+
+}  // namespace internal
 
 // ------------------------------------------------------------ the calls --
 
@@ -204,8 +276,8 @@ std::string Field(int field, const std::string& body) {
 // only say where. Thread-safe.
 class PushMessages {
  public:
-  PushMessages(const std::shared_ptr<Work>& work,
-               const std::shared_ptr<ParameterClient::InFlight>& in_flight,
+  PushMessages(const std::shared_ptr<internal::ShardWork>& work,
+               const std::shared_ptr<internal::InFlightCalls>& in_flight,
                const ParamClientOptions& o, const PushInfo& info, bool commit,
                const float* grads, int64_t offset, int64_t count,
                std::string last_suffix,
@@ -342,11 +414,11 @@ class PushMessages {
   // `work` is not done, and the client not destroyed, until gRPC has let
   // go of it.
   struct Loan {
-    std::shared_ptr<Work> work;
-    std::shared_ptr<ParameterClient::InFlight> in_flight;
+    std::shared_ptr<internal::ShardWork> work;
+    std::shared_ptr<internal::InFlightCalls> in_flight;
   };
-  static grpc::Slice Lend(std::shared_ptr<Work> work,
-                          std::shared_ptr<ParameterClient::InFlight> in_flight,
+  static grpc::Slice Lend(std::shared_ptr<internal::ShardWork> work,
+                          std::shared_ptr<internal::InFlightCalls> in_flight,
                           const void* p, size_t n) {
     auto* loan = new Loan{std::move(work), std::move(in_flight)};
     loan->work->Lend();
@@ -356,7 +428,7 @@ class PushMessages {
         [](void* u) {
           auto* l = static_cast<Loan*>(u);
           l->work->Returned();
-          std::shared_ptr<ParameterClient::InFlight> in_flight =
+          std::shared_ptr<internal::InFlightCalls> in_flight =
               std::move(l->in_flight);
           delete l;
           in_flight->Done();
@@ -489,9 +561,9 @@ class PushCall final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
       public FedPart {
  public:
-  PushCall(std::shared_ptr<Work> work, int part,
-           std::shared_ptr<ParameterClient::InFlight> in_flight,
-           ParameterClient::RawStub* stub, const ParamClientOptions& o,
+  PushCall(std::shared_ptr<internal::ShardWork> work, int part,
+           std::shared_ptr<internal::InFlightCalls> in_flight,
+           internal::RawStub* stub, const ParamClientOptions& o,
            const PushInfo& info, bool commit, const float* grads,
            int64_t offset, int64_t count, bool fed)
       : work_(std::move(work)),
@@ -560,7 +632,7 @@ class PushCall final
     }
     work_->Finished(part_, &ctx_, s, resp_.version(),
                     /*cancel_others=*/false, resp_.committed());
-    std::shared_ptr<ParameterClient::InFlight> in_flight =
+    std::shared_ptr<internal::InFlightCalls> in_flight =
         std::move(in_flight_);
     delete this;  // lets go of the lent slices: the work may end now
     in_flight->Done();
@@ -586,8 +658,8 @@ class PushCall final
     if (last) StartWritesDone();
   }
 
-  std::shared_ptr<Work> work_;
-  std::shared_ptr<ParameterClient::InFlight> in_flight_;
+  std::shared_ptr<internal::ShardWork> work_;
+  std::shared_ptr<internal::InFlightCalls> in_flight_;
   const int part_;
   bool fed_ = false;
   grpc::ClientContext ctx_;
@@ -606,9 +678,9 @@ class PushCall final
 class PullCall final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PullCall(std::shared_ptr<Work> work, int part,
-           std::shared_ptr<ParameterClient::InFlight> in_flight,
-           ParameterClient::RawStub* stub, const ParamClientOptions& o,
+  PullCall(std::shared_ptr<internal::ShardWork> work, int part,
+           std::shared_ptr<internal::InFlightCalls> in_flight,
+           internal::RawStub* stub, const ParamClientOptions& o,
            const v1::PullRequest& req, float* params, int64_t num_params,
            int64_t offset, int64_t count)
       : work_(std::move(work)),
@@ -651,15 +723,15 @@ class PullCall final
     if (s.ok()) s = decoder_.Result();
     work_->Finished(part_, &ctx_, s, decoder_.version(),
                     /*cancel_others=*/true);
-    std::shared_ptr<ParameterClient::InFlight> in_flight =
+    std::shared_ptr<internal::InFlightCalls> in_flight =
         std::move(in_flight_);
     delete this;
     in_flight->Done();
   }
 
  private:
-  std::shared_ptr<Work> work_;
-  std::shared_ptr<ParameterClient::InFlight> in_flight_;
+  std::shared_ptr<internal::ShardWork> work_;
+  std::shared_ptr<internal::InFlightCalls> in_flight_;
   const int part_;
   grpc::ClientContext ctx_;
   grpc::ByteBuffer req_bytes_;
@@ -743,8 +815,8 @@ struct ShardStreamSlot {
 class ShardStream final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ShardStream(ParameterClient::RawStub* stub,
-              std::shared_ptr<ParameterClient::InFlight> in_flight,
+  ShardStream(internal::RawStub* stub,
+              std::shared_ptr<internal::InFlightCalls> in_flight,
               absl::Duration lifetime, std::shared_ptr<ShardStreamSlot> slot,
               bool share)
       : in_flight_(std::move(in_flight)), slot_(std::move(slot)),
@@ -915,7 +987,7 @@ class ShardStream final
       slot_->stream = nullptr;
       slot_->open = false;
     }
-    std::shared_ptr<ParameterClient::InFlight> in_flight =
+    std::shared_ptr<internal::InFlightCalls> in_flight =
         std::move(in_flight_);
     delete this;
     in_flight->Done();
@@ -981,7 +1053,7 @@ class ShardStream final
     return absl::OkStatus();
   }
 
-  std::shared_ptr<ParameterClient::InFlight> in_flight_;
+  std::shared_ptr<internal::InFlightCalls> in_flight_;
   std::shared_ptr<ShardStreamSlot> slot_;
   const bool share_;
   grpc::ClientContext ctx_;
@@ -1040,8 +1112,8 @@ void ShardStreamSlot::Shut() {
 // One shard's part of a push on its Exchange stream.
 class PushOp final : public StreamOp, public FedPart {
  public:
-  PushOp(std::shared_ptr<Work> work, int part,
-         const std::shared_ptr<ParameterClient::InFlight>& in_flight,
+  PushOp(std::shared_ptr<internal::ShardWork> work, int part,
+         const std::shared_ptr<internal::InFlightCalls>& in_flight,
          const ParamClientOptions& o, const PushInfo& info, bool commit,
          const float* grads, int64_t offset, int64_t count, bool fed,
          std::shared_ptr<ShardStreamSlot> slot, grpc::ClientContext* ctx,
@@ -1097,7 +1169,7 @@ class PushOp final : public StreamOp, public FedPart {
   }
 
  private:
-  std::shared_ptr<Work> work_;
+  std::shared_ptr<internal::ShardWork> work_;
   const int part_;
   const std::unique_ptr<SharedPart> shared_;  // the region's push part, or null
   PushMessages messages_;
@@ -1110,7 +1182,7 @@ class PullOp final : public StreamOp {
  public:
   // `shared`: the stream's region, its pull part taken for this pull (or
   // null); `ask`: the pull asks for one.
-  PullOp(std::shared_ptr<Work> work, int part, v1::PullRequest req,
+  PullOp(std::shared_ptr<internal::ShardWork> work, int part, v1::PullRequest req,
          float* params, int64_t num_params, int64_t offset, int64_t count,
          grpc::ClientContext* ctx, std::unique_ptr<SharedPart> shared,
          bool ask)
@@ -1155,7 +1227,7 @@ class PullOp final : public StreamOp {
   }
 
  private:
-  std::shared_ptr<Work> work_;
+  std::shared_ptr<internal::ShardWork> work_;
   const int part_;
   PullDecoder decoder_;
   grpc::ClientContext* ctx_;  // the stream's, for the work (Cancel)
@@ -1288,7 +1360,7 @@ ShardStream* ParameterClient::UseStream(
   return s.slot->Use();  // null if it ended at once: then the op fails
 }
 
-void ParameterClient::OnStream(Shard& s, Work* work, int part,
+void ParameterClient::OnStream(Shard& s, internal::ShardWork* work, int part,
                                const MakeOp& make) {
   std::shared_ptr<ShardStreamSlot> slot;
   ShardStream* st = UseStream(s, &slot);
@@ -1304,8 +1376,8 @@ void ParameterClient::OnStream(Shard& s, Work* work, int part,
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
                                             const v1::StepCommit* commit,
                                             int64_t clock) {
-  std::shared_ptr<Work> work(new Work(num_shards()));
-  work->mixed_ok_ = options_.mixed_versions;
+  auto work = std::make_shared<internal::ShardWork>(num_shards(),
+                                                   options_.mixed_versions);
   const v1::PullRequest req =
       MakePullRequest(options_, min_version, commit, clock);
   for (int i = 0; i < num_shards(); ++i) {
@@ -1333,7 +1405,7 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
 std::shared_ptr<Work> ParameterClient::Push(const PushInfo& info,
                                             const float* grads,
                                             std::unique_ptr<PushFeed>* feed) {
-  std::shared_ptr<Work> work(new Work(num_shards()));
+  auto work = std::make_shared<internal::ShardWork>(num_shards());
   const bool commit = info.commit && num_shards() == 1;
   std::vector<PushFeed::Part> parts;
   for (int i = 0; i < num_shards(); ++i) {

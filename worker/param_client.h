@@ -63,76 +63,48 @@ class TemplatedGenericStub;
 
 namespace tally {
 
-// One asynchronous operation over every shard of a job.
+// One asynchronous operation over every shard of a job: the handle its
+// caller holds, an interface as c10d's Work is. Its completion (each
+// shard's part starting, arriving, ending) is the implementation's own
+// (internal::ShardWork in param_client.cc), not part of this contract.
 class Work {
  public:
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
-  ~Work();
+  virtual ~Work() = default;
 
   // Blocks until every shard answered, or `deadline`: then
   // kDeadlineExceeded, and the work goes on (Cancel it, or wait again).
-  absl::Status Wait(absl::Time deadline);
+  virtual absl::Status Wait(absl::Time deadline) = 0;
   // A pull's version, once Wait returned OK.
-  absl::StatusOr<int64_t> WaitVersion(absl::Time deadline);
+  virtual absl::StatusOr<int64_t> WaitVersion(absl::Time deadline) = 0;
   // A pull's params[begin, end) have arrived (each shard sends its range
   // from its start): OK then, even while later chunks are on their way;
   // the pull's error if it failed; kDeadlineExceeded at `deadline`. Lets a
   // forward pass start on the first layers before the last have arrived.
-  absl::Status WaitRange(int64_t begin, int64_t end, absl::Time deadline);
+  virtual absl::Status WaitRange(int64_t begin, int64_t end,
+                                 absl::Time deadline) = 0;
   // Cancels every RPC still running; Wait then returns promptly.
-  void Cancel();
-  bool Done() const;
+  virtual void Cancel() = 0;
+  virtual bool Done() const = 0;
   // Each shard's answer, in shard map order, once done.
-  std::vector<absl::Status> Results() const;
+  virtual std::vector<absl::Status> Results() const = 0;
   // A push that asked to be its own commit (PushInfo.commit): whether every
   // shard answered OK and recorded the commit, once done.
-  bool Committed() const;
+  virtual bool Committed() const = 0;
 
- private:
-  friend class ParameterClient;
-  friend class PushCall;
-  friend class PullCall;
-  friend class PushMessages;
-  friend class PushOp;
-  friend class PullOp;
-  explicit Work(int parts);
-
-  // Called once per part, with its context (to cancel it) as it starts and
-  // its result as it ends (`committed`: a push's commit was recorded).
-  void Started(grpc::ClientContext* ctx);
-  void Finished(int part, grpc::ClientContext* ctx, const absl::Status& status,
-                int64_t version, bool cancel_others, bool committed = false);
-  // A part that failed before it started.
-  void Failed(int part, const absl::Status& status);
-  // Part `part` of a pull covers [begin, end) of the vector; `upto`: its
-  // elements before it have arrived.
-  void SetRange(int part, int64_t begin, int64_t end);
-  void Arrived(int part, int64_t upto);
-  // The caller's buffer is lent to gRPC (a push's slices point into it)
-  // until as many Returned() as Lend(): the work is not done before.
-  // Returned() may run on any thread, inside gRPC, even one that holds
-  // mu_ (a cancel): it takes lent_mu_ only.
-  void Lend();
-  void Returned();
-
-  mutable absl::Mutex mu_;
-  int pending_ ABSL_GUARDED_BY(mu_);
-  mutable absl::Mutex lent_mu_;
-  int lent_ ABSL_GUARDED_BY(lent_mu_) = 0;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
-  int committed_ ABSL_GUARDED_BY(mu_) = 0;  // parts whose commit was recorded
-  bool mixed_versions_ ABSL_GUARDED_BY(mu_) = false;
-  bool mixed_ok_ = false;  // set before the work starts
-  std::vector<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
-  // A pull's parts: their ranges, how far each has arrived, which ended.
-  std::vector<std::pair<int64_t, int64_t>> ranges_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> arrived_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> ended_ ABSL_GUARDED_BY(mu_);
+ protected:
+  Work() = default;
 };
+
+namespace internal {
+class ShardWork;
+// Pushes and pulls are written and read as raw bytes (the .proto's wire,
+// proto/tensor_chunk.h), so they go through a generic stub.
+using RawStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
+// Calls whose reactor has not finished deleting itself (param_client.cc).
+struct InFlightCalls;
+}  // namespace internal
 
 struct ParamClientOptions {
   std::string job_id;
@@ -248,10 +220,7 @@ class ParameterClient {
                              std::unique_ptr<PushFeed>* feed = nullptr);
 
  private:
-  // Pushes and pulls are written and read as raw bytes (the .proto's wire,
-  // proto/tensor_chunk.h), so they go through a generic stub.
-  using RawStub =
-      grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
+  using RawStub = internal::RawStub;
   struct Shard {
     std::string address;
     int64_t offset = 0;
@@ -270,33 +239,13 @@ class ParameterClient {
   // `work`, or fails that part if no stream can be had.
   using MakeOp = std::function<std::shared_ptr<StreamOp>(
       ShardStream*, const std::shared_ptr<ShardStreamSlot>&)>;
-  void OnStream(Shard& s, Work* work, int part, const MakeOp& make);
+  void OnStream(Shard& s, internal::ShardWork* work, int part,
+                const MakeOp& make);
   // Asks nothing more of a stream: it ends once all it was asked is
   // answered.
   static void Retire(const std::shared_ptr<ShardStreamSlot>& slot);
 
-  // Calls whose reactor has not finished deleting itself. The client (and
-  // so its channels) outlives them: a channel whose last reference went
-  // with a call's context, inside gRPC's callback, crashes gRPC 1.51.
-  struct InFlight {
-    absl::Mutex mu;
-    int calls ABSL_GUARDED_BY(mu) = 0;
-    void Add() {
-      absl::MutexLock lock(&mu);
-      ++calls;
-    }
-    void Done() {
-      absl::MutexLock lock(&mu);
-      --calls;
-    }
-  };
-  friend class PushCall;
-  friend class PullCall;
-  friend class PushFeed;
-  friend class PushMessages;
-  friend class ShardStream;
-  friend class PushOp;
-  friend class PullOp;
+  using InFlight = internal::InFlightCalls;
 
   const int64_t num_params_;
   const ParamClientOptions options_;
