@@ -72,6 +72,15 @@ size_t FieldSize(int64_t v) {
 
 }  // namespace
 
+std::string LengthDelimitedField(int field, const std::string& body) {
+  std::string out(1 + VarintSize(body.size()) + body.size(), '\0');
+  uint8_t* p = reinterpret_cast<uint8_t*>(out.data());
+  *p++ = static_cast<uint8_t>((field << 3) | 2);
+  p = PutVarint(p, body.size());
+  std::memcpy(p, body.data(), body.size());
+  return out;
+}
+
 template <typename T>
 grpc::Slice HeldSlice(std::shared_ptr<const std::vector<T>> values) {
   auto* held = new std::shared_ptr<const std::vector<T>>(std::move(values));

@@ -55,6 +55,11 @@ void DecodeChunk(const v1::TensorChunk& chunk, float* vector);
 // parameters). The bytes are those protobuf writes and reads (tested both
 // ways), so a client in any language interoperates.
 
+// A length-delimited field as protobuf writes it: its tag (field number,
+// wire type 2), the varint length of `body`, and `body`. For the messages
+// built by hand around tensor memory (a push's header, a push's answer).
+std::string LengthDelimitedField(int field, const std::string& body);
+
 // A TensorChunk's fields as they lie in a received message.
 struct WireChunk {
   int64_t offset = 0;

@@ -249,17 +249,8 @@ const std::string& PushDone() {
   return *done;
 }
 
-// A length-delimited field: its tag, its length and `body`.
 std::string Field(int field, const std::string& body) {
-  std::string out(1, static_cast<char>((field << 3) | 2));
-  for (uint64_t n = body.size();; n >>= 7) {
-    if (n < 0x80) {
-      out.push_back(static_cast<char>(n));
-      break;
-    }
-    out.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
-  return out + body;
+  return LengthDelimitedField(field, body);
 }
 
 }  // namespace

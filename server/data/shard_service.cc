@@ -17,26 +17,13 @@
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 #include "server/internal/event_reactor.h"
-#include "server/data/internal/finite.h"
-#include "server/data/internal/intervals.h"
+#include "server/data/push_session.h"
 
 namespace tally {
 
 namespace {
 
 using internal::EventWriteReactor;
-
-// kInvalidArgument unless `c` is a well-formed chunk inside the range.
-absl::Status CheckRangeChunk(const WireChunk& c, const Range& r) {
-  TALLY_RETURN_IF_ERROR(CheckChunkFields(c.offset, c.count, c.dtype,
-                                         c.data_size, r.offset + r.count));
-  if (c.offset < r.offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk [", c.offset, ", +", c.count, ") is outside this shard's [",
-        r.offset, ", +", r.count, ")"));
-  }
-  return absl::OkStatus();
-}
 
 // Whether a call's peer (grpc::ServerContext::peer) reached this process
 // over loopback or a Unix socket: only such a worker is offered shared
@@ -52,266 +39,6 @@ bool LoopbackPeer(const std::string& peer) {
 }
 
 // ----------------------------------------------------------------- push --
-
-// One push, message by message: the header with protobuf, each chunk's
-// values from gRPC's slices straight into the staging buffer (checked for
-// NaNs and infinities on the way). PushGradients has one per call; an
-// Exchange stream one per push on it. Not thread-safe (its reactor's).
-//
-// Where the shard sums pushes as they arrive (ParameterShard::StreamsPushes),
-// nothing is staged: each chunk is decoded and checked a block at a time
-// and added to the step's sum. A block whose turn has not come (a lower
-// rank has not added that range yet) leaves the intake waiting(): its
-// reader stops reading until `wake` is called, then calls Resume with the
-// same message.
-class PushIntake {
- public:
-  // `wake` may be called from any thread, once per wait (and spuriously).
-  PushIntake(ShardHost* host, std::function<void()> wake)
-      : host_(host), wake_(std::move(wake)) {}
-  PushIntake(const PushIntake&) = delete;
-  PushIntake& operator=(const PushIntake&) = delete;
-  ~PushIntake() { ReturnStaging(); }
-
-  // The header and chunk of one message (`msg` parsed with the chunk as
-  // field 2, the header as field 1). A non-OK status is the push's answer:
-  // it has ended, nothing of it staged.
-  absl::Status Add(const WireMessage& msg) {
-    absl::Status s = Consume(msg);
-    if (!s.ok()) ReturnStaging();
-    return s;
-  }
-
-  // A block of the last message's chunk waits for its turn.
-  bool waiting() const { return waiting_; }
-  // Tries the waiting block again (`msg`: the message given to Add).
-  absl::Status Resume(const WireMessage& msg) {
-    waiting_ = false;
-    return AddBlocks(msg);
-  }
-
-  // The push was already counted (a duplicate): its answer is ready, the
-  // rest of it is ignored.
-  bool answered() const { return answered_; }
-
-  // The end of the push: stages it whole, or says why not.
-  absl::StatusOr<v1::PushResponse> Finish() {
-    if (answered_) return resp_;
-    if (!has_header_) return absl::InvalidArgumentError("empty push stream");
-    if (meta_.samples > 0 && coverage_.covered() != shard_->num_params()) {
-      ReturnStaging();
-      return absl::InvalidArgumentError(
-          absl::StrCat("the push covers ", coverage_.covered(), " of ",
-                       shard_->num_params(), " gradient elements"));
-    }
-    bool duplicate = false;
-    absl::Status s =
-        streamed_ ? shard_->FinishStreamed(meta_, token_, &duplicate)
-                  : shard_->Accept(meta_, std::move(staging_), &duplicate);
-    resp_.set_duplicate(duplicate);
-    if (s.ok()) CommitIfAsked();
-    resp_.set_version(shard_->version());
-    if (!s.ok()) return s;
-    return resp_;
-  }
-
-  // The staging buffer goes back as soon as the push is decided, not when
-  // gRPC finally retires the call.
-  void ReturnStaging() {
-    if (shard_ != nullptr && staging_ != nullptr)
-      shard_->ReleaseStaging(std::move(staging_));
-  }
-
-  // For the metrics.
-  bool duplicate() const { return resp_.duplicate(); }
-  double bytes() const { return bytes_; }
-  absl::Time started() const { return started_; }
-
- private:
-  absl::Status Consume(const WireMessage& msg) {
-    if (answered_) return absl::OkStatus();  // a duplicate's rest
-    if (!has_header_) {
-      if (!msg.has(1)) {
-        return absl::InvalidArgumentError(
-            "the first push message must carry the header");
-      }
-      v1::PushHeader h;
-      if (!h.ParseFromString(msg.bytes(1))) {
-        return absl::InvalidArgumentError("malformed push header");
-      }
-      meta_.worker_id = h.worker_id();
-      meta_.incarnation = h.incarnation();
-      meta_.step = h.step();
-      meta_.base_version = h.base_version();
-      meta_.samples = h.samples();
-      meta_.loss_sum = h.loss_sum();
-      meta_.correct = h.correct();
-      self_commit_ = h.commit();
-      has_header_ = true;
-      TALLY_ASSIGN_OR_RETURN(range_, host_->Find(h.job_id()));
-      shard_ = range_.shard;
-      bool duplicate = false;
-      if (absl::Status s = shard_->CheckPush(meta_, &duplicate); !s.ok())
-        return s;
-      if (!std::isfinite(meta_.loss_sum)) {
-        RejectAndCommit();
-        return WithReason(absl::InvalidArgumentError(
-                              "non-finite loss_sum; push rejected and counted"),
-                          v1::NON_FINITE);
-      }
-      if (duplicate) {
-        // Already counted: acknowledged without reading the rest.
-        resp_.set_duplicate(true);
-        CommitIfAsked();
-        resp_.set_version(shard_->version());
-        answered_ = true;
-        return absl::OkStatus();
-      }
-      if (meta_.samples > 0 && shard_->StreamsPushes()) {
-        TALLY_ASSIGN_OR_RETURN(token_, shard_->BeginStreamed(meta_));
-        streamed_ = true;
-      } else if (meta_.samples > 0) {
-        auto staging = shard_->AcquireStaging();
-        if (!staging.ok()) return staging.status();
-        staging_ = *std::move(staging);
-      }
-    } else if (msg.has(1)) {
-      return absl::InvalidArgumentError(
-          "only the first push message may carry a header");
-    }
-    if (!msg.has(2)) return absl::OkStatus();
-    const WireChunk& c = msg.chunk();
-    bytes_ += static_cast<double>(c.data_size);
-    TALLY_RETURN_IF_ERROR(CheckRangeChunk(c, range_));
-    if (meta_.samples == 0) return absl::OkStatus();  // nothing to add
-    if (streamed_) {
-      chunk_next_ = 0;
-      block_from_ = -1;
-      return AddBlocks(msg);
-    }
-    const int64_t local = c.offset - range_.offset;
-    float* dst = staging_->data() + local;
-    const bool bf16 = c.dtype == v1::BFLOAT16;
-    int64_t bad = -1;
-    msg.ForEachValues(bf16 ? 2 : 4, [&](const char* src, int64_t n,
-                                        int64_t first) {
-      if (bad >= 0) return;
-      const int64_t b =
-          bf16 ? internal::DecodeBfloat16AndFindNonFinite(dst + first, src, n)
-               : internal::CopyAndFindNonFinite(dst + first, src, n);
-      if (b >= 0) bad = first + b;
-    });
-    if (bad >= 0) {
-      RejectAndCommit();
-      return WithReason(
-          absl::InvalidArgumentError(absl::StrCat(
-              "non-finite gradient value (", dst[bad], ") at element ",
-              c.offset + bad, "; push rejected and counted")),
-          v1::NON_FINITE);
-    }
-    coverage_.Add(local, local + c.count);
-    return absl::OkStatus();
-  }
-
-  // Streamed: the chunk's values from chunk_next_ on, a block at a time,
-  // into the step's sum, until one must wait.
-  absl::Status AddBlocks(const WireMessage& msg) {
-    const WireChunk& c = msg.chunk();
-    const int64_t local = c.offset - range_.offset;
-    while (chunk_next_ < c.count) {
-      if (block_from_ != chunk_next_) {
-        const int64_t n = std::min(kBlock, c.count - chunk_next_);
-        block_.resize(n);
-        const int64_t bad = Decode(msg, chunk_next_, n, block_.data());
-        if (bad >= 0) {
-          RejectAndCommit();
-          return WithReason(
-              absl::InvalidArgumentError(absl::StrCat(
-                  "non-finite gradient value (", block_[bad - chunk_next_],
-                  ") at element ", c.offset + bad,
-                  "; push rejected and counted")),
-              v1::NON_FINITE);
-        }
-        block_from_ = chunk_next_;
-      }
-      const int64_t n = static_cast<int64_t>(block_.size());
-      absl::StatusOr<bool> added = shard_->AddStreamed(
-          meta_, token_, local + block_from_, n, block_.data(), wake_);
-      if (!added.ok()) return added.status();
-      if (!*added) {
-        waiting_ = true;
-        return absl::OkStatus();
-      }
-      chunk_next_ += n;
-    }
-    coverage_.Add(local, local + c.count);
-    return absl::OkStatus();
-  }
-
-  // Values [from, from + n) of the message's chunk into `dst`; the index of
-  // the first non-finite one (from the chunk's start), or -1. Values up to
-  // it are decoded.
-  static int64_t Decode(const WireMessage& msg, int64_t from, int64_t n,
-                        float* dst) {
-    const bool bf16 = msg.chunk().dtype == v1::BFLOAT16;
-    const int width = bf16 ? 2 : 4;
-    int64_t bad = -1;
-    msg.ForEachValues(width, [&](const char* src, int64_t count,
-                                 int64_t first) {
-      const int64_t b = std::max(first, from);
-      const int64_t e = std::min(first + count, from + n);
-      if (bad >= 0 || b >= e) return;
-      const char* at = src + (b - first) * width;
-      const int64_t k =
-          bf16 ? internal::DecodeBfloat16AndFindNonFinite(dst + (b - from), at,
-                                                          e - b)
-               : internal::CopyAndFindNonFinite(dst + (b - from), at, e - b);
-      if (k >= 0) bad = b + k;
-    });
-    return bad;
-  }
-
-  // A push that is its own commit (PushHeader.commit) is committed once it
-  // is staged (or was already: a duplicate), ...
-  void CommitIfAsked() {
-    if (self_commit_) {
-      resp_.set_committed(shard_->Commit(meta_.worker_id, meta_.incarnation,
-                                         meta_.step, /*contributed=*/true));
-    }
-  }
-  // ... and as nothing once it is refused. (The refusal is an error status,
-  // which carries no response: the worker commits it as nothing again with
-  // its next pull, which changes nothing if this commit was recorded.)
-  void RejectAndCommit() {
-    shard_->Reject(meta_);
-    if (self_commit_) {
-      shard_->Commit(meta_.worker_id, meta_.incarnation, meta_.step,
-                     /*contributed=*/false);
-    }
-  }
-
-  ShardHost* host_;  // borrowed
-  const absl::Time started_ = absl::Now();
-  double bytes_ = 0;  // tensor bytes received
-  v1::PushResponse resp_;
-  bool has_header_ = false;
-  bool self_commit_ = false;  // PushHeader.commit
-  bool answered_ = false;
-  PushMeta meta_;
-  Range range_;
-  std::shared_ptr<ParameterShard> shard_;
-  std::unique_ptr<std::vector<float>> staging_;  // from the shard's pool
-  internal::Intervals coverage_;
-  // Streamed.
-  static constexpr int64_t kBlock = 65536;  // values added at a time
-  std::function<void()> wake_;
-  bool streamed_ = false;
-  int64_t token_ = 0;        // BeginStreamed's
-  bool waiting_ = false;
-  int64_t chunk_next_ = 0;   // of the current chunk: values added so far
-  int64_t block_from_ = -1;  // block_ holds values from here on (-1: none)
-  std::vector<float> block_;
-};
 
 // Runs a push's wake. A wake that comes while this thread is already in
 // one (a resumed push's block let another in) waits until that one is
@@ -334,14 +61,14 @@ void RunWake(std::function<void()> wake) {
 }
 
 // A reader that stops reading while its push waits for its turn, and goes
-// on, on the thread that wakes it. Try runs an attempt (PushIntake::Add or
+// on, on the thread that wakes it. Try runs an attempt (PushSession::Add or
 // Resume) once, and again if a wake came during it; a wake that finds it
 // parked tells the caller to resume the reader. Thread-safe.
 class Parking {
  public:
   // Runs `attempt` until it fails, is done, or parks (*parked; then a Wake
   // resumes it).
-  absl::Status Try(PushIntake& push, absl::FunctionRef<absl::Status()> attempt,
+  absl::Status Try(PushSession& push, absl::FunctionRef<absl::Status()> attempt,
                    const WireMessage& msg, bool* parked) {
     *parked = false;
     Set(kRunning);
@@ -434,7 +161,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           "a chunk in shared memory outside an Exchange stream");
     }
     if (!s.ok()) {
-      intake_.ReturnStaging();
+      intake_.Abort();
       End(absl::InvalidArgumentError(
           absl::StrCat("push message: ", s.message())));
       return;
@@ -452,7 +179,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       absl::MutexLock lock(&handle_->mu);
       handle_->reactor = nullptr;
     }
-    intake_.ReturnStaging();
+    intake_.Abort();
     delete this;
   }
 
@@ -467,7 +194,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     bool parked = false;
     absl::Status s = parking_.Try(
         intake_,
-        [&] { return resume ? intake_.Resume(msg_) : intake_.Add(msg_); },
+        [&] { return resume ? intake_.Resume(msg_) : intake_.Take(msg_); },
         msg_, &parked);
     if (!s.ok()) {
       End(s);
@@ -498,7 +225,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   std::shared_ptr<Handle> handle_;  // the intake's wake holds it weakly
-  PushIntake intake_;
+  PushSession intake_;
   Parking parking_;
   DataPlaneMetrics* metrics_;     // borrowed; may be null
   grpc::ByteBuffer* resp_bytes_;  // gRPC's: the response, once encoded
@@ -849,9 +576,9 @@ class ExchangeReactor final
         return absl::InvalidArgumentError("a chunk of no push");
       }
       if (push_ == nullptr)
-        push_ = std::make_unique<PushIntake>(host_, Waker());
+        push_ = std::make_unique<PushSession>(host_, Waker());
       absl::Status s = parking_.Try(
-          *push_, [&] { return push_->Add(msg_); }, msg_, parked);
+          *push_, [&] { return push_->Take(msg_); }, msg_, parked);
       if (!s.ok()) {
         CountPush(s);
         return s;
@@ -860,107 +587,109 @@ class ExchangeReactor final
     return absl::OkStatus();
   }
 
+  // The rest of a message, in its fields' order: push_done (3), a pull
+  // (4), the answer to a shared-memory offer (5).
   absl::Status TakeRest() {
-    if (msg_.varint(3) != 0) {
-      if (push_ == nullptr) {
-        return absl::InvalidArgumentError("push_done with no push begun");
-      }
-      absl::StatusOr<v1::PushResponse> r = push_->Finish();
-      CountPush(r.status());
-      push_.reset();
-      if (!r.ok()) return r.status();
-      // ExchangeResponse: 4 push.
-      const std::string body = r->SerializeAsString();
-      std::string bytes(1, static_cast<char>((4 << 3) | 2));
-      for (uint64_t n = body.size(); ; n >>= 7) {
-        if (n < 0x80) {
-          bytes.push_back(static_cast<char>(n));
-          break;
-        }
-        bytes.push_back(static_cast<char>((n & 0x7f) | 0x80));
-      }
-      bytes += body;
-      grpc::Slice slice(bytes);
-      absl::MutexLock lock(&mu_);
-      // A worker that asks and never reads would make the shard keep its
-      // answers.
-      if (out_.size() >= kMaxUnreadAnswers) {
-        return absl::ResourceExhaustedError(
-            "too many answers not read: read the stream");
-      }
-      out_.emplace_back(&slice, 1);
-      WriteNextLocked();
+    if (msg_.varint(3) != 0) TALLY_RETURN_IF_ERROR(TakePushDone());
+    if (msg_.has(4)) TALLY_RETURN_IF_ERROR(TakePull());
+    if (msg_.has(5)) TALLY_RETURN_IF_ERROR(TakeSharedReply());
+    return absl::OkStatus();
+  }
+
+  // The push ends: its answer is queued.
+  absl::Status TakePushDone() {
+    if (push_ == nullptr) {
+      return absl::InvalidArgumentError("push_done with no push begun");
     }
-    if (msg_.has(4)) {
-      if (push_ != nullptr) {
-        return absl::InvalidArgumentError("a pull inside an open push");
-      }
-      v1::PullRequest req;
-      if (!req.ParseFromString(msg_.bytes(4))) {
-        return absl::InvalidArgumentError("malformed PullRequest");
-      }
-      auto pull = std::make_unique<PullServing>();
-      PullServing* p = pull.get();
-      if (req.into_shared_memory()) {
-        if (!shared_mapped_) {
-          return absl::InvalidArgumentError(
-              "a pull into shared memory on a stream with no region mapped");
-        }
-        p->ShareInto(shared_.get());
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        if (pull_ != nullptr) {
-          return absl::InvalidArgumentError(
-              "a pull while the last one is being answered");
-        }
-      }
-      // The offer goes before the pull's answer (nothing else is being
-      // answered now), ...
-      if (req.offer_shared_memory() && !shared_asked_) {
-        shared_asked_ = true;
-        OfferSharedMemory(req);
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        pull_ = std::move(pull);
-      }
-      // Ready may run at once, on this thread: not under mu_. Until then
-      // nothing else touches the pull.
-      absl::Status s =
-          p->Begin(host_, req, [weak = std::weak_ptr<Handle>(handle_)](
-                                   const absl::Status& st) {
-            std::shared_ptr<Handle> h = weak.lock();
-            if (h == nullptr) return;
-            if (resuming_handle == h.get()) {  // its lock is this thread's
-              h->reactor->Ready(st);
-              return;
-            }
-            absl::MutexLock lock(&h->mu);
-            if (h->reactor != nullptr) h->reactor->Ready(st);
-          });
-      if (!s.ok()) return s;
+    absl::StatusOr<v1::PushResponse> r = push_->Finish();
+    CountPush(r.status());
+    push_.reset();
+    if (!r.ok()) return r.status();
+    // ExchangeResponse: 4 push.
+    grpc::Slice slice(LengthDelimitedField(4, r->SerializeAsString()));
+    absl::MutexLock lock(&mu_);
+    // A worker that asks and never reads would make the shard keep its
+    // answers.
+    if (out_.size() >= kMaxUnreadAnswers) {
+      return absl::ResourceExhaustedError(
+          "too many answers not read: read the stream");
     }
-    if (msg_.has(5)) {
-      v1::SharedMemoryReply reply;
-      if (!reply.ParseFromString(msg_.bytes(5))) {
-        return absl::InvalidArgumentError("malformed SharedMemoryReply");
-      }
-      if (!shared_asked_ || shared_replied_) {
+    out_.emplace_back(&slice, 1);
+    WriteNextLocked();
+    return absl::OkStatus();
+  }
+
+  absl::Status TakePull() {
+    if (push_ != nullptr) {
+      return absl::InvalidArgumentError("a pull inside an open push");
+    }
+    v1::PullRequest req;
+    if (!req.ParseFromString(msg_.bytes(4))) {
+      return absl::InvalidArgumentError("malformed PullRequest");
+    }
+    auto pull = std::make_unique<PullServing>();
+    PullServing* p = pull.get();
+    if (req.into_shared_memory()) {
+      if (!shared_mapped_) {
         return absl::InvalidArgumentError(
-            shared_replied_ ? "a second SharedMemoryReply"
-                            : "a SharedMemoryReply to no offer");
+            "a pull into shared memory on a stream with no region mapped");
       }
-      shared_replied_ = true;
-      if (metrics_ != nullptr && shared_ != nullptr)
-        metrics_->SharedMemory(reply.mapped());
-      if (shared_ != nullptr && reply.mapped()) {
-        shared_->CloseDescriptor();  // the worker's mapping holds it now
-        shared_mapped_ = true;
-      } else if (shared_ != nullptr) {
-        shared_.reset();  // nothing used it
-        host_->ReleaseSharedRegion(shared_owner_, shared_count_);
+      p->ShareInto(shared_.get());
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (pull_ != nullptr) {
+        return absl::InvalidArgumentError(
+            "a pull while the last one is being answered");
       }
+    }
+    // The offer goes before the pull's answer (nothing else is being
+    // answered now), ...
+    if (req.offer_shared_memory() && !shared_asked_) {
+      shared_asked_ = true;
+      OfferSharedMemory(req);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      pull_ = std::move(pull);
+    }
+    // Ready may run at once, on this thread: not under mu_. Until then
+    // nothing else touches the pull.
+    absl::Status s =
+        p->Begin(host_, req, [weak = std::weak_ptr<Handle>(handle_)](
+                                 const absl::Status& st) {
+          std::shared_ptr<Handle> h = weak.lock();
+          if (h == nullptr) return;
+          if (resuming_handle == h.get()) {  // its lock is this thread's
+            h->reactor->Ready(st);
+            return;
+          }
+          absl::MutexLock lock(&h->mu);
+          if (h->reactor != nullptr) h->reactor->Ready(st);
+        });
+    if (!s.ok()) return s;
+    return absl::OkStatus();
+  }
+
+  absl::Status TakeSharedReply() {
+    v1::SharedMemoryReply reply;
+    if (!reply.ParseFromString(msg_.bytes(5))) {
+      return absl::InvalidArgumentError("malformed SharedMemoryReply");
+    }
+    if (!shared_asked_ || shared_replied_) {
+      return absl::InvalidArgumentError(
+          shared_replied_ ? "a second SharedMemoryReply"
+                          : "a SharedMemoryReply to no offer");
+    }
+    shared_replied_ = true;
+    if (metrics_ != nullptr && shared_ != nullptr)
+      metrics_->SharedMemory(reply.mapped());
+    if (shared_ != nullptr && reply.mapped()) {
+      shared_->CloseDescriptor();  // the worker's mapping holds it now
+      shared_mapped_ = true;
+    } else if (shared_ != nullptr) {
+      shared_.reset();  // nothing used it
+      host_->ReleaseSharedRegion(shared_owner_, shared_count_);
     }
     return absl::OkStatus();
   }
@@ -1094,7 +823,7 @@ class ExchangeReactor final
   WireMessage msg_;
   // The push being read, if any. Touched by the reading side and, once it
   // is done (reads_done_ or an error), under mu_.
-  std::unique_ptr<PushIntake> push_;
+  std::unique_ptr<PushSession> push_;
   Parking parking_;  // the reading side's, while its push waits
   // Memory shared with the worker (the reading side's; a pull being
   // served borrows it while mapped). Counted by the host while it exists.
