@@ -272,6 +272,76 @@ int Health(const std::shared_ptr<grpc::Channel>& channel) {
                                                                          : 1;
 }
 
+int Shards(tally::v1::JobService::Stub& stub) {
+  tally::v1::ListShardsResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub.ListShards(ctx.get(), {}, &resp);
+  if (!s.ok()) return Report(s);
+  if (resp.shards().empty()) std::printf("no shards\n");
+  for (const auto& sh : resp.shards()) {
+    std::printf("%-9s %-24s %-5s %10.1f MB held\n", sh.shard_id().c_str(),
+                sh.address().empty() ? "(the coordinator)" : sh.address().c_str(),
+                sh.live() ? "live" : "LOST",
+                static_cast<double>(sh.bytes()) / 1e6);
+    for (const auto& r : sh.ranges()) {
+      std::printf("          %-8s [%lld, %lld)  %lld elements, at step %lld\n",
+                  r.job_id().c_str(), static_cast<long long>(r.offset()),
+                  static_cast<long long>(r.offset() + r.count()),
+                  static_cast<long long>(r.count()),
+                  static_cast<long long>(r.version()));
+    }
+  }
+  return 0;
+}
+
+int List(tally::v1::JobService::Stub& stub) {
+  tally::v1::ListJobsRequest req;
+  req.set_omit_spec(true);
+  req.set_page_size(500);
+  int shown = 0;
+  do {  // every page
+    tally::v1::ListJobsResponse resp;
+    auto ctx = Context();
+    grpc::Status s = stub.ListJobs(ctx.get(), req, &resp);
+    if (!s.ok()) return Report(s);
+    for (const Job& j : resp.jobs()) std::printf("%s\n", Line(j).c_str());
+    shown += resp.jobs_size();
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty());
+  if (shown == 0) std::printf("no jobs\n");
+  return 0;
+}
+
+// `status` and `cancel` answer with the job.
+int StatusOrCancel(tally::v1::JobService::Stub& stub, const std::string& cmd,
+                   const std::string& id) {
+  Job job;
+  auto ctx = Context();
+  grpc::Status s;
+  if (cmd == "status") {
+    tally::v1::GetJobRequest req;
+    req.set_job_id(id);
+    s = stub.GetJob(ctx.get(), req, &job);
+  } else {
+    tally::v1::CancelJobRequest req;
+    req.set_job_id(id);
+    s = stub.CancelJob(ctx.get(), req, &job);
+  }
+  if (!s.ok()) return Report(s);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions o;
+    o.add_whitespace = true;
+    o.always_print_primitive_fields = true;
+    o.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(job, &json, o);
+    std::printf("%s", json.c_str());
+  } else {
+    std::printf("%s\n%s", Line(job).c_str(), WorkerTable(job).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -300,74 +370,10 @@ int main(int argc, char** argv) {
   if (cmd == "fetch") return need(3) ? Fetch(*stub, args[2]) : 2;
   if (cmd == "report") return need(3) ? WriteReport(*stub, args[2]) : 2;
   if (cmd == "health") return need(2) ? Health(channel) : 2;
-  if (cmd == "shards") {
-    if (!need(2)) return 2;
-    tally::v1::ListShardsResponse resp;
-    auto ctx = Context();
-    grpc::Status s = stub->ListShards(ctx.get(), {}, &resp);
-    if (!s.ok()) return Report(s);
-    if (resp.shards().empty()) std::printf("no shards\n");
-    for (const auto& sh : resp.shards()) {
-      std::printf("%-9s %-24s %-5s %10.1f MB held\n", sh.shard_id().c_str(),
-                  sh.address().empty() ? "(the coordinator)" : sh.address().c_str(),
-                  sh.live() ? "live" : "LOST",
-                  static_cast<double>(sh.bytes()) / 1e6);
-      for (const auto& r : sh.ranges()) {
-        std::printf("          %-8s [%lld, %lld)  %lld elements, at step %lld\n",
-                    r.job_id().c_str(), static_cast<long long>(r.offset()),
-                    static_cast<long long>(r.offset() + r.count()),
-                    static_cast<long long>(r.count()),
-                    static_cast<long long>(r.version()));
-      }
-    }
-    return 0;
-  }
-  if (cmd == "list") {
-    if (!need(2)) return 2;
-    tally::v1::ListJobsRequest req;
-    req.set_omit_spec(true);
-    req.set_page_size(500);
-    int shown = 0;
-    do {  // every page
-      tally::v1::ListJobsResponse resp;
-      auto ctx = Context();
-      grpc::Status s = stub->ListJobs(ctx.get(), req, &resp);
-      if (!s.ok()) return Report(s);
-      for (const Job& j : resp.jobs()) std::printf("%s\n", Line(j).c_str());
-      shown += resp.jobs_size();
-      req.set_page_token(resp.next_page_token());
-    } while (!req.page_token().empty());
-    if (shown == 0) std::printf("no jobs\n");
-    return 0;
-  }
-  if (cmd == "status" || cmd == "cancel") {
-    if (!need(3)) return 2;
-    Job job;
-    auto ctx = Context();
-    grpc::Status s;
-    if (cmd == "status") {
-      tally::v1::GetJobRequest req;
-      req.set_job_id(args[2]);
-      s = stub->GetJob(ctx.get(), req, &job);
-    } else {
-      tally::v1::CancelJobRequest req;
-      req.set_job_id(args[2]);
-      s = stub->CancelJob(ctx.get(), req, &job);
-    }
-    if (!s.ok()) return Report(s);
-    if (absl::GetFlag(FLAGS_json)) {
-      std::string json;
-      google::protobuf::util::JsonPrintOptions o;
-      o.add_whitespace = true;
-      o.always_print_primitive_fields = true;
-      o.preserve_proto_field_names = true;
-      (void)google::protobuf::util::MessageToJsonString(job, &json, o);
-      std::printf("%s", json.c_str());
-    } else {
-      std::printf("%s\n%s", Line(job).c_str(), WorkerTable(job).c_str());
-    }
-    return 0;
-  }
+  if (cmd == "shards") return need(2) ? Shards(*stub) : 2;
+  if (cmd == "list") return need(2) ? List(*stub) : 2;
+  if (cmd == "status" || cmd == "cancel")
+    return need(3) ? StatusOrCancel(*stub, cmd, args[2]) : 2;
   std::cerr << "tally: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

@@ -422,7 +422,6 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
       !s.ok()) {
     return s;
   }
-  const Member& m = members_.at(meta.worker_id);
   if (meta.samples < 0) {
     return absl::InvalidArgumentError("samples must not be negative");
   }
@@ -431,36 +430,52 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
         absl::StrCat("samples ", meta.samples, " is over the job's batch size ",
                      max_samples_));
   }
-  const int64_t max_stale = consistency_.max_staleness;
-  auto stale = [&](int64_t tau) {
-    ++stale_;
-    return WithReason(
-        absl::AbortedError(absl::StrCat(
-            "the push was computed from version ", meta.base_version,
-            ", staleness ", tau, " > max_staleness ", max_stale,
-            "; refused and counted: pull and go on")),
-        v1::STALE_GRADIENT, version_);
-  };
-  if (consistency_.mode == ConsistencyMode::kAsync) {
-    // A member's steps are its own clock; every push is applied alone.
-    if (meta.step <= m.pushed_step) {
-      *duplicate = true;
-      return absl::OkStatus();
-    }
-    if (EndedLocked()) {
-      return WithReason(absl::AbortedError(absl::StrCat(
-                            "the training is over at version ", version_)),
-                        v1::STEP_CLOSED, version_);
-    }
-    if (meta.base_version < 0 || meta.base_version > version_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "async: base version ", meta.base_version,
-          " is not one this shard served (at ", version_, ")"));
-    }
-    const int64_t tau = version_ - meta.base_version;
-    if (max_stale >= 0 && tau > max_stale) return stale(tau);
+  const Member& m = members_.at(meta.worker_id);
+  return consistency_.mode == ConsistencyMode::kAsync
+             ? CheckAsyncPushLocked(meta, m, duplicate)
+             : CheckStepPushLocked(meta, m, duplicate);
+}
+
+absl::Status ParameterShard::StaleLocked(const PushMeta& meta,
+                                         int64_t staleness) const {
+  ++stale_;
+  return WithReason(
+      absl::AbortedError(absl::StrCat(
+          "the push was computed from version ", meta.base_version,
+          ", staleness ", staleness, " > max_staleness ",
+          consistency_.max_staleness, "; refused and counted: pull and go on")),
+      v1::STALE_GRADIENT, version_);
+}
+
+// Async: a member's steps are its own clock; every push is applied alone.
+absl::Status ParameterShard::CheckAsyncPushLocked(const PushMeta& meta,
+                                                  const Member& m,
+                                                  bool* duplicate) const {
+  if (meta.step <= m.pushed_step) {
+    *duplicate = true;
     return absl::OkStatus();
   }
+  if (EndedLocked()) {
+    return WithReason(absl::AbortedError(absl::StrCat(
+                          "the training is over at version ", version_)),
+                      v1::STEP_CLOSED, version_);
+  }
+  if (meta.base_version < 0 || meta.base_version > version_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "async: base version ", meta.base_version,
+        " is not one this shard served (at ", version_, ")"));
+  }
+  const int64_t tau = version_ - meta.base_version;
+  const int64_t max_stale = consistency_.max_staleness;
+  if (max_stale >= 0 && tau > max_stale) return StaleLocked(meta, tau);
+  return absl::OkStatus();
+}
+
+// bsp and ssp: the push's step against the open ones, its base version
+// against the step.
+absl::Status ParameterShard::CheckStepPushLocked(const PushMeta& meta,
+                                                 const Member& m,
+                                                 bool* duplicate) const {
   if (meta.step < version_ && m.pushed_step >= meta.step) {
     *duplicate = true;
     return absl::OkStatus();
@@ -499,8 +514,9 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
                            std::min(meta.step, version_), "], not ",
                            meta.base_version));
   }
+  const int64_t max_stale = consistency_.max_staleness;
   if (max_stale >= 0 && meta.step - meta.base_version > max_stale)
-    return stale(meta.step - meta.base_version);
+    return StaleLocked(meta, meta.step - meta.base_version);
   if (m.spec.join_step > meta.step) {
     return WithReason(
         absl::AbortedError(
@@ -721,26 +737,8 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
 }
 
 bool ParameterShard::CloseStepLocked(Ready* ready) {
-  // Required members in the order of summation.
   std::vector<Member*> required;
-  int64_t committed = 0;
-  for (auto& [id, m] : members_) {
-    if (!RequiredLocked(m, version_)) continue;
-    required.push_back(&m);
-    if (m.committed_step >= version_) ++committed;
-  }
-  if (required.empty()) return false;  // nobody to close it with
-  // bsp with backup workers: all but b suffice (at least one).
-  const int64_t backups =
-      consistency_.mode == ConsistencyMode::kBsp ? consistency_.backup_workers
-                                                 : 0;
-  const int64_t need = std::max<int64_t>(
-      1, static_cast<int64_t>(required.size()) - backups);
-  if (committed < need) return false;  // still waiting
-  std::sort(required.begin(), required.end(), [](Member* a, Member* b) {
-    return a->spec.rank != b->spec.rank ? a->spec.rank < b->spec.rank
-                                        : a->spec.worker_id < b->spec.worker_id;
-  });
+  if (!ReadyToCloseLocked(&required)) return false;
   int64_t samples = 0, correct = 0;
   double loss = 0.0;
   // Streamed: the sum is made already (sum_). Staged: it is made in the
@@ -754,32 +752,7 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
       return false;
     sum = sum_->data();
   } else {
-    for (Member* m : required) {
-      auto it = m->staged.find(version_);
-      if (m->committed_step < version_) {
-        // A backup: its push of this step, if any, is late.
-        if (it != m->staged.end()) {
-          ++late_;
-          ReleaseLocked(std::move(it->second.grads));
-          m->staged.erase(it);
-        }
-        continue;
-      }
-      if (it == m->staged.end() || it->second.grads == nullptr) continue;
-      Staged& st = it->second;
-      // Weighted by samples (and staleness), in rank order.
-      const float w = static_cast<float>(st.samples) *
-                      ScaleLocked(version_ - st.base);
-      if (staged_sum == nullptr) {
-        staged_sum = std::move(st.grads);
-        Scale(staged_sum->data(), w, num_params_);
-      } else {
-        AddScaled(staged_sum->data(), st.grads->data(), w, num_params_);
-      }
-      samples += st.samples;
-      loss += st.loss_sum;
-      correct += st.correct;
-    }
+    staged_sum = SumStagedLocked(required, &samples, &loss, &correct);
     if (staged_sum != nullptr) sum = staged_sum->data();
   }
   for (auto& [id, m] : members_) {
@@ -808,6 +781,62 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   }
   if (streamed) ProgressLocked(ready);  // blocks of the next step may wait
   return true;
+}
+
+bool ParameterShard::ReadyToCloseLocked(std::vector<Member*>* required) {
+  int64_t committed = 0;
+  for (auto& [id, m] : members_) {
+    if (!RequiredLocked(m, version_)) continue;
+    required->push_back(&m);
+    if (m.committed_step >= version_) ++committed;
+  }
+  if (required->empty()) return false;  // nobody to close it with
+  // bsp with backup workers: all but b suffice (at least one).
+  const int64_t backups =
+      consistency_.mode == ConsistencyMode::kBsp ? consistency_.backup_workers
+                                                 : 0;
+  const int64_t need = std::max<int64_t>(
+      1, static_cast<int64_t>(required->size()) - backups);
+  if (committed < need) return false;  // still waiting
+  // In the order of summation.
+  std::sort(required->begin(), required->end(), [](Member* a, Member* b) {
+    return a->spec.rank != b->spec.rank ? a->spec.rank < b->spec.rank
+                                        : a->spec.worker_id < b->spec.worker_id;
+  });
+  return true;
+}
+
+std::unique_ptr<std::vector<float>> ParameterShard::SumStagedLocked(
+    const std::vector<Member*>& required, int64_t* samples, double* loss,
+    int64_t* correct) {
+  std::unique_ptr<std::vector<float>> sum;
+  for (Member* m : required) {
+    auto it = m->staged.find(version_);
+    if (m->committed_step < version_) {
+      // A backup: its push of this step, if any, is late.
+      if (it != m->staged.end()) {
+        ++late_;
+        ReleaseLocked(std::move(it->second.grads));
+        m->staged.erase(it);
+      }
+      continue;
+    }
+    if (it == m->staged.end() || it->second.grads == nullptr) continue;
+    Staged& st = it->second;
+    // Weighted by samples (and staleness), in rank order.
+    const float w =
+        static_cast<float>(st.samples) * ScaleLocked(version_ - st.base);
+    if (sum == nullptr) {
+      sum = std::move(st.grads);
+      Scale(sum->data(), w, num_params_);
+    } else {
+      AddScaled(sum->data(), st.grads->data(), w, num_params_);
+    }
+    *samples += st.samples;
+    *loss += st.loss_sum;
+    *correct += st.correct;
+  }
+  return sum;
 }
 
 bool ParameterShard::TallyStreamedLocked(const std::vector<Member*>& required,

@@ -315,6 +315,16 @@ class ParameterShard {
 
   absl::Status CheckPushLocked(const PushMeta& meta, bool* duplicate) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckPushLocked's two rules: async (a member's own clock) and bsp/ssp
+  // (the open steps); a push too stale, counted.
+  absl::Status CheckAsyncPushLocked(const PushMeta& meta, const Member& m,
+                                    bool* duplicate) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckStepPushLocked(const PushMeta& meta, const Member& m,
+                                   bool* duplicate) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StaleLocked(const PushMeta& meta, int64_t staleness) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AcceptLocked(const PushMeta& meta,
                             std::unique_ptr<std::vector<float>> grads,
                             bool* duplicate, Ready* ready)
@@ -338,6 +348,14 @@ class ParameterShard {
   // Streamed: the closing step's figures from its parts (`required` in rank
   // order, all committed), which leave; false (the sum dropped) if a
   // committed push is not whole in the sum.
+  // CloseStepLocked's parts: whether the open step can close (its required
+  // members, in the order of summation); the staged pushes' weighted sum
+  // (made in the first one's buffer; null when none contributed).
+  bool ReadyToCloseLocked(std::vector<Member*>* required)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<std::vector<float>> SumStagedLocked(
+      const std::vector<Member*>& required, int64_t* samples, double* loss,
+      int64_t* correct) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TallyStreamedLocked(const std::vector<Member*>& required,
                            int64_t* samples, double* loss, int64_t* correct,
                            Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
