@@ -39,37 +39,8 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   std::unique_ptr<TallyServer> s(new TallyServer());
   s->options_ = options;
   const bool coordinator = options.join.empty();
-  if (!coordinator || options.shard) {
-    s->host_ = std::make_unique<ShardHost>(options.coordinator.clock,
-                                           options.coordinator.spec_limits);
-    s->host_->set_streamed_sums(options.streamed_sums,
-                                options.streamed_sums_min_bytes / 4);
-    s->host_->set_shared_memory(options.shared_memory_max_bytes);
-    if (options.metrics != nullptr) {
-      s->data_metrics_ =
-          std::make_unique<DataPlaneMetrics>(options.metrics->registry());
-    }
-    s->params_ = std::make_unique<ParameterServiceImpl>(
-        s->host_.get(), s->data_metrics_.get());
-    s->shard_service_ = std::make_unique<ShardServiceImpl>(s->host_.get());
-  }
-  if (coordinator) {
-    CoordinatorOptions co = options.coordinator;
-    if (s->host_ != nullptr) co.local_shard = MakeLocalShardControl(s->host_.get());
-    s->coordinator_ = std::make_unique<Coordinator>(co);
-    // Jobs kept from an earlier run come back before anyone can connect.
-    if (absl::Status r = s->coordinator_->Restore(); !r.ok()) return r;
-    s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(),
-                                                options.security.tokens.get());
-    s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
-    s->coordination_ =
-        std::make_unique<CoordinatorServiceImpl>(s->coordinator_.get());
-    if (options.metrics != nullptr) {
-      s->collector_ =
-          std::make_shared<CoordinatorCollector>(s->coordinator_.get());
-      options.metrics->Add(s->collector_);
-    }
-  }
+  if (!coordinator || options.shard) s->MakeDataWing();
+  if (coordinator) TALLY_RETURN_IF_ERROR(s->MakeControlWing());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServer(address, &builder, &s->port_, options.security,
@@ -100,6 +71,41 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
     s->checkpointer_ = std::thread([raw] { raw->CheckpointLoop(); });
   if (!coordinator) s->shard_agent_ = std::thread([raw] { raw->ShardLoop(); });
   return s;
+}
+
+// The data wing: this process's shard host and its services.
+void TallyServer::MakeDataWing() {
+  const ServerOptions& o = options_;
+  host_ = std::make_unique<ShardHost>(o.coordinator.clock,
+                                      o.coordinator.spec_limits);
+  host_->set_streamed_sums(o.streamed_sums, o.streamed_sums_min_bytes / 4);
+  host_->set_shared_memory(o.shared_memory_max_bytes);
+  if (o.metrics != nullptr)
+    data_metrics_ = std::make_unique<DataPlaneMetrics>(o.metrics->registry());
+  params_ =
+      std::make_unique<ParameterServiceImpl>(host_.get(), data_metrics_.get());
+  shard_service_ = std::make_unique<ShardServiceImpl>(host_.get());
+}
+
+// The control wing: the coordinator (given this process's shard as a
+// ShardControl, if it has one), restored from its state directory, and its
+// services.
+absl::Status TallyServer::MakeControlWing() {
+  const ServerOptions& o = options_;
+  CoordinatorOptions co = o.coordinator;
+  if (host_ != nullptr) co.local_shard = MakeLocalShardControl(host_.get());
+  coordinator_ = std::make_unique<Coordinator>(co);
+  // Jobs kept from an earlier run come back before anyone can connect.
+  TALLY_RETURN_IF_ERROR(coordinator_->Restore());
+  jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get(),
+                                           o.security.tokens.get());
+  workers_ = std::make_unique<WorkerServiceImpl>(coordinator_.get());
+  coordination_ = std::make_unique<CoordinatorServiceImpl>(coordinator_.get());
+  if (o.metrics != nullptr) {
+    collector_ = std::make_shared<CoordinatorCollector>(coordinator_.get());
+    o.metrics->Add(collector_);
+  }
+  return absl::OkStatus();
 }
 
 bool TallyServer::SleepUnlessStopped(absl::Duration d) {

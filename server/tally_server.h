@@ -84,6 +84,8 @@ class TallyServer {
 
  private:
   TallyServer() = default;
+  void MakeDataWing();
+  absl::Status MakeControlWing();
   void TickLoop();
   void CheckpointLoop();
   // A shard process: registers with the coordinator and heartbeats, with

@@ -29,6 +29,7 @@
 #include "common/spec/job_spec.h"
 #include "common/stop_signal.h"
 #include "proto/transport.h"
+#include "common/status_macros.h"
 #include "proto/transport_flags.h"
 #include "worker/daemon.h"
 #include "worker/health.h"
@@ -95,22 +96,16 @@ void PrintProgress(const tally::ProgressReport& r, bool tty) {
   }
 }
 
-int RunDaemon() {
-  const std::string server = absl::GetFlag(FLAGS_server);
-  if (server.empty()) {
-    std::cerr << "tally-worker: give --server=HOST:PORT, or --standalone "
-                 "--job=FILE\n";
-    return 2;
-  }
-  auto devices = tally::ParseDevices(absl::GetFlag(FLAGS_devices));
-  if (!devices.ok()) return Fail(devices.status());
-  for (const tally::DeviceId& id : *devices) {
-    auto dev = tally::OpenDevice(id);  // fail at start-up, not at step 1
-    if (!dev.ok()) return Fail(dev.status());
-  }
+// The daemon's options from the flags; kInvalidArgument names a bad one.
+absl::StatusOr<tally::DaemonOptions> DaemonOptionsFromFlags() {
   tally::DaemonOptions options;
-  options.server = server;
-  options.devices = *devices;
+  options.server = absl::GetFlag(FLAGS_server);
+  TALLY_ASSIGN_OR_RETURN(options.devices,
+                         tally::ParseDevices(absl::GetFlag(FLAGS_devices)));
+  for (const tally::DeviceId& id : options.devices) {
+    // Fail at start-up, not at step 1.
+    TALLY_RETURN_IF_ERROR(tally::OpenDevice(id).status());
+  }
   options.devices_text = absl::GetFlag(FLAGS_devices);
   options.name = absl::GetFlag(FLAGS_name);
   if (options.name.empty()) {
@@ -125,11 +120,45 @@ int RunDaemon() {
   options.overlap_pull = absl::GetFlag(FLAGS_overlap_pull);
   options.chunk_elements = absl::GetFlag(FLAGS_push_chunk_elements);
   if (options.chunk_elements <= 0) {
-    return Fail(absl::InvalidArgumentError("--push_chunk_elements must be positive"));
+    return absl::InvalidArgumentError("--push_chunk_elements must be positive");
   }
-  auto transport = tally::TransportFromFlags();
-  if (!transport.ok()) return Fail(transport.status());
-  options.transport = *transport;
+  TALLY_ASSIGN_OR_RETURN(options.transport, tally::TransportFromFlags());
+  return options;
+}
+
+// grpc.health.v1 on --health_port (TLS when the worker has it, else
+// plaintext on every interface, as probes expect); null with -1. Sets the
+// address the worker registers with.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealth(
+    tally::HealthService& service, tally::DaemonOptions& options) {
+  const int port = absl::GetFlag(FLAGS_health_port);
+  if (port < 0) return nullptr;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  int bound = 0;
+  tally::ServerSecurity security;
+  security.tls = options.transport.tls;
+  tally::ConfigureServer(absl::StrCat("0.0.0.0:", port), &builder, &bound,
+                         security);
+  std::unique_ptr<grpc::Server> health = builder.BuildAndStart();
+  if (health == nullptr || bound == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve health checks on port ", port));
+  }
+  options.address = absl::StrCat(options.name, ":", bound);
+  std::fprintf(stderr, "tally-worker[%s]: health service on port %d\n",
+               options.name.c_str(), bound);
+  return health;
+}
+
+int RunDaemon() {
+  if (absl::GetFlag(FLAGS_server).empty()) {
+    std::cerr << "tally-worker: give --server=HOST:PORT, or --standalone "
+                 "--job=FILE\n";
+    return 2;
+  }
+  absl::StatusOr<tally::DaemonOptions> options = DaemonOptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
   std::unique_ptr<tally::MetricsEndpoint> metrics;
   std::unique_ptr<tally::WorkerMetrics> worker_metrics;
   if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
@@ -137,34 +166,14 @@ int RunDaemon() {
     if (!m.ok()) return Fail(m.status());
     metrics = *std::move(m);
     worker_metrics = std::make_unique<tally::WorkerMetrics>(metrics->registry());
-    options.metrics = worker_metrics.get();
+    options->metrics = worker_metrics.get();
     std::fprintf(stderr, "tally-worker[%s]: metrics on port %d\n",
-                 options.name.c_str(), metrics->port());
+                 options->name.c_str(), metrics->port());
   }
-
-  std::unique_ptr<grpc::Server> health;
   tally::HealthService health_service;
-  if (const int port = absl::GetFlag(FLAGS_health_port); port >= 0) {
-    grpc::ServerBuilder builder;
-    builder.RegisterService(&health_service);
-    int bound = 0;
-    // Health only (nothing else is served here): TLS when the worker has
-    // it, else plaintext on every interface, as probes expect.
-    tally::ServerSecurity security;
-    security.tls = options.transport.tls;
-    tally::ConfigureServer(absl::StrCat("0.0.0.0:", port), &builder, &bound,
-                           security);
-    health = builder.BuildAndStart();
-    if (health == nullptr || bound == 0) {
-      std::cerr << "tally-worker: cannot serve health checks on port " << port
-                << "\n";
-      return 1;
-    }
-    options.address = absl::StrCat(options.name, ":", bound);
-    std::fprintf(stderr, "tally-worker[%s]: health service on port %d\n",
-                 options.name.c_str(), bound);
-  }
-  tally::WorkerDaemon daemon(options);
+  auto health = StartHealth(health_service, *options);
+  if (!health.ok()) return Fail(health.status());
+  tally::WorkerDaemon daemon(*options);
   tally::InstallStopSignals();
   std::thread watcher([&daemon] {
     tally::WaitForStopSignal();
@@ -173,29 +182,39 @@ int RunDaemon() {
   absl::Status s = daemon.Run();
   tally::RequestStop(SIGTERM);  // ends the watcher
   watcher.join();
-  if (health != nullptr)
-    health->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (*health != nullptr)
+    (*health)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (!s.ok()) return Fail(s);
   return 0;
 }
 
-}  // namespace
+// --output and --summary_json of a standalone run.
+int WriteOutputs(const tally::JobSpec& spec, const tally::TrainSummary& summary,
+                 bool quiet) {
+  if (const std::string out = absl::GetFlag(FLAGS_output); !out.empty()) {
+    absl::Status s =
+        tally::SaveSafetensors(out, spec.layout.params, summary.params.data(),
+                               {{"job", spec.name}, {"format", "pt"}});
+    if (!s.ok()) return Fail(s);
+    if (!quiet) std::fprintf(stderr, "weights written to %s\n", out.c_str());
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_summary_json);
+      !path.empty()) {
+    nlohmann::json j = {{"test_accuracy", summary.test_accuracy},
+                        {"test_loss", summary.test_loss},
+                        {"samples_per_sec", summary.samples_per_sec},
+                        {"steps", summary.steps},
+                        {"samples", summary.samples},
+                        {"final_loss", summary.final_loss},
+                        {"train_seconds", summary.train_seconds},
+                        {"gradient_reduction", summary.reduction}};
+    absl::Status s = tally::WriteFileAtomic(path, j.dump(2) + "\n");
+    if (!s.ok()) return Fail(s);
+  }
+  return 0;
+}
 
-int main(int argc, char** argv) {
-  tally::TuneMallocForBulkTransfers();
-  tally::ParseProgramFlags(
-      argc, argv,
-      "Tally worker.\n"
-      "  tally-worker --server=HOST:7070 [--devices=cpu:1|cuda:all] "
-      "[TLS and token flags]\n"
-      "  tally-worker --standalone --job=FILE [--devices=cpu:1] "
-      "[--output=PATH] [--summary_json=PATH]");
-  // Debian's Abseil is built without NDEBUG, so every Mutex lock would
-  // walk a deadlock-detection graph (about 1% of a busy cluster's CPU in a
-  // profile). The tests keep the check; the programs do not pay for it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-
-  if (!absl::GetFlag(FLAGS_standalone)) return RunDaemon();
+int RunStandalone() {
   const std::string job_path = absl::GetFlag(FLAGS_job);
   if (job_path.empty()) {
     std::cerr << "tally-worker: --standalone needs --job=FILE\n";
@@ -228,25 +247,24 @@ int main(int argc, char** argv) {
       static_cast<long long>(summary->steps), summary->final_loss,
       summary->samples_per_sec, summary->test_accuracy);
 
-  if (const std::string out = absl::GetFlag(FLAGS_output); !out.empty()) {
-    absl::Status s =
-        tally::SaveSafetensors(out, spec->layout.params, summary->params.data(),
-                               {{"job", spec->name}, {"format", "pt"}});
-    if (!s.ok()) return Fail(s);
-    if (!quiet) std::fprintf(stderr, "weights written to %s\n", out.c_str());
-  }
-  if (const std::string path = absl::GetFlag(FLAGS_summary_json);
-      !path.empty()) {
-    nlohmann::json j = {{"test_accuracy", summary->test_accuracy},
-                        {"test_loss", summary->test_loss},
-                        {"samples_per_sec", summary->samples_per_sec},
-                        {"steps", summary->steps},
-                        {"samples", summary->samples},
-                        {"final_loss", summary->final_loss},
-                        {"train_seconds", summary->train_seconds},
-                        {"gradient_reduction", summary->reduction}};
-    absl::Status s = tally::WriteFileAtomic(path, j.dump(2) + "\n");
-    if (!s.ok()) return Fail(s);
-  }
-  return 0;
+  return WriteOutputs(*spec, *summary, quiet);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tally::TuneMallocForBulkTransfers();
+  tally::ParseProgramFlags(
+      argc, argv,
+      "Tally worker.\n"
+      "  tally-worker --server=HOST:7070 [--devices=cpu:1|cuda:all] "
+      "[TLS and token flags]\n"
+      "  tally-worker --standalone --job=FILE [--devices=cpu:1] "
+      "[--output=PATH] [--summary_json=PATH]");
+  // Debian's Abseil is built without NDEBUG, so every Mutex lock would
+  // walk a deadlock-detection graph (about 1% of a busy cluster's CPU in a
+  // profile). The tests keep the check; the programs do not pay for it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  return absl::GetFlag(FLAGS_standalone) ? RunStandalone() : RunDaemon();
 }

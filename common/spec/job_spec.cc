@@ -101,6 +101,43 @@ absl::Status ReadString(const YAML::Node& parent, const std::string& path,
 
 constexpr int64_t kMaxDim = int64_t{1} << 24;
 
+absl::Status ParseLinearArgs(const YAML::Node& args, const std::string& p,
+                             LayerConfig* c) {
+  TALLY_RETURN_IF_ERROR(
+      CheckKeys(args, p, {"in_features", "out_features", "bias"}));
+  if (!args["in_features"] || !args["out_features"]) {
+    return FieldError(p, "needs in_features and out_features");
+  }
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(args, p, "in_features", 1, kMaxDim, &c->in_features));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(args, p, "out_features", 1, kMaxDim, &c->out_features));
+  TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c->bias));
+  return absl::OkStatus();
+}
+
+absl::Status ParseConv2dArgs(const YAML::Node& args, const std::string& p,
+                             LayerConfig* c) {
+  TALLY_RETURN_IF_ERROR(
+      CheckKeys(args, p,
+                {"in_channels", "out_channels", "kernel_size", "stride",
+                 "padding", "bias"}));
+  if (!args["in_channels"] || !args["out_channels"] ||
+      !args["kernel_size"]) {
+    return FieldError(p, "needs in_channels, out_channels and kernel_size");
+  }
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(args, p, "in_channels", 1, kMaxDim, &c->in_channels));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(args, p, "out_channels", 1, kMaxDim, &c->out_channels));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(args, p, "kernel_size", 1, 1024, &c->kernel_size));
+  TALLY_RETURN_IF_ERROR(ReadInt(args, p, "stride", 1, 1024, &c->stride));
+  TALLY_RETURN_IF_ERROR(ReadInt(args, p, "padding", 0, 1024, &c->padding));
+  TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c->bias));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LayerConfig> ParseLayer(const YAML::Node& n,
                                        const std::string& path) {
   std::string type_name;
@@ -124,35 +161,10 @@ absl::StatusOr<LayerConfig> ParseLayer(const YAML::Node& n,
   if (!args || args.IsNull()) args = YAML::Node(YAML::NodeType::Map);
   switch (c.type) {
     case LayerType::kLinear:
-      TALLY_RETURN_IF_ERROR(
-          CheckKeys(args, p, {"in_features", "out_features", "bias"}));
-      if (!args["in_features"] || !args["out_features"]) {
-        return FieldError(p, "needs in_features and out_features");
-      }
-      TALLY_RETURN_IF_ERROR(
-          ReadInt(args, p, "in_features", 1, kMaxDim, &c.in_features));
-      TALLY_RETURN_IF_ERROR(
-          ReadInt(args, p, "out_features", 1, kMaxDim, &c.out_features));
-      TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c.bias));
+      TALLY_RETURN_IF_ERROR(ParseLinearArgs(args, p, &c));
       break;
     case LayerType::kConv2d:
-      TALLY_RETURN_IF_ERROR(
-          CheckKeys(args, p,
-                    {"in_channels", "out_channels", "kernel_size", "stride",
-                     "padding", "bias"}));
-      if (!args["in_channels"] || !args["out_channels"] ||
-          !args["kernel_size"]) {
-        return FieldError(p, "needs in_channels, out_channels and kernel_size");
-      }
-      TALLY_RETURN_IF_ERROR(
-          ReadInt(args, p, "in_channels", 1, kMaxDim, &c.in_channels));
-      TALLY_RETURN_IF_ERROR(
-          ReadInt(args, p, "out_channels", 1, kMaxDim, &c.out_channels));
-      TALLY_RETURN_IF_ERROR(
-          ReadInt(args, p, "kernel_size", 1, 1024, &c.kernel_size));
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "stride", 1, 1024, &c.stride));
-      TALLY_RETURN_IF_ERROR(ReadInt(args, p, "padding", 0, 1024, &c.padding));
-      TALLY_RETURN_IF_ERROR(ReadBool(args, p, "bias", &c.bias));
+      TALLY_RETURN_IF_ERROR(ParseConv2dArgs(args, p, &c));
       break;
     case LayerType::kMaxPool2d:
       TALLY_RETURN_IF_ERROR(
@@ -223,14 +235,9 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
   return absl::OkStatus();
 }
 
-absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
-                              ConsistencySpec* c) {
-  const std::string p = "training.consistency";
-  if (!n) return absl::OkStatus();
-  if (!n.IsMap()) return FieldError(p, "must be a mapping");
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
-                                  {"mode", "staleness", "lr_scaling",
-                                   "max_staleness", "backup_workers"}));
+// training.consistency's mode and lr_scaling, by name.
+absl::Status ParseConsistencyNames(const YAML::Node& n, const std::string& p,
+                                   ConsistencySpec* c) {
   std::string mode = "bsp";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "mode", &mode));
   if (mode == "bsp") {
@@ -244,15 +251,6 @@ absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
                       absl::StrCat("unknown mode '", mode,
                                    "' (bsp, ssp or async)"));
   }
-  const bool bsp = c->mode == ConsistencyMode::kBsp;
-  const bool ssp = c->mode == ConsistencyMode::kSsp;
-  if (n["staleness"] && !ssp) {
-    return FieldError(Join(p, "staleness"), "applies to mode ssp only");
-  }
-  if (ssp && !n["staleness"]) {
-    return FieldError(Join(p, "staleness"), "is required with mode ssp");
-  }
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "staleness", 0, 1000, &c->staleness));
   std::string scaling = "none";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "lr_scaling", &scaling));
   if (scaling == "none") {
@@ -264,6 +262,27 @@ absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
                       absl::StrCat("unknown scaling '", scaling,
                                    "' (none or staleness)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
+                              ConsistencySpec* c) {
+  const std::string p = "training.consistency";
+  if (!n) return absl::OkStatus();
+  if (!n.IsMap()) return FieldError(p, "must be a mapping");
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"mode", "staleness", "lr_scaling",
+                                   "max_staleness", "backup_workers"}));
+  TALLY_RETURN_IF_ERROR(ParseConsistencyNames(n, p, c));
+  const bool bsp = c->mode == ConsistencyMode::kBsp;
+  const bool ssp = c->mode == ConsistencyMode::kSsp;
+  if (n["staleness"] && !ssp) {
+    return FieldError(Join(p, "staleness"), "applies to mode ssp only");
+  }
+  if (ssp && !n["staleness"]) {
+    return FieldError(Join(p, "staleness"), "is required with mode ssp");
+  }
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "staleness", 0, 1000, &c->staleness));
   if (bsp && c->lr_scaling != LrScaling::kNone) {
     return FieldError(Join(p, "lr_scaling"),
                       "has no effect with mode bsp (every gradient is fresh)");
@@ -380,22 +399,9 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
-                                         const SpecLimits& limits) {
-  TALLY_RETURN_IF_ERROR(CheckKeys(
-      root, "",
-      {"version", "name", "model", "dataset", "training", "optimizer"}));
-  JobSpec spec;
-  int64_t version = 1;
-  TALLY_RETURN_IF_ERROR(ReadInt(root, "", "version", 1, 1, &version));
-  TALLY_RETURN_IF_ERROR(ReadString(root, "", "name", &spec.name));
-  TALLY_RETURN_IF_ERROR(ParseDataset(root["dataset"], &spec.dataset));
-  TALLY_RETURN_IF_ERROR(ParseTraining(root["training"], &spec.training));
-  TALLY_RETURN_IF_ERROR(ParseOptimizer(root["optimizer"], &spec.optimizer));
-  TALLY_RETURN_IF_ERROR(
-      DescribeDataset(spec.dataset, &spec.input_shape, &spec.num_classes));
-
-  const YAML::Node model = root["model"];
+// model: a preset, or the layers given one by one.
+absl::Status ParseModel(const YAML::Node& model, const SpecLimits& limits,
+                        JobSpec* spec) {
   if (!model) return FieldError("model", "is required");
   TALLY_RETURN_IF_ERROR(CheckKeys(model, "model", {"preset", "layers"}));
   if (model["preset"] && model["layers"]) {
@@ -403,36 +409,43 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
   }
   if (model["preset"]) {
     TALLY_RETURN_IF_ERROR(
-        ReadString(model, "model", "preset", &spec.model_preset));
+        ReadString(model, "model", "preset", &spec->model_preset));
     auto layers =
-        PresetLayers(spec.model_preset, spec.input_shape, spec.num_classes);
+        PresetLayers(spec->model_preset, spec->input_shape, spec->num_classes);
     if (!layers.ok())
       return FieldError("model.preset", layers.status().message());
-    spec.layers = *std::move(layers);
-  } else {
-    const YAML::Node layers = model["layers"];
-    if (layers && layers.IsSequence() &&
-        static_cast<int64_t>(layers.size()) > limits.max_layers) {
-      return FieldError(
-          "model.layers", absl::StrCat(layers.size(), " layers, over the limit of ",
-                                       limits.max_layers, " (max_layers)"));
-    }
-    if (!layers || !layers.IsSequence() || layers.size() == 0) {
-      return FieldError(
-          "model", "needs a preset (mlp, cnn) or a non-empty list of layers");
-    }
-    for (size_t i = 0; i < layers.size(); ++i) {
-      TALLY_ASSIGN_OR_RETURN(
-          LayerConfig c,
-          ParseLayer(layers[i], absl::StrCat("model.layers[", i, "]")));
-      spec.layers.push_back(c);
-    }
+    spec->layers = *std::move(layers);
+    return absl::OkStatus();
   }
-  auto layout = ComputeLayout(spec.layers, spec.input_shape);
+  const YAML::Node layers = model["layers"];
+  if (layers && layers.IsSequence() &&
+      static_cast<int64_t>(layers.size()) > limits.max_layers) {
+    return FieldError(
+        "model.layers", absl::StrCat(layers.size(), " layers, over the limit of ",
+                                     limits.max_layers, " (max_layers)"));
+  }
+  if (!layers || !layers.IsSequence() || layers.size() == 0) {
+    return FieldError(
+        "model", "needs a preset (mlp, cnn) or a non-empty list of layers");
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    TALLY_ASSIGN_OR_RETURN(
+        LayerConfig c,
+        ParseLayer(layers[i], absl::StrCat("model.layers[", i, "]")));
+    spec->layers.push_back(c);
+  }
+  return absl::OkStatus();
+}
+
+// The model against the data and the limits, before anything is allocated:
+// its layout, its size, its activations, a generated dataset's size, the
+// last layer against the classes.
+absl::Status CheckModelFits(const SpecLimits& limits, JobSpec* spec) {
+  auto layout = ComputeLayout(spec->layers, spec->input_shape);
   if (!layout.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.", layout.status().message(), " (dataset samples are ",
-        ShapeString(spec.input_shape), ")"));
+        ShapeString(spec->input_shape), ")"));
   }
   if (layout->num_params > limits.max_params) {
     return FieldError(
@@ -452,8 +465,8 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
   }
   // A generated dataset is made on every worker: its values and its
   // teacher network's.
-  if (spec.dataset.name == "synthetic") {
-    const SyntheticOptions& s = spec.dataset.synthetic;
+  if (spec->dataset.name == "synthetic") {
+    const SyntheticOptions& s = spec->dataset.synthetic;
     const int64_t values = s.features * (s.train_size + s.test_size) +
                            s.teacher_hidden * (s.features + s.num_classes);
     if (values > limits.max_dataset_values) {
@@ -465,15 +478,34 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
     }
   }
   const Shape& out = layout->activation_shapes.back();
-  if (out != Shape{spec.num_classes}) {
+  if (out != Shape{spec->num_classes}) {
     return FieldError(
         "model",
         absl::StrCat("the last layer yields ", ShapeString(out),
-                     " per sample but the dataset has ", spec.num_classes,
+                     " per sample but the dataset has ", spec->num_classes,
                      " classes: end with a linear layer of out_features ",
-                     spec.num_classes));
+                     spec->num_classes));
   }
-  spec.layout = *std::move(layout);
+  spec->layout = *std::move(layout);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
+                                         const SpecLimits& limits) {
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      root, "",
+      {"version", "name", "model", "dataset", "training", "optimizer"}));
+  JobSpec spec;
+  int64_t version = 1;
+  TALLY_RETURN_IF_ERROR(ReadInt(root, "", "version", 1, 1, &version));
+  TALLY_RETURN_IF_ERROR(ReadString(root, "", "name", &spec.name));
+  TALLY_RETURN_IF_ERROR(ParseDataset(root["dataset"], &spec.dataset));
+  TALLY_RETURN_IF_ERROR(ParseTraining(root["training"], &spec.training));
+  TALLY_RETURN_IF_ERROR(ParseOptimizer(root["optimizer"], &spec.optimizer));
+  TALLY_RETURN_IF_ERROR(
+      DescribeDataset(spec.dataset, &spec.input_shape, &spec.num_classes));
+  TALLY_RETURN_IF_ERROR(ParseModel(root["model"], limits, &spec));
+  TALLY_RETURN_IF_ERROR(CheckModelFits(limits, &spec));
   return spec;
 }
 

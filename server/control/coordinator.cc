@@ -80,6 +80,52 @@ struct RangeRef {
   int64_t count = 0;
 };
 
+// One StoredJob from every range's state at one version.
+absl::StatusOr<StoredJob> GatherRanges(
+    const std::vector<RangeRef>& ranges,
+    const std::vector<absl::StatusOr<ShardState>>& states, int64_t num_params,
+    bool weights_only) {
+  StoredJob out;
+  auto weights = std::make_shared<std::vector<float>>(num_params);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const RangeRef& r = ranges[i];
+    const ShardState& st = *states[i];
+    if (static_cast<int64_t>(st.weights->size()) != r.count) {
+      return absl::DataLossError("a range came back with another size");
+    }
+    std::copy(st.weights->begin(), st.weights->end(),
+              weights->begin() + r.offset);
+    if (i == 0) {
+      out.version = st.metrics.version;
+      out.samples = st.metrics.samples;
+      out.loss = st.metrics.loss;
+      out.accuracy = st.metrics.accuracy;
+      out.train_seconds = st.metrics.train_seconds;
+      out.optimizer_step = st.optimizer.step;
+      out.optimizer_slots.assign(weights_only ? 0 : st.optimizer.slots.size(),
+                                 std::vector<float>(num_params));
+    }
+    out.rejected_pushes += st.metrics.rejected_pushes;
+    if (weights_only) continue;
+    if (st.optimizer.slots.size() != out.optimizer_slots.size()) {
+      return absl::DataLossError("ranges with different optimizers");
+    }
+    for (const auto& slot : st.optimizer.slots) {
+      if (static_cast<int64_t>(slot.size()) != r.count) {
+        return absl::DataLossError(
+            "a range's optimizer state came back with another size");
+      }
+    }
+    for (size_t k = 0; k < st.optimizer.slots.size(); ++k) {
+      std::copy(st.optimizer.slots[k].begin(), st.optimizer.slots[k].end(),
+                out.optimizer_slots[k].begin() + r.offset);
+    }
+  }
+  out.has_state = true;
+  out.weights = std::move(weights);
+  return out;
+}
+
 absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
                                      int64_t map_version,
                                      const std::vector<RangeRef>& ranges,
@@ -115,45 +161,7 @@ absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
       version = past + 2;  // ahead of where the fastest range was
       continue;
     }
-    StoredJob out;
-    auto weights = std::make_shared<std::vector<float>>(num_params);
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      const RangeRef& r = ranges[i];
-      const ShardState& st = *states[i];
-      if (static_cast<int64_t>(st.weights->size()) != r.count) {
-        return absl::DataLossError("a range came back with another size");
-      }
-      std::copy(st.weights->begin(), st.weights->end(),
-                weights->begin() + r.offset);
-      if (i == 0) {
-        out.version = st.metrics.version;
-        out.samples = st.metrics.samples;
-        out.loss = st.metrics.loss;
-        out.accuracy = st.metrics.accuracy;
-        out.train_seconds = st.metrics.train_seconds;
-        out.optimizer_step = st.optimizer.step;
-        out.optimizer_slots.assign(weights_only ? 0 : st.optimizer.slots.size(),
-                                   std::vector<float>(num_params));
-      }
-      out.rejected_pushes += st.metrics.rejected_pushes;
-      if (weights_only) continue;
-      if (st.optimizer.slots.size() != out.optimizer_slots.size()) {
-        return absl::DataLossError("ranges with different optimizers");
-      }
-      for (const auto& slot : st.optimizer.slots) {
-        if (static_cast<int64_t>(slot.size()) != r.count) {
-          return absl::DataLossError(
-              "a range's optimizer state came back with another size");
-        }
-      }
-      for (size_t k = 0; k < st.optimizer.slots.size(); ++k) {
-        std::copy(st.optimizer.slots[k].begin(), st.optimizer.slots[k].end(),
-                  out.optimizer_slots[k].begin() + r.offset);
-      }
-    }
-    out.has_state = true;
-    out.weights = std::move(weights);
-    return out;
+    return GatherRanges(ranges, states, num_params, weights_only);
   }
   return absl::AbortedError(
       "the job's ranges kept moving past the version to save");
@@ -426,6 +434,13 @@ void Coordinator::RenderProgressLocked(
   int clocked = 0;
   for (const v1::WorkerProgress& p : out->progress()) clocked += p.clock() >= 0;
   if (slowest != nullptr && clocked > 1) slowest->set_slowest(true);
+  RenderStallLocked(job, version, out);
+}
+
+// How long the weights have not moved, and (after kStallReport seconds)
+// whom the open step waits on.
+void Coordinator::RenderStallLocked(const JobEntry& job, int64_t version,
+                                    v1::JobMetrics* out) const {
   if (job.moved_at == absl::InfinitePast()) return;
   const double stalled = absl::ToDoubleSeconds(Now() - job.moved_at);
   if (stalled < 1.0) return;
@@ -1226,85 +1241,94 @@ void Coordinator::RunControl() {
     std::vector<ControlTask> tasks;
     {
       absl::MutexLock lock(&mu_);
-      for (const std::string& id : job_order_) {
-        JobEntry& job = jobs_.at(id);
-        if (!job.dirty) continue;
-        ControlTask t;
-        t.job_id = id;
-        t.map_version = job.map_version;
-        t.terminal = Terminal(job.proto.state());
-        t.retired = job.retired;
-        t.installed = job.installed;
-        t.spec = job.proto.spec();
-        t.num_params = job.spec.layout.num_params;
-        t.schedule = job.schedule;
-        t.async = job.spec.training.consistency.mode == ConsistencyMode::kAsync;
-        t.start = job.start;
-        t.members = job.members;
-        for (const Placement& p : job.ranges) {
-          t.ranges.push_back(
-              {p.shard_id, p.offset, p.count, shards_.at(p.shard_id).control});
-        }
-        for (size_t r = 0; r < job.slots.size(); ++r) {
-          if (job.slots[r].empty()) continue;
-          MemberSpec m;
-          m.worker_id = job.slots[r];
-          m.incarnation = workers_.at(job.slots[r]).incarnation;
-          m.rank = static_cast<int>(r);
-          t.desired.push_back(m);
-        }
-        t.leaves = job.leaves;
-        t.generation = job.generation;
-        t.hold_id = next_hold_++;
-        tasks.push_back(std::move(t));
-      }
+      tasks = TakeTasksLocked();
     }
     if (tasks.empty()) return;
-    bool again = false;
     for (ControlTask& t : tasks) Reconcile(t);
     Notes notes;
+    bool again = false;
     {
       absl::MutexLock lock(&mu_);
-      for (ControlTask& t : tasks) {
-        auto it = jobs_.find(t.job_id);
-        if (it == jobs_.end()) continue;
-        JobEntry& job = it->second;
-        if (job.map_version != t.map_version) continue;  // re-placed since
-        // Decided even when not every range took it yet.
-        for (const auto& [key, leave] : t.new_leaves) job.leaves[key] = leave;
-        if (t.installed_now) {
-          job.installed = true;
-          job.members.clear();
-          if (!job.condition.empty()) {
-            EventLocked(job, absl::StrCat("placed again on ", job.ranges.size(),
-                                          " parameter shard",
-                                          job.ranges.size() == 1 ? "" : "s",
-                                          " at step ",
-                                          t.start != nullptr ? t.start->version
-                                                             : 0));
-            job.condition.clear();
-          }
-        }
-        if (t.members_now) {
-          job.members = t.new_members;
-          NotifyLocked(t.job_id, &notes);
-        }
-        if (t.retired_now) {
-          job.retired = true;
-          job.final_weights = t.final_weights;
-          job.ranges.clear();
-          job.members.clear();
-        }
-        if (t.progressed) again = true;
-        // Done when nothing failed, nothing is left, and nothing changed
-        // since the task was taken: the next round finds out.
-        if (!t.failed && !t.progressed && job.generation == t.generation)
-          job.dirty = false;
-      }
+      for (ControlTask& t : tasks) again = ApplyTaskLocked(t, &notes) || again;
     }
     for (auto& n : notes) n();
     if (!again) return;
   }
+}
+
+std::vector<Coordinator::ControlTask> Coordinator::TakeTasksLocked() {
+  std::vector<ControlTask> tasks;
+  for (const std::string& id : job_order_) {
+    JobEntry& job = jobs_.at(id);
+    if (!job.dirty) continue;
+    ControlTask t;
+    t.job_id = id;
+    t.map_version = job.map_version;
+    t.terminal = Terminal(job.proto.state());
+    t.retired = job.retired;
+    t.installed = job.installed;
+    t.spec = job.proto.spec();
+    t.num_params = job.spec.layout.num_params;
+    t.schedule = job.schedule;
+    t.async = job.spec.training.consistency.mode == ConsistencyMode::kAsync;
+    t.start = job.start;
+    t.members = job.members;
+    for (const Placement& p : job.ranges) {
+      t.ranges.push_back(
+          {p.shard_id, p.offset, p.count, shards_.at(p.shard_id).control});
+    }
+    for (size_t r = 0; r < job.slots.size(); ++r) {
+      if (job.slots[r].empty()) continue;
+      MemberSpec m;
+      m.worker_id = job.slots[r];
+      m.incarnation = workers_.at(job.slots[r]).incarnation;
+      m.rank = static_cast<int>(r);
+      t.desired.push_back(m);
+    }
+    t.leaves = job.leaves;
+    t.generation = job.generation;
+    t.hold_id = next_hold_++;
+    tasks.push_back(std::move(t));
+  }
+  return tasks;
+}
+
+// What a task did, into its job (unless the job was placed again since);
+// whether another round is worth it.
+bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
+  auto it = jobs_.find(t.job_id);
+  if (it == jobs_.end()) return false;
+  JobEntry& job = it->second;
+  if (job.map_version != t.map_version) return false;  // re-placed since
+  // Decided even when not every range took it yet.
+  for (const auto& [key, leave] : t.new_leaves) job.leaves[key] = leave;
+  if (t.installed_now) {
+    job.installed = true;
+    job.members.clear();
+    if (!job.condition.empty()) {
+      EventLocked(job, absl::StrCat("placed again on ", job.ranges.size(),
+                                    " parameter shard",
+                                    job.ranges.size() == 1 ? "" : "s",
+                                    " at step ",
+                                    t.start != nullptr ? t.start->version : 0));
+      job.condition.clear();
+    }
+  }
+  if (t.members_now) {
+    job.members = t.new_members;
+    NotifyLocked(t.job_id, notes);
+  }
+  if (t.retired_now) {
+    job.retired = true;
+    job.final_weights = t.final_weights;
+    job.ranges.clear();
+    job.members.clear();
+  }
+  // Done when nothing failed, nothing is left, and nothing changed since
+  // the task was taken: the next round finds out.
+  if (!t.failed && !t.progressed && job.generation == t.generation)
+    job.dirty = false;
+  return t.progressed;
 }
 
 void Coordinator::Reconcile(ControlTask& t) {

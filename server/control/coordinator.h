@@ -283,6 +283,9 @@ class Coordinator {
                             const std::vector<v1::RangeStatus>& ranges,
                             v1::JobMetrics* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RenderStallLocked(const JobEntry& job, int64_t version,
+                         v1::JobMetrics* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kStallReport = 3.0;
   // Append to the job's history (bounded; a step is on the curve once).
   // Tick adds a point every point_every; the end adds one always.
@@ -348,6 +351,11 @@ class Coordinator {
   // Control-plane work for every job that needs it, outside mu_.
   void RunControl() ABSL_LOCKS_EXCLUDED(mu_);
   struct ControlTask;
+  // RunControl's phases: the jobs' pending work taken under mu_, done
+  // without it (Reconcile), and what it did applied under mu_ again.
+  std::vector<ControlTask> TakeTasksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ApplyTaskLocked(ControlTask& task, Notes* notes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reconcile's phases: the end (retire, keep the final weights, drop),
   // the install, the membership.
   void Reconcile(ControlTask& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
