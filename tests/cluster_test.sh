@@ -8,22 +8,8 @@ case_name=$2
 bin_server=$build/server/tally-server
 bin_worker=$build/worker/tally-worker
 bin_tally=$build/client/tally
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$dir"/*.log; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
-  exit 1
-}
-
-# A free port, so parallel tests do not collide.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+. "$(dirname "${BASH_SOURCE[0]}")/process_helpers.sh"
+port=$(free_port)
 addr=127.0.0.1:$port
 # mTLS and tokens (server_auth, worker_auth, tally) and the job helpers.
 . "$(dirname "${BASH_SOURCE[0]}")/job_helpers.sh"

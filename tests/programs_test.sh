@@ -6,15 +6,7 @@
 #   programs_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/process_helpers.sh"
 
 check_help() {  # binary flag...
   local bin=$1 out
@@ -32,7 +24,6 @@ check_help server/tally-server port listen state_dir coordinator tokens tls_ca \
 check_help worker/tally-worker server devices name health_port tls_cert token_file standalone
 check_help client/tally server timeout_s token_file tls_key
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_line() {  # file pattern
   for _ in $(seq 100); do grep -q "$2" "$1" && return 0; sleep 0.05; done
   fail "no '$2' in $1: $(cat "$1")"

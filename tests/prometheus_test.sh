@@ -10,22 +10,7 @@ set -euo pipefail
 build=$1
 command -v prometheus > /dev/null && command -v promtool > /dev/null ||
   { echo "SKIP: needs prometheus and promtool (apt-get install prometheus)"; exit 77; }
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null || true; done
-  wait 2> /dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$dir"/*.log; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
-  exit 1
-}
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$(dirname "${BASH_SOURCE[0]}")/process_helpers.sh"
 port=$(free_port); sm=$(free_port); w1=$(free_port); w2=$(free_port); pp=$(free_port)
 addr=127.0.0.1:$port
 tally() { "$build/client/tally" --server="$addr" "$@"; }

@@ -42,22 +42,7 @@ done
 [[ -n $py ]] || { echo "SKIP: no python3 with grpc, numpy and protobuf"; exit 77; }
 command -v protoc > /dev/null || { echo "SKIP: no protoc"; exit 77; }
 
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$dir"/*.log; do [[ -f $f ]] && { echo "--- $f" >&2; tail -n 25 "$f" >&2; }; done
-  exit 1
-}
-free_port() {
-  "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. tests/process_helpers.sh
 began=$SECONDS
 
 # ---- 1: the documented test vectors ----
