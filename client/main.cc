@@ -279,16 +279,17 @@ int Shards(tally::v1::JobService::Stub& stub) {
   if (!s.ok()) return Report(s);
   if (resp.shards().empty()) std::printf("no shards\n");
   for (const auto& sh : resp.shards()) {
-    std::printf("%-9s %-24s %-5s %10.1f MB held\n", sh.shard_id().c_str(),
-                sh.address().empty() ? "(the coordinator)" : sh.address().c_str(),
-                sh.live() ? "live" : "LOST",
-                static_cast<double>(sh.bytes()) / 1e6);
+    std::printf(
+        "%-16s %-24s %-5s %10.1f MB held\n", sh.shard_id().c_str(),
+        sh.address().empty() ? "(the coordinator)" : sh.address().c_str(),
+        sh.live() ? "live" : "LOST", static_cast<double>(sh.bytes()) / 1e6);
     for (const auto& r : sh.ranges()) {
-      std::printf("          %-8s [%lld, %lld)  %lld elements, at step %lld\n",
-                  r.job_id().c_str(), static_cast<long long>(r.offset()),
-                  static_cast<long long>(r.offset() + r.count()),
-                  static_cast<long long>(r.count()),
-                  static_cast<long long>(r.version()));
+      std::printf(
+          "                 %-8s [%lld, %lld)  %lld elements, at step %lld\n",
+          r.job_id().c_str(), static_cast<long long>(r.offset()),
+          static_cast<long long>(r.offset() + r.count()),
+          static_cast<long long>(r.count()),
+          static_cast<long long>(r.version()));
     }
   }
   return 0;

@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/http/http_server.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "common/stop_signal.h"
-#include "common/http/http_server.h"
 #include "proto/auth.h"
 #include "proto/transport_flags.h"
 #include "server/dashboard/dashboard.h"
@@ -123,12 +123,14 @@ absl::Status DataPlaneFromFlags(tally::ServerOptions& o) {
   o.shared_memory_max_bytes = absl::GetFlag(FLAGS_shared_memory_max_bytes);
   o.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
   if (o.stream_window_bytes < 65535 || o.stream_window_bytes > (1 << 30)) {
-    return Bad("--stream_window_bytes must be between 65535 (HTTP/2's "
-               "smallest initial window) and 1073741824");
+    return Bad(
+        "--stream_window_bytes must be between 65535 (HTTP/2's "
+        "smallest initial window) and 1073741824");
   }
   if (!o.join.empty() && !absl::GetFlag(FLAGS_state_dir).empty()) {
-    return Bad("--state_dir belongs to the coordinator; a shard keeps "
-               "nothing on disk");
+    return Bad(
+        "--state_dir belongs to the coordinator; a shard keeps "
+        "nothing on disk");
   }
   return absl::OkStatus();
 }
@@ -152,9 +154,10 @@ absl::Status ControlPlaneFromFlags(tally::CoordinatorOptions& o) {
   if (o.max_queued_jobs <= 0 || o.max_queued_jobs_per_submitter <= 0 ||
       o.max_workers <= 0 || o.max_finished_jobs < 0 ||
       o.finished_job_ttl < absl::ZeroDuration()) {
-    return Bad("--max_queued_jobs, --max_queued_jobs_per_submitter and "
-               "--max_workers must be positive, --max_finished_jobs and "
-               "--finished_job_ttl_h not negative");
+    return Bad(
+        "--max_queued_jobs, --max_queued_jobs_per_submitter and "
+        "--max_workers must be positive, --max_finished_jobs and "
+        "--finished_job_ttl_h not negative");
   }
   o.checkpoint_interval =
       absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
@@ -190,7 +193,7 @@ std::string ListenAddress(const tally::ServerOptions& o) {
 
 void PrintStarted(const tally::ServerOptions& o, const std::string& listen,
                   int port) {
-  const std::string security = !o.security.tls.enabled() ? "plaintext"
+  const std::string security = !o.security.tls.enabled()      ? "plaintext"
                                : o.security.tokens != nullptr ? "mTLS, tokens"
                                                               : "mTLS";
   if (!o.join.empty()) {
@@ -215,12 +218,11 @@ absl::StatusOr<std::unique_ptr<tally::HttpServer>> StartDashboard(
     return Bad("--http_port belongs to the coordinator");
   dashboard = std::make_unique<tally::Dashboard>(server.coordinator());
   TALLY_ASSIGN_OR_RETURN(
-      auto http,
-      tally::HttpServer::Start(
-          absl::StrCat(absl::GetFlag(FLAGS_http_listen), ":", port),
-          [d = dashboard.get()](const std::string& path) {
-            return d->Handle(path);
-          }));
+      auto http, tally::HttpServer::Start(
+                     absl::StrCat(absl::GetFlag(FLAGS_http_listen), ":", port),
+                     [d = dashboard.get()](const std::string& path) {
+                       return d->Handle(path);
+                     }));
   std::printf("tally-server: dashboard at http://%s:%d/\n",
               absl::GetFlag(FLAGS_http_listen).c_str(), http->port());
   return http;
@@ -261,7 +263,8 @@ int main(int argc, char** argv) {
   }
   auto server = tally::TallyServer::Start(
       absl::StrCat(listen, ":", absl::GetFlag(FLAGS_port)), options);
-  if (!server.ok()) return Fail(absl::UnavailableError(server.status().message()));
+  if (!server.ok())
+    return Fail(absl::UnavailableError(server.status().message()));
   PrintStarted(options, listen, (*server)->port());
   std::unique_ptr<tally::Dashboard> dashboard;
   auto http = StartDashboard(**server, dashboard);

@@ -9,8 +9,7 @@ namespace {
 
 bool BytesToFloats(const std::string& bytes, int64_t want,
                    std::vector<float>* out) {
-  if (want < 0 || bytes.size() != static_cast<uint64_t>(want) * 4)
-    return false;
+  if (want < 0 || bytes.size() != static_cast<uint64_t>(want) * 4) return false;
   out->resize(want);
   std::memcpy(out->data(), bytes.data(), bytes.size());
   return true;

@@ -62,8 +62,8 @@ struct ShardMetrics {
 struct MemberSpec {
   std::string worker_id;
   int64_t incarnation = 0;
-  int rank = 0;             // the order of summation
-  int64_t join_step = 0;    // required from this step
+  int rank = 0;                  // the order of summation
+  int64_t join_step = 0;         // required from this step
   int64_t leave_step = kNoStep;  // ... up to this one, excluded
   // Its push of leave_step - 1 was committed as nothing on some shard (it
   // was refused there): a shard that staged it drops it.
@@ -126,9 +126,8 @@ class ShardControl {
   // that many values in any part is cut off at once (kDataLoss), so a
   // rogue shard process cannot make the caller hold more than the range.
   virtual absl::StatusOr<ShardState> Save(const std::string& job_id,
-                                          int64_t map_version,
-                                          int64_t version, int64_t count,
-                                          absl::Duration wait,
+                                          int64_t map_version, int64_t version,
+                                          int64_t count, absl::Duration wait,
                                           bool weights_only) = 0;
   // The shard's ranges and their progress.
   virtual absl::StatusOr<std::vector<v1::RangeStatus>> Status() = 0;

@@ -142,9 +142,9 @@ void TallyServer::ShardLoop() {
       absl::Status st = FromGrpc(stub->RegisterShard(&ctx, req, &resp));
       if (!st.ok()) {
         if (!said_away) {
-          std::fprintf(stderr,
-                       "tally-server: cannot register with %s: %s; retrying\n",
-                       options_.join.c_str(), std::string(st.message()).c_str());
+          std::fprintf(
+              stderr, "tally-server: cannot register with %s: %s; retrying\n",
+              options_.join.c_str(), std::string(st.message()).c_str());
           said_away = true;
         }
         if (SleepUnlessStopped(backoff)) return;
@@ -158,10 +158,11 @@ void TallyServer::ShardLoop() {
                             absl::Milliseconds(20), absl::Milliseconds(500));
       backoff = absl::Milliseconds(100);
       said_away = false;
-      std::fprintf(stderr,
-                   "tally-server: registered with %s as %s (%s; lease %lld ms)\n",
-                   options_.join.c_str(), shard_id.c_str(), advertise_.c_str(),
-                   static_cast<long long>(resp.lease_ms()));
+      std::fprintf(
+          stderr,
+          "tally-server: registered with %s as %s (%s; lease %lld ms)\n",
+          options_.join.c_str(), shard_id.c_str(), advertise_.c_str(),
+          static_cast<long long>(resp.lease_ms()));
     }
     v1::ShardHeartbeatRequest req;
     req.set_shard_id(shard_id);

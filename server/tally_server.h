@@ -44,8 +44,8 @@ struct ServerOptions {
   // server dials others (a shard its coordinator, the coordinator its
   // shards) is coordinator.transport.
   ServerSecurity security;
-  // Where this server's metrics go (server/control/coordinator_metrics.h, server/data/data_metrics.h); borrowed,
-  // must outlive the server; null: none.
+  // Where this server's metrics go (server/control/coordinator_metrics.h,
+  // server/data/data_metrics.h); borrowed, must outlive the server; null: none.
   MetricsEndpoint* metrics = nullptr;
   // Shards sum pushes as they arrive (bsp without backup workers) instead
   // of staging each whole (server/data/shard.h), in ranges of at least
@@ -95,7 +95,8 @@ class TallyServer {
 
   ServerOptions options_;
   std::unique_ptr<DataPlaneMetrics> data_metrics_;
-  std::shared_ptr<CoordinatorCollector> collector_;  // served by options_.metrics
+  std::shared_ptr<CoordinatorCollector>
+      collector_;  // served by options_.metrics
   std::unique_ptr<ShardHost> host_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> jobs_;

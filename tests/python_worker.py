@@ -1038,8 +1038,8 @@ class JobRunner(threading.Thread):
                     answers[i] = "ok"
                 except Rpc as e:
                     # The reason first, then the code: STEP_NOT_OPEN and
-                    # JOIN_LATER came with FAILED_PRECONDITION before 0.9,
-                    # with ABORTED since.
+                    # JOIN_LATER came with FAILED_PRECONDITION from servers
+                    # of earlier releases, with ABORTED now.
                     if e.reason in NOT_OURS:
                         raise
                     if e.reason in ("NON_FINITE", "STALE_GRADIENT"):

@@ -257,9 +257,9 @@ absl::StatusOr<StepStats> Engine::Step(const BatchView& batch, uint64_t seed,
   if (!plan.per_layer && sh.loss_known)
     TALLY_RETURN_IF_ERROR(sh.loss_known(total));
   // Phase 2: thread r reduces slice r over the used replicas, then applies.
-  TALLY_RETURN_IF_ERROR(threads_->Run(
-      [&](int r) { return ReduceSlice(r, plan, apply); },
-      options_.step_timeout));
+  TALLY_RETURN_IF_ERROR(
+      threads_->Run([&](int r) { return ReduceSlice(r, plan, apply); },
+                    options_.step_timeout));
   return total;
 }
 
@@ -323,8 +323,8 @@ absl::Status Engine::ComputeReplica(internal::Replica& rep, int r,
 absl::Status Engine::HostHooks(internal::Replica& rep, const StepPlan& plan,
                                ReplicaHooks& h) {
   const StepHooks& sh = plan.hooks;
-  TALLY_RETURN_IF_ERROR(rep.device->CopyFromHost(
-      rep.model->params(), params_, num_params_ * sizeof(float)));
+  TALLY_RETURN_IF_ERROR(rep.device->CopyFromHost(rep.model->params(), params_,
+                                                 num_params_ * sizeof(float)));
   if (plan.per_layer && sh.params_ready)
     h.hooks.before_forward = sh.params_ready;
   if (h.report) {
@@ -353,7 +353,7 @@ void Engine::OffHostHooks(internal::Replica& rep, const StepPlan& plan,
   };
   if (rep.host_grads != nullptr) {
     h.hooks.after_backward = [&rep, dev, &h](int64_t begin,
-                                              int64_t end) -> absl::Status {
+                                             int64_t end) -> absl::Status {
       TALLY_RETURN_IF_ERROR(dev->CopyToHostAsync(
           rep.host_grads + begin, rep.model->grads() + begin,
           (end - begin) * sizeof(float)));
@@ -388,8 +388,8 @@ absl::Status Engine::ReduceSlice(int r, const StepPlan& plan,
   const int64_t n = end - begin;
   for (int s = 0; s < plan.used && collective_ == nullptr; ++s) {
     internal::Replica& rep = *replicas_[s];
-    const float* g = rep.device->host_accessible() ? rep.model->grads()
-                                                   : rep.host_grads;
+    const float* g =
+        rep.device->host_accessible() ? rep.model->grads() : rep.host_grads;
     if (g == grads_) continue;  // replica 0 already is the sum's base
     if (s == 0) {
       std::copy(g + begin, g + end, grads_ + begin);

@@ -99,37 +99,27 @@ JobRunner::State JobRunner::Pull() {
   if (!pulled.ok()) {
     const absl::Status& s = pulled.status();
     switch (ReactTo(Call::kPull, s)) {
-      case Reaction::kRetryNow: {
-        // PUSH_AGAIN: a shard's sum lost our push (another push in it could
-        // not count). Its gradient still the engine's: the same push again
-        // (a shard that kept it answers "duplicate"), then the pull that
-        // commits it. Otherwise (a step was begun since: one shard, so no
-        // other shard kept the commit) the step is done again from its
-        // weights.
-        const int64_t step = ReasonStep(s);
-        context_.log(absl::StrCat("step ", step, ": ", s.message()));
-        commit_.reset();
-        if (held_.has_value() && held_->step == step) {
-          step_ = step;
-          stats_ = held_->stats;
-          return State::kPush;
-        }
-        next_ = step;
-        loader_next_ = -1;
-        return State::kNextStep;
-      }
+      case Reaction::kRetryNow:
+        return PushAgain(s);
       case Reaction::kLeave:
         return Stop(s);
       case Reaction::kGiveUp:
         // SCHEDULE_MISMATCH, or what should not happen: said to the
         // coordinator, so the slot does not wait for us.
         return Stop(Refuse(s));
-      default:
-        // Others are slow, a shard is away, or the job is being placed
-        // again (a new shard map comes with the assignment): pull again.
-        Backoff();
-        return State::kNextStep;
+      case Reaction::kRetry:
+      case Reaction::kStaleMap:
+      case Reaction::kNextStep:
+      case Reaction::kPullAgain:
+      case Reaction::kJoinLater:
+      case Reaction::kNotCounted:
+      case Reaction::kDone:
+        break;
     }
+    // Others are slow, a shard is away, or the job is being placed again
+    // (a new shard map comes with the assignment): pull again.
+    Backoff();
+    return State::kNextStep;
   }
   backoff_ = absl::Milliseconds(100);
   const int64_t version = *pulled;
@@ -149,6 +139,25 @@ JobRunner::State JobRunner::Pull() {
   // joined late, or were away): go on from the version.
   step_ = async ? next_ : std::max(next_, version);
   return State::kCompute;
+}
+
+// PUSH_AGAIN on a pull: a shard's sum lost our push (another push in it
+// could not count). Its gradient still the engine's: the same push again
+// (a shard that kept it answers "duplicate"), then the pull that commits
+// it. Otherwise (a step was begun since: one shard, so no other shard kept
+// the commit) the step is done again from its weights.
+JobRunner::State JobRunner::PushAgain(const absl::Status& s) {
+  const int64_t step = ReasonStep(s);
+  context_.log(absl::StrCat("step ", step, ": ", s.message()));
+  commit_.reset();
+  if (held_.has_value() && held_->step == step) {
+    step_ = step;
+    stats_ = held_->stats;
+    return State::kPush;
+  }
+  next_ = step;
+  loader_next_ = -1;
+  return State::kNextStep;
 }
 
 JobRunner::State JobRunner::ComputeStep() {
@@ -271,7 +280,12 @@ JobRunner::State JobRunner::Advance(int64_t step, const PushAnswers& a) {
       break;
     case Reaction::kLeave:  // ended, taken off the job, stale registration
       return Stop(a.other);
-    default:
+    case Reaction::kGiveUp:
+    case Reaction::kDone:
+    case Reaction::kRetry:
+    case Reaction::kStaleMap:
+    case Reaction::kRetryNow:
+    case Reaction::kNotCounted:
       return Stop(Refuse(a.other));
   }
   StepDone(step, stats_);
@@ -462,7 +476,8 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   CountStep(stats, work, absl::Now() - began - work.blocked);
   loader_->Recycle(std::move(batch));
   // A step dropped for its pull is done again the plain way (Overlapped).
-  if (!stats.ok()) return work.pull_failed ? stats.status() : Refuse(stats.status());
+  if (!stats.ok())
+    return work.pull_failed ? stats.status() : Refuse(stats.status());
   loader_next_ = index + 1 < rank_batches_
                      ? step + 1
                      : (epoch + 1) * schedule_.steps_per_epoch;
@@ -528,7 +543,9 @@ StepHooks JobRunner::HooksFor(int64_t step, StepWork& work) {
     };
   }
   if (options_.overlap_push) {
-    hooks.grads_ready = [&work](int64_t b, int64_t e) { work.feed->Offer(b, e); };
+    hooks.grads_ready = [&work](int64_t b, int64_t e) {
+      work.feed->Offer(b, e);
+    };
   }
   return hooks;
 }
@@ -544,8 +561,7 @@ void JobRunner::CountStep(const absl::StatusOr<StepStats>& stats,
           absl::ToDoubleSeconds(work.blocked));
   }
   if (options_.metrics != nullptr) {
-    options_.metrics->compute_seconds.Observe(
-        absl::ToDoubleSeconds(computing));
+    options_.metrics->compute_seconds.Observe(absl::ToDoubleSeconds(computing));
     options_.metrics->steps.Increment();
     options_.metrics->samples.Increment(static_cast<double>(stats->samples));
   }

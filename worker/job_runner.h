@@ -109,6 +109,7 @@ class JobRunner {
   State NextStep();
   State Overlapped();
   State Pull();
+  State PushAgain(const absl::Status& why);
   State ComputeStep();
   State Push();
   State Stop(absl::Status why);
@@ -132,8 +133,8 @@ class JobRunner {
     absl::Time pull_deadline;
     std::unique_ptr<PushFeed> feed;  // the push beside the backward pass
     std::shared_ptr<Work> push;
-    absl::Duration blocked;     // waiting for weights
-    bool pull_failed = false;   // the pull failed or brought another version
+    absl::Duration blocked;    // waiting for weights
+    bool pull_failed = false;  // the pull failed or brought another version
   };
   // Forward and backward of step `step` on this rank's batch (an empty
   // contribution where this rank has no batch at that step). With
@@ -155,12 +156,12 @@ class JobRunner {
 
   // How the shards answered a push.
   struct PushAnswers {
-    bool settled = false;      // every shard took it or refused its content
-    bool contributed = true;   // no shard refused its content
-    bool retry = false;        // send it again
-    absl::Status refusal;      // a shard's refusal of its content
-    absl::Status other;        // the first other failure
-    absl::Status leave;        // not ours any more (JOB_ENDED, ...)
+    bool settled = false;     // every shard took it or refused its content
+    bool contributed = true;  // no shard refused its content
+    bool retry = false;       // send it again
+    absl::Status refusal;     // a shard's refusal of its content
+    absl::Status other;       // the first other failure
+    absl::Status leave;       // not ours any more (JOB_ENDED, ...)
   };
   PushAnswers ReadAnswers(int64_t step, Work& push);
   // After the step's push: sets next_ and the pending commit, or says the

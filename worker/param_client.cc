@@ -96,7 +96,8 @@ void ShardWork::Arrived(int part, int64_t upto) {
   arrived_[part] = std::max(arrived_[part], upto);
 }
 
-absl::Status ShardWork::WaitRange(int64_t begin, int64_t end, absl::Time deadline) {
+absl::Status ShardWork::WaitRange(int64_t begin, int64_t end,
+                                  absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto there = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!status_.ok()) return true;
@@ -120,8 +121,8 @@ void ShardWork::Started(grpc::ClientContext* ctx) {
 }
 
 void ShardWork::Finished(int part, grpc::ClientContext* ctx,
-                    const absl::Status& status, int64_t version,
-                    bool cancel_others, bool committed) {
+                         const absl::Status& status, int64_t version,
+                         bool cancel_others, bool committed) {
   absl::MutexLock lock(&mu_);
   live_.erase(std::find(live_.begin(), live_.end(), ctx));
   results_[part] = status;
@@ -623,8 +624,7 @@ class PushCall final
     }
     work_->Finished(part_, &ctx_, s, resp_.version(),
                     /*cancel_others=*/false, resp_.committed());
-    std::shared_ptr<internal::InFlightCalls> in_flight =
-        std::move(in_flight_);
+    std::shared_ptr<internal::InFlightCalls> in_flight = std::move(in_flight_);
     delete this;  // lets go of the lent slices: the work may end now
     in_flight->Done();
   }
@@ -714,8 +714,7 @@ class PullCall final
     if (s.ok()) s = decoder_.Result();
     work_->Finished(part_, &ctx_, s, decoder_.version(),
                     /*cancel_others=*/true);
-    std::shared_ptr<internal::InFlightCalls> in_flight =
-        std::move(in_flight_);
+    std::shared_ptr<internal::InFlightCalls> in_flight = std::move(in_flight_);
     delete this;
     in_flight->Done();
   }
@@ -810,7 +809,8 @@ class ShardStream final
               std::shared_ptr<internal::InFlightCalls> in_flight,
               absl::Duration lifetime, std::shared_ptr<ShardStreamSlot> slot,
               bool share)
-      : in_flight_(std::move(in_flight)), slot_(std::move(slot)),
+      : in_flight_(std::move(in_flight)),
+        slot_(std::move(slot)),
         share_(share) {
     {
       absl::MutexLock lock(&slot_->mu);
@@ -978,8 +978,7 @@ class ShardStream final
       slot_->stream = nullptr;
       slot_->open = false;
     }
-    std::shared_ptr<internal::InFlightCalls> in_flight =
-        std::move(in_flight_);
+    std::shared_ptr<internal::InFlightCalls> in_flight = std::move(in_flight_);
     delete this;
     in_flight->Done();
   }
@@ -1173,10 +1172,10 @@ class PullOp final : public StreamOp {
  public:
   // `shared`: the stream's region, its pull part taken for this pull (or
   // null); `ask`: the pull asks for one.
-  PullOp(std::shared_ptr<internal::ShardWork> work, int part, v1::PullRequest req,
-         float* params, int64_t num_params, int64_t offset, int64_t count,
-         grpc::ClientContext* ctx, std::unique_ptr<SharedPart> shared,
-         bool ask)
+  PullOp(std::shared_ptr<internal::ShardWork> work, int part,
+         v1::PullRequest req, float* params, int64_t num_params, int64_t offset,
+         int64_t count, grpc::ClientContext* ctx,
+         std::unique_ptr<SharedPart> shared, bool ask)
       : work_(std::move(work)),
         part_(part),
         decoder_(params, num_params, offset, count),
@@ -1368,7 +1367,7 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
                                             const v1::StepCommit* commit,
                                             int64_t clock) {
   auto work = std::make_shared<internal::ShardWork>(num_shards(),
-                                                   options_.mixed_versions);
+                                                    options_.mixed_versions);
   const v1::PullRequest req =
       MakePullRequest(options_, min_version, commit, clock);
   for (int i = 0; i < num_shards(); ++i) {

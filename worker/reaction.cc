@@ -52,16 +52,26 @@ Reaction ReactTo(Call call, const absl::Status& s) {
 
 const char* ReactionName(Reaction r) {
   switch (r) {
-    case Reaction::kDone: return "done";
-    case Reaction::kRetry: return "retry";
-    case Reaction::kStaleMap: return "stale map";
-    case Reaction::kRetryNow: return "retry now";
-    case Reaction::kNextStep: return "next step";
-    case Reaction::kPullAgain: return "pull again";
-    case Reaction::kJoinLater: return "join later";
-    case Reaction::kNotCounted: return "not counted";
-    case Reaction::kLeave: return "leave";
-    case Reaction::kGiveUp: return "give up";
+    case Reaction::kDone:
+      return "done";
+    case Reaction::kRetry:
+      return "retry";
+    case Reaction::kStaleMap:
+      return "stale map";
+    case Reaction::kRetryNow:
+      return "retry now";
+    case Reaction::kNextStep:
+      return "next step";
+    case Reaction::kPullAgain:
+      return "pull again";
+    case Reaction::kJoinLater:
+      return "join later";
+    case Reaction::kNotCounted:
+      return "not counted";
+    case Reaction::kLeave:
+      return "leave";
+    case Reaction::kGiveUp:
+      return "give up";
   }
   return "?";
 }

@@ -6,9 +6,9 @@
 // higher-level retry. docs/cluster.md lists every call's answers.
 //
 // Compatibility: STEP_NOT_OPEN and JOIN_LATER came with FAILED_PRECONDITION
-// before this release and come with ABORTED now; a reaction is decided by
-// the reason first, so answers of either kind of server are understood.
-// Servers of the previous release are accepted for one release.
+// from servers of earlier releases and come with ABORTED now; a reaction
+// is decided by the reason first, so answers of either kind of server are
+// understood (for one release; docs/cluster.md).
 //
 // Thread-safe (a pure function).
 #ifndef TALLY_WORKER_REACTION_H_
@@ -26,7 +26,7 @@ enum class Call {
 };
 
 enum class Reaction {
-  kDone,       // OK
+  kDone,  // OK
   // The same call again after a backoff: the server is away or busy
   // (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, our own
   // CANCELLED); on a pull, also ABORTED without a reason the worker acts on
@@ -44,8 +44,8 @@ enum class Reaction {
   // NON_FINITE, STALE_GRADIENT, or any other INVALID_ARGUMENT on a push:
   // the shard refused its content; commit it as not contributed, go on.
   kNotCounted,
-  kLeave,      // JOB_ENDED, NOT_A_MEMBER, REGISTER_AGAIN: not ours any more
-  kGiveUp,     // anything else: report the failure (a report: stop trying)
+  kLeave,   // JOB_ENDED, NOT_A_MEMBER, REGISTER_AGAIN: not ours any more
+  kGiveUp,  // anything else: report the failure (a report: stop trying)
 };
 
 Reaction ReactTo(Call call, const absl::Status& status);

@@ -101,9 +101,8 @@ class Progress {
     summary.steps = steps_;
     summary.samples = samples_;
     summary.train_seconds = Seconds(start_, Clock::now());
-    summary.samples_per_sec = summary.train_seconds > 0
-                                  ? samples_ / summary.train_seconds
-                                  : 0.0;
+    summary.samples_per_sec =
+        summary.train_seconds > 0 ? samples_ / summary.train_seconds : 0.0;
     summary.final_loss = last_loss_;
   }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -21,7 +22,6 @@ namespace tally {
 namespace {
 
 constexpr size_t kMaxRequestBytes = 8192;
-constexpr int kIoTimeoutMs = 2000;
 
 // Milliseconds left until `deadline` (0 once passed).
 int Left(absl::Time deadline) {
@@ -79,6 +79,11 @@ const char* Reason(int status) {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const std::string& address, Handler handler) {
+  return Start(address, std::move(handler), Options());
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
+    const std::string& address, Handler handler, const Options& options) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos ||
@@ -98,6 +103,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   }
   std::unique_ptr<HttpServer> s(new HttpServer());
   s->handler_ = std::move(handler);
+  s->options_ = options;
   s->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   if (s->listen_fd_ < 0 ||
@@ -130,31 +136,48 @@ void HttpServer::Serve() {
     if (poll(&p, 1, 200) <= 0) continue;  // wakes to see stop_
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    if (connections_.size() >= kMaxConnections) {
-      // Busy: said at once, without reading the request.
-      WriteAll(fd,
-               "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-               "Retry-After: 1\r\nConnection: close\r\n\r\n",
-               absl::Now() + absl::Milliseconds(100));
+    if (connections_.size() >= kMaxConnections || !Spawn(fd)) {
+      // Busy: said at once, without reading the request or waiting for
+      // the client to take the answer.
+      static constexpr char kBusy[] =
+          "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+          "Retry-After: 1\r\nConnection: close\r\n\r\n";
+      send(fd, kBusy, sizeof(kBusy) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
       close(fd);
-      continue;
     }
-    auto c = std::make_unique<Connection>();
-    Connection* raw = c.get();
-    c->thread = std::thread([this, fd, raw] {
-      Answer(fd);
-      close(fd);
-      raw->done = true;
-    });
-    connections_.push_back(std::move(c));
   }
   Reap(/*all=*/true);
 }
 
+bool HttpServer::Spawn(int fd) {
+  auto c = std::make_unique<Connection>();
+  Connection* raw = c.get();
+  c->fd = fd;
+  try {
+    c->thread = std::thread([this, raw] {
+      Answer(raw->fd);
+      absl::MutexLock lock(&raw->mu);
+      close(raw->fd);
+      raw->fd = -1;
+      raw->done = true;
+    });
+  } catch (const std::system_error&) {
+    return false;  // no thread to be had: the caller answers 503
+  }
+  connections_.push_back(std::move(c));
+  return true;
+}
+
 void HttpServer::Reap(bool all) {
   for (auto it = connections_.begin(); it != connections_.end();) {
-    if (all || (*it)->done) {
-      (*it)->thread.join();
+    Connection& c = **it;
+    if (all) {
+      // The server is going: the connection's reads and writes end now.
+      absl::MutexLock lock(&c.mu);
+      if (c.fd >= 0) shutdown(c.fd, SHUT_RDWR);
+    }
+    if (all || c.done) {
+      c.thread.join();
       it = connections_.erase(it);
     } else {
       ++it;
@@ -163,8 +186,7 @@ void HttpServer::Reap(bool all) {
 }
 
 void HttpServer::Answer(int fd) const {
-  const std::string head =
-      ReadHead(fd, absl::Now() + absl::Milliseconds(kIoTimeoutMs));
+  const std::string head = ReadHead(fd, absl::Now() + options_.request_timeout);
   const std::string line = head.substr(0, head.find_first_of("\r\n"));
   HttpResponse r;
   // "GET /path HTTP/1.1"
@@ -177,13 +199,14 @@ void HttpServer::Answer(int fd) const {
   } else {
     r = handler_(line.substr(sp1 + 1, sp2 - sp1 - 1));
   }
-  WriteAll(fd, absl::StrCat("HTTP/1.1 ", r.status, " ", Reason(r.status),
-                            "\r\nContent-Type: ", r.content_type,
-                            "\r\nContent-Length: ", r.body.size(),
-                            "\r\nCache-Control: no-store"
-                            "\r\nConnection: close\r\n\r\n",
-                            r.body),
-           absl::Now() + absl::Seconds(10));
+  WriteAll(fd,
+           absl::StrCat("HTTP/1.1 ", r.status, " ", Reason(r.status),
+                        "\r\nContent-Type: ", r.content_type,
+                        "\r\nContent-Length: ", r.body.size(),
+                        "\r\nCache-Control: no-store"
+                        "\r\nConnection: close\r\n\r\n",
+                        r.body),
+           absl::Now() + options_.answer_timeout);
 }
 
 }  // namespace tally

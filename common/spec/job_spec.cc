@@ -118,12 +118,10 @@ absl::Status ParseLinearArgs(const YAML::Node& args, const std::string& p,
 
 absl::Status ParseConv2dArgs(const YAML::Node& args, const std::string& p,
                              LayerConfig* c) {
-  TALLY_RETURN_IF_ERROR(
-      CheckKeys(args, p,
-                {"in_channels", "out_channels", "kernel_size", "stride",
-                 "padding", "bias"}));
-  if (!args["in_channels"] || !args["out_channels"] ||
-      !args["kernel_size"]) {
+  TALLY_RETURN_IF_ERROR(CheckKeys(args, p,
+                                  {"in_channels", "out_channels", "kernel_size",
+                                   "stride", "padding", "bias"}));
+  if (!args["in_channels"] || !args["out_channels"] || !args["kernel_size"]) {
     return FieldError(p, "needs in_channels, out_channels and kernel_size");
   }
   TALLY_RETURN_IF_ERROR(
@@ -270,9 +268,9 @@ absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
   const std::string p = "training.consistency";
   if (!n) return absl::OkStatus();
   if (!n.IsMap()) return FieldError(p, "must be a mapping");
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
-                                  {"mode", "staleness", "lr_scaling",
-                                   "max_staleness", "backup_workers"}));
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p,
+      {"mode", "staleness", "lr_scaling", "max_staleness", "backup_workers"}));
   TALLY_RETURN_IF_ERROR(ParseConsistencyNames(n, p, c));
   const bool bsp = c->mode == ConsistencyMode::kBsp;
   const bool ssp = c->mode == ConsistencyMode::kSsp;
@@ -420,9 +418,9 @@ absl::Status ParseModel(const YAML::Node& model, const SpecLimits& limits,
   const YAML::Node layers = model["layers"];
   if (layers && layers.IsSequence() &&
       static_cast<int64_t>(layers.size()) > limits.max_layers) {
-    return FieldError(
-        "model.layers", absl::StrCat(layers.size(), " layers, over the limit of ",
-                                     limits.max_layers, " (max_layers)"));
+    return FieldError("model.layers",
+                      absl::StrCat(layers.size(), " layers, over the limit of ",
+                                   limits.max_layers, " (max_layers)"));
   }
   if (!layers || !layers.IsSequence() || layers.size() == 0) {
     return FieldError(

@@ -154,9 +154,10 @@ absl::StatusOr<v1::Job> JobServiceImpl::Visible(
   if (!job.ok()) return job.status();
   const Caller caller = CallerOf(ctx, tokens_);
   if (caller.role == Role::kSubmitter && job->owner() != caller.name) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        Quoted(job_id), " was submitted by someone else; a submitter sees "
-        "and changes only its own jobs"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(Quoted(job_id),
+                     " was submitted by someone else; a submitter sees "
+                     "and changes only its own jobs"));
   }
   return job;
 }
@@ -272,7 +273,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
 grpc::ServerUnaryReactor* JobServiceImpl::ListShards(
     grpc::CallbackServerContext* ctx, const v1::ListShardsRequest*,
     v1::ListShardsResponse* resp) {
-  for (v1::ShardInfo& s : coord_->ListShards()) *resp->add_shards() = std::move(s);
+  for (v1::ShardInfo& s : coord_->ListShards())
+    *resp->add_shards() = std::move(s);
   return Reply(ctx, absl::OkStatus());
 }
 
@@ -284,8 +286,9 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::RegisterShard(
   const std::string& a = req->address();
   const bool host_port =
       !a.empty() && a.size() <= 256 && a.find(':') != std::string::npos &&
-      a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                          "0123456789.-_:[]") == std::string::npos;
+      a.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+          "0123456789.-_:[]") == std::string::npos;
   if (!host_port) {
     return Reply(ctx, absl::InvalidArgumentError(
                           "a shard registers with its host:port (letters, "

@@ -54,8 +54,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   absl::StatusOr<v1::Job> Visible(const grpc::CallbackServerContext& ctx,
                                   const std::string& job_id) const;
 
-  Coordinator* coord_;          // borrowed
-  const TokenTable* tokens_;    // borrowed; may be null
+  Coordinator* coord_;        // borrowed
+  const TokenTable* tokens_;  // borrowed; may be null
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {

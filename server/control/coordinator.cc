@@ -1,8 +1,10 @@
 #include "server/control/coordinator.h"
 
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <thread>
 #include <utility>
@@ -43,7 +45,16 @@ int64_t JobNumber(const std::string& id) {
 // a state_dir): six base-36 characters from the kernel's random source.
 std::string LifetimeTag() {
   uint64_t bits = 0;
-  while (getrandom(&bits, sizeof(bits), 0) != sizeof(bits)) {
+  ssize_t n;
+  do {
+    n = getrandom(&bits, sizeof(bits), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n != sizeof(bits)) {
+    // No getrandom (an old kernel, a seccomp profile): the start time and
+    // the process id, which also differ between two lifetimes.
+    bits = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) *
+               0x9e3779b97f4a7c15u ^
+           static_cast<uint64_t>(getpid());
   }
   constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
   std::string tag;
@@ -139,9 +150,9 @@ absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
       std::vector<std::thread> threads;
       for (size_t i = 0; i < ranges.size(); ++i) {
         threads.emplace_back([&, i] {
-          states[i] = ranges[i].control->Save(job_id, map_version, version,
-                                              ranges[i].count, kSaveWait,
-                                              weights_only);
+          states[i] =
+              ranges[i].control->Save(job_id, map_version, version,
+                                      ranges[i].count, kSaveWait, weights_only);
         });
       }
       for (std::thread& t : threads) t.join();
@@ -174,11 +185,11 @@ std::shared_ptr<const std::vector<float>> RetiredWeights(
     int64_t num_params, const std::vector<RangeRef>& refs) {
   auto weights = std::make_shared<std::vector<float>>(num_params);
   for (const RangeRef& r : refs) {
-    absl::StatusOr<HoldReport> h = r.control->Hold(
-        job_id, map_version, hold_id, absl::Milliseconds(1));
+    absl::StatusOr<HoldReport> h =
+        r.control->Hold(job_id, map_version, hold_id, absl::Milliseconds(1));
     absl::StatusOr<ShardState> st =
-        h.ok() ? r.control->Save(job_id, map_version, h->version,
-                                 r.count, absl::Seconds(1),
+        h.ok() ? r.control->Save(job_id, map_version, h->version, r.count,
+                                 absl::Seconds(1),
                                  /*weights_only=*/true)
                : absl::StatusOr<ShardState>(h.status());
     if (!st.ok() || static_cast<int64_t>(st->weights->size()) != r.count)
@@ -231,14 +242,15 @@ struct Coordinator::ControlTask {
 Coordinator::Coordinator(const CoordinatorOptions& options)
     : options_(options),
       lifetime_(LifetimeTag()),
-      leases_(options.lease_timeout,
-              (options.clock != nullptr ? options.clock : &real_clock_)->Now()) {
+      leases_(
+          options.lease_timeout,
+          (options.clock != nullptr ? options.clock : &real_clock_)->Now()) {
   if (options_.clock == nullptr) options_.clock = &real_clock_;
   if (options_.connect_shard == nullptr) {
-    options_.connect_shard = [transport = options_.transport](
-                                 const std::string& address) {
-      return MakeRemoteShardControl(address, transport);
-    };
+    options_.connect_shard =
+        [transport = options_.transport](const std::string& address) {
+          return MakeRemoteShardControl(address, transport);
+        };
   }
   absl::MutexLock lock(&mu_);
   if (options_.local_shard != nullptr) {
@@ -375,9 +387,9 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   out->set_samples_per_sec(first.samples_per_sec());
   out->set_samples(first.samples());
   out->set_train_seconds(first.train_seconds());
-  out->set_mean_samples_per_sec(
-      first.train_seconds() > 0 ? first.samples() / first.train_seconds()
-                                : 0.0);
+  out->set_mean_samples_per_sec(first.train_seconds() > 0
+                                    ? first.samples() / first.train_seconds()
+                                    : 0.0);
   out->set_rejected_pushes(rejected);
   int workers = 0;
   for (const MemberSpec& m : job.members) {
@@ -405,7 +417,8 @@ void Coordinator::RenderProgressLocked(
   v1::WorkerProgress* slowest = nullptr;
   for (const std::string& id : job.slots) {
     auto it = workers_.find(id);
-    if (id.empty() || it == workers_.end() || it->second.job_id != job.proto.id())
+    if (id.empty() || it == workers_.end() ||
+        it->second.job_id != job.proto.id())
       continue;
     const WorkerEntry& w = it->second;
     v1::WorkerProgress* p = out->add_progress();
@@ -454,10 +467,21 @@ void Coordinator::RenderStallLocked(const JobEntry& job, int64_t version,
   // A member that has never pulled (clock -1) holds the step as much as one
   // that pulled and did not push: it is named too, so that an operator sees
   // it (docs/cluster.md, "A stalled job").
+  // A slot holder whose membership is still being set (or that joins at a
+  // later step) is not waited on.
+  auto required = [&job, version](const std::string& id) {
+    for (const MemberSpec& m : job.members) {
+      if (m.worker_id == id && m.join_step <= version && m.leave_step > version)
+        return true;
+    }
+    return false;
+  };
   for (const v1::WorkerProgress& p : out->progress()) {
-    if (p.clock() <= version && !p.waiting()) {
+    if (p.clock() <= version && !p.waiting() &&
+        (p.clock() >= 0 || required(p.worker_id()))) {
       out->add_waiting_on(absl::StrCat(
-          p.worker_id(), p.name().empty() ? "" : absl::StrCat(" (", p.name(), ")"),
+          p.worker_id(),
+          p.name().empty() ? "" : absl::StrCat(" (", p.name(), ")"),
           p.clock() < 0 ? ": has not pulled yet" : ""));
     }
   }
@@ -551,9 +575,10 @@ int64_t Coordinator::QueuedLocked(const std::string* owner) const {
 
 absl::Status Coordinator::AdmitLocked(const std::string& owner) const {
   if (QueuedLocked() >= options_.max_queued_jobs) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        options_.max_queued_jobs, " jobs already wait for workers "
-        "(--max_queued_jobs); cancel some or try later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(options_.max_queued_jobs,
+                     " jobs already wait for workers "
+                     "(--max_queued_jobs); cancel some or try later"));
   }
   // Without tokens every caller is the same nobody: only named submitters
   // have shares.
@@ -623,7 +648,8 @@ int Coordinator::DropOldJobs() {
   // Job numbers are never given twice, even once every file is gone.
   if (store_ != nullptr && !dropped.empty()) {
     if (absl::Status s = store_->SaveNextJob(next_job); !s.ok()) {
-      std::fprintf(stderr, "tally-server: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "tally-server: %s\n",
+                   std::string(s.message()).c_str());
     }
   }
   for (const DroppedJob& d : dropped) ForgetDropped(d);
@@ -650,11 +676,10 @@ std::vector<Coordinator::DroppedJob> Coordinator::TakeDroppableLocked() {
   for (size_t i = 0; i < ended.size(); ++i) {
     const JobEntry& job = jobs_.at(ended[i]);
     const bool too_many = static_cast<int64_t>(i) < excess;
-    const bool too_old =
-        options_.finished_job_ttl > absl::ZeroDuration() &&
-        now - absl::FromUnixSeconds(
-                  static_cast<int64_t>(job.proto.finished_unix())) >
-            options_.finished_job_ttl;
+    const bool too_old = options_.finished_job_ttl > absl::ZeroDuration() &&
+                         now - absl::FromUnixSeconds(static_cast<int64_t>(
+                                   job.proto.finished_unix())) >
+                             options_.finished_job_ttl;
     if (!too_many && !too_old) continue;
     DroppedJob d;
     d.id = ended[i];
@@ -760,11 +785,10 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     }
   }
   if (weights == nullptr) {
-    TALLY_ASSIGN_OR_RETURN(
-        StoredJob saved,
-        SaveRanges(job_id, map_version, ranges, version, total_steps,
-                   layout.num_params,
-                   /*weights_only=*/true));
+    TALLY_ASSIGN_OR_RETURN(StoredJob saved,
+                           SaveRanges(job_id, map_version, ranges, version,
+                                      total_steps, layout.num_params,
+                                      /*weights_only=*/true));
     weights = saved.weights;
     version = saved.version;
   }
@@ -791,11 +815,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   {
     absl::MutexLock lock(&mu_);
     if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          options_.max_workers, " workers are registered already "
-          "(--max_workers)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(options_.max_workers,
+                       " workers are registered already "
+                       "(--max_workers)"));
     }
-    const std::string id = absl::StrCat("worker-", lifetime_, "-", next_worker_++);
+    const std::string id =
+        absl::StrCat("worker-", lifetime_, "-", next_worker_++);
     WorkerEntry& w = workers_[id];
     w.name = req.name();
     w.devices = req.devices();
@@ -883,11 +909,10 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     // Another worker's report may have ended the job already.
     if (Terminal(job.proto.state())) return absl::OkStatus();
     if (wit->second.job_id != req.job_id()) {
-      return WithReason(
-          absl::FailedPreconditionError(absl::StrCat(
-              Quoted(req.worker_id()), " is not assigned to ",
-              Quoted(req.job_id()))),
-          v1::NOT_A_MEMBER);
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            Quoted(req.worker_id()), " is not assigned to ",
+                            Quoted(req.job_id()))),
+                        v1::NOT_A_MEMBER);
     }
     const std::string who =
         absl::StrCat(req.worker_id(), " (", wit->second.name, ")");
@@ -897,9 +922,10 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
       job.barred.insert(req.worker_id());
       const std::string note =
           absl::StrCat(who, " cannot train this job: ", req.message());
-      job.proto.set_message(job.proto.message().empty()
-                                ? note
-                                : absl::StrCat(job.proto.message(), "; ", note));
+      job.proto.set_message(
+          job.proto.message().empty()
+              ? note
+              : absl::StrCat(job.proto.message(), "; ", note));
       VacateLocked(job, req.worker_id(), &notes);
     } else if (!req.ok()) {
       FinishLocked(job, v1::FAILED, absl::StrCat(who, ": ", req.message()),
@@ -938,7 +964,8 @@ v1::RegisterShardResponse Coordinator::RegisterShard(
   v1::RegisterShardResponse out;
   {
     absl::MutexLock lock(&mu_);
-    const std::string id = absl::StrCat("shard-", lifetime_, "-", next_shard_++);
+    const std::string id =
+        absl::StrCat("shard-", lifetime_, "-", next_shard_++);
     ShardEntry& s = shards_[id];
     s.address = req.address();
     s.incarnation = leases_.Grant(id, Now());
@@ -1023,8 +1050,8 @@ std::vector<v1::ShardInfo> Coordinator::ListShards() const {
     info.set_shard_id(id);
     info.set_address(s.address);
     info.set_live(s.live);
-    info.set_last_seen_unix(UnixSeconds(s.control->local() ? Now()
-                                                            : s.last_seen));
+    info.set_last_seen_unix(
+        UnixSeconds(s.control->local() ? Now() : s.last_seen));
     std::vector<v1::RangeStatus> ranges = s.ranges;
     if (s.control->local()) {
       auto st = s.control->Status();
@@ -1078,8 +1105,8 @@ void Coordinator::AssignLocked(JobEntry& job, int rank,
   w.rank = rank;
   w.compute_seconds = w.wait_seconds = w.push_seconds = 0;
   job.slots[rank] = worker_id;
-  EventLocked(job, absl::StrCat(worker_id, " (", w.name, ") joined as rank ",
-                                rank));
+  EventLocked(job,
+              absl::StrCat(worker_id, " (", w.name, ") joined as rank ", rank));
   MarkDirty(job);  // a member to add on every range
 }
 
@@ -1112,8 +1139,7 @@ bool Coordinator::PlaceLocked(JobEntry& job) {
   }
   // Map versions never repeat, across coordinator restarts too (a shard
   // process may still hold an older placement of the job).
-  job.map_version =
-      std::max(job.map_version + 1, absl::ToUnixMicros(Now()));
+  job.map_version = std::max(job.map_version + 1, absl::ToUnixMicros(Now()));
   job.installed = false;
   job.members.clear();
   job.leaves.clear();
@@ -1187,7 +1213,8 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
   job.proto.mutable_metrics()->set_workers(0);
   job.proto.set_state(state);
   // A success keeps the notes gathered on the way (workers taken off).
-  if (!message.empty() || state != v1::SUCCEEDED) job.proto.set_message(message);
+  if (!message.empty() || state != v1::SUCCEEDED)
+    job.proto.set_message(message);
   job.proto.set_finished_unix(UnixSeconds(Now()));
   for (std::string& wid : job.slots) {
     if (wid.empty()) continue;
@@ -1306,11 +1333,11 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
     job.installed = true;
     job.members.clear();
     if (!job.condition.empty()) {
-      EventLocked(job, absl::StrCat("placed again on ", job.ranges.size(),
-                                    " parameter shard",
-                                    job.ranges.size() == 1 ? "" : "s",
-                                    " at step ",
-                                    t.start != nullptr ? t.start->version : 0));
+      EventLocked(
+          job,
+          absl::StrCat("placed again on ", job.ranges.size(),
+                       " parameter shard", job.ranges.size() == 1 ? "" : "s",
+                       " at step ", t.start != nullptr ? t.start->version : 0));
       job.condition.clear();
     }
   }
@@ -1356,8 +1383,8 @@ void Coordinator::RetireRanges(ControlTask& t) {
     refs.push_back({r.control, r.offset, r.count});
   }
   if (!t.ranges.empty() && refs.size() == t.ranges.size())
-    t.final_weights = RetiredWeights(t.job_id, t.map_version, t.hold_id,
-                                     t.num_params, refs);
+    t.final_weights =
+        RetiredWeights(t.job_id, t.map_version, t.hold_id, t.num_params, refs);
   if (t.final_weights == nullptr && t.start != nullptr)
     t.final_weights = t.start->weights;
   for (const ControlTask::Range& r : t.ranges)
@@ -1379,7 +1406,7 @@ void Coordinator::InstallRanges(ControlTask& t) {
     s->set_steps_per_epoch(t.schedule.steps_per_epoch);
     s->set_total_steps(t.schedule.total_steps);
     if (t.start != nullptr) {
-      EncodeRangeState(t.start->Range(r.offset, r.count), req.mutable_state());
+      t.start->EncodeRange(r.offset, r.count, req.mutable_state());
     }
     if (!r.control->Install(req).ok()) {
       t.failed = true;
@@ -1432,7 +1459,8 @@ void Coordinator::SetMembership(ControlTask& t) {
     if (m.leave_step == MemberSpec::kNoStep) active.push_back(m);
   }
   bool changed = active.size() != t.desired.size();
-  for (const MemberSpec& d : t.desired) changed = changed || !Contains(active, d);
+  for (const MemberSpec& d : t.desired)
+    changed = changed || !Contains(active, d);
   if (!changed) return;
   std::vector<HoldReport> reports;
   for (const ControlTask::Range& r : t.ranges) {
@@ -1446,8 +1474,7 @@ void Coordinator::SetMembership(ControlTask& t) {
   }
   std::vector<MemberSpec> next = DecideMembers(t, active, reports);
   for (const ControlTask::Range& r : t.ranges) {
-    if (!r.control->SetMembers(t.job_id, t.map_version, next, t.hold_id)
-             .ok()) {
+    if (!r.control->SetMembers(t.job_id, t.map_version, next, t.hold_id).ok()) {
       // A range whose hold lapsed kept its members; the others have the
       // new ones. Both are safe until the next try sets them all.
       t.failed = true;
@@ -1549,9 +1576,9 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
         job.start != nullptr
             ? absl::StrCat("the checkpoint of step ", job.start->version)
             : "the initial weights";
-    AddEvent(job.history, Now(),
-             absl::StrCat("the coordinator restarted; the job resumes from ",
-                          from));
+    AddEvent(
+        job.history, Now(),
+        absl::StrCat("the coordinator restarted; the job resumes from ", from));
     job.condition = absl::StrCat("the coordinator restarted; resuming from ",
                                  from, " once its ranges are placed");
   } else if (job.proto.state() == v1::PENDING && was_running) {
@@ -1567,7 +1594,8 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
 absl::Status Coordinator::Restore() {
   if (options_.state_dir.empty()) return absl::OkStatus();
   if (store_ == nullptr) {
-    auto store = std::make_unique<JobStore>(options_.state_dir, options_.spec_limits);
+    auto store =
+        std::make_unique<JobStore>(options_.state_dir, options_.spec_limits);
     TALLY_RETURN_IF_ERROR(store->Open());
     store_ = std::move(store);
   }
@@ -1625,7 +1653,8 @@ absl::Status Coordinator::Checkpoint(bool force) {
   if (options_.state_dir.empty()) return absl::OkStatus();
   absl::MutexLock writing(&checkpoint_mu_);  // one writer at a time
   if (store_ == nullptr) {
-    auto store = std::make_unique<JobStore>(options_.state_dir, options_.spec_limits);
+    auto store =
+        std::make_unique<JobStore>(options_.state_dir, options_.spec_limits);
     TALLY_RETURN_IF_ERROR(store->Open());
     store_ = std::move(store);
   }
@@ -1719,7 +1748,8 @@ absl::Status Coordinator::WriteCheckpoint(CheckpointDue& d) {
   it->second.saved_version = stored.has_state ? stored.version : -1;
   it->second.saved_at = Now();
   if (stored.has_state && !Terminal(d.job.state())) {
-    EventLocked(it->second, absl::StrCat("checkpoint at step ", stored.version));
+    EventLocked(it->second,
+                absl::StrCat("checkpoint at step ", stored.version));
   }
   ++checkpoints_written_;
   checkpoint_seconds_ += absl::ToDoubleSeconds(absl::Now() - began);
@@ -1821,7 +1851,8 @@ void Coordinator::RestartLocked(JobEntry& job,
           ? absl::StrCat("the checkpoint of step ", job.start->version)
           : "the initial weights (there is no checkpoint)";
   EventLocked(job, absl::StrCat("a parameter shard was lost; the job "
-                                "starts again from ", from));
+                                "starts again from ",
+                                from));
   job.condition = absl::StrCat("a parameter shard was lost; resuming from ",
                                from, " once its ranges are placed");
   job.proto.mutable_metrics()->set_step(

@@ -12,9 +12,9 @@
 // the job (never the job's schedule changed). A job starts when
 // `training.workers` workers are idle and enough shards are live (jobs
 // start in submission order); its vector is split over shards
-// (server/control/partition.h) and each range installed. A slot vacated by a worker
-// whose lease expired is refilled by the next idle worker, which joins at
-// the next step. Training ends when the weights reach the schedule's last
+// (server/control/partition.h) and each range installed. A slot vacated by a
+// worker whose lease expired is refilled by the next idle worker, which joins
+// at the next step. Training ends when the weights reach the schedule's last
 // version; the job succeeds once a worker has reported the test accuracy of
 // the final weights, which the coordinator then keeps (for fetching) while
 // the shards drop the job.
@@ -33,9 +33,9 @@
 // version; every range of the job restarts from that same step, and the
 // workers, seeing the new map, pull it and go on: none restarts.
 //
-// Persistence (options.state_dir, server/control/job_store.h): every job's record,
-// and for a running job the whole vector at one version, taken from every
-// range at exactly that version (ShardControl::Save).
+// Persistence (options.state_dir, server/control/job_store.h): every job's
+// record, and for a running job the whole vector at one version, taken from
+// every range at exactly that version (ShardControl::Save).
 //
 // Control-plane work (installs, membership, retirement) runs after the
 // state change that needs it, outside the coordinator's lock, in the
@@ -120,7 +120,7 @@ struct CoordinatorStats {
 };
 
 struct JobQuery {
-  int page_size = 100;  // 0 or less: 100
+  int page_size = 100;     // 0 or less: 100
   std::string page_token;  // empty: from the first job
   bool omit_spec = false;
   std::string owner;  // non-empty: only this submitter's jobs
@@ -213,7 +213,7 @@ class Coordinator {
   struct JobEntry {
     v1::Job proto;
     JobSpec spec;
-    Schedule schedule;  // fixed at submission, from the spec alone
+    Schedule schedule;               // fixed at submission, from the spec alone
     std::vector<std::string> slots;  // worker id per rank; "" = vacant
     // Workers that said they cannot train this job (another dataset): they
     // are never given it again.
@@ -237,13 +237,12 @@ class Coordinator {
     // its message until its ranges are installed again; the events keep
     // the history.
     std::string condition;
-    bool dirty = true;     // control-plane work pending
+    bool dirty = true;       // control-plane work pending
     int64_t generation = 0;  // bumped with every change that needs work
     // Leave steps decided and sent to some range: never decided again
     // (a range that took one may already have closed that step).
     // (leave step, whether its last commit said "nothing").
-    std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>>
-        leaves;
+    std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>> leaves;
     int64_t notified_version = -1;
     // When the weights last moved (Tick), for the stall report; and when
     // watchers were last told about a stall.
@@ -261,13 +260,13 @@ class Coordinator {
   struct WorkerEntry {
     std::string name, devices, address;
     int64_t incarnation = 0;  // its lease's (leases_)
-    std::string job_id;  // "" = idle
+    std::string job_id;       // "" = idle
     int rank = -1;
     // Its step times on job_id, as its heartbeats say (v1::WorkerProgress).
     double compute_seconds = 0, wait_seconds = 0, push_seconds = 0;
   };
   struct ShardEntry {
-    std::string address;  // "" for the coordinator's own
+    std::string address;      // "" for the coordinator's own
     int64_t incarnation = 0;  // its lease's (leases_)
     absl::Time last_seen;
     bool live = true;
@@ -335,13 +334,15 @@ class Coordinator {
   struct DroppedJob;
   std::vector<DroppedJob> TakeDroppableLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ForgetDropped(const DroppedJob& job) ABSL_LOCKS_EXCLUDED(mu_);
+  void ForgetDropped(const DroppedJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Checkpoint's phases: which jobs are due (under mu_), then each one's
   // file (without it).
   struct CheckpointDue;
   std::vector<CheckpointDue> DueLocked(bool force)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteCheckpoint(CheckpointDue& due) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WriteCheckpoint(CheckpointDue& due)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // The job needs control-plane work (RunControl).
   static void MarkDirty(JobEntry& job) {
     job.dirty = true;
@@ -365,10 +366,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
   void SetMembership(ControlTask& task)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
-  std::vector<MemberSpec> DecideMembers(ControlTask& task,
-                                        const std::vector<MemberSpec>& active,
-                                        const std::vector<HoldReport>& reports)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
+  static std::vector<MemberSpec> DecideMembers(
+      ControlTask& task, const std::vector<MemberSpec>& active,
+      const std::vector<HoldReport>& reports);
   // Runs `notes`, then the control work they may have made due.
   void Settle(Notes& notes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time Now() const { return options_.clock->Now(); }
@@ -380,7 +380,8 @@ class Coordinator {
   RealClock real_clock_;
   std::unique_ptr<JobStore> store_;  // with a state_dir, after Restore
 
-  absl::Mutex checkpoint_mu_;  // serialises Checkpoint calls (taken first)
+  // Serialises Checkpoint calls and DropOldJobs (taken first).
+  absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serialises RunControl
   mutable absl::Mutex mu_;
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;

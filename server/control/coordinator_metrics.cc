@@ -40,8 +40,7 @@ constexpr PerJob kPerJob[] = {
     {"tally_job_loss", "Mean training loss of the last closed step",
      MetricType::Gauge, [](const v1::JobMetrics& m) { return m.loss(); }},
     {"tally_job_accuracy", "Training accuracy of the last closed step",
-     MetricType::Gauge,
-     [](const v1::JobMetrics& m) { return m.accuracy(); }},
+     MetricType::Gauge, [](const v1::JobMetrics& m) { return m.accuracy(); }},
     {"tally_job_workers", "Live members of the job", MetricType::Gauge,
      [](const v1::JobMetrics& m) { return static_cast<double>(m.workers()); }},
     {"tally_job_stale_pushes_total",
@@ -99,8 +98,8 @@ void AddServerSeries(const std::vector<v1::Job>& jobs,
   for (int s = 1; s < v1::JobState_ARRAYSIZE; ++s) {
     if (!v1::JobState_IsValid(s)) continue;
     AddSample(&states,
-              {{"state", absl::AsciiStrToLower(v1::JobState_Name(
-                             static_cast<v1::JobState>(s)))}},
+              {{"state", absl::AsciiStrToLower(
+                             v1::JobState_Name(static_cast<v1::JobState>(s)))}},
               static_cast<double>(by_state[s]));
   }
   out.push_back(std::move(states));
@@ -138,7 +137,8 @@ void AddJobSeries(const std::vector<v1::Job>& jobs,
   for (const PerJob& p : kPerJob) {
     auto f = Family(p.name, p.help, p.type);
     for (const v1::Job& j : jobs) {
-      if (Live(j.state())) AddSample(&f, {{"job_id", j.id()}}, p.value(j.metrics()));
+      if (Live(j.state()))
+        AddSample(&f, {{"job_id", j.id()}}, p.value(j.metrics()));
     }
     out.push_back(std::move(f));
   }

@@ -16,8 +16,8 @@
 //   tally_job_samples_total{job_id}            counter
 //   tally_job_rejected_pushes_total{job_id}    counter
 //   tally_job_samples_per_second{job_id}       gauge, last few seconds
-//   tally_job_loss{job_id}, tally_job_accuracy{job_id}   gauge, last closed step
-//   tally_job_workers{job_id}                  gauge, live members
+//   tally_job_loss{job_id}, tally_job_accuracy{job_id}   gauge, last closed
+//   step tally_job_workers{job_id}                  gauge, live members
 #ifndef TALLY_SERVER_CONTROL_COORDINATOR_METRICS_H_
 #define TALLY_SERVER_CONTROL_COORDINATOR_METRICS_H_
 

@@ -15,10 +15,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "proto/errors.h"
 #include "common/io/safetensors.h"
 #include "common/spec/job_spec.h"
 #include "proto/checkpoint.pb.h"
+#include "proto/errors.h"
 #include "zlib.h"
 
 namespace tally {
@@ -82,22 +82,21 @@ std::string BytesFieldPrefix(int field, size_t size) {
 
 }  // namespace
 
-ShardState StoredJob::Range(int64_t offset, int64_t count) const {
-  ShardState out;
-  out.metrics.version = version;
-  out.metrics.samples = samples;
-  out.metrics.rejected_pushes = rejected_pushes;
-  out.metrics.loss = loss;
-  out.metrics.accuracy = accuracy;
-  out.metrics.train_seconds = train_seconds;
-  out.optimizer.step = optimizer_step;
-  out.weights = std::make_shared<const std::vector<float>>(
-      weights->begin() + offset, weights->begin() + offset + count);
-  for (const std::vector<float>& slot : optimizer_slots) {
-    out.optimizer.slots.emplace_back(slot.begin() + offset,
-                                     slot.begin() + offset + count);
-  }
-  return out;
+void StoredJob::EncodeRange(int64_t offset, int64_t count,
+                            v1::RangeState* out) const {
+  ShardState record;
+  record.metrics.version = version;
+  record.metrics.samples = samples;
+  record.metrics.rejected_pushes = rejected_pushes;
+  record.metrics.loss = loss;
+  record.metrics.accuracy = accuracy;
+  record.metrics.train_seconds = train_seconds;
+  record.optimizer.step = optimizer_step;
+  EncodeRangeRecord(record, out);
+  out->set_weights(weights->data() + offset, 4 * count);
+  out->clear_optimizer_slots();
+  for (const std::vector<float>& slot : optimizer_slots)
+    out->add_optimizer_slots(slot.data() + offset, 4 * count);
 }
 
 JobStore::~JobStore() {
@@ -168,8 +167,8 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   if (!ck.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
     return bad("not a job checkpoint");
   if (ck.format() != kFormat) {
-    return bad(absl::StrCat("format ", ck.format(), ", this server reads ",
-                            kFormat));
+    return bad(
+        absl::StrCat("format ", ck.format(), ", this server reads ", kFormat));
   }
   if (!ValidJobId(ck.job().id())) {
     return bad(absl::StrCat("the job id ", Quoted(ck.job().id()),
@@ -279,7 +278,8 @@ absl::Status JobStore::Save(const StoredJob& job) const {
     ck.set_optimizer_step(job.optimizer_step);
     data.push_back(FloatBytes(*job.weights));
     uint32_t crc = Crc32(0, data.back());
-    for (const auto& slot : job.optimizer_slots) crc = Crc32(crc, FloatBytes(slot));
+    for (const auto& slot : job.optimizer_slots)
+      crc = Crc32(crc, FloatBytes(slot));
     ck.set_data_crc32(crc);
     prefixes.push_back(BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
                                         data.back().size()));

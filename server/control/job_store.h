@@ -38,9 +38,11 @@ struct StoredJob {
   std::vector<std::vector<float>> optimizer_slots;  // num_params each
   v1::JobHistory history;  // curves and events (the dashboard's)
 
-  // The state of elements [offset, offset + count) as a range holds it
-  // (has_state must be set): what a shard is installed with.
-  ShardState Range(int64_t offset, int64_t count) const;
+  // The state of elements [offset, offset + count), as a range holds it,
+  // on the wire (has_state must be set): what a shard is installed with.
+  // The record through the range codec (server/shard_control.h), the
+  // tensors copied once, straight from this job's vectors.
+  void EncodeRange(int64_t offset, int64_t count, v1::RangeState* out) const;
 };
 
 class JobStore {

@@ -46,9 +46,9 @@ absl::Status Leases::Check(const std::string& id, int64_t incarnation) const {
                       v1::REGISTER_AGAIN);
   }
   if (it->second.incarnation != incarnation) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "stale incarnation ", incarnation, " of ", Quoted(id),
-                          ": register again")),
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("stale incarnation ", incarnation,
+                                       " of ", Quoted(id), ": register again")),
                       v1::REGISTER_AGAIN);
   }
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "proto/errors.h"
 #include "proto/tally.grpc.pb.h"
 
@@ -27,8 +28,9 @@ class RemoteShardControl final : public ShardControl {
   absl::Status Install(const v1::InstallRangeRequest& req) override {
     v1::InstallRangeResponse resp;
     // The state's bytes take a while on a slow link: a minute more.
-    auto ctx = Context(kControlTimeout +
-                       (req.has_state() ? absl::Minutes(1) : absl::ZeroDuration()));
+    auto ctx =
+        Context(kControlTimeout +
+                (req.has_state() ? absl::Minutes(1) : absl::ZeroDuration()));
     auto writer = stub_->InstallRange(ctx.get(), &resp);
     v1::InstallRangeChunk msg;
     *msg.mutable_request() = req;
@@ -116,11 +118,13 @@ class RemoteShardControl final : public ShardControl {
         DecodeRangeRecord(chunk.state(), &st);
         first = false;
       }
-      const bool malformed = chunk.part() < 0 || chunk.part() > 16;
+      // The weights (part 0) and, unless weights_only, at most every
+      // optimizer slot (parts 1 ...), each the range's size: checked before
+      // the bytes are kept, so nothing beyond that is ever held.
+      const int max_part = weights_only ? 0 : OptimizerState::kMaxSlots;
+      const bool malformed = chunk.part() < 0 || chunk.part() > max_part;
       if (!malformed && static_cast<size_t>(chunk.part()) >= parts.size())
         parts.resize(chunk.part() + 1);
-      // Checked before the bytes are kept: nothing beyond the range's size
-      // is ever held.
       if (malformed || parts[chunk.part()].size() + chunk.data().size() >
                            static_cast<uint64_t>(count) * 4) {
         ctx->TryCancel();
@@ -135,6 +139,7 @@ class RemoteShardControl final : public ShardControl {
     absl::Status s = FromGrpc(reader->Finish());
     if (!s.ok()) return Named(s);
     if (parts.empty()) parts.resize(1);
+    TALLY_RETURN_IF_ERROR(Named(CheckParts(parts, count)));
     auto weights = std::make_shared<std::vector<float>>(parts[0].size() / 4);
     std::memcpy(weights->data(), parts[0].data(), weights->size() * 4);
     st.weights = std::move(weights);
@@ -156,11 +161,23 @@ class RemoteShardControl final : public ShardControl {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     return ctx;
   }
+  // Every part of a saved state is the range's size.
+  static absl::Status CheckParts(const std::vector<std::string>& parts,
+                                 int64_t count) {
+    for (const std::string& part : parts) {
+      if (part.size() != static_cast<uint64_t>(count) * 4) {
+        return absl::DataLossError(absl::StrCat(
+            "the shard sent ", part.size(),
+            " bytes of a state part where the range has ", count, " values"));
+      }
+    }
+    return absl::OkStatus();
+  }
   // The shard's address in the message, keeping the code and reason.
   absl::Status Named(const absl::Status& s) const {
     if (s.ok()) return s;
-    absl::Status out(s.code(), absl::StrCat("shard ", address_, ": ",
-                                            s.message()));
+    absl::Status out(s.code(),
+                     absl::StrCat("shard ", address_, ": ", s.message()));
     s.ForEachPayload([&out](absl::string_view url, const absl::Cord& p) {
       out.SetPayload(url, p);
     });

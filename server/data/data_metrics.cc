@@ -12,9 +12,10 @@ DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& r)
       pull_bytes_(AddCounter(r, "tally_pull_bytes_total",
                              "Weight bytes sent in pulls")),
       push_seconds_(AddLatencyHistogram(r, "tally_push_seconds",
-                                 "Duration of a push call")),
-      pull_seconds_(AddLatencyHistogram(r, "tally_pull_seconds",
-                                 "Duration of a pull call, waiting included")),
+                                        "Duration of a push call")),
+      pull_seconds_(
+          AddLatencyHistogram(r, "tally_pull_seconds",
+                              "Duration of a pull call, waiting included")),
       pull_wait_seconds_(AddLatencyHistogram(
           r, "tally_pull_wait_seconds",
           "Time a pull waited for its version (the step to close)")),

@@ -50,8 +50,7 @@ class LocalShardControl final : public ShardControl {
                   });
     // The host releases the wait at its deadline (its Tick); a margin
     // covers the tick.
-    if (!result->done.WaitForNotificationWithTimeout(wait +
-                                                     absl::Seconds(1))) {
+    if (!result->done.WaitForNotificationWithTimeout(wait + absl::Seconds(1))) {
       return absl::DeadlineExceededError(
           absl::StrCat("version ", version, " not reached in time"));
     }

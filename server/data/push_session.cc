@@ -53,9 +53,9 @@ absl::StatusOr<v1::PushResponse> PushSession::Finish() {
                      shard_->num_params(), " gradient elements"));
   }
   bool duplicate = false;
-  absl::Status s =
-      streamed_ ? shard_->FinishStreamed(meta_, token_, &duplicate)
-                : shard_->Accept(meta_, std::move(staging_), &duplicate);
+  absl::Status s = streamed_
+                       ? shard_->FinishStreamed(meta_, token_, &duplicate)
+                       : shard_->Accept(meta_, std::move(staging_), &duplicate);
   resp_.set_duplicate(duplicate);
   if (s.ok()) CommitIfAsked();
   resp_.set_version(shard_->version());
@@ -139,14 +139,14 @@ absl::Status PushSession::AddChunk(const WireMessage& msg) {
   float* dst = staging_->data() + local;
   const bool bf16 = c.dtype == v1::BFLOAT16;
   int64_t bad = -1;
-  msg.ForEachValues(bf16 ? 2 : 4, [&](const char* src, int64_t n,
-                                      int64_t first) {
-    if (bad >= 0) return;
-    const int64_t b =
-        bf16 ? internal::DecodeBfloat16AndFindNonFinite(dst + first, src, n)
-             : internal::CopyAndFindNonFinite(dst + first, src, n);
-    if (b >= 0) bad = first + b;
-  });
+  msg.ForEachValues(
+      bf16 ? 2 : 4, [&](const char* src, int64_t n, int64_t first) {
+        if (bad >= 0) return;
+        const int64_t b =
+            bf16 ? internal::DecodeBfloat16AndFindNonFinite(dst + first, src, n)
+                 : internal::CopyAndFindNonFinite(dst + first, src, n);
+        if (b >= 0) bad = first + b;
+      });
   if (bad >= 0) {
     RejectAndCommit();
     return WithReason(
@@ -169,12 +169,11 @@ absl::Status PushSession::AddBlocks(const WireMessage& msg) {
       const int64_t bad = Decode(msg, chunk_next_, n, block_.data());
       if (bad >= 0) {
         RejectAndCommit();
-        return WithReason(
-            absl::InvalidArgumentError(absl::StrCat(
-                "non-finite gradient value (", block_[bad - chunk_next_],
-                ") at element ", c.offset + bad,
-                "; push rejected and counted")),
-            v1::NON_FINITE);
+        return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                              "non-finite gradient value (",
+                              block_[bad - chunk_next_], ") at element ",
+                              c.offset + bad, "; push rejected and counted")),
+                          v1::NON_FINITE);
       }
       block_from_ = chunk_next_;
     }
@@ -193,12 +192,11 @@ absl::Status PushSession::AddBlocks(const WireMessage& msg) {
 }
 
 int64_t PushSession::Decode(const WireMessage& msg, int64_t from, int64_t n,
-                      float* dst) {
+                            float* dst) {
   const bool bf16 = msg.chunk().dtype == v1::BFLOAT16;
   const int width = bf16 ? 2 : 4;
   int64_t bad = -1;
-  msg.ForEachValues(width, [&](const char* src, int64_t count,
-                               int64_t first) {
+  msg.ForEachValues(width, [&](const char* src, int64_t count, int64_t first) {
     const int64_t b = std::max(first, from);
     const int64_t e = std::min(first + count, from + n);
     if (bad >= 0 || b >= e) return;

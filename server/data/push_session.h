@@ -118,7 +118,7 @@ class PushSession {
   static constexpr int64_t kBlock = 65536;  // values added at a time
   std::function<void()> wake_;
   bool streamed_ = false;
-  int64_t token_ = 0;        // BeginStreamed's
+  int64_t token_ = 0;  // BeginStreamed's
   bool waiting_ = false;
   int64_t chunk_next_ = 0;   // of the current chunk: values added so far
   int64_t block_from_ = -1;  // block_ holds values from here on (-1: none)

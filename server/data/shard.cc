@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/bfloat16.h"
-#include "common/vectorize.h"
 #include "common/status_macros.h"
+#include "common/vectorize.h"
 #include "proto/errors.h"
 
 namespace tally {
@@ -80,21 +80,21 @@ void ParameterShard::SaveAt(
       save_at_.insert(v);
       if (version_ < v) {
         // Released by the close that reaches v, or by its deadline.
-        waiters_.push_back(
-            {v, deadline, [this, v, done](absl::Status s) {
-               absl::StatusOr<ShardState> state =
-                   s.ok() ? absl::StatusOr<ShardState>(Save())
-                          : absl::StatusOr<ShardState>(s);
-               Ready ready;
-               {
-                 absl::MutexLock lock(&mu_);
-                 save_at_.erase(save_at_.find(v));
-                 MaybeCloseLocked(&ready);
-               }
-               RunReady(ready);
-               done(std::move(state));
-             },
-             /*worker_id=*/""});
+        waiters_.push_back({v, deadline,
+                            [this, v, done](absl::Status s) {
+                              absl::StatusOr<ShardState> state =
+                                  s.ok() ? absl::StatusOr<ShardState>(Save())
+                                         : absl::StatusOr<ShardState>(s);
+                              Ready ready;
+                              {
+                                absl::MutexLock lock(&mu_);
+                                save_at_.erase(save_at_.find(v));
+                                MaybeCloseLocked(&ready);
+                              }
+                              RunReady(ready);
+                              done(std::move(state));
+                            },
+                            /*worker_id=*/""});
         return;
       }
     }
@@ -407,10 +407,11 @@ absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
         v1::REGISTER_AGAIN);
   }
   if (it->second.spec.leave_step <= version_) {
-    return WithReason(absl::PermissionDeniedError(absl::StrCat(
-                          "worker ", Quoted(worker_id), " left this job at step ",
-                          it->second.spec.leave_step)),
-                      v1::NOT_A_MEMBER);
+    return WithReason(
+        absl::PermissionDeniedError(absl::StrCat("worker ", Quoted(worker_id),
+                                                 " left this job at step ",
+                                                 it->second.spec.leave_step)),
+        v1::NOT_A_MEMBER);
   }
   return absl::OkStatus();
 }
@@ -461,9 +462,9 @@ absl::Status ParameterShard::CheckAsyncPushLocked(const PushMeta& meta,
                       v1::STEP_CLOSED, version_);
   }
   if (meta.base_version < 0 || meta.base_version > version_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "async: base version ", meta.base_version,
-        " is not one this shard served (at ", version_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("async: base version ", meta.base_version,
+                     " is not one this shard served (at ", version_, ")"));
   }
   const int64_t tau = version_ - meta.base_version;
   const int64_t max_stale = consistency_.max_staleness;
@@ -495,11 +496,11 @@ absl::Status ParameterShard::CheckStepPushLocked(const PushMeta& meta,
       consistency_.mode == ConsistencyMode::kSsp ? consistency_.staleness : 0;
   if (meta.step > version_ + window) {
     // ABORTED: redo at a higher level (pull this step, compute it again).
-    return WithReason(absl::AbortedError(absl::StrCat(
-                          "step ", meta.step, " is not open yet (open: ",
-                          version_, window > 0 ? absl::StrCat(" to ", version_ + window) : "",
-                          ")")),
-                      v1::STEP_NOT_OPEN, version_);
+    return WithReason(
+        absl::AbortedError(absl::StrCat(
+            "step ", meta.step, " is not open yet (open: ", version_,
+            window > 0 ? absl::StrCat(" to ", version_ + window) : "", ")")),
+        v1::STEP_NOT_OPEN, version_);
   }
   if (meta.base_version > meta.step || meta.base_version < meta.step - window ||
       meta.base_version > version_) {
@@ -518,11 +519,10 @@ absl::Status ParameterShard::CheckStepPushLocked(const PushMeta& meta,
   if (max_stale >= 0 && meta.step - meta.base_version > max_stale)
     return StaleLocked(meta, meta.step - meta.base_version);
   if (m.spec.join_step > meta.step) {
-    return WithReason(
-        absl::AbortedError(
-            absl::StrCat("worker ", meta.worker_id, " joins at step ",
-                         m.spec.join_step, "; pull that version first")),
-        v1::JOIN_LATER, m.spec.join_step);
+    return WithReason(absl::AbortedError(absl::StrCat(
+                          "worker ", meta.worker_id, " joins at step ",
+                          m.spec.join_step, "; pull that version first")),
+                      v1::JOIN_LATER, m.spec.join_step);
   }
   if (m.pushed_step >= meta.step) *duplicate = true;
   return absl::OkStatus();
@@ -556,7 +556,8 @@ absl::Status ParameterShard::AcceptLocked(
     return s;
   }
   if (meta.samples > 0 &&
-      (grads == nullptr || static_cast<int64_t>(grads->size()) != num_params_)) {
+      (grads == nullptr ||
+       static_cast<int64_t>(grads->size()) != num_params_)) {
     if (grads != nullptr) --staging_out_;  // not ours to keep
     return absl::InvalidArgumentError("a push with samples needs a gradient");
   }
@@ -565,8 +566,8 @@ absl::Status ParameterShard::AcceptLocked(
     // A whole push in a streamed sum: kept until its turn comes.
     if (m.committed_step >= meta.step) {
       ReleaseLocked(std::move(grads));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a push of step ", meta.step, " after its commit"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a push of step ", meta.step, " after its commit"));
     }
     DropPartLocked(meta.worker_id, ready);
     RestartIfLateLocked(meta.worker_id, ready);
@@ -792,11 +793,11 @@ bool ParameterShard::ReadyToCloseLocked(std::vector<Member*>* required) {
   }
   if (required->empty()) return false;  // nobody to close it with
   // bsp with backup workers: all but b suffice (at least one).
-  const int64_t backups =
-      consistency_.mode == ConsistencyMode::kBsp ? consistency_.backup_workers
-                                                 : 0;
-  const int64_t need = std::max<int64_t>(
-      1, static_cast<int64_t>(required->size()) - backups);
+  const int64_t backups = consistency_.mode == ConsistencyMode::kBsp
+                              ? consistency_.backup_workers
+                              : 0;
+  const int64_t need =
+      std::max<int64_t>(1, static_cast<int64_t>(required->size()) - backups);
   if (committed < need) return false;  // still waiting
   // In the order of summation.
   std::sort(required->begin(), required->end(), [](Member* a, Member* b) {
@@ -922,10 +923,9 @@ ParameterShard::AcquireStaging() {
   {
     absl::MutexLock lock(&mu_);
     // Each member may have a push in flight and one staged per open step.
-    const int window =
-        consistency_.mode == ConsistencyMode::kSsp
-            ? static_cast<int>(consistency_.staleness)
-            : 0;
+    const int window = consistency_.mode == ConsistencyMode::kSsp
+                           ? static_cast<int>(consistency_.staleness)
+                           : 0;
     const int limit = (2 + window) * static_cast<int>(members_.size()) + 4;
     if (staging_out_ >= limit) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -1027,22 +1027,23 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
     auto it = members_.find(worker_id);
     if (it != members_.end()) it->second.waiting = version_ < v;
   }
-  WhenVersionFor(worker_id, v, deadline, [this, worker_id, clock,
-                            done = std::move(done)](absl::Status s) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = members_.find(worker_id);
-      if (it != members_.end()) {
-        it->second.waiting = false;
-        if (s.ok()) {
-          it->second.clock = consistency_.mode == ConsistencyMode::kAsync
-                                 ? clock
-                                 : std::max(clock, version_);
+  WhenVersionFor(
+      worker_id, v, deadline,
+      [this, worker_id, clock, done = std::move(done)](absl::Status s) {
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = members_.find(worker_id);
+          if (it != members_.end()) {
+            it->second.waiting = false;
+            if (s.ok()) {
+              it->second.clock = consistency_.mode == ConsistencyMode::kAsync
+                                     ? clock
+                                     : std::max(clock, version_);
+            }
+          }
         }
-      }
-    }
-    done(s);
-  });
+        done(s);
+      });
 }
 
 void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
@@ -1281,8 +1282,8 @@ absl::StatusOr<bool> ParameterShard::AddStreamed(const PushMeta& meta,
   return true;
 }
 
-absl::Status ParameterShard::FinishStreamed(const PushMeta& meta,
-                                            int64_t token, bool* duplicate) {
+absl::Status ParameterShard::FinishStreamed(const PushMeta& meta, int64_t token,
+                                            bool* duplicate) {
   absl::MutexLock lock(&mu_);
   TALLY_RETURN_IF_ERROR(CheckPushLocked(meta, duplicate));
   if (*duplicate) return absl::OkStatus();
@@ -1301,8 +1302,7 @@ absl::Status ParameterShard::FinishStreamed(const PushMeta& meta,
   return absl::OkStatus();
 }
 
-void ParameterShard::RestartIfLateLocked(const std::string& id,
-                                         Ready* ready) {
+void ParameterShard::RestartIfLateLocked(const std::string& id, Ready* ready) {
   // Ranks add each element in order, so a rank's blocks wait for lower
   // ones it knows nothing of yet; a lower rank beginning after a higher one
   // added something (a member set changed under the step) restarts the sum.
@@ -1386,8 +1386,7 @@ void ParameterShard::ProgressLocked(Ready* ready) {
   parked_.clear();
 }
 
-void ParameterShard::ResetSumLocked(const std::string& keep_out,
-                                    Ready* ready) {
+void ParameterShard::ResetSumLocked(const std::string& keep_out, Ready* ready) {
   ++sum_resets_;
   ++sum_generation_;
   std::set<std::string> again;
@@ -1437,8 +1436,8 @@ void ParameterShard::CheckPartsLocked(Ready* ready) {
     const bool gone = m == members_.end() ||
                       m->second.spec.incarnation != it->second.incarnation ||
                       !RequiredLocked(m->second, version_);
-    const bool refused = !gone && m->second.committed_step >= version_ &&
-                         m->second.last_refused;
+    const bool refused =
+        !gone && m->second.committed_step >= version_ && m->second.last_refused;
     if (!gone && !refused) {
       ++it;
       continue;

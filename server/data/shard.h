@@ -67,8 +67,8 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -282,10 +282,10 @@ class ParameterShard {
   };
   struct Member {
     MemberSpec spec;
-    int64_t pushed_step = -1;     // last step pushed (staged or rejected)
-    int64_t committed_step = -1;  // last step committed
+    int64_t pushed_step = -1;          // last step pushed (staged or rejected)
+    int64_t committed_step = -1;       // last step committed
     std::map<int64_t, Staged> staged;  // by step: at most staleness + 1
-    int64_t clock = -1;    // MemberProgress
+    int64_t clock = -1;                // MemberProgress
     bool waiting = false;
     bool last_refused = false;
     // The step whose streamed sum lost its push: it pushes it again
@@ -304,9 +304,9 @@ class ParameterShard {
     int64_t samples = 0;
     double loss_sum = 0.0;
     int64_t correct = 0;
-    float weight = 0;               // samples, scaled by staleness
-    internal::Intervals added;      // what of it is in sum_
-    bool complete = false;          // pushed whole (FinishStreamed, Accept)
+    float weight = 0;           // samples, scaled by staleness
+    internal::Intervals added;  // what of it is in sum_
+    bool complete = false;      // pushed whole (FinishStreamed, Accept)
     // Accept's whole push, added once its turn comes.
     std::unique_ptr<std::vector<float>> whole;
   };

@@ -110,8 +110,7 @@ absl::StatusOr<Range> ShardHost::Find(const std::string& job_id,
 }
 
 absl::StatusOr<HoldReport> ShardHost::Hold(const std::string& job_id,
-                                           int64_t map_version,
-                                           int64_t hold_id,
+                                           int64_t map_version, int64_t hold_id,
                                            absl::Duration hold) {
   TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
   return r.shard->Hold(hold_id, clock_->Now() + hold);
@@ -125,8 +124,7 @@ absl::Status ShardHost::SetMembers(const std::string& job_id,
   return r.shard->SetMembers(members, hold_id);
 }
 
-absl::Status ShardHost::Retire(const std::string& job_id,
-                               int64_t map_version) {
+absl::Status ShardHost::Retire(const std::string& job_id, int64_t map_version) {
   TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
   r.shard->CancelWaiters();
   r.shard->Retire();
@@ -179,8 +177,9 @@ void ShardHost::SaveAt(const std::string& job_id, int64_t map_version,
   // The callback keeps the shard alive until it has run.
   std::shared_ptr<ParameterShard> shard = r->shard;
   shard->SaveAt(v, deadline,
-                [shard, done = std::move(done)](
-                    absl::StatusOr<ShardState> s) { done(std::move(s)); });
+                [shard, done = std::move(done)](absl::StatusOr<ShardState> s) {
+                  done(std::move(s));
+                });
 }
 
 std::vector<v1::RangeStatus> ShardHost::Status() const {

@@ -16,11 +16,11 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 

@@ -16,8 +16,8 @@
 #include "proto/shared_memory.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
-#include "server/internal/event_reactor.h"
 #include "server/data/push_session.h"
+#include "server/internal/event_reactor.h"
 
 namespace tally {
 
@@ -307,10 +307,10 @@ class PullServing {
     const int64_t n = static_cast<int64_t>(weights_->size());
     if (next_ >= n && next_ > 0) return false;
     const int width = dtype_ == v1::BFLOAT16 ? 2 : 4;
-    char* dst = shared_ != nullptr && n > 0
-                    ? shared_->Values(SharedRegion::kPull, shared_->pull_at(),
-                                      n, width)
-                    : nullptr;
+    char* dst =
+        shared_ != nullptr && n > 0
+            ? shared_->Values(SharedRegion::kPull, shared_->pull_at(), n, width)
+            : nullptr;
     if (dst != nullptr) {
       // The worker reads it once this message reaches it, before it asks
       // its next pull (proto/tally.proto, SharedMemoryOffer).
@@ -358,7 +358,7 @@ class PullServing {
   int64_t version_ = 0;
   int64_t total_steps_ = 0;
   int64_t next_ = 0;
-  grpc::Slice values_;  // over weights_
+  grpc::Slice values_;              // over weights_
   SharedRegion* shared_ = nullptr;  // the stream's (Exchange), borrowed
 };
 
@@ -381,8 +381,9 @@ class PullReactor final
     }
     // The wait may end at once, on this thread: not under mu_.
     absl::Status s = pull_.Begin(
-        host, req,
-        WhileLive([](PullReactor* r, const absl::Status& st) { r->Ready(st); }));
+        host, req, WhileLive([](PullReactor* r, const absl::Status& st) {
+          r->Ready(st);
+        }));
     if (!s.ok()) FinishOnce(ToGrpc(s));
   }
 
@@ -469,7 +470,8 @@ class ExchangeReactor final
     // The written message lets go of the weights it held: a buffer no
     // reader holds is stepped in place, without a copy (shard.h).
     cur_.Clear();
-    if (!ok) EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+    if (!ok)
+      EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
     // Ended while this write was out (a cancel, an error): finish now.
     if (finished_) {
       if (!final_sent_) SendFinishLocked();
@@ -655,9 +657,9 @@ class ExchangeReactor final
     }
     // Ready may run at once, on this thread: not under mu_. Until then
     // nothing else touches the pull.
-    absl::Status s =
-        p->Begin(host_, req, [weak = std::weak_ptr<Handle>(handle_)](
-                                 const absl::Status& st) {
+    absl::Status s = p->Begin(
+        host_, req,
+        [weak = std::weak_ptr<Handle>(handle_)](const absl::Status& st) {
           std::shared_ptr<Handle> h = weak.lock();
           if (h == nullptr) return;
           if (resuming_handle == h.get()) {  // its lock is this thread's
@@ -828,11 +830,11 @@ class ExchangeReactor final
   // Memory shared with the worker (the reading side's; a pull being
   // served borrows it while mapped). Counted by the host while it exists.
   std::unique_ptr<SharedRegion> shared_;
-  std::string shared_owner_;     // its job and worker, for the host
-  int64_t shared_count_ = 0;     // values of the range it was made for
+  std::string shared_owner_;  // its job and worker, for the host
+  int64_t shared_count_ = 0;  // values of the range it was made for
   static constexpr absl::Duration kOfferAnswerTime = absl::Seconds(5);
   absl::Time offered_at_;
-  bool shared_asked_ = false;    // offered once a stream, at most
+  bool shared_asked_ = false;  // offered once a stream, at most
   bool shared_replied_ = false;
   bool shared_mapped_ = false;
 

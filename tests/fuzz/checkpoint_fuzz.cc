@@ -1,9 +1,9 @@
 // libFuzzer: a coordinator checkpoint file (the bytes of job-1.ckpt) read
 // back as at a restart: format, job id, spec, sizes and checksum checked.
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <google/protobuf/stubs/logging.h>
 
 #include "absl/strings/string_view.h"
 #include "server/control/job_store.h"

@@ -1,12 +1,12 @@
 """Function lengths in Tally's C++ sources: no function over MAX_LINES lines
 and at most MAX_LONG over LONG_LINES, outside tests and the benchmarks'
-main() (the style rule: a function that is three functions is split where
-its phases are).
+main(): a function that is three functions is split where its phases are
+(docs/decisions.md, "Function length").
 
     python3 tests/lint/function_length.py [ROOT] [--list]
         [--allow_over_max=N] [--allow_long=N]
 
-The limits are the style rule's, which CI holds; --allow_* raise them for
+The limits are the project's, which CI holds; --allow_* raise them for
 a look at a tree that does not meet it yet.
 
 A function's length runs from the line of its name to its closing brace; a

@@ -3,6 +3,8 @@
 // UNAUTHENTICATED, PERMISSION_DENIED) and changes nothing. The certificates
 // and tokens come from deploy/make-certs.sh (ctest's `certs` fixture runs
 // it into TALLY_BINARY_DIR/test-certs).
+#include "proto/auth.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
@@ -10,7 +12,6 @@
 
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
-#include "proto/auth.h"
 #include "proto/errors.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/transport.h"

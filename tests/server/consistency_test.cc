@@ -417,8 +417,7 @@ TEST(ConsistencyTest, SspRefusesStepsBeyondTheWindowAndBasesOutsideIt) {
   }
   EXPECT_EQ(shard->version(), 0);  // b has pushed nothing
   absl::Status st = shard->Accept(Meta("a", 3, 0), g.data(), &dup);
-  EXPECT_THAT(st, HasReason(absl::StatusCode::kAborted,
-                            v1::STEP_NOT_OPEN));
+  EXPECT_THAT(st, HasReason(absl::StatusCode::kAborted, v1::STEP_NOT_OPEN));
   st = shard->Accept(Meta("b", 0, 1), g.data(), &dup);  // base from the future
   EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument,
                            ::testing::HasSubstr("ssp(2)")));

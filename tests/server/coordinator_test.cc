@@ -1,9 +1,6 @@
 // Job lifecycle, scheduling and leases, with a fake clock (no sleeping).
 #include "server/control/coordinator.h"
 
-#include "server/data/local_shard_control.h"
-#include "server/data/shard_host.h"
-
 #include <cstring>
 #include <limits>
 #include <set>
@@ -12,6 +9,8 @@
 #include "common/io/safetensors.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint.pb.h"
+#include "server/data/local_shard_control.h"
+#include "server/data/shard_host.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -272,11 +271,11 @@ TEST_F(CoordinatorTest, AMemberThatNeverPullsIsNamedInWaitingOn) {
   }
   const v1::JobMetrics m = coord_.Get(job->id())->metrics();
   EXPECT_GE(m.stalled_seconds(), 3.0);
-  std::vector<std::string> waiting(m.waiting_on().begin(), m.waiting_on().end());
-  EXPECT_THAT(waiting,
-              ::testing::UnorderedElementsAre(
-                  a.worker_id() + " (a): has not pulled yet",
-                  b.worker_id() + " (b): has not pulled yet"));
+  std::vector<std::string> waiting(m.waiting_on().begin(),
+                                   m.waiting_on().end());
+  EXPECT_THAT(waiting, ::testing::UnorderedElementsAre(
+                           a.worker_id() + " (a): has not pulled yet",
+                           b.worker_id() + " (b): has not pulled yet"));
 }
 
 TEST_F(CoordinatorTest, StaleIncarnationMustRegisterAgain) {

@@ -1,10 +1,7 @@
 // The gRPC surface of tally-server, in process over a real socket: every
 // kind of bad input gets its specific status and the server keeps serving.
-#include "server/tally_server.h"
-
-#include <grpcpp/grpcpp.h>
-
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -22,6 +19,7 @@
 #include "proto/shared_memory.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
+#include "server/tally_server.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -366,8 +364,7 @@ TEST_F(ServiceTest, BadPushesGetSpecificStatusesAndChangeNothing) {
   // Wrong step bookkeeping: the typed reason crosses the wire, with the
   // step it refers to.
   auto ahead = Push(FullPush(5, 1.0f));
-  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kAborted,
-                               v1::STEP_NOT_OPEN));
+  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kAborted, v1::STEP_NOT_OPEN));
   EXPECT_EQ(ReasonStep(ahead.status()), 0);
   auto stale = FullPush(0, 1.0f);
   stale[0].mutable_header()->set_incarnation(worker_.incarnation() + 9);

@@ -1,7 +1,5 @@
 // RemoteShardControl against a shard process that misbehaves: what it may
 // make the coordinator hold is bounded by the range it was given.
-#include "server/control/remote_shard_control.h"
-
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/tally.grpc.pb.h"
+#include "server/control/remote_shard_control.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -19,18 +18,21 @@ namespace {
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
 
-// Answers SaveRange for a range of a few KiB with 1 MiB pieces, up to
-// 400 MiB, for as long as the caller reads them.
+// Answers SaveRange for a range of a few KiB with pieces of `piece` bytes,
+// up to 400, for as long as the caller reads them: all of part 0 (a flood
+// of weights), or each of its own part (many parts of the range's size).
 class FloodingShard final : public v1::ShardService::Service {
  public:
+  FloodingShard(size_t piece, bool part_each)
+      : piece_(piece), part_each_(part_each) {}
   grpc::Status SaveRange(grpc::ServerContext* ctx,
                          const v1::SaveRangeRequest* req,
                          grpc::ServerWriter<v1::SaveRangeChunk>* out) override {
     v1::SaveRangeChunk chunk;
     chunk.mutable_state()->set_version(req->version());
-    chunk.set_part(0);
-    chunk.set_data(std::string(1 << 20, 'x'));
+    chunk.set_data(std::string(piece_, 'x'));
     for (int i = 0; i < 400 && !ctx->IsCancelled(); ++i) {
+      chunk.set_part(part_each_ ? i : 0);
       if (!out->Write(chunk)) break;
       ++written;
       chunk.clear_state();
@@ -38,16 +40,24 @@ class FloodingShard final : public v1::ShardService::Service {
     return grpc::Status::OK;
   }
   std::atomic<int> written{0};
+
+ private:
+  const size_t piece_;
+  const bool part_each_;
 };
 
-TEST(RemoteShardControlTest, ASaveLargerThanTheRangeIsCutOffAtItsSize) {
-  FloodingShard shard;
+std::unique_ptr<grpc::Server> Serve(FloodingShard* shard, int* port) {
   grpc::ServerBuilder builder;
-  int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&shard);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+                           port);
+  builder.RegisterService(shard);
+  return builder.BuildAndStart();
+}
+
+TEST(RemoteShardControlTest, ASaveLargerThanTheRangeIsCutOffAtItsSize) {
+  FloodingShard shard(1 << 20, /*part_each=*/false);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(&shard, &port);
   ASSERT_NE(server, nullptr);
   std::unique_ptr<ShardControl> control = MakeRemoteShardControl(
       absl::StrCat("127.0.0.1:", port), TransportOptions());
@@ -59,6 +69,27 @@ TEST(RemoteShardControlTest, ASaveLargerThanTheRangeIsCutOffAtItsSize) {
   server->Shutdown();
   // Refused at the first piece: what the shard got to send is what the
   // stream's flow control let through, not the 400 MiB it had.
+  EXPECT_LT(shard.written.load(), 64);
+}
+
+// Each part within the range's size, but more parts than a range's state
+// has (the weights and the optimizer's slots): refused at the first one
+// too many, so the caller holds no more than the range's state.
+TEST(RemoteShardControlTest, MorePartsThanAStateHasAreRefused) {
+  constexpr int64_t kCount = 1024;
+  FloodingShard shard(4 * kCount, /*part_each=*/true);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(&shard, &port);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<ShardControl> control = MakeRemoteShardControl(
+      absl::StrCat("127.0.0.1:", port), TransportOptions());
+  EXPECT_THAT(control->Save("job-1", 1, 5, kCount, absl::Seconds(5),
+                            /*weights_only=*/true),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("malformed")));
+  EXPECT_THAT(control->Save("job-1", 1, 5, kCount, absl::Seconds(5),
+                            /*weights_only=*/false),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("malformed")));
+  server->Shutdown();
   EXPECT_LT(shard.written.load(), 64);
 }
 

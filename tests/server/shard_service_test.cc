@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/tally_server.h"
 #include "server/control/remote_shard_control.h"
+#include "server/tally_server.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -94,8 +94,8 @@ TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   EXPECT_EQ(range->offset, offset);
   EXPECT_EQ(range->shard->version(), 42);
 
-  absl::StatusOr<ShardState> saved =
-      shard->Save("job-9", 5, 42, count, absl::Seconds(5), /*weights_only=*/false);
+  absl::StatusOr<ShardState> saved = shard->Save(
+      "job-9", 5, 42, count, absl::Seconds(5), /*weights_only=*/false);
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->metrics.version, 42);
   EXPECT_EQ(*saved->weights, parts[0]);

@@ -116,8 +116,7 @@ TEST_F(ShardTest, ClosedFutureAndStaleStepsGetSpecificCodes) {
   bool dup = false;
   std::vector<float> g = {0, 0, 0};
   absl::Status ahead = PushAndCommit(*shard_, Meta("a", 1, 1), g.data(), &dup);
-  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kAborted,
-                               v1::STEP_NOT_OPEN));
+  EXPECT_THAT(ahead, HasReason(absl::StatusCode::kAborted, v1::STEP_NOT_OPEN));
   EXPECT_EQ(ReasonStep(ahead), 0);  // the open step
   TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
   TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 1), g.data(), &dup));
@@ -153,8 +152,7 @@ TEST_F(ShardTest, AMemberJoiningAStartedStepIsRequiredFromTheNextOne) {
   TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 0, 1), g.data(), &dup));
   shard_->AddMember("c", 3);
   absl::Status later = PushAndCommit(*shard_, Meta("c", 0, 1, 3), g.data(), &dup);
-  EXPECT_THAT(later, HasReason(absl::StatusCode::kAborted,
-                               v1::JOIN_LATER));
+  EXPECT_THAT(later, HasReason(absl::StatusCode::kAborted, v1::JOIN_LATER));
   EXPECT_EQ(ReasonStep(later), 1);
   TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 0, 1), g.data(), &dup));
   EXPECT_EQ(shard_->version(), 1);  // closed without c

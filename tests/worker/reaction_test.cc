@@ -55,14 +55,14 @@ TEST(ReactionTest, ReasonsWhoseCodeChangedReadTheSameEitherWay) {
 }
 
 TEST(ReactionTest, LeavingWinsOverTheCode) {
-  EXPECT_EQ(ReactTo(Call::kPush, Why(absl::PermissionDeniedError(""),
-                                     v1::NOT_A_MEMBER)),
+  EXPECT_EQ(ReactTo(Call::kPush,
+                    Why(absl::PermissionDeniedError(""), v1::NOT_A_MEMBER)),
             Reaction::kLeave);
-  EXPECT_EQ(ReactTo(Call::kPull, Why(absl::FailedPreconditionError(""),
-                                     v1::JOB_ENDED)),
+  EXPECT_EQ(ReactTo(Call::kPull,
+                    Why(absl::FailedPreconditionError(""), v1::JOB_ENDED)),
             Reaction::kLeave);
-  EXPECT_EQ(ReactTo(Call::kReport, Why(absl::FailedPreconditionError(""),
-                                       v1::REGISTER_AGAIN)),
+  EXPECT_EQ(ReactTo(Call::kReport,
+                    Why(absl::FailedPreconditionError(""), v1::REGISTER_AGAIN)),
             Reaction::kLeave);
 }
 
@@ -78,9 +78,9 @@ TEST(ReactionTest, PullAndReportAnswers) {
             Reaction::kGiveUp);
   // A report: NOT_FINISHED while the coordinator catches up is retried;
   // an unknown job is final (it was retried before, for 30 s).
-  EXPECT_EQ(ReactTo(Call::kReport,
-                    Why(absl::UnavailableError(""), v1::NOT_FINISHED)),
-            Reaction::kRetry);
+  EXPECT_EQ(
+      ReactTo(Call::kReport, Why(absl::UnavailableError(""), v1::NOT_FINISHED)),
+      Reaction::kRetry);
   EXPECT_EQ(ReactTo(Call::kReport,
                     Why(absl::FailedPreconditionError(""), v1::NOT_FINISHED)),
             Reaction::kGiveUp);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace tally {
@@ -45,16 +46,22 @@ bool Unanswered(int fd) {
 }
 
 TEST(HttpServerTest, SilentConnectionsDoNotDelayOthers) {
-  auto server = HttpServer::Start("127.0.0.1:0", [](const std::string& path) {
-    return HttpResponse{200, "text/plain", "path " + path};
-  });
+  // Silent clients are given a minute, so that they are surely still
+  // waited on when the GET has its answer, however slow the machine.
+  HttpServer::Options o;
+  o.request_timeout = absl::Minutes(1);
+  auto server = HttpServer::Start(
+      "127.0.0.1:0",
+      [](const std::string& path) {
+        return HttpResponse{200, "text/plain", "path " + path};
+      },
+      o);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   std::vector<int> silent;
   for (int i = 0; i < 4; ++i) silent.push_back(Connect(port));
-  // Answered while the four silent ones are still waited on (each gets 2 s
-  // to send its request): before, they were served one after another and
-  // this GET came after all of them.
+  // Answered while the four silent ones are still waited on: a connection
+  // does not wait for the ones before it.
   const std::string answer = Get(port, "/metrics");
   EXPECT_NE(answer.find("200 OK"), std::string::npos) << answer;
   EXPECT_NE(answer.find("path /metrics"), std::string::npos) << answer;
@@ -65,9 +72,14 @@ TEST(HttpServerTest, SilentConnectionsDoNotDelayOthers) {
 }
 
 TEST(HttpServerTest, ConnectionsBeyondTheBoundAreTurnedAwayAtOnce) {
-  auto server = HttpServer::Start("127.0.0.1:0", [](const std::string&) {
-    return HttpResponse{200, "text/plain", "ok"};
-  });
+  HttpServer::Options o;
+  o.request_timeout = absl::Minutes(1);
+  auto server = HttpServer::Start(
+      "127.0.0.1:0",
+      [](const std::string&) {
+        return HttpResponse{200, "text/plain", "ok"};
+      },
+      o);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   std::vector<int> silent;
@@ -83,6 +95,27 @@ TEST(HttpServerTest, ConnectionsBeyondTheBoundAreTurnedAwayAtOnce) {
   EXPECT_NE(answer.find("503 Service Unavailable"), std::string::npos)
       << answer;
   for (int fd : silent) close(fd);
+}
+
+// The server's end does not wait for its clients: open connections are
+// shut down, not waited out.
+TEST(HttpServerTest, StoppingDoesNotWaitForSilentClients) {
+  HttpServer::Options o;
+  o.request_timeout = absl::Hours(1);
+  auto server = HttpServer::Start(
+      "127.0.0.1:0",
+      [](const std::string&) {
+        return HttpResponse{200, "text/plain", "ok"};
+      },
+      o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = Connect((*server)->port());
+  // Accepted (a GET after it is answered, so the loop has taken it).
+  EXPECT_NE(Get((*server)->port(), "/").find("200 OK"), std::string::npos);
+  server->reset();  // returns: the silent connection was shut down
+  char c;
+  EXPECT_LE(read(fd, &c, 1), 0);  // and its client sees the end
+  close(fd);
 }
 
 }  // namespace
