@@ -1247,6 +1247,25 @@ absl::StatusOr<int64_t> ParameterShard::BeginStreamed(const PushMeta& meta) {
   return token;
 }
 
+absl::Status ParameterShard::StreamedPartLocked(const PushMeta& meta,
+                                                int64_t token, SumPart** part,
+                                                bool* duplicate) {
+  *duplicate = false;
+  if (!closed_.ok()) return closed_;
+  TALLY_RETURN_IF_ERROR(CheckMemberLocked(meta.worker_id, meta.incarnation));
+  if (members_.at(meta.worker_id).pushed_step >= meta.step) {
+    *duplicate = true;  // another stream of it finished it
+    return absl::OkStatus();
+  }
+  auto it = parts_.find(meta.worker_id);
+  if (token != sum_generation_ || it == parts_.end() ||
+      it->second.incarnation != meta.incarnation) {
+    return PushAgainLocked();
+  }
+  *part = &it->second;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> ParameterShard::AddStreamed(const PushMeta& meta,
                                                  int64_t token, int64_t local,
                                                  int64_t n, const float* values,
@@ -1254,20 +1273,15 @@ absl::StatusOr<bool> ParameterShard::AddStreamed(const PushMeta& meta,
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    if (!closed_.ok()) return closed_;
+    SumPart* found = nullptr;
     bool duplicate = false;
-    TALLY_RETURN_IF_ERROR(CheckPushLocked(meta, &duplicate));
+    TALLY_RETURN_IF_ERROR(StreamedPartLocked(meta, token, &found, &duplicate));
     if (duplicate) return true;  // counted already: the rest is ignored
-    auto it = parts_.find(meta.worker_id);
-    if (token != sum_generation_ || it == parts_.end() ||
-        it->second.incarnation != meta.incarnation) {
-      return PushAgainLocked();
-    }
     if (local < 0 || n < 0 || local > num_params_ - n) {
       return absl::InvalidArgumentError(
           absl::StrCat("values [", local, ", +", n, ") are outside the range"));
     }
-    SumPart& part = it->second;
+    SumPart& part = *found;
     bool first = true;
     if (!TurnLocked(meta.worker_id, local, local + n, &first)) {
       parked_.push_back(std::move(wake));
@@ -1285,19 +1299,15 @@ absl::StatusOr<bool> ParameterShard::AddStreamed(const PushMeta& meta,
 absl::Status ParameterShard::FinishStreamed(const PushMeta& meta, int64_t token,
                                             bool* duplicate) {
   absl::MutexLock lock(&mu_);
-  TALLY_RETURN_IF_ERROR(CheckPushLocked(meta, duplicate));
+  SumPart* part = nullptr;
+  TALLY_RETURN_IF_ERROR(StreamedPartLocked(meta, token, &part, duplicate));
   if (*duplicate) return absl::OkStatus();
-  auto it = parts_.find(meta.worker_id);
-  if (token != sum_generation_ || it == parts_.end() ||
-      it->second.incarnation != meta.incarnation) {
-    return PushAgainLocked();
-  }
-  if (it->second.added.covered() != num_params_) {
+  if (part->added.covered() != num_params_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the push covers ", it->second.added.covered(), " of ",
+        absl::StrCat("the push covers ", part->added.covered(), " of ",
                      num_params_, " gradient elements"));
   }
-  it->second.complete = true;
+  part->complete = true;
   members_.at(meta.worker_id).pushed_step = meta.step;
   return absl::OkStatus();
 }

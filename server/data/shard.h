@@ -197,14 +197,19 @@ class ParameterShard {
   // into this range) to the step's sum. True once added (or already in);
   // false when a lower rank's push of that range is not in yet: `wake` is
   // kept and called once, without the shard's lock, when something changed
-  // (then call again). kAborted + PUSH_AGAIN: the sum was dropped (push the
-  // step again); else as CheckPush.
+  // (then call again). The push was validated by BeginStreamed and is not
+  // again: only the shard, the member and the token are looked at
+  // (StreamedPartLocked). kAborted + PUSH_AGAIN: the sum was dropped or
+  // moved on (push the step again); kFailedPrecondition + REGISTER_AGAIN or
+  // kPermissionDenied + NOT_A_MEMBER: the member changed; the shard's
+  // closing status once it is closed.
   absl::StatusOr<bool> AddStreamed(const PushMeta& meta, int64_t token,
                                    int64_t local, int64_t n,
                                    const float* values,
                                    std::function<void()> wake);
   // The push's end, once every element was added (else kInvalidArgument,
-  // the rest still welcome). As Accept otherwise.
+  // the rest still welcome); *duplicate when another stream of it finished
+  // it first. Checked as AddStreamed.
   absl::Status FinishStreamed(const PushMeta& meta, int64_t token,
                               bool* duplicate);
 
@@ -348,6 +353,16 @@ class ParameterShard {
   // Streamed: the closing step's figures from its parts (`required` in rank
   // order, all committed), which leave; false (the sum dropped) if a
   // committed push is not whole in the sum.
+  // What AddStreamed and FinishStreamed check of a push that BeginStreamed
+  // checked in full (the push is validated once): the shard open, the
+  // member the same, and the push either counted already (*duplicate:
+  // another stream of it finished it) or its part still in this step's
+  // sum (*part). The step's rules need no second look: a sum that moved on
+  // (a step closed, a reset) has a new generation, which the push's token
+  // no longer matches (PUSH_AGAIN).
+  absl::Status StreamedPartLocked(const PushMeta& meta, int64_t token,
+                                  SumPart** part, bool* duplicate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CloseStepLocked's parts: whether the open step can close (its required
   // members, in the order of summation); the staged pushes' weighted sum
   // (made in the first one's buffer; null when none contributed).
