@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <system_error>
+#include <exception>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -161,7 +161,7 @@ bool HttpServer::Spawn(int fd) {
       raw->fd = -1;
       raw->done = true;
     });
-  } catch (const std::system_error&) {
+  } catch (const std::exception&) {  // system_error, bad_alloc
     return false;  // no thread to be had: the caller answers 503
   }
   connections_.push_back(std::move(c));

@@ -45,7 +45,8 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 // Saved optimizer state, for checkpoints: the step count and one vector per
 // state slot (SGD: momentum buffer, if any; Adam: exp_avg, exp_avg_sq).
 struct OptimizerState {
-  // The most slots any optimizer keeps (Adam's and AdamW's two).
+  // The most slots any optimizer keeps (Adam's and AdamW's two); an
+  // optimizer with more raises it (OptimizerTest checks every one).
   static constexpr int kMaxSlots = 2;
   int64_t step = 0;
   std::vector<std::vector<float>> slots;

@@ -477,8 +477,7 @@ void Coordinator::RenderStallLocked(const JobEntry& job, int64_t version,
     return false;
   };
   for (const v1::WorkerProgress& p : out->progress()) {
-    if (p.clock() <= version && !p.waiting() &&
-        (p.clock() >= 0 || required(p.worker_id()))) {
+    if (p.clock() <= version && !p.waiting() && required(p.worker_id())) {
       out->add_waiting_on(absl::StrCat(
           p.worker_id(),
           p.name().empty() ? "" : absl::StrCat(" (", p.name(), ")"),

@@ -1257,9 +1257,15 @@ absl::Status ParameterShard::StreamedPartLocked(const PushMeta& meta,
     *duplicate = true;  // another stream of it finished it
     return absl::OkStatus();
   }
+  // Another push of the step that replaced this one in the sum (a part
+  // dropped before it added anything keeps the generation) is not this
+  // push's: its blocks must not go into that part.
   auto it = parts_.find(meta.worker_id);
   if (token != sum_generation_ || it == parts_.end() ||
-      it->second.incarnation != meta.incarnation) {
+      it->second.incarnation != meta.incarnation ||
+      it->second.samples != meta.samples ||
+      it->second.loss_sum != meta.loss_sum ||
+      it->second.correct != meta.correct) {
     return PushAgainLocked();
   }
   *part = &it->second;

@@ -350,14 +350,11 @@ class ParameterShard {
   float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the open step (bsp, ssp) if it may; false if not.
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Streamed: the closing step's figures from its parts (`required` in rank
-  // order, all committed), which leave; false (the sum dropped) if a
-  // committed push is not whole in the sum.
   // What AddStreamed and FinishStreamed check of a push that BeginStreamed
   // checked in full (the push is validated once): the shard open, the
   // member the same, and the push either counted already (*duplicate:
-  // another stream of it finished it) or its part still in this step's
-  // sum (*part). The step's rules need no second look: a sum that moved on
+  // another stream of it finished it) or its part, the same push (its
+  // samples, loss and counts), still in this step's sum (*part). The step's rules need no second look: a sum that moved on
   // (a step closed, a reset) has a new generation, which the push's token
   // no longer matches (PUSH_AGAIN).
   absl::Status StreamedPartLocked(const PushMeta& meta, int64_t token,
@@ -371,6 +368,9 @@ class ParameterShard {
   std::unique_ptr<std::vector<float>> SumStagedLocked(
       const std::vector<Member*>& required, int64_t* samples, double* loss,
       int64_t* correct) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Streamed: the closing step's figures from its parts (`required` in rank
+  // order, all committed), which leave; false (the sum dropped) if a
+  // committed push is not whole in the sum.
   bool TallyStreamedLocked(const std::vector<Member*>& required,
                            int64_t* samples, double* loss, int64_t* correct,
                            Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -104,5 +104,18 @@ TEST(OptimizerTest, StateRoundTripsSoAResumedRunMatches) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("state")));
 }
 
+// A shard process's saved state is refused past kMaxSlots slots
+// (RemoteShardControl::Save): every optimizer must keep within it.
+TEST(OptimizerTest, EveryOptimizerKeepsAtMostMaxSlots) {
+  for (const OptimizerConfig& c :
+       {Sgd(0.1), Sgd(0.1, 0.9), Adam(OptimizerType::kAdam, 0.01, 0.9, 0.999, 0),
+        Adam(OptimizerType::kAdamW, 0.01, 0.9, 0.999, 0.01)}) {
+    auto o = Optimizer::Create(c, 3);
+    ASSERT_TRUE(o.ok());
+    EXPECT_LE((*o)->SaveState().slots.size(),
+              static_cast<size_t>(OptimizerState::kMaxSlots));
+  }
+}
+
 }  // namespace
 }  // namespace tally
