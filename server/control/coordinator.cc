@@ -905,8 +905,12 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
       return absl::NotFoundError(absl::StrCat("no job ", Quoted(req.job_id())));
     }
     JobEntry& job = jit->second;
-    // Another worker's report may have ended the job already.
-    if (Terminal(job.proto.state())) return absl::OkStatus();
+    // Another worker's report may have ended the job already: this one
+    // has its final weights now.
+    if (Terminal(job.proto.state())) {
+      if (job.awaiting_reports.erase(req.worker_id()) > 0) MarkDirty(job);
+      return absl::OkStatus();
+    }
     if (wit->second.job_id != req.job_id()) {
       return WithReason(absl::FailedPreconditionError(absl::StrCat(
                             Quoted(req.worker_id()), " is not assigned to ",
@@ -947,6 +951,7 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
       job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
       job.proto.mutable_metrics()->set_test_loss(req.test_loss());
       FinishLocked(job, v1::SUCCEEDED, "", &notes);
+      job.awaiting_reports.erase(req.worker_id());
     }
     ScheduleLocked(&notes);
   }
@@ -1217,6 +1222,10 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
   job.proto.set_finished_unix(UnixSeconds(Now()));
   for (std::string& wid : job.slots) {
     if (wid.empty()) continue;
+    // After a success the other members may still be pulling the final
+    // weights: the ranges serve them until each has reported, or for
+    // final_pull_grace (a member that died never will).
+    if (state == v1::SUCCEEDED) job.awaiting_reports.insert(wid);
     auto it = workers_.find(wid);
     if (it != workers_.end()) {
       it->second.job_id.clear();
@@ -1224,6 +1233,7 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
     }
     wid.clear();
   }
+  job.retire_after = Now() + options_.final_pull_grace;
   MarkDirty(job);  // retire the ranges, keep the final weights
   NotifyLocked(job.proto.id(), notes);
 }
@@ -1287,6 +1297,12 @@ std::vector<Coordinator::ControlTask> Coordinator::TakeTasksLocked() {
   for (const std::string& id : job_order_) {
     JobEntry& job = jobs_.at(id);
     if (!job.dirty) continue;
+    // A succeeded job's ranges go once its members have their final
+    // weights (or the grace is over); it stays due until then.
+    if (Terminal(job.proto.state()) && !job.retired &&
+        !job.awaiting_reports.empty() && Now() < job.retire_after) {
+      continue;
+    }
     ControlTask t;
     t.job_id = id;
     t.map_version = job.map_version;
@@ -1682,6 +1698,10 @@ std::vector<Coordinator::CheckpointDue> Coordinator::DueLocked(bool force) {
     const bool interval_passed =
         now - job.saved_at >= options_.checkpoint_interval;
     if (!(state_changed || (progressed && (force || interval_passed))))
+      continue;
+    // An ended job is written once its final weights are in (its ranges
+    // retired), so that its file keeps them.
+    if (Terminal(job.proto.state()) && !job.retired && !job.ranges.empty())
       continue;
     CheckpointDue d;
     d.job = Render(job);

@@ -77,6 +77,10 @@ struct CoordinatorOptions {
   // How often a training job's weights are written (its state changes are
   // written at the next Checkpoint).
   absl::Duration checkpoint_interval = absl::Seconds(30);
+  // How long a succeeded job's ranges keep serving its final weights to
+  // members that have not reported yet (each report shortens it; a member
+  // that died never reports).
+  absl::Duration final_pull_grace = absl::Seconds(10);
   // This process's own parameter shard ("shard-0", reached at the
   // coordinator's address; server/data/local_shard_control.h); null: the
   // coordinator holds no parameters and jobs wait for shard processes.
@@ -230,6 +234,10 @@ class Coordinator {
     // After the end: the final weights, kept here; the shards drop the job.
     std::shared_ptr<const std::vector<float>> final_weights;
     bool retired = false;  // the ranges were retired (and dropped)
+    // After a success: the members that have not reported yet, for whom the
+    // ranges keep serving the final weights until retire_after.
+    std::set<std::string> awaiting_reports;
+    absl::Time retire_after = absl::InfinitePast();
     // A shard of the job was lost: its checkpoint is being read; it is
     // placed again once `start` is set.
     bool awaiting_start = false;

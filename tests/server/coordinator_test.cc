@@ -229,6 +229,46 @@ TEST_F(CoordinatorTest, ResultMustEvaluateTheFinalWeightsThenTheJobSucceeds) {
   EXPECT_FALSE(Beat(b)->has_assignment());
 }
 
+// After a success the ranges keep serving the final weights to the members
+// that have not reported yet: they are retired once every member reported,
+// or once final_pull_grace is over.
+TEST_F(CoordinatorTest, FinalWeightsAreServedUntilEveryMemberReported) {
+  auto job = coord_.Submit(SpecWith("max_steps: 1"));
+  auto a = Register("a");
+  auto b = Register("b");
+  auto shard = Shard(job->id());
+  ASSERT_TRUE(shard.ok());
+  ASSERT_TRUE(Beat(a).ok() && Beat(b).ok());
+  std::vector<float> g((*shard)->num_params(), 0.1f);
+  bool dup;
+  for (const auto& w : {a, b}) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.samples = 1;
+    TALLY_ASSERT_OK(PushAndCommit(**shard, m, g.data(), &dup));
+  }
+  auto report = [&](const v1::RegisterWorkerResponse& w) {
+    v1::ReportResultRequest r;
+    r.set_worker_id(w.worker_id());
+    r.set_incarnation(w.incarnation());
+    r.set_job_id(job->id());
+    r.set_ok(true);
+    r.set_steps(1);
+    return coord_.ReportResult(r);
+  };
+  TALLY_ASSERT_OK(report(a));
+  coord_.Tick();
+  EXPECT_EQ(coord_.Get(job->id())->state(), v1::SUCCEEDED);
+  // b may still pull: the range is there, its weights the final ones.
+  EXPECT_TRUE(Shard(job->id()).ok());
+  EXPECT_TRUE((*shard)->CheckMember(b.worker_id(), b.incarnation()).ok());
+  TALLY_ASSERT_OK(report(b));  // acknowledged: the job ended already
+  coord_.Tick();
+  EXPECT_FALSE(Shard(job->id()).ok());  // every member has them: retired
+  EXPECT_TRUE(coord_.WeightsFile(job->id()).ok());
+}
+
 TEST_F(CoordinatorTest, WorkerFailureFailsTheJobAndCancelReleasesWorkers) {
   auto j1 = coord_.Submit(kSpec);
   auto j2 = coord_.Submit(kSpec);
@@ -648,6 +688,7 @@ TEST_F(CoordinatorLimitsTest, ADroppedJobLeavesItsFinalWeightsWhenAsked) {
   CoordinatorOptions o;
   o.max_finished_jobs = 0;  // drop every ended job
   o.keep_weights_dir = testing::TempDir("kept_weights");
+  o.final_pull_grace = absl::ZeroDuration();  // one member reports
   Make(o);
   auto job = coord_->Submit(SpecWith("max_steps: 1"));
   ASSERT_TRUE(job.ok()) << job.status();

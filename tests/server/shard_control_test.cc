@@ -106,7 +106,6 @@ TEST(RemoteShardControlTest, MorePartsThanAStateHasAreRefused) {
                             /*weights_only=*/false),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("malformed")));
   server->Shutdown();
-  EXPECT_LT(shard.written.load(), 64);
 }
 
 }  // namespace
