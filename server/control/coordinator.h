@@ -17,7 +17,8 @@
 // at the next step. Training ends when the weights reach the schedule's last
 // version; the job succeeds once a worker has reported the test accuracy of
 // the final weights, which the coordinator then keeps (for fetching) while
-// the shards drop the job.
+// the shards drop the job: once every other member has reported too (each
+// may still be pulling the final weights), or final_pull_grace later.
 //
 // Membership. The coordinator's word on who belongs to which steps reaches
 // every range of the job through ShardControl: it holds every range (no
