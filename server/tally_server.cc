@@ -127,19 +127,12 @@ void TallyServer::TickLoop() {
 void TallyServer::ShardLoop() {
   auto channel = Dial(options_.join, options_.coordinator.transport);
   auto stub = v1::CoordinatorService::NewStub(channel);
-  std::string shard_id;
-  int64_t incarnation = 0;
-  absl::Duration interval = absl::Milliseconds(100);
+  ShardRegistration reg;
   absl::Duration backoff = absl::Milliseconds(100);
   bool said_away = false;
   while (true) {
-    if (shard_id.empty()) {
-      v1::RegisterShardRequest req;
-      req.set_address(advertise_);
-      v1::RegisterShardResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      absl::Status st = FromGrpc(stub->RegisterShard(&ctx, req, &resp));
+    if (reg.shard_id.empty()) {
+      absl::Status st = RegisterShard(*stub, reg);
       if (!st.ok()) {
         if (!said_away) {
           std::fprintf(
@@ -151,44 +144,60 @@ void TallyServer::ShardLoop() {
         backoff = std::min(backoff * 2, absl::Seconds(2));
         continue;
       }
-      shard_id = resp.shard_id();
-      incarnation = resp.incarnation();
-      // Well within the lease: a few heartbeats may be lost.
-      interval = std::clamp(absl::Milliseconds(resp.lease_ms()) / 6,
-                            absl::Milliseconds(20), absl::Milliseconds(500));
       backoff = absl::Milliseconds(100);
       said_away = false;
-      std::fprintf(
-          stderr,
-          "tally-server: registered with %s as %s (%s; lease %lld ms)\n",
-          options_.join.c_str(), shard_id.c_str(), advertise_.c_str(),
-          static_cast<long long>(resp.lease_ms()));
     }
-    v1::ShardHeartbeatRequest req;
-    req.set_shard_id(shard_id);
-    req.set_incarnation(incarnation);
-    for (v1::RangeStatus& r : host_->Status()) *req.add_ranges() = std::move(r);
-    v1::ShardHeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval * 2 +
-                                        absl::Milliseconds(200)));
-    absl::Status st = FromGrpc(stub->ShardHeartbeat(&ctx, req, &resp));
-    if (st.ok()) {
-      for (const auto& d : resp.drop())
-        host_->Drop(d.job_id(), /*ended=*/false, d.map_version());
-      for (const auto& d : resp.ended())
-        host_->Drop(d.job_id(), /*ended=*/true, d.map_version());
-    } else if (ReasonOf(st) == v1::REGISTER_AGAIN) {
+    absl::Status st = ShardHeartbeat(*stub, reg);
+    if (ReasonOf(st) == v1::REGISTER_AGAIN) {
       // The coordinator restarted or gave us up: what we hold is stale, and
       // it places its jobs again from its own checkpoints.
       std::fprintf(stderr, "tally-server: %s; registering again\n",
                    std::string(st.message()).c_str());
       host_->DropAll();
-      shard_id.clear();
+      reg.shard_id.clear();
       continue;
     }
-    if (SleepUnlessStopped(interval)) return;
+    if (SleepUnlessStopped(reg.interval)) return;
   }
+}
+
+absl::Status TallyServer::RegisterShard(v1::CoordinatorService::Stub& stub,
+                                        ShardRegistration& reg) {
+  v1::RegisterShardRequest req;
+  req.set_address(advertise_);
+  v1::RegisterShardResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  TALLY_RETURN_IF_ERROR(FromGrpc(stub.RegisterShard(&ctx, req, &resp)));
+  reg.shard_id = resp.shard_id();
+  reg.incarnation = resp.incarnation();
+  // Well within the lease: a few heartbeats may be lost.
+  reg.interval = std::clamp(absl::Milliseconds(resp.lease_ms()) / 6,
+                            absl::Milliseconds(20), absl::Milliseconds(500));
+  std::fprintf(stderr,
+               "tally-server: registered with %s as %s (%s; lease %lld ms)\n",
+               options_.join.c_str(), reg.shard_id.c_str(), advertise_.c_str(),
+               static_cast<long long>(resp.lease_ms()));
+  return absl::OkStatus();
+}
+
+// The shard's ranges to the coordinator; what it says to drop, dropped.
+absl::Status TallyServer::ShardHeartbeat(v1::CoordinatorService::Stub& stub,
+                                         const ShardRegistration& reg) {
+  v1::ShardHeartbeatRequest req;
+  req.set_shard_id(reg.shard_id);
+  req.set_incarnation(reg.incarnation);
+  for (v1::RangeStatus& r : host_->Status()) *req.add_ranges() = std::move(r);
+  v1::ShardHeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + reg.interval * 2 +
+                                      absl::Milliseconds(200)));
+  TALLY_RETURN_IF_ERROR(FromGrpc(stub.ShardHeartbeat(&ctx, req, &resp)));
+  for (const auto& d : resp.drop())
+    host_->Drop(d.job_id(), /*ended=*/false, d.map_version());
+  for (const auto& d : resp.ended())
+    host_->Drop(d.job_id(), /*ended=*/true, d.map_version());
+  return absl::OkStatus();
 }
 
 // Its own thread: writing a large model's state takes a while, and leases

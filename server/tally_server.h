@@ -91,6 +91,16 @@ class TallyServer {
   // A shard process: registers with the coordinator and heartbeats, with
   // backoff while it is away; registers again when told to.
   void ShardLoop();
+  // A shard process's registration with its coordinator.
+  struct ShardRegistration {
+    std::string shard_id;  // empty: not registered
+    int64_t incarnation = 0;
+    absl::Duration interval = absl::Milliseconds(100);  // between heartbeats
+  };
+  absl::Status RegisterShard(v1::CoordinatorService::Stub& stub,
+                             ShardRegistration& reg);
+  absl::Status ShardHeartbeat(v1::CoordinatorService::Stub& stub,
+                              const ShardRegistration& reg);
   bool SleepUnlessStopped(absl::Duration d);
 
   ServerOptions options_;

@@ -107,12 +107,8 @@ absl::StatusOr<StoredJob> GatherRanges(
     std::copy(st.weights->begin(), st.weights->end(),
               weights->begin() + r.offset);
     if (i == 0) {
-      out.version = st.metrics.version;
-      out.samples = st.metrics.samples;
-      out.loss = st.metrics.loss;
-      out.accuracy = st.metrics.accuracy;
-      out.train_seconds = st.metrics.train_seconds;
-      out.optimizer_step = st.optimizer.step;
+      out.SetRecord(st);
+      out.rejected_pushes = 0;  // summed over the ranges below
       out.optimizer_slots.assign(weights_only ? 0 : st.optimizer.slots.size(),
                                  std::vector<float>(num_params));
     }

@@ -82,8 +82,7 @@ std::string BytesFieldPrefix(int field, size_t size) {
 
 }  // namespace
 
-void StoredJob::EncodeRange(int64_t offset, int64_t count,
-                            v1::RangeState* out) const {
+ShardState StoredJob::Record() const {
   ShardState record;
   record.metrics.version = version;
   record.metrics.samples = samples;
@@ -92,7 +91,22 @@ void StoredJob::EncodeRange(int64_t offset, int64_t count,
   record.metrics.accuracy = accuracy;
   record.metrics.train_seconds = train_seconds;
   record.optimizer.step = optimizer_step;
-  EncodeRangeRecord(record, out);
+  return record;
+}
+
+void StoredJob::SetRecord(const ShardState& range) {
+  version = range.metrics.version;
+  samples = range.metrics.samples;
+  rejected_pushes = range.metrics.rejected_pushes;
+  loss = range.metrics.loss;
+  accuracy = range.metrics.accuracy;
+  train_seconds = range.metrics.train_seconds;
+  optimizer_step = range.optimizer.step;
+}
+
+void StoredJob::EncodeRange(int64_t offset, int64_t count,
+                            v1::RangeState* out) const {
+  EncodeRangeRecord(Record(), out);
   out->set_weights(weights->data() + offset, 4 * count);
   out->clear_optimizer_slots();
   for (const std::vector<float>& slot : optimizer_slots)

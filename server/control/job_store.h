@@ -43,6 +43,9 @@ struct StoredJob {
   // The record through the range codec (server/shard_control.h), the
   // tensors copied once, straight from this job's vectors.
   void EncodeRange(int64_t offset, int64_t count, v1::RangeState* out) const;
+  // The record (version, counters, optimizer step) to and from a range's.
+  ShardState Record() const;
+  void SetRecord(const ShardState& range);
 };
 
 class JobStore {

@@ -45,19 +45,29 @@ bool Unanswered(int fd) {
   return recv(fd, &c, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN;
 }
 
+// A server answering every GET with `body` (or the path, when empty);
+// clients get `request_timeout` to send their request.
+std::unique_ptr<HttpServer> StartServer(absl::Duration request_timeout,
+                                        std::string body = "") {
+  HttpServer::Options o;
+  o.request_timeout = request_timeout;
+  auto server = HttpServer::Start(
+      "127.0.0.1:0",
+      [body](const std::string& path) {
+        return HttpResponse{200, "text/plain", body.empty() ? "path " + path
+                                                            : body};
+      },
+      o);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
 TEST(HttpServerTest, SilentConnectionsDoNotDelayOthers) {
   // Silent clients are given a minute, so that they are surely still
   // waited on when the GET has its answer, however slow the machine.
-  HttpServer::Options o;
-  o.request_timeout = absl::Minutes(1);
-  auto server = HttpServer::Start(
-      "127.0.0.1:0",
-      [](const std::string& path) {
-        return HttpResponse{200, "text/plain", "path " + path};
-      },
-      o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const int port = (*server)->port();
+  std::unique_ptr<HttpServer> server = StartServer(absl::Minutes(1));
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
   std::vector<int> silent;
   for (int i = 0; i < 4; ++i) silent.push_back(Connect(port));
   // Answered while the four silent ones are still waited on: a connection
@@ -72,16 +82,9 @@ TEST(HttpServerTest, SilentConnectionsDoNotDelayOthers) {
 }
 
 TEST(HttpServerTest, ConnectionsBeyondTheBoundAreTurnedAwayAtOnce) {
-  HttpServer::Options o;
-  o.request_timeout = absl::Minutes(1);
-  auto server = HttpServer::Start(
-      "127.0.0.1:0",
-      [](const std::string&) {
-        return HttpResponse{200, "text/plain", "ok"};
-      },
-      o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const int port = (*server)->port();
+  std::unique_ptr<HttpServer> server = StartServer(absl::Minutes(1), "ok");
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
   std::vector<int> silent;
   for (int i = 0; i < HttpServer::kMaxConnections; ++i)
     silent.push_back(Connect(port));
@@ -100,19 +103,12 @@ TEST(HttpServerTest, ConnectionsBeyondTheBoundAreTurnedAwayAtOnce) {
 // The server's end does not wait for its clients: open connections are
 // shut down, not waited out.
 TEST(HttpServerTest, StoppingDoesNotWaitForSilentClients) {
-  HttpServer::Options o;
-  o.request_timeout = absl::Hours(1);
-  auto server = HttpServer::Start(
-      "127.0.0.1:0",
-      [](const std::string&) {
-        return HttpResponse{200, "text/plain", "ok"};
-      },
-      o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const int fd = Connect((*server)->port());
+  std::unique_ptr<HttpServer> server = StartServer(absl::Hours(1), "ok");
+  ASSERT_NE(server, nullptr);
+  const int fd = Connect(server->port());
   // Accepted (a GET after it is answered, so the loop has taken it).
-  EXPECT_NE(Get((*server)->port(), "/").find("200 OK"), std::string::npos);
-  server->reset();  // returns: the silent connection was shut down
+  EXPECT_NE(Get(server->port(), "/").find("200 OK"), std::string::npos);
+  server.reset();  // returns: the silent connection was shut down
   char c;
   EXPECT_LE(read(fd, &c, 1), 0);  // and its client sees the end
   close(fd);
