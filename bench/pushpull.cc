@@ -59,7 +59,6 @@ int main(int argc, char** argv) {
   auto ch = tally::Dial(absl::GetFlag(FLAGS_server), *transport);
   auto jobs = v1::JobService::NewStub(ch);
   auto workers = v1::WorkerService::NewStub(ch);
-  auto params = v1::ParameterService::NewStub(ch);
   const int in = absl::GetFlag(FLAGS_in), out = absl::GetFlag(FLAGS_out);
   const int steps = absl::GetFlag(FLAGS_steps);
   const bool bf16 = absl::GetFlag(FLAGS_dtype) == "bfloat16";
@@ -81,6 +80,17 @@ int main(int argc, char** argv) {
   reg.set_name("pushpull-bench");
   v1::RegisterWorkerResponse me;
   Check(workers->RegisterWorker(Ctx().get(), reg, &me), "register");
+  // The one-process cluster's shard serves on its own data port.
+  v1::ListShardsResponse shards;
+  Check(jobs->ListShards(Ctx().get(), {}, &shards), "list shards");
+  if (shards.shards_size() != 1) {
+    std::fprintf(stderr, "the server should hold the parameters alone\n");
+    return 1;
+  }
+  auto params = v1::ParameterService::NewStub(tally::Dial(
+      tally::ResolveShardAddress(absl::GetFlag(FLAGS_server),
+                                 shards.shards(0).address()),
+      *transport));
   const int64_t n = job.job().num_params();
   std::vector<float> weights(n), grads(n, 0.001f);
   constexpr int64_t kChunk = 262144;

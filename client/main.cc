@@ -281,7 +281,8 @@ int Shards(tally::v1::JobService::Stub& stub) {
   for (const auto& sh : resp.shards()) {
     std::printf(
         "%-16s %-24s %-5s %10.1f MB held\n", sh.shard_id().c_str(),
-        sh.address().empty() ? "(the coordinator)" : sh.address().c_str(),
+        tally::ResolveShardAddress(absl::GetFlag(FLAGS_server), sh.address())
+            .c_str(),
         sh.live() ? "live" : "LOST", static_cast<double>(sh.bytes()) / 1e6);
     for (const auto& r : sh.ranges()) {
       std::printf(

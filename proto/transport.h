@@ -38,9 +38,14 @@ inline constexpr int kMaxClientReceiveBytes = 8 * 1024 * 1024;
 // Largest control message (everything but tensor chunks and job specs): a
 // handler refuses a bigger one with kResourceExhausted (CheckControlMessage).
 inline constexpr size_t kMaxControlBytes = 256 * 1024;
-// What gRPC's own buffers may take in a server (its resource quota): under
-// pressure it shrinks flow-control windows and cuts oversized calls.
+// What gRPC's own buffers may take in a data-plane server (its resource
+// quota): under pressure it shrinks flow-control windows and cuts oversized
+// calls.
 inline constexpr size_t kServerMemoryQuotaBytes = 256 << 20;
+// The same for a control-plane server (jobs, workers, shard registrations):
+// gRPC 1.51 reads a message whole before its size limit applies, so this is
+// what an oversized request can take before it is cut.
+inline constexpr size_t kControlMemoryQuotaBytes = 32 << 20;
 // A server's receive window per stream (HTTP/2's initial window): what one
 // caller may have sent that the server has not read yet. A shard leaves a
 // worker's push unread while lower ranks add the same block first, so this
@@ -104,14 +109,29 @@ absl::Status CheckControlMessage(const google::protobuf::MessageLite& request);
 std::shared_ptr<grpc::Channel> Dial(const std::string& target,
                                     const TransportOptions& options = {});
 
+// What a listener carries. gRPC's memory quota and message limit are per
+// server, not per method, so the two planes listen apart: the control
+// plane's small calls under a small quota, the data plane's tensor streams
+// under a large one with bulk HTTP/2 tuning.
+enum class Plane { kControl, kData };
+
 // Adds a listening port on `address` ("0.0.0.0:7070"; port 0 picks one,
 // written to *port once the server starts) and applies Tally's server
-// settings: message limit, HTTP/2 tuning (a receive window of
-// `stream_window_bytes` per stream), and no port sharing, so a second
-// server on a busy port fails instead of silently taking half its calls.
+// settings for `plane`: message limit, memory quota, HTTP/2 tuning (for the
+// data plane a receive window of `stream_window_bytes` per stream), and no
+// port sharing, so a second server on a busy port fails instead of silently
+// taking half its calls.
 void ConfigureServer(const std::string& address, grpc::ServerBuilder* builder,
-                     int* port, const ServerSecurity& security = {},
+                     int* port, const ServerSecurity& security, Plane plane,
                      int stream_window_bytes = kServerStreamWindowBytes);
+
+// Where a worker reaches a shard named in a shard map (ShardMap.Entry.
+// address) that it got from the coordinator at `coordinator`: "host:port"
+// as it is; ":port" on the coordinator's host (the coordinator's own shard,
+// which listens apart from its control plane); empty, the coordinator's
+// address itself.
+std::string ResolveShardAddress(const std::string& coordinator,
+                                const std::string& address);
 
 }  // namespace tally
 

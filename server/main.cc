@@ -1,8 +1,8 @@
 // tally-server: the coordinator and/or a parameter shard.
 //
-//   tally-server [--port=7070] [--lease_timeout_ms=3000] [--noshard]
-//                [--state_dir=DIR [--checkpoint_interval_s=30]]
-//   tally-server --coordinator=HOST:7070 --port=7071 [--advertise=HOST:7071]
+//   tally-server [--port=7070] [--data_port=7071] [--lease_timeout_ms=3000]
+//                [--noshard] [--state_dir=DIR [--checkpoint_interval_s=30]]
+//   tally-server --coordinator=HOST:7070 --port=7072 [--advertise=HOST:7072]
 // Every form takes --tls_ca/--tls_cert/--tls_key (mTLS) and --tokens=FILE
 // (roles; proto/auth.h); without TLS it listens on loopback by default and
 // refuses any other address unless --insecure.
@@ -49,7 +49,12 @@ ABSL_FLAG(double, finished_job_ttl_h, 0,
           "Drop ended jobs this many hours after they end (0: never by age)");
 ABSL_FLAG(std::string, keep_weights_dir, "",
           "Write a dropped job's final weights here as JOB.safetensors");
-ABSL_FLAG(int, port, 7070, "Port to listen on (0 picks a free one)");
+ABSL_FLAG(int, port, 7070,
+          "Port to listen on (0 picks a free one): a coordinator's control "
+          "plane (jobs, workers, shard registrations), a shard's data plane");
+ABSL_FLAG(int, data_port, -1,
+          "A coordinator holding parameters: the port its shard serves "
+          "pushes and pulls on (default: --port + 1; with --port=0 any)");
 ABSL_FLAG(int64_t, lease_timeout_ms, 3000,
           "The coordinator's lease: a worker or shard that sends no "
           "heartbeat for this long is dropped (a shard process takes the "
@@ -107,7 +112,7 @@ namespace {
 constexpr char kUsage[] =
     "Tally parameter server and coordinator.\n"
     "  tally-server [--port=7070] [--state_dir=DIR] [--noshard] [TLS flags]\n"
-    "  tally-server --coordinator=HOST:7070 --port=7071   (a parameter shard)";
+    "  tally-server --coordinator=HOST:7070 --port=7072   (a parameter shard)";
 
 // A flag out of range: the message for stderr, exit code 2.
 absl::Status Bad(absl::string_view message) {
@@ -118,6 +123,13 @@ absl::Status DataPlaneFromFlags(tally::ServerOptions& o) {
   o.join = absl::GetFlag(FLAGS_coordinator);
   o.shard = absl::GetFlag(FLAGS_shard);
   o.advertise = absl::GetFlag(FLAGS_advertise);
+  if (const int data_port = absl::GetFlag(FLAGS_data_port); data_port >= 0) {
+    if (!o.join.empty() || !o.shard) {
+      return Bad(
+          "--data_port belongs to a coordinator holding parameters (a "
+          "shard process serves its data plane on --port)");
+    }
+  }
   o.streamed_sums = absl::GetFlag(FLAGS_streamed_sums);
   o.streamed_sums_min_bytes = absl::GetFlag(FLAGS_streamed_sums_min_bytes);
   o.shared_memory_max_bytes = absl::GetFlag(FLAGS_shared_memory_max_bytes);
@@ -192,7 +204,8 @@ std::string ListenAddress(const tally::ServerOptions& o) {
 }
 
 void PrintStarted(const tally::ServerOptions& o, const std::string& listen,
-                  int port) {
+                  const tally::TallyServer& server) {
+  const int port = server.port();
   const std::string security = !o.security.tls.enabled()      ? "plaintext"
                                : o.security.tokens != nullptr ? "mTLS, tokens"
                                                               : "mTLS";
@@ -206,7 +219,10 @@ void PrintStarted(const tally::ServerOptions& o, const std::string& listen,
               listen.c_str(), port, security.c_str(),
               static_cast<long long>(
                   absl::ToInt64Milliseconds(o.coordinator.lease_timeout)),
-              o.shard ? "coordinator and shard" : "coordinator");
+              o.shard ? absl::StrCat("coordinator and shard, data plane on "
+                                     "port ", server.data_port())
+                            .c_str()
+                      : "coordinator");
 }
 
 // The dashboard, with --http_port (the coordinator's alone).
@@ -254,6 +270,8 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail(s);
   }
   const std::string listen = ListenAddress(options);
+  if (const int data_port = absl::GetFlag(FLAGS_data_port); data_port >= 0)
+    options.data_address = absl::StrCat(listen, ":", data_port);
   std::unique_ptr<tally::MetricsEndpoint> metrics;
   if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
     auto m = tally::MetricsEndpoint::Start(absl::StrCat(listen, ":", port));
@@ -265,7 +283,7 @@ int main(int argc, char** argv) {
       absl::StrCat(listen, ":", absl::GetFlag(FLAGS_port)), options);
   if (!server.ok())
     return Fail(absl::UnavailableError(server.status().message()));
-  PrintStarted(options, listen, (*server)->port());
+  PrintStarted(options, listen, **server);
   std::unique_ptr<tally::Dashboard> dashboard;
   auto http = StartDashboard(**server, dashboard);
   if (!http.ok()) return Fail(http.status());

@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
@@ -39,31 +40,28 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
   std::unique_ptr<TallyServer> s(new TallyServer());
   s->options_ = options;
   const bool coordinator = options.join.empty();
-  if (!coordinator || options.shard) s->MakeDataWing();
-  if (coordinator) TALLY_RETURN_IF_ERROR(s->MakeControlWing());
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  ConfigureServer(address, &builder, &s->port_, options.security,
-                  options.stream_window_bytes);
-  if (s->jobs_ != nullptr) {
-    builder.RegisterService(s->jobs_.get());
-    builder.RegisterService(s->workers_.get());
-    builder.RegisterService(s->coordination_.get());
+  // The data wing listens first: the coordinator names its own shard's
+  // address in every shard map.
+  if (!coordinator || options.shard) {
+    s->MakeDataWing();
+    std::string data_address = address;
+    if (coordinator) {
+      TALLY_ASSIGN_OR_RETURN(data_address, DataAddress(address, options));
+      TALLY_RETURN_IF_ERROR(CheckServerSecurity(data_address, options.security));
+    }
+    TALLY_RETURN_IF_ERROR(s->Listen(data_address, Plane::kData));
+    s->advertise_ = options.advertise;
+    if (s->advertise_.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      s->advertise_ = coordinator ? absl::StrCat(":", s->data_port_)
+                                  : absl::StrCat(host, ":", s->data_port_);
+    }
   }
-  if (s->params_ != nullptr) {
-    builder.RegisterService(s->params_.get());
-    builder.RegisterService(s->shard_service_.get());
-  }
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", address, " (in use by another process?)"));
-  }
-  s->advertise_ = options.advertise;
-  if (s->advertise_.empty()) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    s->advertise_ = absl::StrCat(host, ":", s->port_);
+  if (coordinator) {
+    TALLY_RETURN_IF_ERROR(s->MakeControlWing());
+    TALLY_RETURN_IF_ERROR(s->Listen(address, Plane::kControl));
   }
   TallyServer* raw = s.get();
   s->ticker_ = std::thread([raw] { raw->TickLoop(); });
@@ -71,6 +69,50 @@ absl::StatusOr<std::unique_ptr<TallyServer>> TallyServer::Start(
     s->checkpointer_ = std::thread([raw] { raw->CheckpointLoop(); });
   if (!coordinator) s->shard_agent_ = std::thread([raw] { raw->ShardLoop(); });
   return s;
+}
+
+// Where a coordinator's own shard listens: options.data_address, or by
+// default the control address's host with the next port (port 0: any).
+absl::StatusOr<std::string> TallyServer::DataAddress(
+    const std::string& address, const ServerOptions& options) {
+  if (!options.data_address.empty()) return options.data_address;
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65534) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot derive the data plane's address from ", address,
+        ": give it (--data_port)"));
+  }
+  return absl::StrCat(address.substr(0, colon), ":", port == 0 ? 0 : port + 1);
+}
+
+// One of this process's two listeners: the control wing's services on the
+// control plane, the data wing's on the data plane (proto/transport.h).
+absl::Status TallyServer::Listen(const std::string& address, Plane plane) {
+  grpc::ServerBuilder builder;
+  int* port = plane == Plane::kControl ? &port_ : &data_port_;
+  ConfigureServer(address, &builder, port, options_.security, plane,
+                  options_.stream_window_bytes);
+  if (plane == Plane::kControl) {
+    builder.RegisterService(jobs_.get());
+    builder.RegisterService(workers_.get());
+    builder.RegisterService(coordination_.get());
+  } else {
+    builder.RegisterService(params_.get());
+    // The coordinator steers its own shard in process (LocalShardControl).
+    if (!options_.join.empty()) builder.RegisterService(shard_service_.get());
+  }
+  std::unique_ptr<grpc::Server>& server =
+      plane == Plane::kControl ? control_server_ : data_server_;
+  server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, " (in use by another process?)"));
+  }
+  if (plane == Plane::kData && !options_.join.empty()) port_ = data_port_;
+  return absl::OkStatus();
 }
 
 // The data wing: this process's shard host and its services.
@@ -93,7 +135,10 @@ void TallyServer::MakeDataWing() {
 absl::Status TallyServer::MakeControlWing() {
   const ServerOptions& o = options_;
   CoordinatorOptions co = o.coordinator;
-  if (host_ != nullptr) co.local_shard = MakeLocalShardControl(host_.get());
+  if (host_ != nullptr) {
+    co.local_shard = MakeLocalShardControl(host_.get());
+    co.local_shard_address = advertise_;
+  }
   coordinator_ = std::make_unique<Coordinator>(co);
   // Jobs kept from an earlier run come back before anyone can connect.
   TALLY_RETURN_IF_ERROR(coordinator_->Restore());
@@ -229,8 +274,9 @@ void TallyServer::Shutdown(absl::Duration grace) {
   if (ticker_.joinable()) ticker_.join();
   if (checkpointer_.joinable()) checkpointer_.join();
   if (shard_agent_.joinable()) shard_agent_.join();
-  if (server_ != nullptr)
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  const auto deadline = absl::ToChronoTime(absl::Now() + grace);
+  if (control_server_ != nullptr) control_server_->Shutdown(deadline);
+  if (data_server_ != nullptr) data_server_->Shutdown(deadline);
   // Nothing changes any more: keep every job's latest state.
   if (coordinator_ != nullptr) {
     if (absl::Status s = coordinator_->Checkpoint(/*force=*/true); !s.ok())

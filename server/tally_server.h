@@ -37,8 +37,13 @@ struct ServerOptions {
   std::string join;
   // With the coordinator: also hold parameters (the one-process cluster).
   bool shard = true;
-  // How workers and the coordinator reach this shard (host:port); empty:
-  // this host's name and the bound port.
+  // A coordinator holding parameters: where its shard's data plane listens
+  // (host:port). Empty: the control address's host and its port + 1 (port 0:
+  // any free one). A shard process listens on its one address.
+  std::string data_address;
+  // How workers and the coordinator reach this shard (host:port). Empty: in
+  // a shard process, this host's name and the bound port; in a coordinator,
+  // ":port", the host workers dial for the coordinator with the data port.
   std::string advertise;
   // TLS, tokens and the plaintext rule for the listening port; how this
   // server dials others (a shard its coordinator, the coordinator its
@@ -61,10 +66,16 @@ struct ServerOptions {
   int stream_window_bytes = kServerStreamWindowBytes;
 };
 
-// A running tally-server: its services plus grpc.health.v1.
+// A running tally-server: its services plus grpc.health.v1 on each of its
+// listeners. A coordinator listens for the control plane (jobs, workers,
+// shard registrations) and, holding parameters, apart for its shard's data
+// plane; a shard process listens for the data plane alone. gRPC's memory
+// quota and message limit are per server, so a huge request to the control
+// plane is cut at a small quota (proto/transport.h).
 class TallyServer {
  public:
-  // Listens on `address` ("0.0.0.0:7070"; port 0 picks a free one).
+  // Listens on `address` ("0.0.0.0:7070"; port 0 picks a free one): the
+  // control plane in a coordinator, the data plane in a shard process.
   static absl::StatusOr<std::unique_ptr<TallyServer>> Start(
       const std::string& address, const ServerOptions& options);
   // The one-process cluster: coordinator and shard.
@@ -74,7 +85,11 @@ class TallyServer {
   TallyServer& operator=(const TallyServer&) = delete;
   ~TallyServer();
 
+  // The port `address` named: the control plane's in a coordinator, the
+  // data plane's in a shard process.
   int port() const { return port_; }
+  // Where this process's shard serves pushes and pulls; 0: it holds none.
+  int data_port() const { return data_port_; }
   // Null for a shard process.
   Coordinator* coordinator() { return coordinator_.get(); }
   // Null for a coordinator that holds no parameters.
@@ -86,6 +101,9 @@ class TallyServer {
   TallyServer() = default;
   void MakeDataWing();
   absl::Status MakeControlWing();
+  static absl::StatusOr<std::string> DataAddress(const std::string& address,
+                                                 const ServerOptions& options);
+  absl::Status Listen(const std::string& address, Plane plane);
   void TickLoop();
   void CheckpointLoop();
   // A shard process: registers with the coordinator and heartbeats, with
@@ -114,8 +132,10 @@ class TallyServer {
   std::unique_ptr<CoordinatorServiceImpl> coordination_;
   std::unique_ptr<ParameterServiceImpl> params_;
   std::unique_ptr<ShardServiceImpl> shard_service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> control_server_;
+  std::unique_ptr<grpc::Server> data_server_;
   int port_ = 0;
+  int data_port_ = 0;
   std::string advertise_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

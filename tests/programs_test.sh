@@ -32,7 +32,7 @@ port=$(free_port)
 "$build/server/tally-server" --port="$port" --lease_timeout_ms=1500 > "$dir/coord.log" 2>&1 &
 pids+=($!)
 wait_line "$dir/coord.log" "listening on"
-grep -q "listening on 127.0.0.1:$port (plaintext; lease 1500 ms; coordinator and shard)" "$dir/coord.log" ||
+grep -q "listening on 127.0.0.1:$port (plaintext; lease 1500 ms; coordinator and shard, data plane on port $((port + 1)))" "$dir/coord.log" ||
   fail "a plaintext server should listen on loopback by default: $(cat "$dir/coord.log")"
 shard_port=$(free_port)
 "$build/server/tally-server" --coordinator="127.0.0.1:$port" --port="$shard_port" \

@@ -76,11 +76,6 @@ def main():
                           "unary_unary")
         heartbeat = method(channel, "/tally.v1.WorkerService/Heartbeat",
                            pb.HeartbeatRequest, pb.HeartbeatResponse, "unary_unary")
-        pull_rpc = method(channel, "/tally.v1.ParameterService/PullWeights",
-                          pb.PullRequest, pb.PullResponse, "unary_stream")
-        push_rpc = method(channel, "/tally.v1.ParameterService/PushGradients",
-                          pb.PushRequest, pb.PushResponse, "stream_unary")
-
         me = register(pb.RegisterWorkerRequest(name="py", devices="cpu:1"), timeout=5)
         assignment = None
         for _ in range(100):
@@ -95,6 +90,14 @@ def main():
         assert assignment.job_id == job_id, assignment
         n = sum(e.count for e in assignment.shard_map.shards)
         assert n == 6 * 3 + 3, n
+        # The coordinator's own shard listens apart: ":PORT" on its host.
+        shard = assignment.shard_map.shards[0].address
+        assert shard.startswith(":"), shard
+        channel = grpc.insecure_channel(addr.rsplit(":", 1)[0] + shard)
+        pull_rpc = method(channel, "/tally.v1.ParameterService/PullWeights",
+                          pb.PullRequest, pb.PullResponse, "unary_stream")
+        push_rpc = method(channel, "/tally.v1.ParameterService/PushGradients",
+                          pb.PushRequest, pb.PushResponse, "stream_unary")
 
         def pull(min_version, dtype, commit=None):
             req = pb.PullRequest(job_id=job_id, worker_id=me.worker_id,

@@ -666,7 +666,11 @@ class Worker:
                                       pb.ReportResultRequest, pb.ReportResultResponse)
 
     def channel(self, address):
-        address = address or self.server   # empty: the coordinator's own
+        # A shard map's address (docs/cluster.md): empty, the coordinator's
+        # own; ":port", that port on the coordinator's host.
+        if address.startswith(":"):
+            address = self.server.rsplit(":", 1)[0] + address
+        address = address or self.server
         with self.lock:
             if address not in self.channels:
                 self.channels[address] = self.grpc.insecure_channel(

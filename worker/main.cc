@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealth(
   tally::ServerSecurity security;
   security.tls = options.transport.tls;
   tally::ConfigureServer(absl::StrCat("0.0.0.0:", port), &builder, &bound,
-                         security);
+                         security, tally::Plane::kControl);
   std::unique_ptr<grpc::Server> health = builder.BuildAndStart();
   if (health == nullptr || bound == 0) {
     return absl::UnavailableError(

@@ -1275,7 +1275,7 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
     }
     expect += e.count();
     Shard s;
-    s.address = e.address().empty() ? coordinator : e.address();
+    s.address = ResolveShardAddress(coordinator, e.address());
     s.offset = e.offset();
     s.count = e.count();
     std::shared_ptr<grpc::Channel>& ch = channels[s.address];

@@ -252,6 +252,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options)
   if (options_.local_shard != nullptr) {
     ShardEntry& s = shards_[kLocalShard];
     s.control = options_.local_shard;
+    s.address = options_.local_shard_address;
     s.incarnation = leases_.Grant(kLocalShard, Now(), /*forever=*/true);
     s.last_seen = Now();
   }

@@ -82,10 +82,14 @@ struct CoordinatorOptions {
   // members that have not reported yet (each report shortens it; a member
   // that died never reports).
   absl::Duration final_pull_grace = absl::Seconds(10);
-  // This process's own parameter shard ("shard-0", reached at the
-  // coordinator's address; server/data/local_shard_control.h); null: the
-  // coordinator holds no parameters and jobs wait for shard processes.
+  // This process's own parameter shard ("shard-0"; server/data/
+  // local_shard_control.h); null: the coordinator holds no parameters and
+  // jobs wait for shard processes.
   std::shared_ptr<ShardControl> local_shard;
+  // Where workers reach local_shard, as shard maps name it: "host:port", or
+  // ":port" on the host they dial for the coordinator (ResolveShardAddress,
+  // proto/transport.h).
+  std::string local_shard_address;
   // What a submitted spec may ask for (docs/job-spec.md, "Limits").
   SpecLimits spec_limits;
   // How a registered shard process is reached (a seam for tests).

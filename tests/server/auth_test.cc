@@ -70,10 +70,14 @@ class AuthTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> As(const std::string& who,
                                     const std::string& cert = "node",
                                     const std::string& ca = "ca") {
+    return Dial(target_, As(who, cert, ca, nullptr));
+  }
+  static TransportOptions As(const std::string& who, const std::string& cert,
+                             const std::string& ca, std::nullptr_t) {
     TransportOptions t;
     t.tls = Tls(cert, ca);
     if (!who.empty()) t.token = Token(who);
-    return Dial(target_, t);
+    return t;
   }
 
   static std::unique_ptr<grpc::ClientContext> Ctx() {
@@ -254,8 +258,11 @@ TEST_F(AuthTest, ClientTokenOnTheWorkerServiceIsDenied) {
   v1::PullRequest pull;
   pull.set_job_id("job-1");
   auto ctx = Ctx();
-  auto reader = v1::ParameterService::NewStub(As("alice"))->PullWeights(
-      ctx.get(), pull);
+  // The data plane listens apart (the coordinator's own shard).
+  const std::string data = absl::StrCat("localhost:", server_->data_port());
+  auto reader = v1::ParameterService::NewStub(
+                    Dial(data, As("alice", "node", "ca", nullptr)))
+                    ->PullWeights(ctx.get(), pull);
   v1::PullResponse r;
   while (reader->Read(&r)) {
   }
@@ -267,12 +274,28 @@ TEST_F(AuthTest, ClientTokenOnTheWorkerServiceIsDenied) {
                   .ok());
   EXPECT_THAT(Submit(As("worker")),
               StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
-  // Shard control is the admin's (the coordinator's) alone.
+  // Shard control is the admin's (the coordinator's) alone: a shard
+  // process's data plane refuses a worker, and the coordinator does not
+  // serve it at all (it steers its own shard in process).
+  ServerOptions so;
+  so.join = target_;
+  so.security.tls = Tls("node");
+  so.security.tokens = *TokenTable::Load(CertPath("tokens.txt"));
+  so.coordinator.transport = As("admin", "node", "ca", nullptr);
+  auto shard = TallyServer::Start("127.0.0.1:0", so);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const std::string shard_target =
+      absl::StrCat("localhost:", (*shard)->port());
   v1::RetireRangeRequest retire;
   v1::RetireRangeResponse retired;
-  EXPECT_THAT(FromGrpc(v1::ShardService::NewStub(As("worker"))
+  EXPECT_THAT(FromGrpc(v1::ShardService::NewStub(
+                           Dial(shard_target, As("worker", "node", "ca",
+                                                 nullptr)))
                            ->RetireRange(Ctx().get(), retire, &retired)),
               StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  EXPECT_THAT(FromGrpc(v1::ShardService::NewStub(As("admin"))
+                           ->RetireRange(Ctx().get(), retire, &retired)),
+              StatusIs(absl::StatusCode::kUnimplemented, ::testing::_));
 }
 
 TEST(ServerSecurityTest, PlaintextBeyondLoopbackNeedsInsecure) {

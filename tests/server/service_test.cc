@@ -51,7 +51,8 @@ class ServiceTest : public ::testing::Test {
     channel_ = Dial(absl::StrCat(host_, ":", server_->port()));
     jobs_ = v1::JobService::NewStub(channel_);
     workers_ = v1::WorkerService::NewStub(channel_);
-    params_ = v1::ParameterService::NewStub(channel_);
+    params_ = v1::ParameterService::NewStub(
+        Dial(absl::StrCat(host_, ":", server_->data_port())));
   }
 
   std::unique_ptr<grpc::ClientContext> Ctx() {
@@ -968,7 +969,8 @@ TEST_F(ServiceTest, AHigherRankPushWaitsOnTheWireForTheLowerOne) {
   channel_ = Dial(absl::StrCat("127.0.0.1:", server_->port()));
   jobs_ = v1::JobService::NewStub(channel_);
   workers_ = v1::WorkerService::NewStub(channel_);
-  params_ = v1::ParameterService::NewStub(channel_);
+  params_ = v1::ParameterService::NewStub(
+      Dial(absl::StrCat("127.0.0.1:", server_->data_port())));
   v1::SubmitJobRequest req;
   std::string spec = kSpec;
   spec.replace(spec.find("workers: 1"), 10, "workers: 2");

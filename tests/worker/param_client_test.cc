@@ -84,7 +84,9 @@ class ParamClientTest : public ::testing::TestWithParam<Transport> {
     po.shared_memory = GetParam() == Transport::kShared;
     po.stream_lifetime = stream_lifetime_;
     v1::ShardMap map;
-    map.add_shards()->set_count(kParams);  // the coordinator's own shard
+    v1::ShardMap::Entry* own = map.add_shards();  // the coordinator's shard
+    own->set_address(absl::StrCat(":", server_->data_port()));
+    own->set_count(kParams);
     auto client = ParameterClient::Create(map, kParams, address_, po);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
