@@ -29,10 +29,11 @@ if [[ "${1:-}" != "--build-only" ]]; then  # to test
   # The Kubernetes manifests' validation: any Node.js with npm will do.
   command -v npm > /dev/null || PACKAGES+=(nodejs npm)
 fi
-# `--with-torch` adds PyTorch (the interop test, golden values, benchmarks)
-# and iperf3 (the network benchmark's reference).
+# `--with-torch` adds PyTorch (the Python worker, the interop test, golden
+# values, benchmarks), pybind11 and Python's headers (the Python worker's
+# native module) and iperf3 (the network benchmark's reference).
 if [[ "${1:-}" == "--with-torch" ]]; then
-  PACKAGES+=(python3-torch iperf3)
+  PACKAGES+=(python3-torch pybind11-dev python3-dev iperf3)
 fi
 
 missing=()

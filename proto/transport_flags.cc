@@ -50,21 +50,23 @@ void LimitedLog(google::protobuf::LogLevel level, const char* filename,
 
 void LimitProtobufLogs() { google::protobuf::SetLogHandler(&LimitedLog); }
 
-absl::StatusOr<TransportOptions> TransportFromFlags() {
+absl::StatusOr<TransportOptions> TransportFromFiles(
+    const std::string& tls_ca, const std::string& tls_cert,
+    const std::string& tls_key, const std::string& token_file) {
   TransportOptions options;
-  auto tls = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
-                     absl::GetFlag(FLAGS_tls_key));
+  auto tls = LoadTls(tls_ca, tls_cert, tls_key);
   if (!tls.ok()) return tls.status();
   options.tls = *std::move(tls);
-  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+  if (!token_file.empty()) {
     if (!options.tls.enabled()) {
       return absl::InvalidArgumentError(
           "--token_file needs TLS (--tls_ca, --tls_cert, --tls_key): a "
           "bearer token is never sent in plaintext");
     }
-    std::ifstream in(path);
+    std::ifstream in(token_file);
     if (!in) {
-      return absl::NotFoundError(absl::StrCat("cannot read --token_file=", path));
+      return absl::NotFoundError(
+          absl::StrCat("cannot read --token_file=", token_file));
     }
     std::stringstream text;
     text << in.rdbuf();
@@ -72,10 +74,16 @@ absl::StatusOr<TransportOptions> TransportFromFlags() {
     if (options.token.empty() ||
         options.token.find_first_of(" \t\r\n") != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--token_file=", path, " must hold one token and nothing else"));
+          "--token_file=", token_file, " must hold one token and nothing else"));
     }
   }
   return options;
+}
+
+absl::StatusOr<TransportOptions> TransportFromFlags() {
+  return TransportFromFiles(
+      absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+      absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_token_file));
 }
 
 std::vector<char*> ParseProgramFlags(int argc, char** argv,

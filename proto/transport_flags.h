@@ -25,6 +25,11 @@ std::vector<char*> ParseProgramFlags(int argc, char** argv,
 // TransportOptions with the TLS material and token the flags name.
 // NOT_FOUND or INVALID_ARGUMENT names the flag and file.
 absl::StatusOr<TransportOptions> TransportFromFlags();
+// The same from the files' paths (empty: none), for programs without flags
+// (the Python worker).
+absl::StatusOr<TransportOptions> TransportFromFiles(
+    const std::string& tls_ca, const std::string& tls_cert,
+    const std::string& tls_key, const std::string& token_file);
 
 // protobuf logs every request it cannot parse (a string field with invalid
 // UTF-8, for one): a client could fill a server's log. After this, the

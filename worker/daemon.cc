@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "proto/errors.h"
 #include "proto/tally.grpc.pb.h"
+#include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 #include "worker/job_runner.h"
 
@@ -47,6 +48,11 @@ class WorkerDaemon::Impl {
   absl::Status Run() {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     while (!Stopped()) {
+      if (std::optional<v1::InitialWeightsWanted> want = InitialWeightsAsked();
+          want.has_value()) {
+        OfferInitialWeights(*want);
+        continue;
+      }
       int64_t incarnation = 0;  // the registration the assignment came with
       std::optional<v1::Assignment> a =
           WaitForAssignment(absl::Milliseconds(500), &incarnation);
@@ -96,6 +102,7 @@ class WorkerDaemon::Impl {
     req.set_name(options_.name);
     req.set_devices(options_.devices_text);
     req.set_address(options_.address);
+    req.set_python(options_.python_runtime);
     v1::RegisterWorkerResponse resp;
     auto ctx = Context(absl::Seconds(5));
     TALLY_RETURN_IF_ERROR(
@@ -159,12 +166,7 @@ class WorkerDaemon::Impl {
           Context(absl::Milliseconds(std::max<int64_t>(lease_ms / 2, 200)));
       absl::Status s = FromGrpc(workers_->Heartbeat(ctx.get(), req, &resp));
       if (s.ok()) {
-        absl::MutexLock lock(&mu_);
-        if (resp.has_assignment()) {
-          assignment_ = resp.assignment();
-        } else {
-          assignment_.reset();
-        }
+        Apply(resp);
       } else if (ReasonOf(s) == v1::REGISTER_AGAIN || absl::IsNotFound(s)) {
         Log(absl::StrCat("lease lost (", s.message(), "); registering again"));
         registered = false;
@@ -176,6 +178,22 @@ class WorkerDaemon::Impl {
       // new shard map reaches the worker within a second.
       SleepUnlessStopped(
           absl::Milliseconds(std::clamp<int64_t>(lease_ms / 4, 50, 1000)));
+    }
+  }
+
+  // What a heartbeat's answer says to do: the assignment (none: idle), and
+  // whether to build a job's initial weights.
+  void Apply(const v1::HeartbeatResponse& resp) {
+    absl::MutexLock lock(&mu_);
+    if (resp.has_assignment()) {
+      assignment_ = resp.assignment();
+    } else {
+      assignment_.reset();
+    }
+    if (resp.has_initial_weights()) {
+      initial_weights_ = resp.initial_weights();
+    } else {
+      initial_weights_.reset();
     }
   }
 
@@ -200,6 +218,93 @@ class WorkerDaemon::Impl {
     }
     *incarnation = lease_.incarnation;
     return assignment_;
+  }
+
+  // The coordinator's latest ask for a job's initial weights, unless this
+  // registration offered them already.
+  std::optional<v1::InitialWeightsWanted> InitialWeightsAsked() {
+    absl::MutexLock lock(&mu_);
+    if (!initial_weights_.has_value() ||
+        (initial_weights_->job_id() == offered_job_ &&
+         lease_.incarnation == offered_incarnation_)) {
+      return std::nullopt;
+    }
+    return initial_weights_;
+  }
+
+  // A Python model's initial weights: the module built with the job's seed
+  // on this worker's devices, its parameters sent to the coordinator. A
+  // model that cannot be built fails the job, with why.
+  void OfferInitialWeights(const v1::InitialWeightsWanted& want) {
+    const Lease lease = CurrentLease();
+    absl::StatusOr<bool> taken = BuildAndOffer(want, lease);
+    if (!taken.ok() && (absl::IsUnavailable(taken.status()) ||
+                        absl::IsDeadlineExceeded(taken.status()))) {
+      Log(absl::StrCat(want.job_id(), ": offering initial weights: ",
+                       taken.status().message(), "; retrying"));
+      SleepUnlessStopped(absl::Seconds(1));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      offered_job_ = want.job_id();
+      offered_incarnation_ = lease.incarnation;
+    }
+    if (taken.ok()) {
+      Log(absl::StrCat(want.job_id(), ": initial weights built and ",
+                       *taken ? "installed" : "not needed (given already)"));
+      return;
+    }
+    Log(absl::StrCat(want.job_id(), ": cannot build the model: ",
+                     taken.status().message()));
+    v1::ReportResultRequest req;
+    req.set_worker_id(lease.worker_id);
+    req.set_incarnation(lease.incarnation);
+    req.set_job_id(want.job_id());
+    req.set_ok(false);
+    req.set_message(std::string(taken.status().message()));
+    req.set_reason(ReasonOf(taken.status()));
+    v1::ReportResultResponse resp;
+    auto ctx = Context(options_.report_timeout);
+    workers_->ReportResult(ctx.get(), req, &resp);
+  }
+
+  absl::StatusOr<bool> BuildAndOffer(const v1::InitialWeightsWanted& want,
+                                     const Lease& lease) {
+    TALLY_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(want.spec()));
+    if (options_.python_engine == nullptr) {
+      return absl::FailedPreconditionError(
+          "this worker trains models of layers only");
+    }
+    EngineOptions eo;
+    eo.devices = options_.devices;
+    TALLY_ASSIGN_OR_RETURN(std::unique_ptr<ModelEngine> engine,
+                           options_.python_engine(spec, eo));
+    const int64_t n = engine->num_params();
+    if (n != spec.layout.num_params) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model has ", n, " parameters, the job ",
+                       spec.layout.num_params));
+    }
+    v1::OfferInitialWeightsResponse resp;
+    auto ctx = Context(options_.rpc_timeout);
+    auto writer = workers_->OfferInitialWeights(ctx.get(), &resp);
+    v1::InitialWeightsChunk msg;
+    msg.set_job_id(want.job_id());
+    msg.set_worker_id(lease.worker_id);
+    msg.set_incarnation(lease.incarnation);
+    for (int64_t off = 0; off < n; off += options_.chunk_elements) {
+      const int64_t c = std::min(options_.chunk_elements, n - off);
+      EncodeChunk(engine->params() + off, off, c, v1::FLOAT32,
+                  msg.mutable_chunk());
+      if (!writer->Write(msg)) break;  // the answer says why
+      msg.clear_job_id();
+      msg.clear_worker_id();
+      msg.clear_incarnation();
+    }
+    writer->WritesDone();
+    TALLY_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
+    return resp.taken();
   }
 
   // False once the job was taken from us (cancelled, lease lost), was
@@ -270,6 +375,11 @@ class WorkerDaemon::Impl {
   Lease lease_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 3000;
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::InitialWeightsWanted> initial_weights_
+      ABSL_GUARDED_BY(mu_);
+  // The job whose initial weights this registration offered (once).
+  std::string offered_job_ ABSL_GUARDED_BY(mu_);
+  int64_t offered_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   JobProgress progress_ ABSL_GUARDED_BY(mu_);
   std::string finished_job_ ABSL_GUARDED_BY(mu_);
   int64_t finished_incarnation_ ABSL_GUARDED_BY(mu_) = 0;

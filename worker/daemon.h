@@ -21,10 +21,19 @@
 #include "absl/time/time.h"
 #include "common/device.h"
 #include "proto/transport.h"
+#include "worker/model_engine.h"
 
 namespace tally {
 
 struct WorkerMetrics;
+struct JobSpec;
+struct EngineOptions;
+
+// Builds the engine of a job whose model is Python code (model.python), its
+// params() holding the module's weights as built with the job's seed.
+using PythonEngineFactory =
+    std::function<absl::StatusOr<std::unique_ptr<ModelEngine>>(
+        const JobSpec& spec, const EngineOptions& options)>;
 
 struct DaemonOptions {
   std::string server = "localhost:7070";
@@ -66,6 +75,12 @@ struct DaemonOptions {
   TransportOptions transport;
   // Where the worker counts its steps (borrowed; null: nowhere).
   WorkerMetrics* metrics = nullptr;
+  // The Python worker's (python/tally/): it trains Python models too, and
+  // registers with python_runtime ("Python 3.11.2, PyTorch 1.13.1, CPU").
+  // Null in tally-worker, which trains models of layers only and is never
+  // given a Python model.
+  PythonEngineFactory python_engine;
+  std::string python_runtime;
 };
 
 class WorkerDaemon {

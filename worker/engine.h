@@ -42,6 +42,7 @@
 #include "common/data/dataset.h"
 #include "common/device.h"
 #include "common/nn/layer_config.h"
+#include "worker/model_engine.h"
 
 namespace tally {
 
@@ -68,51 +69,8 @@ struct EngineOptions {
   bool force_peer_reduction = false;
 };
 
-// A batch in host memory: `size` samples back to back, and their labels.
-struct BatchView {
-  const float* x = nullptr;
-  const int32_t* y = nullptr;
-  int size = 0;
-};
-
-struct StepStats {
-  double loss_sum = 0.0;  // summed over the batch's samples
-  int64_t correct = 0;
-  int64_t samples = 0;
-};
-
-// Lets the caller overlap its own work with a step: the job runner pushes
-// each layer's gradient while the layers before it are still in their
-// backward pass. Both hooks are optional.
-struct StepHooks {
-  // Before the step reads params()[begin, end): may block until they are
-  // there (weights still arriving from a pull, the first layers first). A
-  // non-OK status fails the step. One replica (in host memory or on a GPU)
-  // asks layer by layer, before each layer's forward pass (a GPU's copy of
-  // that layer goes in after it); several once for the whole vector, before
-  // the replicas copy it.
-  std::function<absl::Status(int64_t begin, int64_t end)> params_ready;
-  // Once per successful forward pass, with the whole batch's loss and
-  // counts, before any grads_ready. A non-OK status fails the step.
-  std::function<absl::Status(const StepStats&)> loss_known;
-  // grads()[begin, end) holds this step's final gradient and does not
-  // change before the next Step. The ranges of one step cover
-  // [0, num_params()) exactly once, in any order (one replica: layer by
-  // layer, the last layer first, as backward produces them in host memory
-  // or, on a GPU, as each layer's copy lands while the layers before it
-  // still compute; several: one range per reduced slice, possibly from
-  // several threads at once). A step that fails may have reported some
-  // ranges, never all of them (one replica reports the range holding
-  // element 0 only once its backward pass has succeeded): what was done
-  // with them is to be undone.
-  std::function<void(int64_t begin, int64_t end)> grads_ready;
-};
-
-class Engine {
+class Engine : public ModelEngine {
  public:
-  // Runs on slice number `slice`, [begin, end) of the flat vector, once
-  // grads() holds it; slices are Slice(num_params(), slice, num_replicas()).
-  using SliceFn = std::function<void(int slice, int64_t begin, int64_t end)>;
 
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const std::vector<LayerConfig>& layers, const Shape& input_shape,
@@ -120,28 +78,28 @@ class Engine {
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
-  ~Engine();
+  ~Engine() override;
 
-  int num_replicas() const { return static_cast<int>(replicas_.size()); }
-  int64_t num_params() const { return num_params_; }
-  // How gradients of several replicas meet: "host", "nccl" or "peer".
-  const char* reduction() const {
+  int num_replicas() const override {
+    return static_cast<int>(replicas_.size());
+  }
+  int64_t num_params() const override { return num_params_; }
+  const char* reduction() const override {
     return collective_ != nullptr ? collective_->name() : "host";
   }
-  // Why GPUs reduce by peer copies and not NCCL; empty otherwise.
-  const std::string& reduction_note() const { return reduction_note_; }
+  const std::string& reduction_note() const override {
+    return reduction_note_;
+  }
   const ModelLayout& layout() const { return layout_; }
 
-  // Host master weights and the reduced gradient, num_params() floats each.
-  float* params() { return params_; }
-  const float* grads() const { return grads_; }
+  float* params() override { return params_; }
+  const float* grads() const override { return grads_; }
 
   absl::StatusOr<StepStats> Step(const BatchView& batch, uint64_t seed,
                                  const SliceFn& apply = {},
-                                 const StepHooks* hooks = nullptr);
+                                 const StepHooks* hooks = nullptr) override;
 
-  // Loss and accuracy of params() on `data`, split across the replicas.
-  absl::StatusOr<StepStats> Evaluate(const Dataset& data);
+  absl::StatusOr<StepStats> Evaluate(const Dataset& data) override;
 
   // Micro-batch sizes for `batch` samples over `replicas` devices: at most
   // `replicas` entries, all positive, differing by at most one.

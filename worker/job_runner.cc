@@ -329,8 +329,22 @@ absl::Status JobRunner::Prepare() {
   EngineOptions eo;
   eo.devices = options_.devices;
   eo.allow_tf32 = spec_.training.tf32;
-  TALLY_ASSIGN_OR_RETURN(engine_,
-                         Engine::Create(spec_.layers, spec_.input_shape, eo));
+  if (spec_.is_python) {
+    if (options_.python_engine == nullptr) {
+      return absl::FailedPreconditionError(
+          "this worker trains models of layers only (a Python model needs "
+          "python3 -m tally.worker)");
+    }
+    TALLY_ASSIGN_OR_RETURN(engine_, options_.python_engine(spec_, eo));
+  } else {
+    TALLY_ASSIGN_OR_RETURN(engine_,
+                           Engine::Create(spec_.layers, spec_.input_shape, eo));
+  }
+  if (engine_->num_params() != spec_.layout.num_params) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", engine_->num_params(), " parameters, the job ",
+        spec_.layout.num_params));
+  }
   if (engine_->num_replicas() > 1) {
     context_.log(absl::StrCat(
         assignment_.job_id(), ": ", engine_->num_replicas(),

@@ -184,7 +184,7 @@ class JobRunner {
   Schedule schedule_;
   int world_ = 1;
   int64_t rank_batches_ = 0;  // batches this rank has per epoch
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ModelEngine> engine_;
   std::unique_ptr<ParameterClient> client_;
   std::unique_ptr<BatchLoader> loader_;
   int64_t loader_next_ = -1;  // the step the loader's next batch is for

@@ -397,14 +397,127 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   return absl::OkStatus();
 }
 
-// model: a preset, or the layers given one by one.
+// model.python.params: [{name, shape}, ...] into the layout, each tensor's
+// size checked for overflow and the whole against max_params.
+absl::Status ParsePythonParams(const YAML::Node& params,
+                               const SpecLimits& limits, ModelLayout* layout) {
+  const std::string p = "model.python.params";
+  if (!params || !params.IsSequence() || params.size() == 0) {
+    return FieldError(p,
+                      "is missing: the client fills it in from the module "
+                      "(python3 -m tally submit; tally.Client.submit)");
+  }
+  if (static_cast<int64_t>(params.size()) > limits.max_model_tensors) {
+    return FieldError(p, absl::StrCat(params.size(),
+                                      " tensors, over the limit of ",
+                                      limits.max_model_tensors,
+                                      " (max_model_tensors)"));
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string at = absl::StrCat(p, "[", i, "]");
+    TALLY_RETURN_IF_ERROR(CheckKeys(params[i], at, {"name", "shape"}));
+    ParamInfo info;
+    TALLY_RETURN_IF_ERROR(ReadString(params[i], at, "name", &info.name));
+    if (info.name.empty() || info.name.size() > 256 ||
+        !names.insert(info.name).second) {
+      return FieldError(at + ".name",
+                        "must be a unique name of 1 to 256 bytes");
+    }
+    const YAML::Node shape = params[i]["shape"];
+    if (!shape || !shape.IsSequence() || shape.size() > 8) {
+      return FieldError(at + ".shape", "must be a list of at most 8 sizes");
+    }
+    for (size_t d = 0; d < shape.size(); ++d) {
+      int64_t v = 0;
+      if (!shape[d].IsScalar() ||
+          !YAML::convert<int64_t>::decode(shape[d], v) || v < 1 ||
+          v > kMaxDim) {
+        return FieldError(at + ".shape",
+                          absl::StrCat("sizes must be in [1, ", kMaxDim, "]"));
+      }
+      info.shape.push_back(v);
+    }
+    if (!CheckedNumElements(info.shape, &info.numel) ||
+        info.numel > limits.max_params - layout->num_params) {
+      return FieldError(p, absl::StrCat("over the limit of ", limits.max_params,
+                                        " parameters (max_params)"));
+    }
+    info.offset = layout->num_params;
+    layout->num_params += info.numel;
+    layout->params.push_back(std::move(info));
+  }
+  return absl::OkStatus();
+}
+
+// model.python: {file, build, code, params}.
+absl::Status ParsePythonModel(const YAML::Node& n, const SpecLimits& limits,
+                              JobSpec* spec) {
+  const std::string p = "model.python";
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"file", "build", "code", "params"}));
+  spec->is_python = true;
+  PythonModelSpec& py = spec->python;
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "file", &py.file));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "build", &py.build));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "code", &py.code));
+  if (py.build.empty() || py.build.size() > 256) {
+    return FieldError(p + ".build", "must name the function that returns "
+                                    "the module");
+  }
+  if (py.code.empty()) {
+    return FieldError(
+        p + ".code",
+        absl::StrCat("is missing: submit with the Python client (python3 -m "
+                     "tally submit), which sends ",
+                     py.file.empty() ? "model.python.file" : py.file,
+                     " and the module's layout"));
+  }
+  if (static_cast<int64_t>(py.code.size()) > limits.max_model_bytes) {
+    return FieldError(p + ".code",
+                      absl::StrCat(py.code.size(), " bytes, over the limit of ",
+                                   limits.max_model_bytes,
+                                   " (max_model_bytes)"));
+  }
+  return ParsePythonParams(n["params"], limits, &spec->layout);
+}
+
+absl::Status ParseLoss(const YAML::Node& model, JobSpec* spec) {
+  std::string loss = "cross_entropy";
+  TALLY_RETURN_IF_ERROR(ReadString(model, "model", "loss", &loss));
+  if (loss == "cross_entropy") {
+    spec->loss = LossKind::kCrossEntropy;
+  } else if (loss == "mse") {
+    spec->loss = LossKind::kMse;
+  } else if (loss == "model") {
+    spec->loss = LossKind::kModel;
+  } else {
+    return FieldError("model.loss",
+                      absl::StrCat("unknown loss '", loss,
+                                   "' (known: cross_entropy, mse, model)"));
+  }
+  if (!spec->is_python && spec->loss != LossKind::kCrossEntropy) {
+    return FieldError("model.loss",
+                      "a model of layers trains with cross_entropy; mse and "
+                      "model need model.python");
+  }
+  return absl::OkStatus();
+}
+
+// model: a preset, the layers given one by one, or a Python module.
 absl::Status ParseModel(const YAML::Node& model, const SpecLimits& limits,
                         JobSpec* spec) {
   if (!model) return FieldError("model", "is required");
-  TALLY_RETURN_IF_ERROR(CheckKeys(model, "model", {"preset", "layers"}));
-  if (model["preset"] && model["layers"]) {
-    return FieldError("model", "give either preset or layers, not both");
+  TALLY_RETURN_IF_ERROR(
+      CheckKeys(model, "model", {"preset", "layers", "python", "loss"}));
+  if (int(bool(model["preset"])) + int(bool(model["layers"])) +
+          int(bool(model["python"])) > 1) {
+    return FieldError("model", "give one of preset, layers and python");
   }
+  if (model["python"]) {
+    TALLY_RETURN_IF_ERROR(ParsePythonModel(model["python"], limits, spec));
+    return ParseLoss(model, spec);
+  }
+  TALLY_RETURN_IF_ERROR(ParseLoss(model, spec));
   if (model["preset"]) {
     TALLY_RETURN_IF_ERROR(
         ReadString(model, "model", "preset", &spec->model_preset));
@@ -423,8 +536,9 @@ absl::Status ParseModel(const YAML::Node& model, const SpecLimits& limits,
                                    limits.max_layers, " (max_layers)"));
   }
   if (!layers || !layers.IsSequence() || layers.size() == 0) {
-    return FieldError(
-        "model", "needs a preset (mlp, cnn) or a non-empty list of layers");
+    return FieldError("model",
+                      "needs a preset (mlp, cnn), a non-empty list of layers, "
+                      "or python");
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     TALLY_ASSIGN_OR_RETURN(
@@ -435,10 +549,30 @@ absl::Status ParseModel(const YAML::Node& model, const SpecLimits& limits,
   return absl::OkStatus();
 }
 
+// A generated dataset is made on every worker: its values and its teacher
+// network's.
+absl::Status CheckSyntheticFits(const SpecLimits& limits, const JobSpec& spec) {
+  if (spec.dataset.name != "synthetic") return absl::OkStatus();
+  const SyntheticOptions& s = spec.dataset.synthetic;
+  const int64_t values = s.features * (s.train_size + s.test_size) +
+                         s.teacher_hidden * (s.features + s.num_classes);
+  if (values > limits.max_dataset_values) {
+    return FieldError("dataset",
+                      absl::StrCat("a synthetic dataset of ", values,
+                                   " values, over the limit of ",
+                                   limits.max_dataset_values,
+                                   " (max_dataset_values)"));
+  }
+  return absl::OkStatus();
+}
+
 // The model against the data and the limits, before anything is allocated:
 // its layout, its size, its activations, a generated dataset's size, the
 // last layer against the classes.
 absl::Status CheckModelFits(const SpecLimits& limits, JobSpec* spec) {
+  // A Python model's shapes are the client's and the workers' to check
+  // (they build it); its size was checked with its parameters.
+  if (spec->is_python) return CheckSyntheticFits(limits, *spec);
   auto layout = ComputeLayout(spec->layers, spec->input_shape);
   if (!layout.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -461,20 +595,7 @@ absl::Status CheckModelFits(const SpecLimits& limits, JobSpec* spec) {
                        limits.max_sample_elements, " (max_sample_elements)"));
     }
   }
-  // A generated dataset is made on every worker: its values and its
-  // teacher network's.
-  if (spec->dataset.name == "synthetic") {
-    const SyntheticOptions& s = spec->dataset.synthetic;
-    const int64_t values = s.features * (s.train_size + s.test_size) +
-                           s.teacher_hidden * (s.features + s.num_classes);
-    if (values > limits.max_dataset_values) {
-      return FieldError(
-          "dataset", absl::StrCat("a synthetic dataset of ", values,
-                                  " values, over the limit of ",
-                                  limits.max_dataset_values,
-                                  " (max_dataset_values)"));
-    }
-  }
+  TALLY_RETURN_IF_ERROR(CheckSyntheticFits(limits, *spec));
   const Shape& out = layout->activation_shapes.back();
   if (out != Shape{spec->num_classes}) {
     return FieldError(
@@ -508,6 +629,18 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
 }
 
 }  // namespace
+
+const char* LossName(LossKind loss) {
+  switch (loss) {
+    case LossKind::kCrossEntropy:
+      return "cross_entropy";
+    case LossKind::kMse:
+      return "mse";
+    case LossKind::kModel:
+      return "model";
+  }
+  return "cross_entropy";
+}
 
 const char* ConsistencyModeName(ConsistencyMode mode) {
   switch (mode) {

@@ -5,6 +5,7 @@
 //
 //   name: fashion-mnist-mlp
 //   model:     {preset: mlp} | {layers: [flatten, {linear: {...}}, relu, ...]}
+//              | {python: {file, build, code, params}, loss}
 //   dataset:   {name: fashion-mnist, root: DIR} | {name: synthetic, ...}
 //   training:  {epochs, batch_size, max_steps, seed}
 //   optimizer: {type: sgd|adam|adamw, lr, momentum, ...}
@@ -63,10 +64,31 @@ struct TrainingSpec {
   ConsistencySpec consistency;
 };
 
+// model.python: the submitter's own torch.nn.Module, built and trained by
+// Python workers (python/tally/); servers never run it. The client fills in
+// `code` (the file's text) and `params` (the module's parameters, in
+// named_parameters() order) at submission.
+struct PythonModelSpec {
+  std::string file;                  // as the submitter named it
+  std::string build = "make_model";  // the function that returns the module
+  std::string code;
+};
+
+// What the model's output is trained against.
+enum class LossKind {
+  kCrossEntropy,  // the module returns logits [batch, classes]
+  kMse,           // squared error against the one-hot label
+  kModel,         // forward(x, y) returns the batch's mean loss itself
+};
+const char* LossName(LossKind loss);
+
 struct JobSpec {
   std::string name;
   std::string model_preset;  // "" when layers were listed
   std::vector<LayerConfig> layers;
+  bool is_python = false;    // model.python instead of layers
+  PythonModelSpec python;
+  LossKind loss = LossKind::kCrossEntropy;
   DatasetSpec dataset;
   TrainingSpec training;
   OptimizerConfig optimizer;
@@ -105,7 +127,11 @@ int64_t TrainSize(const DatasetSpec& spec);
 // (tally-server --max_spec_bytes, --max_params); workers and shards apply
 // the defaults.
 struct SpecLimits {
-  int64_t max_spec_bytes = 1 << 20;      // the spec's text: 1 MiB
+  int64_t max_spec_bytes = 2 << 20;      // the spec's text: 2 MiB
+  // A Python model's code (model.python.code), inside the spec's text.
+  int64_t max_model_bytes = 1 << 20;
+  // A Python model's parameter tensors.
+  int64_t max_model_tensors = 65536;
   int64_t max_layers = 1024;
   int64_t max_params = int64_t{1} << 28;  // 268M float32 values: 1 GiB
   // Elements of one sample's largest activation (an image, a feature map).

@@ -270,6 +270,93 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
   return Reply(ctx, coord_->ReportResult(*req));
 }
 
+namespace {
+
+// A Python model's initial weights: the header checked before anything is
+// allocated, then chunks in order, each checked, straight into the vector.
+class InitialWeightsReactor
+    : public grpc::ServerReadReactor<v1::InitialWeightsChunk> {
+ public:
+  InitialWeightsReactor(Coordinator* coord,
+                        v1::OfferInitialWeightsResponse* resp)
+      : coord_(coord), resp_(resp) {
+    StartRead(&msg_);
+  }
+  void OnReadDone(bool ok) override {
+    absl::Status s = ok ? Add() : Install();
+    if (!s.ok() || !ok || done_) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    StartRead(&msg_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Add() {
+    if (n_ < 0) {  // the first message
+      job_ = msg_.job_id();
+      worker_ = msg_.worker_id();
+      incarnation_ = msg_.incarnation();
+      TALLY_ASSIGN_OR_RETURN(
+          n_, coord_->ExpectInitialWeights(job_, worker_, incarnation_));
+      if (n_ == 0) {  // taken already: nothing more to read
+        resp_->set_taken(false);
+        done_ = true;
+        return absl::OkStatus();
+      }
+      weights_.resize(n_);
+    }
+    if (!msg_.has_chunk()) return absl::OkStatus();
+    const v1::TensorChunk& c = msg_.chunk();
+    TALLY_RETURN_IF_ERROR(CheckChunk(c, n_));
+    if (c.dtype() != v1::FLOAT32 || c.offset() != filled_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial weights come as float32 chunks in order: a chunk at ",
+          c.offset(), " where ", filled_, " was next"));
+    }
+    DecodeChunk(c, weights_.data());
+    for (int64_t i = c.offset(); i < c.offset() + c.count(); ++i) {
+      if (!std::isfinite(weights_[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("initial weight ", i, " is not finite"));
+      }
+    }
+    filled_ += c.count();
+    return absl::OkStatus();
+  }
+  absl::Status Install() {
+    if (n_ < 0) return absl::InvalidArgumentError("an empty offer");
+    if (filled_ != n_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial weights cover ", filled_, " of the model's ", n_, " values"));
+    }
+    TALLY_ASSIGN_OR_RETURN(const bool taken,
+                           coord_->SetInitialWeights(job_, worker_, incarnation_,
+                                                     std::move(weights_)));
+    resp_->set_taken(taken);
+    return absl::OkStatus();
+  }
+
+  Coordinator* coord_;                       // borrowed
+  v1::OfferInitialWeightsResponse* resp_;    // borrowed
+  v1::InitialWeightsChunk msg_;
+  std::string job_, worker_;
+  int64_t incarnation_ = 0;
+  int64_t n_ = -1;  // values expected; -1 before the first message
+  int64_t filled_ = 0;
+  bool done_ = false;
+  std::vector<float> weights_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::InitialWeightsChunk>*
+WorkerServiceImpl::OfferInitialWeights(
+    grpc::CallbackServerContext*, v1::OfferInitialWeightsResponse* resp) {
+  return new InitialWeightsReactor(coord_, resp);
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::ListShards(
     grpc::CallbackServerContext* ctx, const v1::ListShardsRequest*,
     v1::ListShardsResponse* resp) {

@@ -206,6 +206,7 @@ struct Coordinator::ControlTask {
   bool terminal = false;
   bool retired = false;
   bool installed = false;
+  bool python = false;  // a Python model: installed once it has weights
   std::string spec;
   int64_t num_params = 0;
   Schedule schedule;
@@ -801,9 +802,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     const v1::RegisterWorkerRequest& req) {
   constexpr size_t kMaxField = 256;
   if (req.name().size() > kMaxField || req.devices().size() > kMaxField ||
-      req.address().size() > kMaxField) {
+      req.address().size() > kMaxField || req.python().size() > kMaxField) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a worker's name, devices and address are at most ",
+        absl::StrCat("a worker's name, devices, address and python are at "
+                     "most ",
                      kMaxField, " bytes each"));
   }
   Notes notes;
@@ -822,6 +824,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     w.name = req.name();
     w.devices = req.devices();
     w.address = req.address();
+    w.python = req.python();
     w.incarnation = leases_.Grant(id, Now());
     out.set_worker_id(id);
     out.set_incarnation(w.incarnation);
@@ -864,6 +867,13 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
         }
       }
     }
+    if (job != nullptr && job->spec.is_python && job->start == nullptr &&
+        job->proto.state() == v1::RUNNING &&
+        LowestRankLocked(*job) == req.worker_id()) {
+      v1::InitialWeightsWanted* want = out.mutable_initial_weights();
+      want->set_job_id(w.job_id);
+      want->set_spec(job->proto.spec());
+    }
     if (member) {
       v1::Assignment* a = out.mutable_assignment();
       a->set_job_id(w.job_id);
@@ -886,6 +896,80 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   }
   Settle(notes);
   return out;
+}
+
+bool Coordinator::AnyPythonWorkerLocked() const {
+  for (const auto& [id, w] : workers_) {
+    if (!w.python.empty()) return true;
+  }
+  return false;
+}
+
+std::string Coordinator::LowestRankLocked(const JobEntry& job) const {
+  for (const std::string& id : job.slots) {
+    if (!id.empty()) return id;
+  }
+  return "";
+}
+
+// The worker must hold its lease and be on the job, the job running and
+// still without weights.
+absl::StatusOr<int64_t> Coordinator::ExpectInitialWeights(
+    const std::string& job_id, const std::string& worker_id,
+    int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  TALLY_RETURN_IF_ERROR(leases_.Check(worker_id, incarnation));
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '",
+                                            job_id.substr(0, 64), "'"));
+  }
+  const JobEntry& job = it->second;
+  auto w = workers_.find(worker_id);
+  if (w == workers_.end() || w->second.job_id != job_id) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          worker_id.substr(0, 64), " is not on ", job_id)),
+                      v1::NOT_A_MEMBER);
+  }
+  if (!job.spec.is_python) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(job_id, " is not a Python model's: its initial weights "
+                             "come from its spec"));
+  }
+  if (job.start != nullptr || Terminal(job.proto.state())) return 0;
+  return job.spec.layout.num_params;
+}
+
+absl::StatusOr<bool> Coordinator::SetInitialWeights(
+    const std::string& job_id, const std::string& worker_id,
+    int64_t incarnation, std::vector<float> weights) {
+  TALLY_ASSIGN_OR_RETURN(const int64_t n,
+                         ExpectInitialWeights(job_id, worker_id, incarnation));
+  Notes notes;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry& job = jobs_.at(job_id);
+    // Another offer may have come between the two checks.
+    if (n == 0 || job.start != nullptr || Terminal(job.proto.state()))
+      return false;
+    if (static_cast<int64_t>(weights.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("initial weights of ", weights.size(),
+                       " values for a model of ", n));
+    }
+    auto start = std::make_shared<StoredJob>();
+    start->has_state = true;
+    start->weights =
+        std::make_shared<const std::vector<float>>(std::move(weights));
+    job.start = std::move(start);
+    EventLocked(job, absl::StrCat("initial weights built by ", worker_id,
+                                  " (", workers_.at(worker_id).name, ")"));
+    MarkDirty(job);
+    NotifyLocked(job_id, &notes);
+  }
+  Settle(notes);
+  RunControl();
+  return true;
 }
 
 absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
@@ -1148,20 +1232,24 @@ bool Coordinator::PlaceLocked(JobEntry& job) {
   return true;
 }
 
+// The idle workers a job may take (those it has not barred; for a Python
+// model, Python workers alone), newest registration last.
+std::vector<std::string> Coordinator::EligibleLocked(
+    const JobEntry& job, const std::vector<std::string>& idle) const {
+  std::vector<std::string> out;
+  for (const std::string& id : idle) {
+    if (job.barred.count(id)) continue;
+    if (job.spec.is_python && workers_.at(id).python.empty()) continue;
+    out.push_back(id);
+  }
+  return out;
+}
+
 void Coordinator::ScheduleLocked(Notes* notes) {
   std::vector<std::string> idle;
   for (const auto& [id, w] : workers_) {
     if (w.job_id.empty()) idle.push_back(id);
   }
-  // The idle workers a job may take (those it has not barred), newest
-  // registration last.
-  auto eligible = [&idle](const JobEntry& job) {
-    std::vector<std::string> out;
-    for (const std::string& id : idle) {
-      if (!job.barred.count(id)) out.push_back(id);
-    }
-    return out;
-  };
   auto take = [&idle](const std::string& id) {
     idle.erase(std::find(idle.begin(), idle.end(), id));
   };
@@ -1172,7 +1260,7 @@ void Coordinator::ScheduleLocked(Notes* notes) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::RUNNING || job.awaiting_start) continue;
     if (job.ranges.empty() && !PlaceLocked(job)) continue;
-    std::vector<std::string> free = eligible(job);
+    std::vector<std::string> free = EligibleLocked(job, idle);
     for (size_t r = 0; r < job.slots.size() && !free.empty(); ++r) {
       if (!job.slots[r].empty()) continue;
       AssignLocked(job, static_cast<int>(r), free.back());
@@ -1184,21 +1272,36 @@ void Coordinator::ScheduleLocked(Notes* notes) {
   for (const std::string& jid : job_order_) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::PENDING) continue;
-    std::vector<std::string> free = eligible(job);
-    if (free.size() < job.slots.size()) break;  // first come, first served
-    if (!PlaceLocked(job)) break;               // no shard yet
+    std::vector<std::string> free = EligibleLocked(job, idle);
+    if (free.size() < job.slots.size()) {
+      // First come, first served; but a job no registered worker can run
+      // (a Python model, no Python worker) does not hold up the others.
+      if (job.spec.is_python && !AnyPythonWorkerLocked()) {
+        job.condition =
+            "waiting for Python workers (python3 -m tally.worker): no "
+            "registered worker runs Python models";
+        continue;
+      }
+      break;
+    }
+    if (!PlaceLocked(job)) break;  // no shard yet
     for (size_t r = 0; r < job.slots.size(); ++r) {
       AssignLocked(job, static_cast<int>(r), free.back());
       take(free.back());
       free.pop_back();
     }
-    job.proto.set_state(v1::RUNNING);
-    EventLocked(job, absl::StrCat("started: ", job.slots.size(), " worker",
-                                  job.slots.size() == 1 ? "" : "s", ", ",
-                                  job.ranges.size(), " parameter shard",
-                                  job.ranges.size() == 1 ? "" : "s"));
+    StartLocked(job);
     NotifyLocked(jid, notes);
   }
+}
+
+void Coordinator::StartLocked(JobEntry& job) {
+  job.condition.clear();
+  job.proto.set_state(v1::RUNNING);
+  EventLocked(job, absl::StrCat("started: ", job.slots.size(), " worker",
+                                job.slots.size() == 1 ? "" : "s", ", ",
+                                job.ranges.size(), " parameter shard",
+                                job.ranges.size() == 1 ? "" : "s"));
 }
 
 void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
@@ -1311,6 +1414,7 @@ std::vector<Coordinator::ControlTask> Coordinator::TakeTasksLocked() {
     t.schedule = job.schedule;
     t.async = job.spec.training.consistency.mode == ConsistencyMode::kAsync;
     t.start = job.start;
+    t.python = job.spec.is_python;
     t.members = job.members;
     for (const Placement& p : job.ranges) {
       t.ranges.push_back(
@@ -1377,6 +1481,8 @@ void Coordinator::Reconcile(ControlTask& t) {
   }
   if (t.ranges.empty()) return;  // waiting for shards
   if (!t.installed) {
+    // A Python model's ranges wait for the weights a worker builds.
+    if (t.start == nullptr && t.python) return;
     InstallRanges(t);
     return;
   }

@@ -171,6 +171,19 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& req);
   absl::Status ReportResult(const v1::ReportResultRequest& req);
+  // A Python model's initial weights from the worker asked for them
+  // (HeartbeatResponse.initial_weights), in two calls around the transfer.
+  // ExpectInitialWeights checks the worker and the job and says how many
+  // values to send, or 0 when the job has its weights already.
+  absl::StatusOr<int64_t> ExpectInitialWeights(const std::string& job_id,
+                                               const std::string& worker_id,
+                                               int64_t incarnation);
+  // Installs `weights` (num_params, finite) as the job's step 0; false
+  // when another offer came first.
+  absl::StatusOr<bool> SetInitialWeights(const std::string& job_id,
+                                         const std::string& worker_id,
+                                         int64_t incarnation,
+                                         std::vector<float> weights);
 
   // Shards.
   v1::RegisterShardResponse RegisterShard(const v1::RegisterShardRequest& req);
@@ -272,6 +285,7 @@ class Coordinator {
   };
   struct WorkerEntry {
     std::string name, devices, address;
+    std::string python;       // the Python runtime it offers; "": none
     int64_t incarnation = 0;  // its lease's (leases_)
     std::string job_id;       // "" = idle
     int rank = -1;
@@ -289,6 +303,15 @@ class Coordinator {
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyPythonWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> EligibleLocked(
+      const JobEntry& job, const std::vector<std::string>& idle) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A pending job whose slots are filled and ranges placed: RUNNING.
+  void StartLocked(JobEntry& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker in the job's lowest occupied rank; "" if none.
+  std::string LowestRankLocked(const JobEntry& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every worker's clock, lag and times; the slowest; a stall and whom it
   // waits on (after kStallReport seconds).
   void RenderProgressLocked(const JobEntry& job, int64_t version,

@@ -131,7 +131,13 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
     if (optimizer == nullptr) {
       return absl::InvalidArgumentError("a running shard needs an optimizer");
     }
-    if (absl::Status s = optimizer->LoadState(state.optimizer); !s.ok()) {
+    // A state with no optimizer step and no slots is a start from given
+    // weights (a Python model's, built by a worker): a fresh optimizer.
+    const bool fresh =
+        state.optimizer.step == 0 && state.optimizer.slots.empty();
+    if (absl::Status s = fresh ? absl::OkStatus()
+                               : optimizer->LoadState(state.optimizer);
+        !s.ok()) {
       return s;
     }
   }

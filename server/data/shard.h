@@ -106,7 +106,8 @@ class ParameterShard {
               std::function<void(absl::StatusOr<ShardState>)> done);
   // A shard that goes on from `state`, with no members yet. `optimizer` is
   // a fresh one for the job; it takes state.optimizer (kInvalidArgument when
-  // that does not fit). A retired state gives a retired shard.
+  // that does not fit), or stays fresh when that has no step and no slots
+  // (initial weights given). A retired state gives a retired shard.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Restore(
       const ShardState& state, std::unique_ptr<Optimizer> optimizer,
       const Clock* clock);

@@ -42,6 +42,11 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
                          Optimizer::Create(spec.optimizer, count));
   std::shared_ptr<ParameterShard> shard;
+  if (!req.has_state() && spec.is_python) {
+    return absl::InvalidArgumentError(
+        "a Python model's range is installed with its initial weights (a "
+        "worker builds them; servers never run the model)");
+  }
   if (!req.has_state()) {
     std::vector<float> init =
         InitParams(spec.layers, spec.layout, spec.training.seed);

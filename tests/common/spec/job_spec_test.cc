@@ -214,7 +214,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "training.consistency.stalenes: unknown field"},
         BadCase{"both_preset_and_layers",
                 WithModel("  preset: mlp\n" + std::string(kLinear8x3)),
-                "either preset or layers"}),
+                "one of preset, layers and python"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {

@@ -1,0 +1,48 @@
+"""python3 -m tally submit JOB.yaml [--server=HOST:7070] [--wait] [TLS flags]
+
+Submits a job as `tally submit` does; a job whose model is Python code
+(model.python) needs this client, which builds the module once to find its
+parameter layout. Prints the job's id; with --wait, waits for its end and
+prints its state and test figures.
+"""
+import argparse
+import sys
+
+import grpc
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python3 -m tally", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["submit"])
+    p.add_argument("spec")
+    p.add_argument("--server", default="localhost:7070")
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--tls_ca")
+    p.add_argument("--tls_cert")
+    p.add_argument("--tls_key")
+    p.add_argument("--token_file")
+    args = p.parse_args(argv)
+    from tally import Client, SubmitError, tally_pb2 as pb
+    from tally.engine import ModelError
+    c = Client(args.server, args.tls_ca, args.tls_cert, args.tls_key, args.token_file)
+    try:
+        job = c.submit(args.spec)
+    except (SubmitError, ModelError, OSError) as e:
+        print(f"{args.spec}: {e}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as e:
+        print(f"{args.spec}: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 2
+    print(job.id, flush=True)
+    if not args.wait:
+        return 0
+    job = c.wait(job.id)
+    m = job.metrics
+    print(f"{job.id} {pb.JobState.Name(job.state)} after {m.step} steps: test loss "
+          f"{m.test_loss:.4f}, accuracy {m.test_accuracy:.4f} {job.message}")
+    return 0 if job.state == pb.SUCCEEDED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+// tally._native: the Python worker's native core. The worker daemon, the job
+// runner and the parameter client are Tally's C++ ones (worker/); Python
+// brings the model alone. A job whose model is Python code gets a PyEngine:
+// a ModelEngine whose steps call the Python engine object the factory made
+// (python/tally/engine.py), on the flat float32 vectors that object owns,
+// so pulls write into and pushes read from the module's own memory.
+//
+//   w = _native.Worker(server=..., devices="cpu:2", factory=make_engine, ...)
+//   w.start(); w.wait(0.2) ...; w.stop(); w.result()
+//
+// The GIL: the daemon's threads take it only inside the engine's calls into
+// Python; start/wait/stop release it.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/device.h"
+#include "common/spec/job_spec.h"
+#include "proto/transport_flags.h"
+#include "worker/daemon.h"
+#include "worker/engine.h"
+
+namespace py = pybind11;
+
+namespace tally {
+namespace {
+
+// A Python error as a status: the exception and the end of its traceback,
+// at most kMaxTraceback bytes, so a job's message stays readable.
+constexpr size_t kMaxTraceback = 2000;
+
+absl::Status FromPython(py::error_already_set& e, absl::string_view what) {
+  std::string text = e.what();
+  if (text.size() > kMaxTraceback) {
+    text = absl::StrCat("...", text.substr(text.size() - kMaxTraceback));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", text));
+}
+
+// A view of `count` samples of `sample` shape at `data`: no copy. The
+// capsule keeps nothing alive; the caller's memory outlives the call.
+template <typename T>
+py::array_t<T> View(const T* data, int64_t count, const Shape& sample) {
+  std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(count)};
+  for (int64_t d : sample) shape.push_back(static_cast<py::ssize_t>(d));
+  py::capsule none(data, [](void*) {});
+  return py::array_t<T>(shape, data, none);
+}
+
+class PyEngine : public ModelEngine {
+ public:
+  // `impl` is the Python engine: num_params, replicas, params_ptr,
+  // grads_ptr, step(x, y, seed) and evaluate(x, y).
+  PyEngine(py::object impl, const Shape& input_shape)
+      : impl_(std::move(impl)), input_shape_(input_shape) {
+    num_params_ = impl_.attr("num_params").cast<int64_t>();
+    replicas_ = impl_.attr("replicas").cast<int>();
+    params_ =
+        reinterpret_cast<float*>(impl_.attr("params_ptr").cast<uintptr_t>());
+    grads_ =
+        reinterpret_cast<float*>(impl_.attr("grads_ptr").cast<uintptr_t>());
+  }
+  ~PyEngine() override {
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+
+  int num_replicas() const override { return replicas_; }
+  int64_t num_params() const override { return num_params_; }
+  const char* reduction() const override { return "host"; }
+  const std::string& reduction_note() const override { return note_; }
+  float* params() override { return params_; }
+  const float* grads() const override { return grads_; }
+
+  absl::StatusOr<StepStats> Step(const BatchView& batch, uint64_t seed,
+                                 const SliceFn& apply,
+                                 const StepHooks* hooks) override {
+    if (hooks != nullptr && hooks->params_ready) {
+      if (absl::Status s = hooks->params_ready(0, num_params_); !s.ok())
+        return s;
+    }
+    StepStats stats;
+    stats.samples = batch.size;
+    {
+      py::gil_scoped_acquire gil;
+      try {
+        py::tuple r = impl_.attr("step")(
+            View(batch.x, batch.size, input_shape_),
+            View(batch.y, batch.size, {}), seed);
+        stats.loss_sum = r[0].cast<double>();
+        stats.correct = r[1].cast<int64_t>();
+      } catch (py::error_already_set& e) {
+        return FromPython(e, "the model's step");
+      }
+    }
+    if (hooks != nullptr && hooks->loss_known) {
+      if (absl::Status s = hooks->loss_known(stats); !s.ok()) return s;
+    }
+    if (hooks != nullptr && hooks->grads_ready)
+      hooks->grads_ready(0, num_params_);
+    if (apply) apply(0, 0, num_params_);
+    return stats;
+  }
+
+  absl::StatusOr<StepStats> Evaluate(const Dataset& data) override {
+    StepStats stats;
+    stats.samples = data.size();
+    if (data.size() == 0) return stats;
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple r = impl_.attr("evaluate")(
+          View(data.features.data(), data.size(), data.sample_shape),
+          View(data.labels.data(), data.size(), {}));
+      stats.loss_sum = r[0].cast<double>();
+      stats.correct = r[1].cast<int64_t>();
+    } catch (py::error_already_set& e) {
+      return FromPython(e, "the model's evaluation");
+    }
+    return stats;
+  }
+
+ private:
+  py::object impl_;
+  Shape input_shape_;
+  int64_t num_params_ = 0;
+  int replicas_ = 1;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  std::string note_;
+};
+
+// What the Python factory gets: the parsed job, as plain Python values.
+py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
+  py::dict job;
+  job["name"] = spec.name;
+  job["file"] = spec.python.file;
+  job["build"] = spec.python.build;
+  job["code"] = spec.python.code;
+  job["loss"] = LossName(spec.loss);
+  job["seed"] = spec.training.seed;
+  job["batch_size"] = spec.training.batch_size;
+  job["input_shape"] = std::vector<int64_t>(spec.input_shape.begin(),
+                                            spec.input_shape.end());
+  job["num_classes"] = spec.num_classes;
+  py::list params;
+  for (const ParamInfo& p : spec.layout.params) {
+    params.append(py::make_tuple(
+        p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end())));
+  }
+  job["params"] = params;
+  py::list devices;
+  for (const DeviceId& d : options.devices) {
+    devices.append(d.type == DeviceType::kCpu ? std::string("cpu")
+                                              : absl::StrCat("cuda:", d.index));
+  }
+  job["devices"] = devices;
+  return job;
+}
+
+// The daemon on its own thread, for Python to start, wait for and stop.
+class Worker {
+ public:
+  Worker(const std::string& server, const std::string& devices,
+         const std::string& name, const std::string& python_runtime,
+         py::object factory, const std::string& tls_ca,
+         const std::string& tls_cert, const std::string& tls_key,
+         const std::string& token_file, bool verbose)
+      : factory_(std::move(factory)) {
+    options_.server = server;
+    options_.name = name;
+    options_.verbose = verbose;
+    options_.python_runtime = python_runtime;
+    auto parsed = ParseDevices(devices);
+    if (!parsed.ok()) throw std::invalid_argument(parsed.status().ToString());
+    options_.devices = *parsed;
+    options_.devices_text = devices;
+    auto transport = TransportFromFiles(tls_ca, tls_cert, tls_key, token_file);
+    if (!transport.ok())
+      throw std::invalid_argument(std::string(transport.status().message()));
+    options_.transport = *std::move(transport);
+    options_.python_engine = [this](const JobSpec& spec,
+                                    const EngineOptions& eo)
+        -> absl::StatusOr<std::unique_ptr<ModelEngine>> {
+      py::gil_scoped_acquire gil;
+      try {
+        py::object impl = factory_(JobDict(spec, eo));
+        return std::unique_ptr<ModelEngine>(
+            new PyEngine(std::move(impl), spec.input_shape));
+      } catch (py::error_already_set& e) {
+        return FromPython(e, "building the model");
+      }
+    };
+  }
+  ~Worker() {
+    py::gil_scoped_release release;
+    Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Start() {
+    daemon_ = std::make_unique<WorkerDaemon>(options_);
+    thread_ = std::thread([this] {
+      absl::Status s = daemon_->Run();
+      absl::MutexLock lock(&mu_);
+      result_ = s;
+      done_ = true;
+    });
+  }
+  // Whether the daemon ended within `seconds`.
+  bool Wait(double seconds) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done),
+                                absl::Seconds(seconds));
+  }
+  void Stop() {
+    if (daemon_ != nullptr) daemon_->Stop();
+  }
+  // The daemon's end: "" when it stopped as asked, else why.
+  std::string Result() {
+    absl::MutexLock lock(&mu_);
+    return result_.ok() ? "" : result_.ToString();
+  }
+
+ private:
+  DaemonOptions options_;
+  py::object factory_;
+  std::unique_ptr<WorkerDaemon> daemon_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status result_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+}  // namespace tally
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "Tally's native worker core (worker daemon, parameter client)";
+  py::class_<tally::Worker>(m, "Worker")
+      .def(py::init<const std::string&, const std::string&, const std::string&,
+                    const std::string&, py::object, const std::string&,
+                    const std::string&, const std::string&,
+                    const std::string&, bool>(),
+           py::arg("server"), py::arg("devices"), py::arg("name"),
+           py::arg("python_runtime"), py::arg("factory"),
+           py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+           py::arg("tls_key") = "", py::arg("token_file") = "",
+           py::arg("verbose") = true)
+      .def("start", &tally::Worker::Start,
+           py::call_guard<py::gil_scoped_release>())
+      .def("wait", &tally::Worker::Wait, py::arg("seconds"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("stop", &tally::Worker::Stop,
+           py::call_guard<py::gil_scoped_release>())
+      .def("result", &tally::Worker::Result);
+}

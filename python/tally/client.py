@@ -1,0 +1,197 @@
+"""tally.Client: submit, watch, cancel and fetch jobs from Python, as the
+`tally` CLI does, plus what only Python can do at submission: a job whose
+model is Python code (model.python) is submitted with the file's text and
+the module's parameter layout, found by building the module once here with
+the job's seed. Errors in the model (a file that does not import, a missing
+build function, a module without parameters, a forward that raises or whose
+output the loss cannot take) are raised here, before anything is sent.
+
+  c = tally.Client("localhost:7070")
+  job = c.submit("examples/resnet.yaml")          # the Job message
+  job = c.wait(job.id)                            # until it ends
+  c.fetch(job.id, "resnet.safetensors")
+  model.load_state_dict(tally.load_state_dict("resnet.safetensors"))
+"""
+import json
+import os
+import time
+
+import grpc
+
+from tally import tally_pb2 as pb
+
+TERMINAL = (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED)
+MAX_MODEL_BYTES = 1 << 20  # the coordinator's default max_model_bytes
+INPUT_SHAPES = {"fashion-mnist": (1, 28, 28)}
+
+
+class SubmitError(ValueError):
+    """The job cannot be submitted; the message names the field or file."""
+
+
+def _read_spec(path):
+    with open(path) as f:
+        text = f.read()
+    try:
+        import yaml
+        return yaml.safe_load(text)
+    except ImportError:
+        return json.loads(text)
+
+
+def _sample_shape(dataset):
+    name = dataset.get("name")
+    if name == "synthetic":
+        return (int(dataset.get("features", 0)),), int(dataset.get("classes", 0))
+    if name in INPUT_SHAPES:
+        return INPUT_SHAPES[name], 10
+    raise SubmitError(f"dataset.name: unknown dataset '{name}'")
+
+
+def _check_forward(module, loss, shape, classes):
+    """A forward pass on two zero samples: the output the loss needs."""
+    import torch
+    from tally.engine import ModelError, _cut
+    import traceback
+    x = torch.zeros((2,) + tuple(shape))
+    y = torch.zeros(2, dtype=torch.long)
+    module.eval()  # BatchNorm's running statistics, untouched
+    try:
+        with torch.no_grad():
+            out = module(x, y) if loss == "model" else module(x)
+    except BaseException:  # noqa: B902
+        raise ModelError("the module's forward raised on a batch of the dataset's "
+                         f"samples {list(shape)}:\n" + _cut(traceback.format_exc()))
+    if loss == "model":
+        if not isinstance(out, torch.Tensor) or out.dim() != 0:
+            raise ModelError("with loss: model, forward(x, y) must return the scalar loss")
+    elif not isinstance(out, torch.Tensor) or list(out.shape) != [2, classes]:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(f"the module returns {got} for 2 samples; {loss} needs "
+                         f"[2, {classes}] ({classes} classes)")
+
+
+def prepare_spec(path):
+    """The spec at `path` as the coordinator takes it: a Python model's code
+    and parameter layout filled in. Returns the spec's text (JSON)."""
+    spec = _read_spec(path)
+    model = spec.get("model") if isinstance(spec, dict) else None
+    py = model.get("python") if isinstance(model, dict) else None
+    if not isinstance(py, dict):
+        with open(path) as f:
+            return f.read()
+    from tally.engine import load_module, layout_of
+    file = py.get("file")
+    if not file:
+        raise SubmitError("model.python.file: name the model's Python file")
+    where = os.path.join(os.path.dirname(os.path.abspath(path)), file)
+    try:
+        with open(where, "rb") as f:
+            code = f.read()
+    except OSError as e:
+        raise SubmitError(f"model.python.file: cannot read {where}: {e.strerror}")
+    if len(code) > MAX_MODEL_BYTES:
+        raise SubmitError(f"model.python.file: {where} is {len(code)} bytes, over the "
+                          f"limit of {MAX_MODEL_BYTES} (max_model_bytes)")
+    code = code.decode("utf-8")
+    build = py.get("build", "make_model")
+    seed = int((spec.get("training") or {}).get("seed", 0))
+    module = load_module(code, file, build, seed)
+    layout = layout_of(module)
+    if not layout:
+        from tally.engine import ModelError
+        raise ModelError("the module has no parameters to train")
+    shape, classes = _sample_shape(spec.get("dataset") or {})
+    _check_forward(module, model.get("loss", "cross_entropy"), shape, classes)
+    py["code"] = code
+    py["build"] = build
+    py["params"] = [{"name": n, "shape": s} for n, s in layout]
+    return json.dumps(spec)
+
+
+class Client:
+    def __init__(self, server="localhost:7070", tls_ca=None, tls_cert=None, tls_key=None,
+                 token_file=None, timeout=30.0):
+        self.timeout = timeout
+        opts = [("grpc.max_receive_message_length", 8 << 20)]
+        if tls_ca:
+            def read(p):
+                with open(p, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
+            self.channel = grpc.secure_channel(server, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(server, options=opts)
+        self.metadata = []
+        if token_file:
+            with open(token_file) as f:
+                self.metadata = [("authorization", "Bearer " + f.read().strip())]
+
+    def _call(self, method, req, resp, kind="unary_unary"):
+        rpc = getattr(self.channel, kind)(f"/tally.v1.JobService/{method}",
+                                          request_serializer=req.SerializeToString,
+                                          response_deserializer=resp.FromString)
+        return rpc
+
+    def submit(self, path):
+        """Submits the job spec at `path`; the Job as queued."""
+        text = prepare_spec(path)
+        rpc = self._call("SubmitJob", pb.SubmitJobRequest, pb.SubmitJobResponse)
+        return rpc(pb.SubmitJobRequest(spec=text), timeout=self.timeout,
+                   metadata=self.metadata).job
+
+    def status(self, job_id):
+        rpc = self._call("GetJob", pb.GetJobRequest, pb.Job)
+        return rpc(pb.GetJobRequest(job_id=job_id), timeout=self.timeout,
+                   metadata=self.metadata)
+
+    def wait(self, job_id, timeout=None, poll=0.5):
+        """The job once it has ended (or at `timeout` seconds, as it is)."""
+        end = None if timeout is None else time.time() + timeout
+        while True:
+            job = self.status(job_id)
+            if job.state in TERMINAL or (end is not None and time.time() > end):
+                return job
+            time.sleep(poll)
+
+    def cancel(self, job_id):
+        rpc = self._call("CancelJob", pb.CancelJobRequest, pb.Job)
+        return rpc(pb.CancelJobRequest(job_id=job_id), timeout=self.timeout,
+                   metadata=self.metadata)
+
+    def fetch(self, job_id, path):
+        """Writes the job's weights (safetensors) to `path`; their bytes."""
+        rpc = self._call("FetchWeights", pb.FetchWeightsRequest, pb.FileChunk, "unary_stream")
+        n = 0
+        with open(path, "wb") as f:
+            for chunk in rpc(pb.FetchWeightsRequest(job_id=job_id), timeout=self.timeout,
+                             metadata=self.metadata):
+                f.write(chunk.data)
+                n += len(chunk.data)
+        return n
+
+
+DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+          "I32": "int32", "U8": "uint8", "F64": "float64"}
+
+
+def load_state_dict(path):
+    """A .safetensors file as {name: torch.Tensor} (what `tally fetch` and
+    Client.fetch write), for module.load_state_dict(..., strict=True)."""
+    import struct
+    import torch
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = memoryview(data)[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        dtype = getattr(torch, DTYPES[info["dtype"]])
+        t = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin else \
+            torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(info["shape"])
+    return out

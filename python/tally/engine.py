@@ -1,0 +1,226 @@
+"""The Python worker's engine: the submitter's torch.nn.Module, replicated
+over the worker's devices with PyTorch's own torch.nn.parallel.
+
+The native job runner (tally._native, over worker/) calls step() and
+evaluate() and reads the flat vectors whose addresses this engine gives:
+
+  params  float32[num_params]: replica 0's parameters are views into it
+          (on the CPU), so a pull writes straight into the module;
+  grads   float32[num_params]: replica 0's .grad are views into it, and the
+          other replicas' gradients are added to it in rank order.
+
+A step: every other replica copies replica 0's weights (replicate); the
+batch is cut along dimension 0 into micro-batches whose sizes differ by at
+most one (scatter, as the native engine does); parallel_apply runs forward,
+the loss (scaled so the sum over replicas is the batch's mean) and backward
+on each replica; the gradients are reduced into grads. Buffers (BatchNorm's
+running statistics) stay each replica's own, as in nn.DataParallel: each
+normalises its own micro-batch, and replica 0's are the ones evaluated.
+"""
+import copy
+import sys
+import traceback
+import types
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import parallel_apply
+
+LOSSES = ("cross_entropy", "mse", "model")
+EVAL_BATCH = 1024
+
+
+class ModelError(Exception):
+    """The submitted model cannot be built or run; the message says why."""
+
+
+def _cut(text, limit=2000):
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def load_module(code, file, build, seed):
+    """Runs the submitted file in a fresh module and calls its build
+    function under the job's seed; the module it returns."""
+    name = "tally_model"
+    mod = types.ModuleType(name)
+    mod.__file__ = file or "model.py"
+    try:
+        exec(compile(code, mod.__file__, "exec"), mod.__dict__)
+    except BaseException:  # noqa: B902 - the user's code may raise anything
+        raise ModelError(f"{mod.__file__} does not import:\n"
+                         + _cut(traceback.format_exc()))
+    fn = mod.__dict__.get(build)
+    if not callable(fn):
+        raise ModelError(f"{mod.__file__} has no function '{build}' (model.python.build)")
+    torch.manual_seed(seed)
+    try:
+        module = fn()
+    except BaseException:  # noqa: B902
+        raise ModelError(f"{build}() raised:\n" + _cut(traceback.format_exc()))
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"{build}() returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def layout_of(module):
+    """The parameters as a job lists them: (name, shape) in order."""
+    return [(n, list(p.shape)) for n, p in module.named_parameters()]
+
+
+def check_layout(module, expected):
+    got = layout_of(module)
+    if not got:
+        raise ModelError("the module has no parameters to train")
+    want = [(n, list(s)) for n, s in expected]
+    if got == want:
+        return
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            raise ModelError(f"the module's parameter {i} is {g[0]} {g[1]}, the job's "
+                             f"{w[0]} {w[1]}: the worker built another model")
+    raise ModelError(f"the module has {len(got)} parameters, the job {len(want)}")
+
+
+class _Step(torch.nn.Module):
+    """One replica's part of a step: forward, loss, backward; returns the
+    summed loss and the correct predictions of its micro-batch."""
+
+    def __init__(self, model, loss, batch):
+        super().__init__()
+        self.model, self.loss, self.batch = model, loss, batch
+
+    def forward(self, x, y):
+        n = x.shape[0]
+        if self.loss == "model":
+            mean = self.model(x, y)
+            loss, correct = mean * (n / self.batch), 0
+        else:
+            out = self.model(x)
+            if self.loss == "cross_entropy":
+                loss = F.cross_entropy(out, y, reduction="sum") / self.batch
+            else:  # mse against the one-hot label, mean over the outputs
+                target = F.one_hot(y, out.shape[1]).to(out.dtype)
+                loss = F.mse_loss(out, target, reduction="sum") / (self.batch * out.shape[1])
+            correct = int((out.argmax(1) == y).sum()) if self.loss == "cross_entropy" else 0
+        if loss.dim() != 0:
+            raise ModelError(f"the loss is not a scalar (shape {list(loss.shape)})")
+        loss.backward()
+        return float(loss) * self.batch, correct
+
+
+def _flat_views(module, flat, grads):
+    """Points each parameter (and its .grad) at its slice of the flat
+    vectors, copying the values in."""
+    off = 0
+    for p in module.parameters():
+        n = p.numel()
+        flat[off:off + n].copy_(p.data.reshape(-1))
+        p.data = flat[off:off + n].view_as(p)
+        p.grad = grads[off:off + n].view_as(p)
+        off += n
+
+
+class TorchEngine:
+    def __init__(self, job):
+        if job["loss"] not in LOSSES:
+            raise ModelError(f"unknown loss {job['loss']}")
+        self.loss = job["loss"]
+        self.devices = [torch.device(d) for d in job["devices"]] or [torch.device("cpu")]
+        module = load_module(job["code"], job["file"], job["build"], job["seed"])
+        check_layout(module, job["params"])
+        self.num_params = sum(p.numel() for p in module.parameters())
+        self.replicas = len(self.devices)
+        # Replica r >= 1: a copy on its device, with its own flat vectors.
+        models = [module] + [copy.deepcopy(module).to(d) for d in self.devices[1:]]
+        module.to(self.devices[0])
+        self.flats, self.grad_flats = [], []
+        for model, device in zip(models, self.devices):
+            flat = torch.zeros(self.num_params, dtype=torch.float32, device=device)
+            grad = torch.zeros(self.num_params, dtype=torch.float32, device=device)
+            _flat_views(model, flat, grad)
+            model.train()
+            self.flats.append(flat)
+            self.grad_flats.append(grad)
+        self.models = models
+        # What the native side reads and writes: host memory.
+        if self.devices[0].type == "cpu":
+            self.params, self.grads = self.flats[0], self.grad_flats[0]
+        else:
+            self.params = self.flats[0].cpu().pin_memory()
+            self.grads = torch.zeros(self.num_params).pin_memory()
+        self.params_ptr = self.params.data_ptr()
+        self.grads_ptr = self.grads.data_ptr()
+
+    @staticmethod
+    def split(batch, replicas):
+        used = min(batch, replicas)
+        return [batch // used + (1 if r < batch % used else 0) for r in range(used)]
+
+    def step(self, x, y, seed):
+        torch.manual_seed(seed)
+        x = torch.from_numpy(x)
+        y = torch.from_numpy(y).long()
+        batch = x.shape[0]
+        sizes = self.split(batch, self.replicas)
+        for r in range(len(sizes)):
+            if r > 0 or self.devices[0].type != "cpu":
+                self.flats[r].copy_(self.params, non_blocking=True)
+            self.grad_flats[r].zero_()
+        steps = [_Step(self.models[r], self.loss, batch) for r in range(len(sizes))]
+        inputs = [(xs.to(d, non_blocking=True), ys.to(d, non_blocking=True))
+                  for xs, ys, d in zip(torch.split(x, sizes), torch.split(y, sizes),
+                                       self.devices)]
+        try:
+            results = parallel_apply(steps, inputs) if len(steps) > 1 else [steps[0](*inputs[0])]
+        except ModelError:
+            raise
+        except BaseException as e:  # noqa: B902
+            raise ModelError("the model's step raised:\n" + _cut(
+                "".join(traceback.format_exception(type(e), e, e.__traceback__))))
+        # Reduce in rank order into replica 0's gradient, then to the host.
+        for r in range(1, len(sizes)):
+            self.grad_flats[0].add_(self.grad_flats[r].to(self.devices[0]))
+        if self.devices[0].type != "cpu":
+            self.grads.copy_(self.grad_flats[0])
+        return (sum(r[0] for r in results), sum(r[1] for r in results))
+
+    @torch.no_grad()
+    def evaluate(self, x, y):
+        model, device = self.models[0], self.devices[0]
+        if device.type != "cpu":
+            self.flats[0].copy_(self.params)
+        model.eval()
+        loss_sum, correct = 0.0, 0
+        try:
+            for i in range(0, x.shape[0], EVAL_BATCH):
+                xb = torch.from_numpy(x[i:i + EVAL_BATCH]).to(device)
+                yb = torch.from_numpy(y[i:i + EVAL_BATCH]).long().to(device)
+                n = xb.shape[0]
+                if self.loss == "model":
+                    loss_sum += float(model(xb, yb)) * n
+                    continue
+                out = model(xb)
+                if self.loss == "cross_entropy":
+                    loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+                    correct += int((out.argmax(1) == yb).sum())
+                else:
+                    target = F.one_hot(yb, out.shape[1]).to(out.dtype)
+                    loss_sum += float(F.mse_loss(out, target, reduction="sum")) / out.shape[1]
+        finally:
+            model.train()
+        return loss_sum, correct
+
+
+def make_engine(job):
+    """The factory the native worker calls for each Python job."""
+    try:
+        return TorchEngine(job)
+    except ModelError as e:
+        raise ModelError(str(e)) from None
+
+
+def runtime():
+    """What this worker offers, as it registers."""
+    cuda = f"CUDA {torch.version.cuda}" if torch.cuda.is_available() else "CPU"
+    return (f"Python {sys.version.split()[0]}, PyTorch {torch.__version__.split('+')[0]}, "
+            f"{cuda}")

@@ -1,0 +1,331 @@
+#!/usr/bin/python3
+"""A submitter's own PyTorch module, trained by Python workers.
+
+  equivalence  the ResNet example (BatchNorm, residual blocks) on one Python
+               worker, bsp, SGD with momentum, 20 steps on Fashion-MNIST:
+               the fetched weights equal a plain PyTorch loop's, run on the
+               same batches from the same initial weights, within 1e-5
+               relative, and the test loss and accuracy Tally reports equal
+               the loop's model's (BatchNorm's running statistics included:
+               evaluation uses them);
+  errors       a file that does not import, a missing build function, a
+               module without parameters, an output the loss cannot take:
+               refused at submit by the client; a model that raises at its
+               fourth step fails its job alone, and the server and the
+               worker go on to train the next job;
+  capability   a C++ tally-worker is never given a Python model.
+
+The model file records each training batch it sees (TALLY_RECORD), so the
+loop replays exactly the batches the worker's loader chose.
+
+  python_model_test.py BUILD_DIR
+"""
+import glob
+import gzip
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+BUILD = os.path.abspath(sys.argv[1])
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(BUILD, "python"))
+try:
+    import torch
+    import torch.nn.functional as F
+    import tally
+    from tally import _native  # noqa: F401
+    from tally import tally_pb2 as pb
+    from tally.engine import ModelError
+except ImportError as e:  # built without pybind11, or no python3-torch
+    print(f"SKIP: {e}")
+    sys.exit(77)
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+STEPS, BATCH, LR, MOMENTUM, SEED = 20, 32, 0.05, 0.9, 3
+
+RECORDER = '''
+import os as _os
+import numpy as _np
+_RECORD = _os.environ.get("TALLY_RECORD")
+
+
+class _Recorded(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.seen = 0
+
+    def forward(self, x):
+        if _RECORD and self.training:
+            _np.save(f"{_RECORD}/{self.seen:04d}.npy", x.numpy())
+            self.seen += 1
+        return self.inner(x)
+
+
+def make_recorded():
+    return _Recorded(make_model())
+'''
+
+
+def fail(msg):
+    raise SystemExit(f"FAIL: {msg}")
+
+
+def free_port():
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        t = socket.socket()
+        try:
+            t.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            pass
+        finally:
+            s.close()
+            t.close()
+
+
+def idx(path):
+    with gzip.open(path) if path.endswith(".gz") else open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def fashion(split):
+    base = "train" if split == "train" else "t10k"
+    x = idx(glob.glob(f"{FMNIST}/{base}-images-idx3-ubyte*")[0])
+    y = idx(glob.glob(f"{FMNIST}/{base}-labels-idx1-ubyte*")[0])
+    return x, y.astype(np.int64)
+
+
+class Cluster:
+    def __init__(self, tmp):
+        self.tmp, self.procs = tmp, []
+        port = free_port()
+        self.server = f"127.0.0.1:{port}"
+        self.start("server", [f"{BUILD}/server/tally-server", f"--port={port}",
+                              "--lease_timeout_ms=3000"])
+        self.client = tally.Client(self.server)
+        for _ in range(100):
+            try:
+                self.client._call("ListJobs", pb.ListJobsRequest, pb.ListJobsResponse)(
+                    pb.ListJobsRequest(), timeout=1)
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.1)
+        fail("the server did not start: " + self.log("server"))
+
+    def start(self, name, cmd, env=None):
+        log = open(f"{self.tmp}/{name}.log", "w")
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                           env=env))
+        return self.procs[-1]
+
+    def log(self, name):
+        with open(f"{self.tmp}/{name}.log") as f:
+            return f.read()[-3000:]
+
+    def python_worker(self, name, record=None):
+        env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+        if record:
+            env["TALLY_RECORD"] = record
+        return self.start(name, [sys.executable, "-m", "tally.worker",
+                                 f"--server={self.server}", "--devices=cpu:1",
+                                 f"--name={name}"], env)
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def spec(tmp, model_file, build="make_model", loss="cross_entropy", steps=STEPS,
+         name="py"):
+    path = f"{tmp}/{name}.yaml"
+    with open(path, "w") as f:
+        f.write(f"""name: {name}
+model:
+  python: {{file: {os.path.basename(model_file)}, build: {build}}}
+  loss: {loss}
+dataset: {{name: fashion-mnist}}
+training: {{epochs: 1, batch_size: {BATCH}, max_steps: {steps}, seed: {SEED}, workers: 1}}
+optimizer: {{type: sgd, lr: {LR}, momentum: {MOMENTUM}}}
+""")
+    return path
+
+
+def reference(model_code, batches, labels_of):
+    """The plain PyTorch loop on the recorded batches."""
+    ns = {}
+    exec(compile(model_code, "model.py", "exec"), ns)
+    torch.manual_seed(SEED)
+    model = ns["make_model"]()
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for x in batches:
+        y = labels_of(x)
+        opt.zero_grad()
+        F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+    return model
+
+
+def equivalence(cluster, tmp):
+    with open(f"{ROOT}/examples/resnet/model.py") as f:
+        code = f.read()
+    model_file = f"{tmp}/resnet_recorded.py"
+    with open(model_file, "w") as f:
+        f.write(code + RECORDER)
+    record = f"{tmp}/batches"
+    os.mkdir(record)
+    cluster.python_worker("pyworker", record=record)
+    job = cluster.client.submit(spec(tmp, model_file, build="make_recorded"))
+    job = cluster.client.wait(job.id, timeout=300)
+    if job.state != pb.SUCCEEDED:
+        fail(f"{job.id} {pb.JobState.Name(job.state)}: {job.message}\n"
+             + cluster.log("pyworker"))
+    out = f"{tmp}/weights.safetensors"
+    cluster.client.fetch(job.id, out)
+    fetched = tally.load_state_dict(out)
+
+    batches = [np.load(p) for p in sorted(glob.glob(f"{record}/*.npy"))]
+    if len(batches) != STEPS:
+        fail(f"the worker trained {len(batches)} batches, not {STEPS}")
+    train_x, train_y = fashion("train")
+    where = {bytes(row): i for i, row in enumerate(train_x.reshape(len(train_x), -1))}
+
+    def labels_of(x):
+        keys = np.rint(x.reshape(len(x), -1) * 255).astype(np.uint8)
+        return np.array([train_y[where[bytes(k)]] for k in keys])
+    model = reference(code, batches, labels_of)
+    worst = 0.0
+    for name, p in model.named_parameters():
+        got = fetched["inner." + name]
+        err = float(((got - p.detach()).abs() / (p.detach().abs() + 1e-3)).max())
+        worst = max(worst, err)
+    print(f"equivalence: {len(fetched)} tensors, worst relative difference {worst:.2e}")
+    if worst > 1e-5:
+        fail(f"weights differ from the plain PyTorch loop by {worst:.2e} (relative)")
+
+    # The loop's model evaluated as Tally's worker evaluates: its running
+    # statistics decide the test figures.
+    test_x, test_y = fashion("test")
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.from_numpy(test_x.astype(np.float32)[:, None] / 255))
+        loss = float(F.cross_entropy(out, torch.from_numpy(test_y)))
+        acc = float((out.argmax(1) == torch.from_numpy(test_y)).float().mean())
+    m = job.metrics
+    print(f"test: Tally loss {m.test_loss:.6f} accuracy {m.test_accuracy:.4f}; "
+          f"PyTorch loss {loss:.6f} accuracy {acc:.4f}")
+    if abs(m.test_loss - loss) > 1e-4 * max(1.0, loss) or abs(m.test_accuracy - acc) > 2e-4:
+        fail("the test figures differ from the loop's model")
+
+
+def expect_submit_error(cluster, tmp, code, want, build="make_model", loss="cross_entropy"):
+    path = f"{tmp}/bad.py"
+    with open(path, "w") as f:
+        f.write(code)
+    try:
+        cluster.client.submit(spec(tmp, path, build=build, loss=loss, name="bad"))
+    except (ModelError, tally.SubmitError) as e:
+        if not re.search(want, str(e)):
+            fail(f"submit error '{e}' does not say '{want}'")
+        print(f"refused at submit: {str(e).splitlines()[0]}")
+        return
+    fail(f"a model that should be refused ({want}) was submitted")
+
+
+def errors(cluster, tmp):
+    head = "import torch\nfrom torch import nn\n"
+    expect_submit_error(cluster, tmp, "import no_such_module\n", "does not import")
+    expect_submit_error(cluster, tmp, head + "def other(): pass\n", "no function 'make_model'")
+    expect_submit_error(cluster, tmp, head + "def make_model():\n    return nn.ReLU()\n",
+                        "no parameters")
+    expect_submit_error(cluster, tmp, head + "def make_model():\n    return nn.Linear(3, 10)\n",
+                        "forward raised")
+    expect_submit_error(cluster, tmp,
+                        head + "def make_model():\n    return nn.Sequential(nn.Flatten(), "
+                        "nn.Linear(784, 7))\n", r"returns \[2, 7\]")
+    # Raises at its fourth training step: the job fails with the traceback.
+    raising = f"{tmp}/raising.py"
+    with open(raising, "w") as f:
+        f.write(head + """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 4:
+                raise RuntimeError("deliberate failure at step 4")
+        return self.fc(x.flatten(1))
+
+
+def make_model():
+    return Net()
+""")
+    job = cluster.client.submit(spec(tmp, raising, name="raising"))
+    job = cluster.client.wait(job.id, timeout=120)
+    if job.state != pb.FAILED or "deliberate failure at step 4" not in job.message:
+        fail(f"the raising model's job: {pb.JobState.Name(job.state)}: {job.message}")
+    print(f"a model that raises mid-job: FAILED: {job.message.splitlines()[0][:100]}")
+    # The worker and the server go on: a good job after it succeeds.
+    good = f"{tmp}/good.py"
+    with open(good, "w") as f:
+        f.write(head + "def make_model():\n    return nn.Sequential(nn.Flatten(), "
+                "nn.Linear(784, 10))\n")
+    job = cluster.client.wait(cluster.client.submit(spec(tmp, good, steps=5, name="good")).id,
+                              timeout=120)
+    if job.state != pb.SUCCEEDED:
+        fail(f"the job after a failed one: {pb.JobState.Name(job.state)}: {job.message}")
+
+
+def capability(cluster, tmp):
+    """A C++ worker alone: the Python job waits, saying why, untouched."""
+    cluster.stop()
+    c = Cluster(tmp)
+    try:
+        c.start("cppworker", [f"{BUILD}/worker/tally-worker", f"--server={c.server}",
+                              "--devices=cpu:1", "--name=cpp"])
+        good = f"{tmp}/good.py"
+        job = c.client.submit(spec(tmp, good, steps=5, name="waiting"))
+        time.sleep(2)
+        job = c.client.status(job.id)
+        if job.state != pb.PENDING or "Python workers" not in job.message:
+            fail(f"a Python job with only a C++ worker: {pb.JobState.Name(job.state)}: "
+                 f"{job.message}")
+        print(f"with a C++ worker only: PENDING: {job.message}")
+    finally:
+        c.stop()
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="tally-pymodel-")
+    cluster = Cluster(tmp)
+    try:
+        equivalence(cluster, tmp)
+        errors(cluster, tmp)
+        capability(cluster, tmp)
+    finally:
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+// What a job runner trains with: a model replicated over a worker's
+// devices, stepped on one batch at a time. Two implementations: Engine
+// (worker/engine.h), the native engine for models of layers, and the Python
+// worker's engine (python/tally/_native.cc) for a submitter's own
+// torch.nn.Module. Both keep the host master weights and the reduced
+// gradient as flat float32 vectors of num_params(), in the job's layout, so
+// the parameter client pulls into and pushes from them directly.
+//
+// Threading: Step and Evaluate are called from one driver thread. params()
+// and grads() may be touched by the driver only between steps.
+#ifndef TALLY_WORKER_MODEL_ENGINE_H_
+#define TALLY_WORKER_MODEL_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/data/dataset.h"
+
+namespace tally {
+
+// A batch in host memory: `size` samples back to back, and their labels.
+struct BatchView {
+  const float* x = nullptr;
+  const int32_t* y = nullptr;
+  int size = 0;
+};
+
+struct StepStats {
+  double loss_sum = 0.0;  // summed over the batch's samples
+  int64_t correct = 0;
+  int64_t samples = 0;
+};
+
+// Lets the caller overlap its own work with a step: the job runner pushes
+// each layer's gradient while the layers before it are still in their
+// backward pass. Both hooks are optional.
+struct StepHooks {
+  // Before the step reads params()[begin, end): may block until they are
+  // there (weights still arriving from a pull, the first layers first). A
+  // non-OK status fails the step. One replica (in host memory or on a GPU)
+  // asks layer by layer, before each layer's forward pass (a GPU's copy of
+  // that layer goes in after it); several once for the whole vector, before
+  // the replicas copy it.
+  std::function<absl::Status(int64_t begin, int64_t end)> params_ready;
+  // Once per successful forward pass, with the whole batch's loss and
+  // counts, before any grads_ready. A non-OK status fails the step.
+  std::function<absl::Status(const StepStats&)> loss_known;
+  // grads()[begin, end) holds this step's final gradient and does not
+  // change before the next Step. The ranges of one step cover
+  // [0, num_params()) exactly once, in any order (one replica: layer by
+  // layer, the last layer first, as backward produces them in host memory
+  // or, on a GPU, as each layer's copy lands while the layers before it
+  // still compute; several: one range per reduced slice, possibly from
+  // several threads at once). A step that fails may have reported some
+  // ranges, never all of them (one replica reports the range holding
+  // element 0 only once its backward pass has succeeded): what was done
+  // with them is to be undone.
+  std::function<void(int64_t begin, int64_t end)> grads_ready;
+};
+
+class ModelEngine {
+ public:
+  // Runs on slice number `slice`, [begin, end) of the flat vector, once
+  // grads() holds it; slices are Slice(num_params(), slice, num_replicas()).
+  using SliceFn = std::function<void(int slice, int64_t begin, int64_t end)>;
+
+  virtual ~ModelEngine() = default;
+
+  virtual int num_replicas() const = 0;
+  virtual int64_t num_params() const = 0;
+  // How gradients of several replicas meet: "host", "nccl" or "peer".
+  virtual const char* reduction() const = 0;
+  // Why GPUs reduce by peer copies and not NCCL; empty otherwise.
+  virtual const std::string& reduction_note() const = 0;
+
+  // Host master weights and the reduced gradient, num_params() floats each.
+  virtual float* params() = 0;
+  virtual const float* grads() const = 0;
+
+  // One step on `batch` from params(): the gradient of the batch's mean
+  // loss into grads(). `seed` seeds the step's randomness (dropout).
+  virtual absl::StatusOr<StepStats> Step(const BatchView& batch, uint64_t seed,
+                                         const SliceFn& apply = {},
+                                         const StepHooks* hooks = nullptr) = 0;
+
+  // Loss and accuracy of params() on `data`.
+  virtual absl::StatusOr<StepStats> Evaluate(const Dataset& data) = 0;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_MODEL_ENGINE_H_
