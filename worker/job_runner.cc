@@ -598,9 +598,14 @@ absl::Status JobRunner::Finish(int64_t version) {
   const double accuracy =
       test->samples > 0 ? static_cast<double>(test->correct) / test->samples
                         : 0.0;
-  context_.log(absl::StrFormat("%s finished at step %d: test accuracy %.4f",
-                               assignment_.job_id(), version, accuracy));
+  absl::StatusOr<std::string> buffers = engine_->Buffers();
+  if (!buffers.ok()) return Refuse(buffers.status());
+  context_.log(absl::StrFormat(
+      "%s finished at step %d: test loss %.4f, accuracy %.4f",
+      assignment_.job_id(), version,
+      test->samples > 0 ? test->loss_sum / test->samples : 0.0, accuracy));
   v1::ReportResultRequest req;
+  req.set_buffers(*std::move(buffers));
   req.set_worker_id(context_.worker_id);
   req.set_incarnation(context_.incarnation);
   req.set_job_id(assignment_.job_id());

@@ -87,6 +87,11 @@ class ModelEngine {
 
   // Loss and accuracy of params() on `data`.
   virtual absl::StatusOr<StepStats> Evaluate(const Dataset& data) = 0;
+
+  // The model's persistent buffers as Evaluate used them, their bytes in
+  // the job's order (a Python model's model.python.buffers); empty when
+  // the model has none.
+  virtual absl::StatusOr<std::string> Buffers() { return std::string(); }
 };
 
 }  // namespace tally

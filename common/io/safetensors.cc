@@ -23,7 +23,8 @@ static_assert(std::endian::native == std::endian::little,
 
 std::string EncodeSafetensors(
     const std::vector<ParamInfo>& layout, const float* params,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata,
+    const std::vector<RawTensor>& extra) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   int64_t offset = 0;
@@ -31,6 +32,13 @@ std::string EncodeSafetensors(
     const int64_t bytes = p.numel * static_cast<int64_t>(sizeof(float));
     header[p.name] = {{"dtype", "F32"},
                       {"shape", p.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  for (const RawTensor& t : extra) {
+    const int64_t bytes = static_cast<int64_t>(t.bytes.size());
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
@@ -46,6 +54,7 @@ std::string EncodeSafetensors(
     out.append(reinterpret_cast<const char*>(params + p.offset),
                p.numel * sizeof(float));
   }
+  for (const RawTensor& t : extra) out.append(t.bytes);
   return out;
 }
 

@@ -28,11 +28,22 @@ struct HostTensor {
 
 using TensorMap = std::map<std::string, HostTensor>;
 
+// A tensor kept as it came (a Python model's buffers): its safetensors
+// dtype ("F32", "I64", ...), shape and little-endian bytes.
+struct RawTensor {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  std::string bytes;
+};
+
 // Encodes the flat vector `params` (layout.num_params floats) as named
-// tensors. `metadata` goes to the header's "__metadata__" (string values).
+// tensors, then `extra` as they are. `metadata` goes to the header's
+// "__metadata__" (string values).
 std::string EncodeSafetensors(
     const std::vector<ParamInfo>& layout, const float* params,
-    const std::map<std::string, std::string>& metadata = {});
+    const std::map<std::string, std::string>& metadata = {},
+    const std::vector<RawTensor>& extra = {});
 
 // Decodes any float32 safetensors document. kInvalidArgument (with what is
 // wrong) for malformed input; other dtypes are rejected by name.

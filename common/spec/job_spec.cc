@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -450,11 +451,93 @@ absl::Status ParsePythonParams(const YAML::Node& params,
   return absl::OkStatus();
 }
 
-// model.python: {file, build, code, params}.
+// Bytes per element of a safetensors dtype; 0 for an unknown one.
+int64_t DtypeBytes(const std::string& dtype) {
+  static const std::map<std::string, int64_t> kBytes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  auto it = kBytes.find(dtype);
+  return it == kBytes.end() ? 0 : it->second;
+}
+
+// model.python.buffers: [{name, dtype, shape}, ...], within max_buffer_bytes.
+absl::Status ParsePythonBuffers(const YAML::Node& buffers,
+                                const SpecLimits& limits,
+                                PythonModelSpec* py) {
+  const std::string p = "model.python.buffers";
+  if (!buffers) return absl::OkStatus();
+  if (!buffers.IsSequence() ||
+      static_cast<int64_t>(buffers.size()) > limits.max_model_tensors) {
+    return FieldError(p, absl::StrCat("must be a list of at most ",
+                                      limits.max_model_tensors, " buffers"));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const std::string at = absl::StrCat(p, "[", i, "]");
+    TALLY_RETURN_IF_ERROR(CheckKeys(buffers[i], at, {"name", "dtype", "shape"}));
+    BufferInfo b;
+    TALLY_RETURN_IF_ERROR(ReadString(buffers[i], at, "name", &b.name));
+    TALLY_RETURN_IF_ERROR(ReadString(buffers[i], at, "dtype", &b.dtype));
+    const int64_t size = DtypeBytes(b.dtype);
+    if (b.name.empty() || b.name.size() > 256 || size == 0) {
+      return FieldError(at, "needs a name of 1 to 256 bytes and a dtype (F32, "
+                            "F64, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
+    }
+    const YAML::Node shape = buffers[i]["shape"];
+    if (!shape || !shape.IsSequence() || shape.size() > 8) {
+      return FieldError(at + ".shape", "must be a list of at most 8 sizes");
+    }
+    for (size_t d = 0; d < shape.size(); ++d) {
+      int64_t v = 0;
+      if (!shape[d].IsScalar() ||
+          !YAML::convert<int64_t>::decode(shape[d], v) || v < 0 ||
+          v > kMaxDim) {
+        return FieldError(at + ".shape",
+                          absl::StrCat("sizes must be in [0, ", kMaxDim, "]"));
+      }
+      b.shape.push_back(v);
+    }
+    int64_t n = 0;
+    if (!CheckedNumElements(b.shape, &n) ||
+        n > (limits.max_buffer_bytes - py->buffer_bytes) / size) {
+      return FieldError(p, absl::StrCat("over the limit of ",
+                                        limits.max_buffer_bytes,
+                                        " bytes (max_buffer_bytes)"));
+    }
+    b.bytes = n * size;
+    py->buffer_bytes += b.bytes;
+    py->buffers.push_back(std::move(b));
+  }
+  return absl::OkStatus();
+}
+
+// model.python.aliases: {alias: parameter name}, each naming a parameter.
+absl::Status ParsePythonAliases(const YAML::Node& aliases,
+                                const ModelLayout& layout,
+                                PythonModelSpec* py) {
+  if (!aliases) return absl::OkStatus();
+  const std::string p = "model.python.aliases";
+  if (!aliases.IsMap() || aliases.size() > layout.params.size()) {
+    return FieldError(p, "must map names to the parameters they share");
+  }
+  std::set<std::string> names;
+  for (const ParamInfo& info : layout.params) names.insert(info.name);
+  for (const auto& kv : aliases) {
+    if (!kv.first.IsScalar() || !kv.second.IsScalar() ||
+        !names.count(kv.second.Scalar()) || names.count(kv.first.Scalar()) ||
+        kv.first.Scalar().size() > 256) {
+      return FieldError(p, "must map other names to the parameters they share");
+    }
+    py->aliases[kv.first.Scalar()] = kv.second.Scalar();
+  }
+  return absl::OkStatus();
+}
+
+// model.python: {file, build, code, params, buffers, aliases}.
 absl::Status ParsePythonModel(const YAML::Node& n, const SpecLimits& limits,
                               JobSpec* spec) {
   const std::string p = "model.python";
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"file", "build", "code", "params"}));
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p, {"file", "build", "code", "params", "buffers", "aliases"}));
   spec->is_python = true;
   PythonModelSpec& py = spec->python;
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "file", &py.file));
@@ -478,7 +561,9 @@ absl::Status ParsePythonModel(const YAML::Node& n, const SpecLimits& limits,
                                    limits.max_model_bytes,
                                    " (max_model_bytes)"));
   }
-  return ParsePythonParams(n["params"], limits, &spec->layout);
+  TALLY_RETURN_IF_ERROR(ParsePythonParams(n["params"], limits, &spec->layout));
+  TALLY_RETURN_IF_ERROR(ParsePythonBuffers(n["buffers"], limits, &py));
+  return ParsePythonAliases(n["aliases"], spec->layout, &py);
 }
 
 absl::Status ParseLoss(const YAML::Node& model, JobSpec* spec) {

@@ -21,6 +21,7 @@
 #define TALLY_COMMON_SPEC_JOB_SPEC_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,10 +69,24 @@ struct TrainingSpec {
 // Python workers (python/tally/); servers never run it. The client fills in
 // `code` (the file's text) and `params` (the module's parameters, in
 // named_parameters() order) at submission.
+// A persistent buffer of a Python model (BatchNorm's running statistics):
+// in state_dict order, with its safetensors dtype ("F32", "I64", ...).
+struct BufferInfo {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  int64_t bytes = 0;
+};
+
 struct PythonModelSpec {
   std::string file;                  // as the submitter named it
   std::string build = "make_model";  // the function that returns the module
   std::string code;
+  std::vector<BufferInfo> buffers;
+  int64_t buffer_bytes = 0;  // all of them
+  // state_dict names that are another parameter's (tied weights): alias ->
+  // the name in params.
+  std::map<std::string, std::string> aliases;
 };
 
 // What the model's output is trained against.
@@ -130,8 +145,10 @@ struct SpecLimits {
   int64_t max_spec_bytes = 2 << 20;      // the spec's text: 2 MiB
   // A Python model's code (model.python.code), inside the spec's text.
   int64_t max_model_bytes = 1 << 20;
-  // A Python model's parameter tensors.
+  // A Python model's parameter tensors, and its buffers' bytes (a report
+  // carries them: within the control plane's 4 MiB messages).
   int64_t max_model_tensors = 65536;
+  int64_t max_buffer_bytes = 3 << 20;
   int64_t max_layers = 1024;
   int64_t max_params = int64_t{1} << 28;  // 268M float32 values: 1 GiB
   // Elements of one sample's largest activation (an image, a feature map).

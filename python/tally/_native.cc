@@ -128,6 +128,15 @@ class PyEngine : public ModelEngine {
     return stats;
   }
 
+  absl::StatusOr<std::string> Buffers() override {
+    py::gil_scoped_acquire gil;
+    try {
+      return impl_.attr("buffers")().cast<std::string>();
+    } catch (py::error_already_set& e) {
+      return FromPython(e, "the model's buffers");
+    }
+  }
+
  private:
   py::object impl_;
   Shape input_shape_;
@@ -157,6 +166,12 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
         p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end())));
   }
   job["params"] = params;
+  py::list buffers;
+  for (const BufferInfo& b : spec.python.buffers) {
+    buffers.append(py::make_tuple(
+        b.name, b.dtype, std::vector<int64_t>(b.shape.begin(), b.shape.end())));
+  }
+  job["buffers"] = buffers;
   py::list devices;
   for (const DeviceId& d : options.devices) {
     devices.append(d.type == DeviceType::kCpu ? std::string("cpu")

@@ -80,7 +80,7 @@ def prepare_spec(path):
     if not isinstance(py, dict):
         with open(path) as f:
             return f.read()
-    from tally.engine import load_module, layout_of
+    from tally.engine import load_module, layout_of, state_of
     file = py.get("file")
     if not file:
         raise SubmitError("model.python.file: name the model's Python file")
@@ -106,6 +106,10 @@ def prepare_spec(path):
     py["code"] = code
     py["build"] = build
     py["params"] = [{"name": n, "shape": s} for n, s in layout]
+    buffers, aliases = state_of(module)
+    py["buffers"] = [{"name": n, "dtype": d, "shape": s} for n, d, s in buffers]
+    if aliases:
+        py["aliases"] = aliases
     return json.dumps(spec)
 
 
@@ -177,7 +181,9 @@ DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64"
 
 def load_state_dict(path):
     """A .safetensors file as {name: torch.Tensor} (what `tally fetch` and
-    Client.fetch write), for module.load_state_dict(..., strict=True)."""
+    Client.fetch write), for module.load_state_dict(..., strict=True): the
+    parameters, the buffers of a Python model, and tied weights under each
+    of their names (stored once, their aliases in the metadata)."""
     import struct
     import torch
     with open(path, "rb") as f:
@@ -185,6 +191,7 @@ def load_state_dict(path):
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])
     body = memoryview(data)[8 + n:]
+    aliases = json.loads((header.get("__metadata__") or {}).get("aliases", "{}"))
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -194,4 +201,6 @@ def load_state_dict(path):
         t = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin else \
             torch.empty(0, dtype=dtype)
         out[name] = t.reshape(info["shape"])
+    for alias, name in aliases.items():  # tied weights: stored once
+        out[alias] = out[name]
     return out

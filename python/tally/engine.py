@@ -11,14 +11,17 @@ evaluate() and reads the flat vectors whose addresses this engine gives:
 
 A step: every other replica copies replica 0's weights (replicate); the
 batch is cut along dimension 0 into micro-batches whose sizes differ by at
-most one (scatter, as the native engine does); parallel_apply runs forward,
+most one (scatter, as the native engine does); each replica runs forward,
 the loss (scaled so the sum over replicas is the batch's mean) and backward
-on each replica; the gradients are reduced into grads. Buffers (BatchNorm's
+on its own thread (torch.nn.parallel.parallel_apply on GPUs; PyTorch's
+needs CUDA, so CPU replicas get plain threads); the gradients are reduced
+into grads in rank order. Buffers (BatchNorm's
 running statistics) stay each replica's own, as in nn.DataParallel: each
 normalises its own micro-batch, and replica 0's are the ones evaluated.
 """
 import copy
 import sys
+import threading
 import traceback
 import types
 
@@ -62,9 +65,31 @@ def load_module(code, file, build, seed):
     return module
 
 
+DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
+          torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+          torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
 def layout_of(module):
     """The parameters as a job lists them: (name, shape) in order."""
     return [(n, list(p.shape)) for n, p in module.named_parameters()]
+
+
+def state_of(module):
+    """The rest of the module's state_dict: its persistent buffers as
+    (name, dtype, shape) in order, and the names that are another
+    parameter's (tied weights) as {alias: parameter name}."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    buffers, aliases = [], {}
+    for key, t in module.state_dict(keep_vars=True).items():
+        if isinstance(t, torch.nn.Parameter):
+            if names.get(id(t), key) != key:
+                aliases[key] = names[id(t)]
+            continue
+        if t.dtype not in DTYPES:
+            raise ModelError(f"buffer {key} is {t.dtype}, which Tally cannot keep")
+        buffers.append((key, DTYPES[t.dtype], list(t.shape)))
+    return buffers, aliases
 
 
 def check_layout(module, expected):
@@ -128,6 +153,12 @@ class TorchEngine:
         self.devices = [torch.device(d) for d in job["devices"]] or [torch.device("cpu")]
         module = load_module(job["code"], job["file"], job["build"], job["seed"])
         check_layout(module, job["params"])
+        buffers, _ = state_of(module)
+        want = [(n, d, list(s)) for n, d, s in job.get("buffers", [])]
+        if buffers != want:
+            raise ModelError(f"the module's buffers {[b[0] for b in buffers][:8]} are not the "
+                             f"job's {[b[0] for b in want][:8]}: the worker built another model")
+        self.buffer_names = [b[0] for b in buffers]
         self.num_params = sum(p.numel() for p in module.parameters())
         self.replicas = len(self.devices)
         # Replica r >= 1: a copy on its device, with its own flat vectors.
@@ -151,6 +182,31 @@ class TorchEngine:
         self.params_ptr = self.params.data_ptr()
         self.grads_ptr = self.grads.data_ptr()
 
+    def _apply(self, steps, inputs):
+        """Each replica's step on its own thread. On GPUs that is PyTorch's
+        parallel_apply (with its streams); PyTorch's needs CUDA, so CPU
+        replicas get the same from threads here."""
+        if len(steps) == 1:
+            return [steps[0](*inputs[0])]
+        if all(d.type == "cuda" for d in self.devices[:len(steps)]):
+            return parallel_apply(steps, inputs, devices=self.devices[:len(steps)])
+        results, errors = [None] * len(steps), [None] * len(steps)
+
+        def run(r):
+            try:
+                results[r] = steps[r](*inputs[r])
+            except BaseException as e:  # noqa: B902 - re-raised below
+                errors[r] = e
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(len(steps))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for e in errors:
+            if e is not None:
+                raise e
+        return results
+
     @staticmethod
     def split(batch, replicas):
         used = min(batch, replicas)
@@ -171,7 +227,7 @@ class TorchEngine:
                   for xs, ys, d in zip(torch.split(x, sizes), torch.split(y, sizes),
                                        self.devices)]
         try:
-            results = parallel_apply(steps, inputs) if len(steps) > 1 else [steps[0](*inputs[0])]
+            results = self._apply(steps, inputs)
         except ModelError:
             raise
         except BaseException as e:  # noqa: B902
@@ -183,6 +239,17 @@ class TorchEngine:
         if self.devices[0].type != "cpu":
             self.grads.copy_(self.grad_flats[0])
         return (sum(r[0] for r in results), sum(r[1] for r in results))
+
+    def buffers(self):
+        """Replica 0's persistent buffers, their bytes in the job's order."""
+        state = self.models[0].state_dict()
+        out = []
+        for name in self.buffer_names:
+            t = state[name].detach().cpu().contiguous()
+            if t.dtype == torch.bfloat16:
+                t = t.view(torch.int16)
+            out.append(t.numpy().tobytes())
+        return b"".join(out)
 
     @torch.no_grad()
     def evaluate(self, x, y):

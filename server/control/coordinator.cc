@@ -9,6 +9,8 @@
 #include <thread>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -746,8 +748,29 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
   return out;
 }
 
+namespace {
+
+// A Python model's buffers as the export names them; none without their
+// bytes (a job that has not ended, or a model without buffers).
+std::vector<RawTensor> BufferTensors(const PythonModelSpec& py,
+                                     const std::string& bytes) {
+  std::vector<RawTensor> out;
+  if (static_cast<int64_t>(bytes.size()) != py.buffer_bytes || bytes.empty())
+    return out;
+  int64_t at = 0;
+  for (const BufferInfo& b : py.buffers) {
+    out.push_back({b.name, b.dtype, b.shape, bytes.substr(at, b.bytes)});
+    at += b.bytes;
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> Coordinator::WeightsFile(
     const std::string& job_id) {
+  PythonModelSpec py;
+  std::string buffers;
   ModelLayout layout;
   std::string name;
   std::shared_ptr<const std::vector<float>> weights;
@@ -762,6 +785,8 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     const JobEntry& job = it->second;
     layout = job.spec.layout;
     name = job.spec.name;
+    py = job.spec.python;
+    buffers = job.final_buffers;
     total_steps = job.schedule.total_steps;
     map_version = job.map_version;
     if (job.final_weights != nullptr) {
@@ -789,11 +814,17 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     weights = saved.weights;
     version = saved.version;
   }
-  return EncodeSafetensors(layout.params, weights->data(),
-                           {{"format", "pt"},
-                            {"job", job_id},
-                            {"name", name},
-                            {"version", absl::StrCat(version)}});
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"job", job_id},
+      {"name", name},
+      {"version", absl::StrCat(version)}};
+  if (!py.aliases.empty()) {
+    nlohmann::json aliases(py.aliases);
+    metadata["aliases"] = aliases.dump();
+  }
+  return EncodeSafetensors(layout.params, weights->data(), metadata,
+                           BufferTensors(py, buffers));
 }
 
 // --------------------------------------------------------------- workers --
@@ -1029,6 +1060,13 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
                               job.schedule.total_steps, ": not final yet")),
                           v1::NOT_FINISHED, version);
       }
+      if (static_cast<int64_t>(req.buffers().size()) !=
+          job.spec.python.buffer_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a report's buffers are ", req.buffers().size(), " bytes, the "
+            "job's ", job.spec.python.buffer_bytes));
+      }
+      job.final_buffers = req.buffers();
       job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
       job.proto.mutable_metrics()->set_test_loss(req.test_loss());
       FinishLocked(job, v1::SUCCEEDED, "", &notes);

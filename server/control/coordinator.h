@@ -251,6 +251,8 @@ class Coordinator {
     std::shared_ptr<const StoredJob> start;
     // After the end: the final weights, kept here; the shards drop the job.
     std::shared_ptr<const std::vector<float>> final_weights;
+    // A Python model's buffers, from the report that ended the job.
+    std::string final_buffers;
     bool retired = false;  // the ranges were retired (and dropped)
     // After a success: the members that have not reported yet, for whom the
     // ranges keep serving the final weights until retire_after.
