@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/errors.h"
 #include "proto/shared_memory.h"
+#include "common/status_macros.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 #include "server/tally_server.h"
@@ -299,6 +300,84 @@ TEST(ServiceListTest, ManyJobsArePaged) {
   EXPECT_THAT(FromGrpc(jobs->ListJobs(&ctx, list, &resp)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("page_token")));
+}
+
+// A Python model's job: only a Python worker gets it; the lowest rank is
+// asked for the initial weights, and a bad offer (another worker's, not
+// finite, short) is refused by its code and changes nothing; the first good
+// one is installed and the assignment follows; a second is not needed.
+TEST_F(ServiceTest, APythonModelsInitialWeightsComeFromItsWorker) {
+  v1::SubmitJobRequest sub;
+  sub.set_spec(
+      "name: py\nmodel: {python: {file: m.py, code: 'import torch', params: "
+      "[{name: fc.weight, shape: [2, 4]}, {name: fc.bias, shape: [2]}]}}\n"
+      "dataset: {name: synthetic, features: 4, classes: 2}\n"
+      "training: {workers: 1}\noptimizer: {type: sgd, lr: 1.0}\n");
+  v1::SubmitJobResponse job;
+  ASSERT_TRUE(jobs_->SubmitJob(Ctx().get(), sub, &job).ok());
+  auto heartbeat = [&](const v1::RegisterWorkerResponse& w) {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(w.worker_id());
+    hb.set_incarnation(w.incarnation());
+    v1::HeartbeatResponse resp;
+    EXPECT_TRUE(workers_->Heartbeat(Ctx().get(), hb, &resp).ok());
+    return resp;
+  };
+  auto register_worker = [&](const std::string& python) {
+    v1::RegisterWorkerRequest reg;
+    reg.set_name(python.empty() ? "cpp" : "py");
+    reg.set_python(python);
+    v1::RegisterWorkerResponse w;
+    EXPECT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &w).ok());
+    return w;
+  };
+  // A C++ worker is never given it.
+  const v1::RegisterWorkerResponse cpp = register_worker("");
+  v1::HeartbeatResponse r = heartbeat(cpp);
+  EXPECT_FALSE(r.has_assignment() || r.has_initial_weights());
+  const v1::RegisterWorkerResponse py = register_worker("Python 3, PyTorch");
+  r = heartbeat(py);
+  ASSERT_TRUE(r.has_initial_weights());
+  EXPECT_FALSE(r.has_assignment());  // not before the weights are in
+  EXPECT_EQ(r.initial_weights().job_id(), job.job().id());
+  auto offer = [&](const v1::RegisterWorkerResponse& w,
+                   std::vector<float> values) -> absl::StatusOr<bool> {
+    auto ctx = Ctx();
+    v1::OfferInitialWeightsResponse resp;
+    auto writer = workers_->OfferInitialWeights(ctx.get(), &resp);
+    v1::InitialWeightsChunk m;
+    m.set_job_id(job.job().id());
+    m.set_worker_id(w.worker_id());
+    m.set_incarnation(w.incarnation());
+    *m.mutable_chunk() = Chunk(0, std::move(values));
+    writer->Write(m);
+    writer->WritesDone();
+    TALLY_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
+    return resp.taken();
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(offer(cpp, std::vector<float>(10, 0.5f)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is not on")));
+  EXPECT_THAT(offer(py, {0, 0, 0, nan, 0, 0, 0, 0, 0, 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("initial weight 3 is not finite")));
+  EXPECT_THAT(offer(py, std::vector<float>(6, 0.5f)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cover 6 of the model's 10 values")));
+  EXPECT_FALSE(heartbeat(py).has_assignment());
+  absl::StatusOr<bool> taken = offer(py, std::vector<float>(10, 0.5f));
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_TRUE(*taken);
+  for (int i = 0; i < 50 && !r.has_assignment(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    r = heartbeat(py);
+  }
+  ASSERT_TRUE(r.has_assignment());
+  EXPECT_FALSE(r.has_initial_weights());
+  taken = offer(py, std::vector<float>(10, 0.25f));
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_FALSE(*taken);
 }
 
 TEST_F(ServiceTest, ASyncStepOverTheWire) {

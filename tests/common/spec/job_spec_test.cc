@@ -214,8 +214,66 @@ INSTANTIATE_TEST_SUITE_P(
                 "training.consistency.stalenes: unknown field"},
         BadCase{"both_preset_and_layers",
                 WithModel("  preset: mlp\n" + std::string(kLinear8x3)),
-                "one of preset, layers and python"}),
+                "one of preset, layers and python"},
+        BadCase{"python_without_code",
+                WithModel("  python: {file: m.py, params: [{name: w, shape: "
+                          "[3, 8]}]}\n"),
+                "model.python.code: is missing: submit with the Python "
+                "client"},
+        BadCase{"python_without_params",
+                WithModel("  python: {file: m.py, code: x}\n"),
+                "model.python.params: is missing"},
+        BadCase{"python_param_twice",
+                WithModel("  python: {code: x, params: [{name: w, shape: [3]}, "
+                          "{name: w, shape: [2]}]}\n"),
+                "model.python.params[1].name: must be a unique name"},
+        BadCase{"python_param_zero_size",
+                WithModel("  python: {code: x, params: [{name: w, shape: [3, "
+                          "0]}]}\n"),
+                "model.python.params[0].shape: sizes must be in [1, "},
+        BadCase{"python_buffer_dtype",
+                WithModel("  python: {code: x, params: [{name: w, shape: [3]}], "
+                          "buffers: [{name: b, dtype: F128, shape: [2]}]}\n"),
+                "model.python.buffers[0]: needs a name of 1 to 256 bytes and a "
+                "dtype"},
+        BadCase{"python_alias_of_nothing",
+                WithModel("  python: {code: x, params: [{name: w, shape: [3]}], "
+                          "aliases: {v: u}}\n"),
+                "model.python.aliases: must map other names"},
+        BadCase{"python_unknown_loss",
+                WithModel("  python: {code: x, params: [{name: w, shape: [3]}]}"
+                          "\n  loss: hinge\n"),
+                "model.loss: unknown loss 'hinge'"},
+        BadCase{"layers_with_mse",
+                WithModel(std::string(kLinear8x3) + "  loss: mse\n"),
+                "model.loss: a model of layers trains with cross_entropy"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+TEST(JobSpecTest, APythonModelsLayoutComesFromItsParams) {
+  auto spec = ParseJobSpec(WithModel(
+      "  python: {file: m.py, build: build, code: 'import torch', params: "
+      "[{name: fc.weight, shape: [3, 8]}, {name: fc.bias, shape: [3]}], "
+      "buffers: [{name: bn.running_mean, dtype: F32, shape: [3]}, {name: "
+      "bn.num_batches_tracked, dtype: I64, shape: []}], aliases: {head.weight: "
+      "fc.weight}}\n  loss: model\n"));
+  TALLY_ASSERT_OK(spec);
+  EXPECT_TRUE(spec->is_python);
+  EXPECT_EQ(spec->python.build, "build");
+  EXPECT_EQ(spec->loss, LossKind::kModel);
+  EXPECT_EQ(spec->layout.num_params, 27);
+  ASSERT_EQ(spec->layout.params.size(), 2u);
+  EXPECT_EQ(spec->layout.params[1].offset, 24);
+  EXPECT_EQ(spec->python.buffer_bytes, 3 * 4 + 8);
+  EXPECT_EQ(spec->python.aliases.at("head.weight"), "fc.weight");
+  // The code's size is bounded before anything else is read.
+  SpecLimits limits;
+  limits.max_model_bytes = 4;
+  EXPECT_THAT(ParseJobSpec(WithModel("  python: {code: 'import torch', "
+                                     "params: [{name: w, shape: [3]}]}\n"),
+                           limits),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("over the limit of 4 (max_model_bytes)")));
+}
 
 TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {
   auto bsp = ParseJobSpec(WithModel(kLinear8x3, ""));
