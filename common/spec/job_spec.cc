@@ -398,6 +398,24 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   return absl::OkStatus();
 }
 
+// A tensor's shape: a list of at most 8 sizes in [min, kMaxDim].
+absl::Status ReadShape(const YAML::Node& shape, const std::string& at,
+                       int64_t min, Shape* out) {
+  if (!shape || !shape.IsSequence() || shape.size() > 8) {
+    return FieldError(at, "must be a list of at most 8 sizes");
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    int64_t v = 0;
+    if (!shape[d].IsScalar() || !YAML::convert<int64_t>::decode(shape[d], v) ||
+        v < min || v > kMaxDim) {
+      return FieldError(
+          at, absl::StrCat("sizes must be in [", min, ", ", kMaxDim, "]"));
+    }
+    out->push_back(v);
+  }
+  return absl::OkStatus();
+}
+
 // model.python.params: [{name, shape}, ...] into the layout, each tensor's
 // size checked for overflow and the whole against max_params.
 absl::Status ParsePythonParams(const YAML::Node& params,
@@ -425,20 +443,8 @@ absl::Status ParsePythonParams(const YAML::Node& params,
       return FieldError(at + ".name",
                         "must be a unique name of 1 to 256 bytes");
     }
-    const YAML::Node shape = params[i]["shape"];
-    if (!shape || !shape.IsSequence() || shape.size() > 8) {
-      return FieldError(at + ".shape", "must be a list of at most 8 sizes");
-    }
-    for (size_t d = 0; d < shape.size(); ++d) {
-      int64_t v = 0;
-      if (!shape[d].IsScalar() ||
-          !YAML::convert<int64_t>::decode(shape[d], v) || v < 1 ||
-          v > kMaxDim) {
-        return FieldError(at + ".shape",
-                          absl::StrCat("sizes must be in [1, ", kMaxDim, "]"));
-      }
-      info.shape.push_back(v);
-    }
+    TALLY_RETURN_IF_ERROR(
+        ReadShape(params[i]["shape"], at + ".shape", 1, &info.shape));
     if (!CheckedNumElements(info.shape, &info.numel) ||
         info.numel > limits.max_params - layout->num_params) {
       return FieldError(p, absl::StrCat("over the limit of ", limits.max_params,
@@ -482,20 +488,8 @@ absl::Status ParsePythonBuffers(const YAML::Node& buffers,
       return FieldError(at, "needs a name of 1 to 256 bytes and a dtype (F32, "
                             "F64, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
     }
-    const YAML::Node shape = buffers[i]["shape"];
-    if (!shape || !shape.IsSequence() || shape.size() > 8) {
-      return FieldError(at + ".shape", "must be a list of at most 8 sizes");
-    }
-    for (size_t d = 0; d < shape.size(); ++d) {
-      int64_t v = 0;
-      if (!shape[d].IsScalar() ||
-          !YAML::convert<int64_t>::decode(shape[d], v) || v < 0 ||
-          v > kMaxDim) {
-        return FieldError(at + ".shape",
-                          absl::StrCat("sizes must be in [0, ", kMaxDim, "]"));
-      }
-      b.shape.push_back(v);
-    }
+    TALLY_RETURN_IF_ERROR(
+        ReadShape(buffers[i]["shape"], at + ".shape", 0, &b.shape));
     int64_t n = 0;
     if (!CheckedNumElements(b.shape, &n) ||
         n > (limits.max_buffer_bytes - py->buffer_bytes) / size) {

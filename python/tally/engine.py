@@ -150,6 +150,8 @@ class TorchEngine:
         if job["loss"] not in LOSSES:
             raise ModelError(f"unknown loss {job['loss']}")
         self.loss = job["loss"]
+        self._intra = torch.get_num_threads()  # as the worker set it
+        self._seen_threads = set()
         self.devices = [torch.device(d) for d in job["devices"]] or [torch.device("cpu")]
         module = load_module(job["code"], job["file"], job["build"], job["seed"])
         check_layout(module, job["params"])
@@ -212,7 +214,16 @@ class TorchEngine:
         used = min(batch, replicas)
         return [batch // used + (1 if r < batch % used else 0) for r in range(used)]
 
+    def _threads(self):
+        """PyTorch's intra-op count is per OpenMP thread: the native runner's
+        thread that calls step() gets the process's count too."""
+        me = threading.get_ident()
+        if me not in self._seen_threads:
+            torch.set_num_threads(self._intra)
+            self._seen_threads.add(me)
+
     def step(self, x, y, seed):
+        self._threads()
         torch.manual_seed(seed)
         x = torch.from_numpy(x)
         y = torch.from_numpy(y).long()
@@ -253,6 +264,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def evaluate(self, x, y):
+        self._threads()
         model, device = self.models[0], self.devices[0]
         if device.type != "cpu":
             self.flats[0].copy_(self.params)
