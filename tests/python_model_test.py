@@ -16,6 +16,9 @@
   devices      cpu:2 (two replicas, parallel_apply) against cpu:1 on a model
                without BatchNorm or dropout, with tied weights: the same
                weights within 1e-5 after 20 steps, the tie exported once;
+  cluster      the ResNet on two Python workers and two shard processes,
+               one worker killed (SIGKILL) mid-job: a third takes its rank
+               and the job SUCCEEDS;
   capability   a C++ tally-worker is never given a Python model.
 
 The model file records each training batch it sees (TALLY_RECORD), so the
@@ -113,12 +116,18 @@ def fashion(split):
 
 
 class Cluster:
-    def __init__(self, tmp):
+    def __init__(self, tmp, shards=0):
         self.tmp, self.procs = tmp, []
         port = free_port()
         self.server = f"127.0.0.1:{port}"
         self.start("server", [f"{BUILD}/server/tally-server", f"--port={port}",
-                              "--lease_timeout_ms=3000"])
+                              "--lease_timeout_ms=2000"]
+                   + (["--noshard"] if shards else []))
+        for i in range(shards):
+            sp = free_port()
+            self.start(f"shard{i}", [f"{BUILD}/server/tally-server", f"--port={sp}",
+                                     f"--coordinator={self.server}",
+                                     f"--advertise=127.0.0.1:{sp}"])
         self.client = tally.Client(self.server)
         for _ in range(100):
             try:
@@ -361,6 +370,42 @@ def make_model():
         fail(f"the job after a failed one: {pb.JobState.Name(job.state)}: {job.message}")
 
 
+def cluster_phase(tmp):
+    c = Cluster(tmp, shards=2)
+    try:
+        workers = {f"k{i}": c.python_worker(f"k{i}") for i in range(3)}
+        path = f"{tmp}/resnet.py"
+        shutil.copy(f"{ROOT}/examples/resnet/model.py", path)
+        text = open(spec(tmp, path, steps=60, name="killed")).read()
+        text = text.replace("workers: 1", "workers: 2, shards: 2")
+        with open(f"{tmp}/killed.yaml", "w") as f:
+            f.write(text)
+        job = c.client.submit(f"{tmp}/killed.yaml")
+        victim = None
+        for _ in range(600):
+            j = c.client.status(job.id)
+            if j.metrics.step >= 5 and j.metrics.progress:
+                victim = j.metrics.progress[-1].name
+                break
+            time.sleep(0.1)
+        if victim is None:
+            fail(f"the job did not reach step 5: {j.message}\n" + c.log("k0"))
+        workers[victim].kill()
+        print(f"cluster: killed {victim} at step {j.metrics.step}")
+        j = c.client.wait(job.id, timeout=300)
+        if j.state != pb.SUCCEEDED:
+            fail(f"after a worker was killed: {pb.JobState.Name(j.state)}: {j.message}")
+        history = c.client._call("GetJobHistory", pb.GetJobRequest, pb.JobHistory)(
+            pb.GetJobRequest(job_id=job.id), timeout=10)
+        joined = [e.text for e in history.events if "joined as rank" in e.text]
+        print(f"cluster: SUCCEEDED at step {j.metrics.step}, test accuracy "
+              f"{j.metrics.test_accuracy:.4f}; {'; '.join(joined)}")
+        if len(joined) != 3:
+            fail(f"three workers should have joined (two, then the spare): {joined}")
+    finally:
+        c.stop()
+
+
 def capability(cluster, tmp):
     """A C++ worker alone: the Python job waits, saying why, untouched."""
     c = Cluster(tmp)
@@ -387,6 +432,7 @@ def main():
         errors(cluster, tmp)
         cluster.stop()
         devices_phase(tmp)
+        cluster_phase(tmp)
         capability(cluster, tmp)
     finally:
         cluster.stop()
