@@ -13,6 +13,11 @@
                refused at submit by the client; a model that raises at its
                fourth step fails its job alone, and the server and the
                worker go on to train the next job;
+  ddp          the ResNet on two Python workers against DistributedDataParallel
+               (gloo, two ranks, broadcast_buffers=True) replaying each
+               worker's batches from the same initial weights: the
+               parameters equal within 1e-5 relative (the shard's mean of
+               two gradients and DDP's all-reduce round alike);
   devices      cpu:2 (two replicas, parallel_apply) against cpu:1 on a model
                without BatchNorm or dropout, with tied weights: the same
                weights within 1e-5 after 20 steps, the tie exported once;
@@ -277,6 +282,85 @@ def make_model():
 """
 
 
+def _ddp_rank(rank, code, batches, labels, port, out):
+    import torch.distributed as dist
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    ns = {}
+    exec(compile(code, "model.py", "exec"), ns)
+    torch.manual_seed(SEED)
+    model = torch.nn.parallel.DistributedDataParallel(ns["make_model"](),
+                                                      broadcast_buffers=True)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for x, y in zip(batches[rank], labels[rank]):
+        opt.zero_grad()
+        F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+    if rank == 0:
+        torch.save(model.module.state_dict(), out)
+    dist.destroy_process_group()
+
+
+def ddp_phase(tmp):
+    c = Cluster(tmp)
+    try:
+        with open(f"{ROOT}/examples/resnet/model.py") as f:
+            code = f.read()
+        path = f"{tmp}/resnet_recorded.py"
+        with open(path, "w") as f:
+            f.write(code + RECORDER)
+        for name in ("d0", "d1"):
+            os.makedirs(f"{tmp}/{name}", exist_ok=True)
+            c.python_worker(name, record=f"{tmp}/{name}")
+        text = open(spec(tmp, path, build="make_recorded", name="ddp")).read()
+        with open(f"{tmp}/ddp.yaml", "w") as f:
+            f.write(text.replace("workers: 1", "workers: 2"))
+        job = c.client.wait(c.client.submit(f"{tmp}/ddp.yaml").id, timeout=300)
+        if job.state != pb.SUCCEEDED:
+            fail(f"two workers: {pb.JobState.Name(job.state)}: {job.message}")
+        c.client.fetch(job.id, f"{tmp}/ddp.safetensors")
+        fetched = tally.load_state_dict(f"{tmp}/ddp.safetensors")
+        history = c.client._call("GetJobHistory", pb.GetJobRequest, pb.JobHistory)(
+            pb.GetJobRequest(job_id=job.id), timeout=10)
+    finally:
+        c.stop()
+    ranks = {}
+    for e in history.events:
+        m = re.search(r"\((d[01])\) joined as rank (\d)", e.text)
+        if m:
+            ranks[int(m.group(2))] = m.group(1)
+    train_x, train_y = fashion("train")
+    where = {bytes(row): i for i, row in enumerate(train_x.reshape(len(train_x), -1))}
+    batches, labels = [], []
+    for r in (0, 1):
+        xs = [np.load(p) for p in sorted(glob.glob(f"{tmp}/{ranks[r]}/*.npy"))]
+        batches.append(xs)
+        labels.append([np.array([train_y[where[bytes(k)]] for k in
+                                 np.rint(x.reshape(len(x), -1) * 255).astype(np.uint8)])
+                       for x in xs])
+    if [len(b) for b in batches] != [STEPS, STEPS]:
+        fail(f"the workers trained {[len(b) for b in batches]} batches")
+    out = f"{tmp}/ddp.pt"
+    torch.multiprocessing.spawn(_ddp_rank, args=(code, batches, labels, free_port(), out),
+                                nprocs=2, join=True)
+    ddp = torch.load(out)
+    worst = 0.0
+    for name, p in ns_params(ddp):
+        got = fetched["inner." + name]
+        worst = max(worst, float(((got - p).abs() / (p.abs() + 1e-3)).max()))
+    print(f"two workers against DDP (gloo, two ranks): worst relative difference "
+          f"{worst:.2e} over the parameters")
+    if worst > 1e-5:
+        fail(f"two workers differ from DDP by {worst:.2e}")
+
+
+def ns_params(state):
+    """The parameters of a ResNet state_dict (not its buffers)."""
+    return [(n, t) for n, t in state.items()
+            if "running_" not in n and "num_batches_tracked" not in n]
+
+
 def run_devices(tmp, devices):
     c = Cluster(tmp)
     try:
@@ -431,6 +515,7 @@ def main():
         equivalence(cluster, tmp)
         errors(cluster, tmp)
         cluster.stop()
+        ddp_phase(tmp)
         devices_phase(tmp)
         cluster_phase(tmp)
         capability(cluster, tmp)
