@@ -8,6 +8,8 @@
                initial weights, within 1e-5 relative; the export loads into
                a fresh module with strict=True, and PyTorch evaluating it
                measures the test loss and accuracy Tally reported;
+  losses       loss: model (forward(x, y) returns the loss) and loss: mse
+               train to the end and report a test loss, no accuracy;
   errors       a file that does not import, a missing build function, a
                module without parameters, an output the loss cannot take:
                refused at submit by the client; a model that raises at its
@@ -406,6 +408,38 @@ def expect_submit_error(cluster, tmp, code, want, build="make_model", loss="cros
     fail(f"a model that should be refused ({want}) was submitted")
 
 
+def losses(cluster, tmp):
+    head = "import torch\nfrom torch import nn\nimport torch.nn.functional as F\n"
+    own = f"{tmp}/own_loss.py"
+    with open(own, "w") as f:
+        f.write(head + """
+class WithLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x, y):
+        assert y.dtype == torch.int64, y.dtype
+        return F.cross_entropy(self.fc(x.flatten(1)), y)
+
+
+def make_model():
+    return WithLoss()
+""")
+    mse = f"{tmp}/mse.py"
+    with open(mse, "w") as f:
+        f.write(head + "def make_model():\n    return nn.Sequential(nn.Flatten(), "
+                "nn.Linear(784, 10))\n")
+    for path, loss in ((own, "model"), (mse, "mse")):
+        job = cluster.client.submit(spec(tmp, path, loss=loss, steps=10, name=loss))
+        job = cluster.client.wait(job.id, timeout=120)
+        m = job.metrics
+        if job.state != pb.SUCCEEDED or not m.test_loss > 0 or m.test_accuracy != 0:
+            fail(f"loss {loss}: {pb.JobState.Name(job.state)} test loss {m.test_loss} "
+                 f"accuracy {m.test_accuracy}: {job.message}")
+        print(f"loss {loss}: SUCCEEDED, test loss {m.test_loss:.4f}")
+
+
 def errors(cluster, tmp):
     head = "import torch\nfrom torch import nn\n"
     expect_submit_error(cluster, tmp, "import no_such_module\n", "does not import")
@@ -513,6 +547,7 @@ def main():
     cluster = Cluster(tmp)
     try:
         equivalence(cluster, tmp)
+        losses(cluster, tmp)
         errors(cluster, tmp)
         cluster.stop()
         ddp_phase(tmp)

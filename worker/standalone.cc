@@ -146,6 +146,7 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
   if (spec.training.max_steps > 0) {
     total_steps = std::min(total_steps, spec.training.max_steps);
   }
+  for (auto& opt : optimizers) opt->set_total_steps(total_steps);
   Progress progress(spec, options, total_steps);
   int64_t step = 0, epoch = 0;
   while (true) {

@@ -37,6 +37,14 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (!(c.weight_decay >= 0.0) || !std::isfinite(c.weight_decay)) {
     return bad("weight_decay", c.weight_decay, "a finite number >= 0");
   }
+  if (c.warmup_steps < 0 || c.step_size < 1) {
+    return absl::InvalidArgumentError(
+        "schedule: warmup_steps must be >= 0 and step_size >= 1");
+  }
+  if (!(c.gamma > 0.0) || !std::isfinite(c.gamma))
+    return bad("schedule.gamma", c.gamma, "a finite number > 0");
+  if (!(c.min_lr >= 0.0 && c.min_lr <= c.lr))
+    return bad("schedule.min_lr", c.min_lr, "in [0, lr]");
   if (c.type == OptimizerType::kSgd) {
     if (!(c.momentum >= 0.0) || !std::isfinite(c.momentum)) {
       return bad("momentum", c.momentum, "a finite number >= 0");
@@ -141,7 +149,7 @@ TALLY_VECTORIZE void AdamUpdate(int64_t n, float step_size, float bc2_sqrt,
 class Sgd final : public Optimizer {
  public:
   Sgd(const OptimizerConfig& c, int64_t size)
-      : lr_(static_cast<float>(c.lr)),
+      : Optimizer(c),
         momentum_(static_cast<float>(c.momentum)),
         dampening_(static_cast<float>(c.dampening)),
         weight_decay_(static_cast<float>(c.weight_decay)),
@@ -152,6 +160,7 @@ class Sgd final : public Optimizer {
 
   void Step(float* p, const float* g) override {
     const bool first = step_ == 0;
+    const float lr_ = LrFor(step_);
     ++step_;
     if (momentum_ == 0.0f) {
       SgdPlain(size_, lr_, weight_decay_, p, g);
@@ -187,7 +196,7 @@ class Sgd final : public Optimizer {
   }
 
  private:
-  float lr_, momentum_, dampening_, weight_decay_;
+  float momentum_, dampening_, weight_decay_;
   bool nesterov_;
   int64_t size_;
   int64_t step_ = 0;
@@ -197,8 +206,8 @@ class Sgd final : public Optimizer {
 class Adam final : public Optimizer {
  public:
   Adam(const OptimizerConfig& c, int64_t size)
-      : decoupled_(c.type == OptimizerType::kAdamW),
-        lr_(static_cast<float>(c.lr)),
+      : Optimizer(c),
+        decoupled_(c.type == OptimizerType::kAdamW),
         beta1_(static_cast<float>(c.beta1)),
         beta2_(static_cast<float>(c.beta2)),
         eps_(static_cast<float>(c.eps)),
@@ -208,6 +217,7 @@ class Adam final : public Optimizer {
         v_(size, 0.0f) {}
 
   void Step(float* p, const float* g) override {
+    const float lr_ = LrFor(step_);
     ++step_;
     // PyTorch computes the bias corrections in double (Python floats).
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1_), step_);
@@ -244,13 +254,37 @@ class Adam final : public Optimizer {
 
  private:
   bool decoupled_;
-  float lr_, beta1_, beta2_, eps_, weight_decay_;
+  float beta1_, beta2_, eps_, weight_decay_;
   int64_t size_;
   int64_t step_ = 0;
   std::vector<float> m_, v_;
 };
 
 }  // namespace
+
+double ScheduledLr(const OptimizerConfig& c, int64_t step,
+                   int64_t total_steps) {
+  if (step < c.warmup_steps) {
+    return c.lr * static_cast<double>(step + 1) / c.warmup_steps;
+  }
+  const int64_t t = step - c.warmup_steps;
+  switch (c.schedule) {
+    case OptimizerConfig::Schedule::kConstant:
+      return c.lr;
+    case OptimizerConfig::Schedule::kStep:
+      return c.lr * std::pow(c.gamma, static_cast<double>(t / c.step_size));
+    case OptimizerConfig::Schedule::kCosine: {
+      const int64_t span = total_steps - c.warmup_steps;
+      if (span <= 0) return c.lr;
+      const double pi = std::acos(-1.0);
+      return c.min_lr + (c.lr - c.min_lr) *
+                            (1.0 + std::cos(pi * static_cast<double>(t) /
+                                            static_cast<double>(span))) /
+                            2.0;
+    }
+  }
+  return c.lr;
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     const OptimizerConfig& config, int64_t size) {

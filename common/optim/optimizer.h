@@ -34,7 +34,24 @@ struct OptimizerConfig {
   // SGD and Adam add weight_decay * param to the gradient; AdamW decays the
   // parameter directly (decoupled).
   double weight_decay = 0.0;
+  // The learning rate over the job's steps (ScheduledLr), stepped once per
+  // optimizer step as PyTorch's schedulers are stepped after each
+  // optimizer.step(): a linear warm-up from lr / warmup_steps to lr over the
+  // first warmup_steps, then constant, step (times gamma every step_size
+  // steps, StepLR) or cosine (from lr to min_lr over the remaining steps,
+  // CosineAnnealingLR's closed form).
+  enum class Schedule { kConstant, kStep, kCosine };
+  Schedule schedule = Schedule::kConstant;
+  int64_t warmup_steps = 0;
+  int64_t step_size = 1;
+  double gamma = 0.1;
+  double min_lr = 0.0;
 };
+
+// The learning rate of optimizer step `step` (0-based) of `total_steps`
+// (0: unknown, and a cosine schedule keeps lr after its warm-up).
+double ScheduledLr(const OptimizerConfig& config, int64_t step,
+                   int64_t total_steps);
 
 absl::string_view OptimizerTypeName(OptimizerType type);  // "sgd", ...
 absl::StatusOr<OptimizerType> ParseOptimizerType(absl::string_view name);
@@ -60,13 +77,28 @@ class Optimizer {
 
   virtual ~Optimizer() = default;
 
-  // params -= update(grads); both have size() elements.
+  // params -= update(grads); both have size() elements. The learning rate
+  // is the schedule's for this optimizer's step count.
   virtual void Step(float* params, const float* grads) = 0;
+
+  // The job's length in steps, for a schedule that ends (cosine).
+  void set_total_steps(int64_t n) { total_steps_ = n; }
 
   virtual int64_t size() const = 0;
   virtual OptimizerState SaveState() const = 0;
   // kInvalidArgument when the state does not match this optimizer.
   virtual absl::Status LoadState(const OptimizerState& state) = 0;
+
+ protected:
+  explicit Optimizer(const OptimizerConfig& config) : config_(config) {}
+  // The learning rate of step `step` (0-based), as the kernels take it.
+  float LrFor(int64_t step) const {
+    return static_cast<float>(ScheduledLr(config_, step, total_steps_));
+  }
+
+ private:
+  OptimizerConfig config_;
+  int64_t total_steps_ = 0;
 };
 
 }  // namespace tally

@@ -351,6 +351,36 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   return ParseConsistency(n["consistency"], *t, &t->consistency);
 }
 
+// optimizer.schedule: {type: constant|step|cosine, warmup_steps, step_size,
+// gamma, min_lr}.
+absl::Status ParseSchedule(const YAML::Node& n, OptimizerConfig* o) {
+  const std::string p = "optimizer.schedule";
+  if (!n) return absl::OkStatus();
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p, {"type", "warmup_steps", "step_size", "gamma", "min_lr"}));
+  std::string type = "constant";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "type", &type));
+  if (type == "constant") {
+    o->schedule = OptimizerConfig::Schedule::kConstant;
+  } else if (type == "step") {
+    o->schedule = OptimizerConfig::Schedule::kStep;
+    if (!n["step_size"]) return FieldError(p, "type step needs step_size");
+  } else if (type == "cosine") {
+    o->schedule = OptimizerConfig::Schedule::kCosine;
+  } else {
+    return FieldError(p + ".type", absl::StrCat("unknown schedule '", type,
+                                                "' (known: constant, step, "
+                                                "cosine)"));
+  }
+  constexpr int64_t kMaxSteps = int64_t{1} << 40;
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "warmup_steps", 0, kMaxSteps, &o->warmup_steps));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "step_size", 1, kMaxSteps, &o->step_size));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "gamma", &o->gamma));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "min_lr", &o->min_lr));
+  return absl::OkStatus();
+}
+
 absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   const std::string p = "optimizer";
   if (!n) return absl::OkStatus();
@@ -363,11 +393,13 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   if (o->type == OptimizerType::kSgd) {
     TALLY_RETURN_IF_ERROR(CheckKeys(
         n, p,
-        {"type", "lr", "momentum", "dampening", "nesterov", "weight_decay"}));
+        {"type", "lr", "momentum", "dampening", "nesterov", "weight_decay",
+         "schedule"}));
   } else {
     TALLY_RETURN_IF_ERROR(CheckKeys(
         n, p,
-        {"type", "lr", "betas", "beta1", "beta2", "eps", "weight_decay"}));
+        {"type", "lr", "betas", "beta1", "beta2", "eps", "weight_decay",
+         "schedule"}));
     // PyTorch's AdamW defaults to weight_decay 0.01.
     if (o->type == OptimizerType::kAdamW) o->weight_decay = 0.01;
     o->lr = 0.001;
@@ -392,6 +424,7 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
     TALLY_RETURN_IF_ERROR(
         ReadDouble(pair, "optimizer.betas", "beta2", &o->beta2));
   }
+  TALLY_RETURN_IF_ERROR(ParseSchedule(n["schedule"], o));
   if (absl::Status s = ValidateOptimizerConfig(*o); !s.ok()) {
     return FieldError(p, s.message());
   }

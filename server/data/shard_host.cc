@@ -41,6 +41,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   const int64_t count = req.count();
   TALLY_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
                          Optimizer::Create(spec.optimizer, count));
+  opt->set_total_steps(req.schedule().total_steps());
   std::shared_ptr<ParameterShard> shard;
   if (!req.has_state() && spec.is_python) {
     return absl::InvalidArgumentError(

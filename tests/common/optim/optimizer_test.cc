@@ -119,3 +119,61 @@ TEST(OptimizerTest, EveryOptimizerKeepsAtMostMaxSlots) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Warm-up then cosine, and step decay, against PyTorch's schedulers (1.13:
+// SequentialLR(LinearLR(1/3, 1, 2), CosineAnnealingLR(7, 0.01), [3]) and
+// StepLR(2, 0.5), lr 0.1, read before each optimizer step).
+TEST(ScheduleTest, LearningRatesAreThoseOfPyTorchsSchedulers) {
+  OptimizerConfig c;
+  c.lr = 0.1;
+  c.warmup_steps = 3;
+  c.schedule = OptimizerConfig::Schedule::kCosine;
+  c.min_lr = 0.01;
+  const double cosine[] = {0.03333333333333333,  0.06666666666666667,
+                           0.1,                  0.1,
+                           0.09554359905560886,  0.08305704108364301,
+                           0.06501344202803415,  0.04498655797196586,
+                           0.026942958916356993, 0.014456400944391143};
+  for (int s = 0; s < 10; ++s)
+    EXPECT_NEAR(ScheduledLr(c, s, 10), cosine[s], 1e-12) << s;
+  c = OptimizerConfig();
+  c.lr = 0.1;
+  c.schedule = OptimizerConfig::Schedule::kStep;
+  c.step_size = 2;
+  c.gamma = 0.5;
+  const double step[] = {0.1, 0.1, 0.05, 0.05, 0.025, 0.025};
+  for (int s = 0; s < 6; ++s)
+    EXPECT_NEAR(ScheduledLr(c, s, 6), step[s], 1e-12) << s;
+}
+
+// The optimizer steps with the schedule's rate for its own step count, and
+// a restored one goes on from where its state was.
+TEST(ScheduleTest, AnOptimizerFollowsItsScheduleAcrossARestore) {
+  OptimizerConfig c;
+  c.lr = 0.1;
+  c.schedule = OptimizerConfig::Schedule::kStep;
+  c.step_size = 1;
+  c.gamma = 0.5;
+  auto opt = Optimizer::Create(c, 1);
+  ASSERT_TRUE(opt.ok());
+  float p = 1.0f;
+  const float g = 1.0f;
+  (*opt)->Step(&p, &g);  // lr 0.1
+  (*opt)->Step(&p, &g);  // lr 0.05
+  EXPECT_FLOAT_EQ(p, 1.0f - 0.1f - 0.05f);
+  auto restored = Optimizer::Create(c, 1);
+  ASSERT_TRUE(restored.ok());
+  ASSERT_TRUE((*restored)->LoadState((*opt)->SaveState()).ok());
+  (*restored)->Step(&p, &g);  // lr 0.025
+  EXPECT_FLOAT_EQ(p, 1.0f - 0.1f - 0.05f - 0.025f);
+  c.min_lr = 1.0;  // above lr
+  EXPECT_THAT(Optimizer::Create(c, 1).status(),
+              ::tally::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                         ::testing::HasSubstr("min_lr")));
+}
+
+}  // namespace
+}  // namespace tally

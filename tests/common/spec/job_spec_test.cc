@@ -244,6 +244,12 @@ INSTANTIATE_TEST_SUITE_P(
                 WithModel("  python: {code: x, params: [{name: w, shape: [3]}]}"
                           "\n  loss: hinge\n"),
                 "model.loss: unknown loss 'hinge'"},
+        BadCase{"schedule_unknown",
+                WithModel(kLinear8x3, "optimizer: {schedule: {type: linear}}\n"),
+                "optimizer.schedule.type: unknown schedule 'linear'"},
+        BadCase{"schedule_step_without_size",
+                WithModel(kLinear8x3, "optimizer: {schedule: {type: step}}\n"),
+                "optimizer.schedule: type step needs step_size"},
         BadCase{"layers_with_mse",
                 WithModel(std::string(kLinear8x3) + "  loss: mse\n"),
                 "model.loss: a model of layers trains with cross_entropy"}),
