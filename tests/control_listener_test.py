@@ -98,8 +98,9 @@ def run(server, log):
         t.join()
     growth = peak_rss(server.pid) - before
     print(f"two {HUGE >> 20} MB SubmitJob: {codes}; server peak RSS +{growth / 2**20:.1f} MiB")
-    if "OK" in codes:
-        raise SystemExit(f"FAIL: an oversized SubmitJob was accepted: {codes}")
+    if codes != ["RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"]:
+        raise SystemExit(f"FAIL: two oversized SubmitJob requests were answered {codes}, "
+                         "not RESOURCE_EXHAUSTED")
     if growth >= GROWTH_LIMIT:
         raise SystemExit(f"FAIL: the server's peak RSS grew {growth >> 20} MiB "
                          f"(limit {GROWTH_LIMIT >> 20}) for {2 * HUGE >> 20} MB refused")

@@ -530,10 +530,21 @@ def capability(cluster, tmp):
     try:
         c.start("cppworker", [f"{BUILD}/worker/tally-worker", f"--server={c.server}",
                               "--devices=cpu:1", "--name=cpp"])
-        good = f"{tmp}/good.py"
+        for _ in range(100):  # registered, and heartbeating
+            if "registered with" in c.log("cppworker"):
+                break
+            time.sleep(0.1)
+        else:
+            fail("the C++ worker did not register: " + c.log("cppworker"))
+        good = f"{tmp}/capability.py"
+        with open(good, "w") as f:
+            f.write("from torch import nn\ndef make_model():\n    return nn.Sequential("
+                    "nn.Flatten(), nn.Linear(784, 10))\n")
         job = c.client.submit(spec(tmp, good, steps=5, name="waiting"))
-        time.sleep(2)
+        time.sleep(2)  # several heartbeats of the idle C++ worker
         job = c.client.status(job.id)
+        if "assigned" in c.log("cppworker"):
+            fail("the C++ worker was given a Python model: " + c.log("cppworker"))
         if job.state != pb.PENDING or "Python workers" not in job.message:
             fail(f"a Python job with only a C++ worker: {pb.JobState.Name(job.state)}: "
                  f"{job.message}")

@@ -234,28 +234,29 @@ class WorkerDaemon::Impl {
 
   // A Python model's initial weights: the module built with the job's seed
   // on this worker's devices, its parameters sent to the coordinator. A
-  // model that cannot be built fails the job, with why.
+  // model that cannot be built fails the job, with why; so does an offer
+  // that the coordinator could not take kMaxOffers times.
   void OfferInitialWeights(const v1::InitialWeightsWanted& want) {
+    static constexpr int kMaxOffers = 3;
     const Lease lease = CurrentLease();
     absl::StatusOr<bool> taken = BuildAndOffer(want, lease);
-    if (!taken.ok() && (absl::IsUnavailable(taken.status()) ||
-                        absl::IsDeadlineExceeded(taken.status()))) {
+    const bool transient = !taken.ok() &&
+                           (absl::IsUnavailable(taken.status()) ||
+                            absl::IsDeadlineExceeded(taken.status()));
+    if (transient && ++offers_ < kMaxOffers) {
       Log(absl::StrCat(want.job_id(), ": offering initial weights: ",
-                       taken.status().message(), "; retrying"));
-      SleepUnlessStopped(absl::Seconds(1));
+                       taken.status().message(), "; trying again"));
+      SleepUnlessStopped(options_.max_backoff);
       return;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      offered_job_ = want.job_id();
-      offered_incarnation_ = lease.incarnation;
-    }
+    offers_ = 0;
     if (taken.ok()) {
       Log(absl::StrCat(want.job_id(), ": initial weights built and ",
                        *taken ? "installed" : "not needed (given already)"));
+      MarkOffered(want.job_id(), lease);
       return;
     }
-    Log(absl::StrCat(want.job_id(), ": cannot build the model: ",
+    Log(absl::StrCat(want.job_id(), ": cannot give the initial weights: ",
                      taken.status().message()));
     v1::ReportResultRequest req;
     req.set_worker_id(lease.worker_id);
@@ -266,7 +267,15 @@ class WorkerDaemon::Impl {
     req.set_reason(ReasonOf(taken.status()));
     v1::ReportResultResponse resp;
     auto ctx = Context(options_.report_timeout);
-    workers_->ReportResult(ctx.get(), req, &resp);
+    // Not said: the coordinator asks again, and the worker tries again.
+    if (workers_->ReportResult(ctx.get(), req, &resp).ok())
+      MarkOffered(want.job_id(), lease);
+  }
+
+  void MarkOffered(const std::string& job_id, const Lease& lease) {
+    absl::MutexLock lock(&mu_);
+    offered_job_ = job_id;
+    offered_incarnation_ = lease.incarnation;
   }
 
   absl::StatusOr<bool> BuildAndOffer(const v1::InitialWeightsWanted& want,
@@ -287,7 +296,8 @@ class WorkerDaemon::Impl {
                        spec.layout.num_params));
     }
     v1::OfferInitialWeightsResponse resp;
-    auto ctx = Context(options_.rpc_timeout);
+    // The call's deadline grows with the model: 1 s more per 10 MB.
+    auto ctx = Context(options_.rpc_timeout + absl::Seconds(n / 2500000));
     auto writer = workers_->OfferInitialWeights(ctx.get(), &resp);
     v1::InitialWeightsChunk msg;
     msg.set_job_id(want.job_id());
@@ -380,6 +390,7 @@ class WorkerDaemon::Impl {
   // The job whose initial weights this registration offered (once).
   std::string offered_job_ ABSL_GUARDED_BY(mu_);
   int64_t offered_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  int offers_ = 0;  // failed offers in a row (the Run thread's)
   JobProgress progress_ ABSL_GUARDED_BY(mu_);
   std::string finished_job_ ABSL_GUARDED_BY(mu_);
   int64_t finished_incarnation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -502,9 +502,12 @@ int64_t DtypeBytes(const std::string& dtype) {
 // model.python.buffers: [{name, dtype, shape}, ...], within max_buffer_bytes.
 absl::Status ParsePythonBuffers(const YAML::Node& buffers,
                                 const SpecLimits& limits,
+                                const ModelLayout& layout,
                                 PythonModelSpec* py) {
   const std::string p = "model.python.buffers";
   if (!buffers) return absl::OkStatus();
+  std::set<std::string> names;  // the export's: parameters' and buffers'
+  for (const ParamInfo& info : layout.params) names.insert(info.name);
   if (!buffers.IsSequence() ||
       static_cast<int64_t>(buffers.size()) > limits.max_model_tensors) {
     return FieldError(p, absl::StrCat("must be a list of at most ",
@@ -520,6 +523,10 @@ absl::Status ParsePythonBuffers(const YAML::Node& buffers,
     if (b.name.empty() || b.name.size() > 256 || size == 0) {
       return FieldError(at, "needs a name of 1 to 256 bytes and a dtype (F32, "
                             "F64, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
+    }
+    if (!names.insert(b.name).second) {
+      return FieldError(at + ".name",
+                        absl::StrCat("'", b.name, "' names another tensor"));
     }
     TALLY_RETURN_IF_ERROR(
         ReadShape(buffers[i]["shape"], at + ".shape", 0, &b.shape));
@@ -589,7 +596,8 @@ absl::Status ParsePythonModel(const YAML::Node& n, const SpecLimits& limits,
                                    " (max_model_bytes)"));
   }
   TALLY_RETURN_IF_ERROR(ParsePythonParams(n["params"], limits, &spec->layout));
-  TALLY_RETURN_IF_ERROR(ParsePythonBuffers(n["buffers"], limits, &py));
+  TALLY_RETURN_IF_ERROR(
+      ParsePythonBuffers(n["buffers"], limits, spec->layout, &py));
   return ParsePythonAliases(n["aliases"], spec->layout, &py);
 }
 

@@ -78,6 +78,10 @@ struct BufferInfo {
   int64_t bytes = 0;
 };
 
+// model.python: the submitter's own torch.nn.Module, built and trained by
+// Python workers (python/tally/); servers never run it. The client fills in
+// `code` (the file's text), `params` (the module's parameters, in
+// named_parameters() order), `buffers` and `aliases` at submission.
 struct PythonModelSpec {
   std::string file;                  // as the submitter named it
   std::string build = "make_model";  // the function that returns the module

@@ -25,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/device.h"
 #include "common/spec/job_spec.h"
+#include "proto/errors.h"
 #include "proto/transport_flags.h"
 #include "worker/daemon.h"
 #include "worker/engine.h"
@@ -38,12 +39,24 @@ namespace {
 // at most kMaxTraceback bytes, so a job's message stays readable.
 constexpr size_t kMaxTraceback = 2000;
 
-absl::Status FromPython(py::error_already_set& e, absl::string_view what) {
+absl::Status FromPython(const std::exception& e, absl::string_view what) {
   std::string text = e.what();
   if (text.size() > kMaxTraceback) {
     text = absl::StrCat("...", text.substr(text.size() - kMaxTraceback));
   }
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", text));
+}
+
+// A module that is not the job's (tally.engine.LayoutError): this worker
+// cannot train the job, others may (SCHEDULE_MISMATCH bars it alone).
+absl::Status FromBuild(py::error_already_set& e) {
+  if (e.matches(py::module_::import("tally.engine").attr("LayoutError"))) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "the module built here is not the job's: ",
+                          std::string(py::str(e.value())).substr(0, 1000))),
+                      v1::SCHEDULE_MISMATCH);
+  }
+  return FromPython(e, "building the model");
 }
 
 // A view of `count` samples of `sample` shape at `data`: no copy. The
@@ -76,7 +89,8 @@ class PyEngine : public ModelEngine {
 
   int num_replicas() const override { return replicas_; }
   int64_t num_params() const override { return num_params_; }
-  const char* reduction() const override { return "host"; }
+  // Replicas' gradients are added in rank order by the Python engine.
+  const char* reduction() const override { return "rank-order adds"; }
   const std::string& reduction_note() const override { return note_; }
   float* params() override { return params_; }
   const float* grads() const override { return grads_; }
@@ -98,7 +112,7 @@ class PyEngine : public ModelEngine {
             View(batch.y, batch.size, {}), seed);
         stats.loss_sum = r[0].cast<double>();
         stats.correct = r[1].cast<int64_t>();
-      } catch (py::error_already_set& e) {
+      } catch (const std::exception& e) {  // Python's, or a bad result
         return FromPython(e, "the model's step");
       }
     }
@@ -122,7 +136,7 @@ class PyEngine : public ModelEngine {
           View(data.labels.data(), data.size(), {}));
       stats.loss_sum = r[0].cast<double>();
       stats.correct = r[1].cast<int64_t>();
-    } catch (py::error_already_set& e) {
+    } catch (const std::exception& e) {
       return FromPython(e, "the model's evaluation");
     }
     return stats;
@@ -132,7 +146,7 @@ class PyEngine : public ModelEngine {
     py::gil_scoped_acquire gil;
     try {
       return impl_.attr("buffers")().cast<std::string>();
-    } catch (py::error_already_set& e) {
+    } catch (const std::exception& e) {
       return FromPython(e, "the model's buffers");
     }
   }
@@ -211,6 +225,8 @@ class Worker {
         return std::unique_ptr<ModelEngine>(
             new PyEngine(std::move(impl), spec.input_shape));
       } catch (py::error_already_set& e) {
+        return FromBuild(e);
+      } catch (const std::exception& e) {  // an engine without its fields
         return FromPython(e, "building the model");
       }
     };
@@ -222,6 +238,7 @@ class Worker {
   }
 
   void Start() {
+    if (daemon_ != nullptr) throw std::logic_error("the worker is started already");
     daemon_ = std::make_unique<WorkerDaemon>(options_);
     thread_ = std::thread([this] {
       absl::Status s = daemon_->Run();

@@ -41,8 +41,8 @@ def _read_spec(path):
 
 def _sample_shape(dataset):
     name = dataset.get("name")
-    if name == "synthetic":
-        return (int(dataset.get("features", 0)),), int(dataset.get("classes", 0))
+    if name == "synthetic":  # the coordinator's defaults (docs/job-spec.md)
+        return (int(dataset.get("features", 32)),), int(dataset.get("classes", 4))
     if name in INPUT_SHAPES:
         return INPUT_SHAPES[name], 10
     raise SubmitError(f"dataset.name: unknown dataset '{name}'")
@@ -127,6 +127,9 @@ class Client:
         else:
             self.channel = grpc.insecure_channel(server, options=opts)
         self.metadata = []
+        if token_file and not tls_ca:
+            raise ValueError("a token needs TLS (tls_ca, tls_cert, tls_key): a bearer "
+                             "token is never sent in plaintext")
         if token_file:
             with open(token_file) as f:
                 self.metadata = [("authorization", "Bearer " + f.read().strip())]
@@ -175,8 +178,9 @@ class Client:
         return n
 
 
-DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-          "I32": "int32", "U8": "uint8", "F64": "float64"}
+DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
+          "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+          "BOOL": "bool"}
 
 
 def load_state_dict(path):

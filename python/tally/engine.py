@@ -37,6 +37,11 @@ class ModelError(Exception):
     """The submitted model cannot be built or run; the message says why."""
 
 
+class LayoutError(ModelError):
+    """The module built here is not the job's (another PyTorch, another
+    file): this worker cannot train the job, others may."""
+
+
 def _cut(text, limit=2000):
     return text if len(text) <= limit else "..." + text[-limit:]
 
@@ -101,9 +106,9 @@ def check_layout(module, expected):
         return
     for i, (g, w) in enumerate(zip(got, want)):
         if g != w:
-            raise ModelError(f"the module's parameter {i} is {g[0]} {g[1]}, the job's "
-                             f"{w[0]} {w[1]}: the worker built another model")
-    raise ModelError(f"the module has {len(got)} parameters, the job {len(want)}")
+            raise LayoutError(f"the module's parameter {i} is {g[0]} {g[1]}, the job's "
+                              f"{w[0]} {w[1]}: the worker built another model")
+    raise LayoutError(f"the module has {len(got)} parameters, the job {len(want)}")
 
 
 class _Step(torch.nn.Module):
@@ -158,7 +163,7 @@ class TorchEngine:
         buffers, _ = state_of(module)
         want = [(n, d, list(s)) for n, d, s in job.get("buffers", [])]
         if buffers != want:
-            raise ModelError(f"the module's buffers {[b[0] for b in buffers][:8]} are not the "
+            raise LayoutError(f"the module's buffers {[b[0] for b in buffers][:8]} are not the "
                              f"job's {[b[0] for b in want][:8]}: the worker built another model")
         self.buffer_names = [b[0] for b in buffers]
         self.num_params = sum(p.numel() for p in module.parameters())
@@ -272,7 +277,9 @@ class TorchEngine:
         loss_sum, correct = 0.0, 0
         try:
             for i in range(0, x.shape[0], EVAL_BATCH):
-                xb = torch.from_numpy(x[i:i + EVAL_BATCH]).to(device)
+                # A copy: the worker keeps its test set across jobs, and a
+                # forward may write into its input.
+                xb = torch.from_numpy(x[i:i + EVAL_BATCH].copy()).to(device)
                 yb = torch.from_numpy(y[i:i + EVAL_BATCH]).long().to(device)
                 n = xb.shape[0]
                 if self.loss == "model":
@@ -292,10 +299,7 @@ class TorchEngine:
 
 def make_engine(job):
     """The factory the native worker calls for each Python job."""
-    try:
-        return TorchEngine(job)
-    except ModelError as e:
-        raise ModelError(str(e)) from None
+    return TorchEngine(job)
 
 
 def runtime():

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
+#include "common/spec/job_spec.h"
 #include "proto/errors.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
@@ -265,18 +266,23 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
     grpc::CallbackServerContext* ctx, const v1::ReportResultRequest* req,
     v1::ReportResultResponse*) {
-  // A Python model's buffers are checked against the job's size instead.
-  v1::ReportResultRequest head = *req;
-  head.clear_buffers();
-  if (absl::Status st = CheckControlMessage(head); !st.ok())
-    return Reply(ctx, st);
+  // A Python model's buffers are bounded on their own (and checked against
+  // the job's size by the coordinator); the rest as any control message.
+  if (req->buffers().size() > static_cast<size_t>(SpecLimits().max_buffer_bytes) ||
+      req->ByteSizeLong() - req->buffers().size() > kMaxControlBytes) {
+    return Reply(ctx, absl::ResourceExhaustedError(absl::StrCat(
+                          "a report is at most ", kMaxControlBytes,
+                          " bytes besides buffers of at most ",
+                          SpecLimits().max_buffer_bytes)));
+  }
   return Reply(ctx, coord_->ReportResult(*req));
 }
 
 namespace {
 
-// A Python model's initial weights: the header checked before anything is
-// allocated, then chunks in order, each checked, straight into the vector.
+// A Python model's initial weights: the sender checked (the worker asked
+// for them) before anything is kept, then chunks in order, each checked,
+// the vector growing with what arrives.
 class InitialWeightsReactor
     : public grpc::ServerReadReactor<v1::InitialWeightsChunk> {
  public:
@@ -308,7 +314,6 @@ class InitialWeightsReactor
         done_ = true;
         return absl::OkStatus();
       }
-      weights_.resize(n_);
     }
     if (!msg_.has_chunk()) return absl::OkStatus();
     const v1::TensorChunk& c = msg_.chunk();
@@ -318,6 +323,8 @@ class InitialWeightsReactor
           "initial weights come as float32 chunks in order: a chunk at ",
           c.offset(), " where ", filled_, " was next"));
     }
+    // The vector grows with what arrives, never ahead of it.
+    weights_.resize(filled_ + c.count());
     DecodeChunk(c, weights_.data());
     for (int64_t i = c.offset(); i < c.offset() + c.count(); ++i) {
       if (!std::isfinite(weights_[i])) {

@@ -943,58 +943,64 @@ std::string Coordinator::LowestRankLocked(const JobEntry& job) const {
   return "";
 }
 
-// The worker must hold its lease and be on the job, the job running and
-// still without weights.
-absl::StatusOr<int64_t> Coordinator::ExpectInitialWeights(
+// The worker must hold its lease and be the one asked for the job's
+// initial weights (its lowest rank); the job a Python model's. Returns the
+// values to send, 0 when the job has its weights already.
+absl::StatusOr<int64_t> Coordinator::CheckOfferLocked(
     const std::string& job_id, const std::string& worker_id,
-    int64_t incarnation) {
-  absl::MutexLock lock(&mu_);
+    int64_t incarnation) const {
   TALLY_RETURN_IF_ERROR(leases_.Check(worker_id, incarnation));
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '",
-                                            job_id.substr(0, 64), "'"));
+    return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
   }
   const JobEntry& job = it->second;
-  auto w = workers_.find(worker_id);
-  if (w == workers_.end() || w->second.job_id != job_id) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          worker_id.substr(0, 64), " is not on ", job_id)),
-                      v1::NOT_A_MEMBER);
-  }
   if (!job.spec.is_python) {
     return absl::InvalidArgumentError(
         absl::StrCat(job_id, " is not a Python model's: its initial weights "
                              "come from its spec"));
   }
   if (job.start != nullptr || Terminal(job.proto.state())) return 0;
+  if (LowestRankLocked(job) != worker_id) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            Quoted(worker_id), " was not asked for ", job_id,
+            "'s initial weights (the job's lowest rank gives them)")),
+        v1::NOT_A_MEMBER);
+  }
   return job.spec.layout.num_params;
+}
+
+absl::StatusOr<int64_t> Coordinator::ExpectInitialWeights(
+    const std::string& job_id, const std::string& worker_id,
+    int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  return CheckOfferLocked(job_id, worker_id, incarnation);
 }
 
 absl::StatusOr<bool> Coordinator::SetInitialWeights(
     const std::string& job_id, const std::string& worker_id,
     int64_t incarnation, std::vector<float> weights) {
-  TALLY_ASSIGN_OR_RETURN(const int64_t n,
-                         ExpectInitialWeights(job_id, worker_id, incarnation));
   Notes notes;
   {
     absl::MutexLock lock(&mu_);
-    JobEntry& job = jobs_.at(job_id);
-    // Another offer may have come between the two checks.
-    if (n == 0 || job.start != nullptr || Terminal(job.proto.state()))
-      return false;
+    // Checked again: the lease or the job may have gone since the offer
+    // began.
+    TALLY_ASSIGN_OR_RETURN(const int64_t n,
+                           CheckOfferLocked(job_id, worker_id, incarnation));
+    if (n == 0) return false;  // another offer came first
     if (static_cast<int64_t>(weights.size()) != n) {
       return absl::InvalidArgumentError(
           absl::StrCat("initial weights of ", weights.size(),
                        " values for a model of ", n));
     }
+    JobEntry& job = jobs_.at(job_id);  // found by CheckOfferLocked
     auto start = std::make_shared<StoredJob>();
     start->has_state = true;
     start->weights =
         std::make_shared<const std::vector<float>>(std::move(weights));
     job.start = std::move(start);
-    EventLocked(job, absl::StrCat("initial weights built by ", worker_id,
-                                  " (", workers_.at(worker_id).name, ")"));
+    EventLocked(job, absl::StrCat("initial weights built by ", worker_id));
     MarkDirty(job);
     NotifyLocked(job_id, &notes);
   }

@@ -172,9 +172,10 @@ class Coordinator {
       const v1::HeartbeatRequest& req);
   absl::Status ReportResult(const v1::ReportResultRequest& req);
   // A Python model's initial weights from the worker asked for them
-  // (HeartbeatResponse.initial_weights), in two calls around the transfer.
-  // ExpectInitialWeights checks the worker and the job and says how many
-  // values to send, or 0 when the job has its weights already.
+  // (HeartbeatResponse.initial_weights: the job's lowest rank), in two calls
+  // around the transfer, each checking the worker and the job.
+  // ExpectInitialWeights says how many values to send, or 0 when the job
+  // has its weights already.
   absl::StatusOr<int64_t> ExpectInitialWeights(const std::string& job_id,
                                                const std::string& worker_id,
                                                int64_t incarnation);
@@ -306,6 +307,10 @@ class Coordinator {
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPythonWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> CheckOfferLocked(const std::string& job_id,
+                                           const std::string& worker_id,
+                                           int64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> EligibleLocked(
       const JobEntry& job, const std::vector<std::string>& idle) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
