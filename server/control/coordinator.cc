@@ -621,10 +621,42 @@ absl::StatusOr<JobPage> Coordinator::ListPage(const JobQuery& query) const {
 
 // An ended job dropped from memory; its weights, when kept, are encoded
 // after the lock: the final vector and its layout.
+namespace {
+
+// A job's weights as a .safetensors file: the parameters, and a Python
+// model's buffers (once its report gave them; a job that has not ended
+// exports its parameters alone) and tied weights' aliases.
+std::string ExportFile(const std::vector<ParamInfo>& params,
+                       const std::vector<float>& weights,
+                       const PythonModelSpec& py, const std::string& buffers,
+                       const std::string& job_id, const std::string& name,
+                       int64_t version) {
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"job", job_id},
+      {"name", name},
+      {"version", absl::StrCat(version)}};
+  if (!py.aliases.empty())
+    metadata["aliases"] = nlohmann::json(py.aliases).dump();
+  std::vector<RawTensor> extra;
+  if (static_cast<int64_t>(buffers.size()) == py.buffer_bytes) {
+    int64_t at = 0;
+    for (const BufferInfo& b : py.buffers) {
+      extra.push_back({b.name, b.dtype, b.shape, buffers.substr(at, b.bytes)});
+      at += b.bytes;
+    }
+  }
+  return EncodeSafetensors(params, weights.data(), metadata, extra);
+}
+
+}  // namespace
+
 struct Coordinator::DroppedJob {
   std::string id;
   std::shared_ptr<const std::vector<float>> weights;
   std::vector<ParamInfo> params;
+  PythonModelSpec python;
+  std::string buffers;
   std::string name;
   int64_t step = 0;
 };
@@ -685,6 +717,8 @@ std::vector<Coordinator::DroppedJob> Coordinator::TakeDroppableLocked() {
     if (!options_.keep_weights_dir.empty() && job.final_weights != nullptr) {
       d.weights = job.final_weights;
       d.params = job.spec.layout.params;
+      d.python = job.spec.python;
+      d.buffers = job.final_buffers;
       d.name = job.spec.name;
       d.step = job.proto.metrics().step();
     }
@@ -704,11 +738,8 @@ void Coordinator::ForgetDropped(const DroppedJob& d) {
     const std::string path =
         absl::StrCat(options_.keep_weights_dir, "/", d.id, ".safetensors");
     absl::Status s = WriteFileAtomic(
-        path, EncodeSafetensors(d.params, d.weights->data(),
-                                {{"format", "pt"},
-                                 {"job", d.id},
-                                 {"name", d.name},
-                                 {"version", absl::StrCat(d.step)}}));
+        path, ExportFile(d.params, *d.weights, d.python, d.buffers, d.id,
+                         d.name, d.step));
     if (!s.ok()) {
       // The checkpoint stays: the weights are not lost (the job comes back
       // at the next restart, and is dropped again then).
@@ -748,24 +779,6 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
   return out;
 }
 
-namespace {
-
-// A Python model's buffers as the export names them; none without their
-// bytes (a job that has not ended, or a model without buffers).
-std::vector<RawTensor> BufferTensors(const PythonModelSpec& py,
-                                     const std::string& bytes) {
-  std::vector<RawTensor> out;
-  if (static_cast<int64_t>(bytes.size()) != py.buffer_bytes || bytes.empty())
-    return out;
-  int64_t at = 0;
-  for (const BufferInfo& b : py.buffers) {
-    out.push_back({b.name, b.dtype, b.shape, bytes.substr(at, b.bytes)});
-    at += b.bytes;
-  }
-  return out;
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> Coordinator::WeightsFile(
     const std::string& job_id) {
@@ -814,17 +827,8 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     weights = saved.weights;
     version = saved.version;
   }
-  std::map<std::string, std::string> metadata = {
-      {"format", "pt"},
-      {"job", job_id},
-      {"name", name},
-      {"version", absl::StrCat(version)}};
-  if (!py.aliases.empty()) {
-    nlohmann::json aliases(py.aliases);
-    metadata["aliases"] = aliases.dump();
-  }
-  return EncodeSafetensors(layout.params, weights->data(), metadata,
-                           BufferTensors(py, buffers));
+  return ExportFile(layout.params, *weights, py, buffers, job_id, name,
+                    version);
 }
 
 // --------------------------------------------------------------- workers --
@@ -1726,6 +1730,7 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
     job.retired = true;
     job.dirty = false;
     if (stored.has_state) job.final_weights = stored.weights;
+    job.final_buffers = stored.buffers;
   } else if (job.proto.state() == v1::RUNNING) {
     if (stored.has_state) {
       job.start = std::make_shared<const StoredJob>(std::move(stored));
@@ -1807,6 +1812,7 @@ struct Coordinator::CheckpointDue {
   int64_t version = -1;  // of the ranges, to save at
   std::vector<RangeRef> ranges;
   std::shared_ptr<const std::vector<float>> final_weights;
+  std::string final_buffers;
   std::shared_ptr<const StoredJob> start;
   v1::JobHistory history;
 };
@@ -1865,6 +1871,7 @@ std::vector<Coordinator::CheckpointDue> Coordinator::DueLocked(bool force) {
     d.total_steps = job.schedule.total_steps;
     d.map_version = job.map_version;
     d.final_weights = job.final_weights;
+    d.final_buffers = job.final_buffers;
     d.start = job.start;
     if (placed && !Terminal(job.proto.state())) {
       for (const v1::RangeStatus& r : RangeStatusLocked(job))
@@ -1894,6 +1901,7 @@ absl::Status Coordinator::WriteCheckpoint(CheckpointDue& d) {
     const v1::JobMetrics& m = d.job.metrics();
     stored.has_state = true;
     stored.weights = d.final_weights;
+    stored.buffers = d.final_buffers;
     stored.version = m.step();
     stored.samples = m.samples();
     stored.loss = m.loss();

@@ -203,7 +203,7 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   if (ck.has_data_crc32()) {
     uint32_t crc = Crc32(0, ck.weights());
     for (const std::string& slot : ck.optimizer_slots()) crc = Crc32(crc, slot);
-    if (crc != ck.data_crc32()) {
+    if (Crc32(crc, ck.buffers()) != ck.data_crc32()) {
       return bad("its parameters do not match their checksum (damaged)");
     }
   }
@@ -217,6 +217,11 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   if (!BytesToFloats(ck.weights(), n, weights.get()))
     return bad("the weights do not match the model's size");
   out.weights = std::move(weights);
+  if (!ck.buffers().empty() && static_cast<int64_t>(ck.buffers().size()) !=
+                                   spec->python.buffer_bytes) {
+    return bad("the buffers do not match the model's");
+  }
+  out.buffers = ck.buffers();
   out.optimizer_step = ck.optimizer_step();
   for (const std::string& slot : ck.optimizer_slots()) {
     out.optimizer_slots.emplace_back();
@@ -294,7 +299,8 @@ absl::Status JobStore::Save(const StoredJob& job) const {
     uint32_t crc = Crc32(0, data.back());
     for (const auto& slot : job.optimizer_slots)
       crc = Crc32(crc, FloatBytes(slot));
-    ck.set_data_crc32(crc);
+    ck.set_data_crc32(Crc32(crc, job.buffers));
+    ck.set_buffers(job.buffers);
     prefixes.push_back(BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
                                         data.back().size()));
     for (const auto& slot : job.optimizer_slots) {

@@ -37,6 +37,7 @@ struct StoredJob {
   int64_t optimizer_step = 0;
   std::vector<std::vector<float>> optimizer_slots;  // num_params each
   v1::JobHistory history;  // curves and events (the dashboard's)
+  std::string buffers;     // an ended Python model's (JobCheckpoint.buffers)
 
   // The state of elements [offset, offset + count), as a range holds it,
   // on the wire (has_state must be set): what a shard is installed with.

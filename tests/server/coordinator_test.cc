@@ -534,6 +534,35 @@ TEST(JobStoreTest, DamagedFilesAndForeignIdsAreRefused) {
                                             HasSubstr("not one this server")));
 }
 
+// An ended Python model keeps its buffers in its file (they are checked
+// with the parameters), and a file whose buffers are not the model's size
+// is refused.
+TEST(JobStoreTest, APythonModelsBuffersAreKept) {
+  const std::string dir = testing::TempDir("job_store_buffers");
+  JobStore store(dir, SpecLimits());
+  TALLY_ASSERT_OK(store.Open());
+  StoredJob job;
+  job.job.set_id("job-5");
+  job.job.set_state(v1::SUCCEEDED);
+  job.job.set_spec(
+      "model: {python: {code: x, params: [{name: w, shape: [2]}], buffers: "
+      "[{name: bn.running_mean, dtype: F32, shape: [2]}, {name: "
+      "bn.num_batches_tracked, dtype: I64, shape: []}]}}\n"
+      "dataset: {name: synthetic, features: 4, classes: 2}\n");
+  job.has_state = true;
+  job.weights = std::make_shared<std::vector<float>>(2, 0.5f);
+  job.buffers = std::string(16, '\x07');
+  TALLY_ASSERT_OK(store.Save(job));
+  auto loaded = store.Load("job-5");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->buffers, job.buffers);
+  job.buffers = std::string(12, '\x07');
+  TALLY_ASSERT_OK(store.Save(job));
+  EXPECT_THAT(store.Load("job-5"),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("buffers do not match")));
+}
+
 }  // namespace
 }  // namespace tally
 
