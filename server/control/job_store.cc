@@ -194,7 +194,6 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   }
   auto spec = ParseJobSpec(ck.job().spec(), limits);
   if (!spec.ok()) return bad(spec.status().message());
-  const int64_t n = spec->layout.num_params;
   StoredJob out;
   out.job = ck.job();
   out.history = ck.history();
@@ -213,22 +212,32 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   out.loss = ck.loss();
   out.accuracy = ck.accuracy();
   out.train_seconds = ck.train_seconds();
+  if (absl::string_view why = ReadTensors(ck, *spec, &out); !why.empty())
+    return bad(why);
+  return out;
+}
+
+// The tensors of a checkpoint with state, each against the model's size;
+// what does not match, or nothing.
+absl::string_view JobStore::ReadTensors(const v1::JobCheckpoint& ck,
+                                        const JobSpec& spec, StoredJob* out) {
+  const int64_t n = spec.layout.num_params;
   auto weights = std::make_shared<std::vector<float>>();
   if (!BytesToFloats(ck.weights(), n, weights.get()))
-    return bad("the weights do not match the model's size");
-  out.weights = std::move(weights);
+    return "the weights do not match the model's size";
+  out->weights = std::move(weights);
   if (!ck.buffers().empty() && static_cast<int64_t>(ck.buffers().size()) !=
-                                   spec->python.buffer_bytes) {
-    return bad("the buffers do not match the model's");
+                                   spec.python.buffer_bytes) {
+    return "the buffers do not match the model's";
   }
-  out.buffers = ck.buffers();
-  out.optimizer_step = ck.optimizer_step();
+  out->buffers = ck.buffers();
+  out->optimizer_step = ck.optimizer_step();
   for (const std::string& slot : ck.optimizer_slots()) {
-    out.optimizer_slots.emplace_back();
-    if (!BytesToFloats(slot, n, &out.optimizer_slots.back()))
-      return bad("the optimizer state does not match the model's size");
+    out->optimizer_slots.emplace_back();
+    if (!BytesToFloats(slot, n, &out->optimizer_slots.back()))
+      return "the optimizer state does not match the model's size";
   }
-  return out;
+  return "";
 }
 
 absl::StatusOr<std::vector<StoredJob>> JobStore::LoadAll() const {

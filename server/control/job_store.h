@@ -22,6 +22,9 @@
 #include "server/shard_control.h"
 
 namespace tally {
+namespace v1 {
+class JobCheckpoint;
+}  // namespace v1
 
 // A job as kept: its record and, once started, its parameters.
 struct StoredJob {
@@ -75,6 +78,8 @@ class JobStore {
   static absl::StatusOr<StoredJob> ParseCheckpoint(absl::string_view bytes,
                                                    const std::string& path,
                                                    const SpecLimits& limits);
+  static absl::string_view ReadTensors(const v1::JobCheckpoint& ck,
+                                       const JobSpec& spec, StoredJob* out);
   // The next job number, kept beside the jobs (<dir>/NEXT_JOB) so that
   // numbers are not given again after every file was dropped; 0 when none.
   absl::Status SaveNextJob(int64_t next) const;
