@@ -902,9 +902,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
         }
       }
     }
-    if (job != nullptr && job->spec.is_python && job->start == nullptr &&
-        job->proto.state() == v1::RUNNING &&
-        LowestRankLocked(*job) == req.worker_id()) {
+    if (job != nullptr &&
+        AskForWeightsLocked(jobs_.at(w.job_id), req.worker_id())) {
       v1::InitialWeightsWanted* want = out.mutable_initial_weights();
       want->set_job_id(w.job_id);
       want->set_spec(job->proto.spec());
@@ -931,6 +930,36 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   }
   Settle(notes);
   return out;
+}
+
+bool Coordinator::AskForWeightsLocked(JobEntry& job,
+                                      const std::string& worker_id) {
+  if (!job.spec.is_python || job.start != nullptr ||
+      job.proto.state() != v1::RUNNING || LowestRankLocked(job) != worker_id)
+    return false;
+  if (job.weights_asked_of != worker_id) {  // a new worker: a new clock
+    job.weights_asked_of = worker_id;
+    job.weights_asked_at = Now();
+  }
+  return true;
+}
+
+void Coordinator::ExpireInitialWeightsLocked(Notes* notes) {
+  for (auto& [id, job] : jobs_) {
+    if (!job.spec.is_python || job.start != nullptr ||
+        job.proto.state() != v1::RUNNING || job.weights_asked_of.empty() ||
+        Now() - job.weights_asked_at <= options_.initial_weights_timeout) {
+      continue;
+    }
+    FinishLocked(job, v1::FAILED,
+                 absl::StrCat("no initial weights from ", job.weights_asked_of,
+                              " within ",
+                              absl::FormatDuration(
+                                  options_.initial_weights_timeout),
+                              ": building the module did not end, or its "
+                              "offers failed (see that worker's log)"),
+                 notes);
+  }
 }
 
 bool Coordinator::AnyPythonWorkerLocked() const {
@@ -1953,6 +1982,7 @@ void Coordinator::Tick() {
   }
   {
     absl::MutexLock lock(&mu_);
+    ExpireInitialWeightsLocked(&notes);
     ScheduleLocked(&notes);
     NoteProgressLocked(&notes);
   }

@@ -82,6 +82,10 @@ struct CoordinatorOptions {
   // members that have not reported yet (each report shortens it; a member
   // that died never reports).
   absl::Duration final_pull_grace = absl::Seconds(10);
+  // How long a Python model's lowest rank may take to build the module and
+  // send its initial weights (HeartbeatResponse.initial_weights) before the
+  // job fails, saying so.
+  absl::Duration initial_weights_timeout = absl::Minutes(10);
   // This process's own parameter shard ("shard-0"; server/data/
   // local_shard_control.h); null: the coordinator holds no parameters and
   // jobs wait for shard processes.
@@ -250,6 +254,10 @@ class Coordinator {
     // What the ranges start from when (re)installed: a checkpoint's state;
     // null: the spec's initial weights.
     std::shared_ptr<const StoredJob> start;
+    // A Python model without weights yet: whom the coordinator asked for
+    // them, and since when.
+    std::string weights_asked_of;
+    absl::Time weights_asked_at;
     // After the end: the final weights, kept here; the shards drop the job.
     std::shared_ptr<const std::vector<float>> final_weights;
     // A Python model's buffers, from the report that ended the job.
@@ -307,6 +315,14 @@ class Coordinator {
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPythonWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `worker_id` is to build `job`'s initial weights (its lowest
+  // rank, the job without them); notes when it was first asked.
+  bool AskForWeightsLocked(JobEntry& job, const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the Python jobs whose asked worker has not sent their initial
+  // weights within initial_weights_timeout.
+  void ExpireInitialWeightsLocked(Notes* notes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> CheckOfferLocked(const std::string& job_id,
                                            const std::string& worker_id,
                                            int64_t incarnation) const

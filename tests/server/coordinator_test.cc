@@ -583,6 +583,42 @@ class CoordinatorLimitsTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coord_;
 };
 
+// A Python model's lowest rank that never sends the initial weights (its
+// build() hangs) fails the job, saying so, once initial_weights_timeout is
+// over; asking another worker would start a new clock.
+TEST_F(CoordinatorLimitsTest, InitialWeightsThatNeverComeFailTheJob) {
+  CoordinatorOptions o;
+  o.lease_timeout = absl::Hours(1);
+  o.initial_weights_timeout = absl::Minutes(10);
+  Make(o);
+  auto job = coord_->Submit(
+      "model: {python: {code: x, params: [{name: w, shape: [2, 4]}]}}\n"
+      "dataset: {name: synthetic, features: 4, classes: 2}\n");
+  TALLY_ASSERT_OK(job);
+  v1::RegisterWorkerRequest reg;
+  reg.set_python("Python 3, PyTorch");
+  auto w = coord_->Register(reg);
+  TALLY_ASSERT_OK(w);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w->worker_id());
+  hb.set_incarnation(w->incarnation());
+  auto r = coord_->Heartbeat(hb);
+  TALLY_ASSERT_OK(r);
+  ASSERT_TRUE(r->has_initial_weights());
+  clock_.Advance(absl::Minutes(9));
+  TALLY_ASSERT_OK(coord_->Heartbeat(hb));
+  coord_->Tick();
+  EXPECT_EQ(coord_->Get(job->id())->state(), v1::RUNNING);
+  clock_.Advance(absl::Minutes(2));
+  TALLY_ASSERT_OK(coord_->Heartbeat(hb));
+  coord_->Tick();
+  auto ended = coord_->Get(job->id());
+  TALLY_ASSERT_OK(ended);
+  EXPECT_EQ(ended->state(), v1::FAILED);
+  EXPECT_THAT(ended->message(), HasSubstr("no initial weights from " +
+                                          w->worker_id() + " within 10m"));
+}
+
 TEST_F(CoordinatorLimitsTest, QueuedJobsAndWorkersAreBounded) {
   CoordinatorOptions o;
   o.max_queued_jobs = 2;
