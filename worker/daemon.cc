@@ -239,7 +239,18 @@ class WorkerDaemon::Impl {
   void OfferInitialWeights(const v1::InitialWeightsWanted& want) {
     static constexpr int kMaxOffers = 3;
     const Lease lease = CurrentLease();
+    if (want.job_id() != offers_job_) offers_ = 0;  // a new ask
+    offers_job_ = want.job_id();
     absl::StatusOr<bool> taken = BuildAndOffer(want, lease);
+    // No longer this worker's to give (another was asked, the job or the
+    // lease went): nothing to say; the coordinator asks whom it needs.
+    if (!taken.ok() && (ReasonOf(taken.status()) == v1::NOT_A_MEMBER ||
+                        ReasonOf(taken.status()) == v1::REGISTER_AGAIN ||
+                        absl::IsNotFound(taken.status()))) {
+      offers_ = 0;
+      MarkOffered(want.job_id(), lease);
+      return;
+    }
     const bool transient = !taken.ok() &&
                            (absl::IsUnavailable(taken.status()) ||
                             absl::IsDeadlineExceeded(taken.status()));
@@ -390,7 +401,9 @@ class WorkerDaemon::Impl {
   // The job whose initial weights this registration offered (once).
   std::string offered_job_ ABSL_GUARDED_BY(mu_);
   int64_t offered_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
-  int offers_ = 0;  // failed offers in a row (the Run thread's)
+  // Failed offers in a row for offers_job_ (the Run thread's).
+  int offers_ = 0;
+  std::string offers_job_;
   JobProgress progress_ ABSL_GUARDED_BY(mu_);
   std::string finished_job_ ABSL_GUARDED_BY(mu_);
   int64_t finished_incarnation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -161,7 +161,7 @@ class Sgd final : public Optimizer {
 
   void Step(float* p, const float* g) override {
     const bool first = step_ == 0;
-    const float lr = LrFor(step_);
+    const float lr = static_cast<float>(LrFor(step_));  // the kernels' alpha
     ++step_;
     if (momentum_ == 0.0f) {
       SgdPlain(size_, lr, weight_decay_, p, g);
@@ -218,7 +218,7 @@ class Adam final : public Optimizer {
         v_(size, 0.0f) {}
 
   void Step(float* p, const float* g) override {
-    const float lr = LrFor(step_);
+    const double lr = LrFor(step_);
     ++step_;
     // PyTorch computes the bias corrections in double (Python floats).
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1_), step_);
@@ -226,7 +226,8 @@ class Adam final : public Optimizer {
     const float step_size = static_cast<float>(lr / bc1);
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     // AdamW decays the parameter; Adam adds an L2 term to the gradient.
-    const float decay = decoupled_ ? 1.0f - lr * weight_decay_ : 1.0f;
+    const float decay =
+        decoupled_ ? static_cast<float>(1.0 - lr * weight_decay_) : 1.0f;
     const float l2 = decoupled_ ? 0.0f : weight_decay_;
     AdamUpdate(size_, step_size, bc2_sqrt, beta1_, beta2_, eps_, l2, decay, p,
                g, m_.data(), v_.data());

@@ -91,9 +91,10 @@ class Optimizer {
 
  protected:
   explicit Optimizer(const OptimizerConfig& config) : config_(config) {}
-  // The learning rate of step `step` (0-based), as the kernels take it.
-  float LrFor(int64_t step) const {
-    return static_cast<float>(ScheduledLr(config_, step, total_steps_));
+  // The learning rate of step `step` (0-based), in double as PyTorch's
+  // Python floats are; each optimizer rounds it where PyTorch does.
+  double LrFor(int64_t step) const {
+    return ScheduledLr(config_, step, total_steps_);
   }
 
  private:

@@ -281,8 +281,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
 namespace {
 
 // A Python model's initial weights: the sender checked (the worker asked
-// for them) before anything is kept, then chunks in order, each checked,
-// the vector growing with what arrives.
+// for them) before anything is allocated, then chunks in order, each
+// checked, straight into the vector.
 class InitialWeightsReactor
     : public grpc::ServerReadReactor<v1::InitialWeightsChunk> {
  public:
@@ -314,6 +314,7 @@ class InitialWeightsReactor
         done_ = true;
         return absl::OkStatus();
       }
+      weights_.reserve(n_);  // the sender is the one asked for them
     }
     if (!msg_.has_chunk()) return absl::OkStatus();
     const v1::TensorChunk& c = msg_.chunk();
@@ -323,7 +324,6 @@ class InitialWeightsReactor
           "initial weights come as float32 chunks in order: a chunk at ",
           c.offset(), " where ", filled_, " was next"));
     }
-    // The vector grows with what arrives, never ahead of it.
     weights_.resize(filled_ + c.count());
     DecodeChunk(c, weights_.data());
     for (int64_t i = c.offset(); i < c.offset() + c.count(); ++i) {

@@ -947,10 +947,16 @@ bool Coordinator::AskForWeightsLocked(JobEntry& job,
 void Coordinator::ExpireInitialWeightsLocked(Notes* notes) {
   for (auto& [id, job] : jobs_) {
     if (!job.spec.is_python || job.start != nullptr ||
-        job.proto.state() != v1::RUNNING || job.weights_asked_of.empty() ||
-        Now() - job.weights_asked_at <= options_.initial_weights_timeout) {
+        job.proto.state() != v1::RUNNING || job.weights_asked_of.empty()) {
       continue;
     }
+    // The asked worker left: the clock starts again with the next one.
+    if (LowestRankLocked(job) != job.weights_asked_of) {
+      job.weights_asked_of.clear();
+      continue;
+    }
+    if (Now() - job.weights_asked_at <= options_.initial_weights_timeout)
+      continue;
     FinishLocked(job, v1::FAILED,
                  absl::StrCat("no initial weights from ", job.weights_asked_of,
                               " within ",
@@ -1033,6 +1039,7 @@ absl::StatusOr<bool> Coordinator::SetInitialWeights(
     start->weights =
         std::make_shared<const std::vector<float>>(std::move(weights));
     job.start = std::move(start);
+    job.weights_asked_of.clear();
     EventLocked(job, absl::StrCat("initial weights built by ", worker_id));
     MarkDirty(job);
     NotifyLocked(job_id, &notes);
@@ -2046,7 +2053,10 @@ std::vector<std::string> Coordinator::ExpireLocked(Notes* notes) {
 
 void Coordinator::RestartLocked(JobEntry& job,
                                 std::shared_ptr<const StoredJob> start) {
-  job.start = std::move(start);
+  // A Python model without a checkpoint starts again from what it started
+  // from (its worker-built initial weights), not from nothing.
+  if (start != nullptr || !job.spec.is_python) job.start = std::move(start);
+  job.weights_asked_of.clear();
   job.awaiting_start = false;
   // The event is the history; the condition is the job's message only
   // until the ranges are installed again.

@@ -585,7 +585,7 @@ class CoordinatorLimitsTest : public ::testing::Test {
 
 // A Python model's lowest rank that never sends the initial weights (its
 // build() hangs) fails the job, saying so, once initial_weights_timeout is
-// over; asking another worker would start a new clock.
+// over.
 TEST_F(CoordinatorLimitsTest, InitialWeightsThatNeverComeFailTheJob) {
   CoordinatorOptions o;
   o.lease_timeout = absl::Hours(1);
@@ -617,6 +617,44 @@ TEST_F(CoordinatorLimitsTest, InitialWeightsThatNeverComeFailTheJob) {
   EXPECT_EQ(ended->state(), v1::FAILED);
   EXPECT_THAT(ended->message(), HasSubstr("no initial weights from " +
                                           w->worker_id() + " within 10m"));
+}
+
+// The asked worker left (its lease ran out): the job waits for a worker
+// without failing, and the next one asked gets a clock of its own.
+TEST_F(CoordinatorLimitsTest, AnotherWorkerAskedForInitialWeightsStartsAfresh) {
+  CoordinatorOptions o;
+  o.lease_timeout = absl::Minutes(1);
+  o.initial_weights_timeout = absl::Minutes(10);
+  Make(o);
+  auto job = coord_->Submit(
+      "model: {python: {code: x, params: [{name: w, shape: [2, 4]}]}}\n"
+      "dataset: {name: synthetic, features: 4, classes: 2}\n");
+  TALLY_ASSERT_OK(job);
+  v1::RegisterWorkerRequest reg;
+  reg.set_python("Python 3, PyTorch");
+  auto first = coord_->Register(reg);
+  TALLY_ASSERT_OK(first);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(first->worker_id());
+  hb.set_incarnation(first->incarnation());
+  ASSERT_TRUE(coord_->Heartbeat(hb)->has_initial_weights());
+  clock_.Advance(absl::Minutes(9));  // the first worker is gone by now
+  coord_->Tick();
+  clock_.Advance(absl::Minutes(2));  // no one asked: the job only waits
+  coord_->Tick();
+  EXPECT_EQ(coord_->Get(job->id())->state(), v1::RUNNING);
+  auto second = coord_->Register(reg);
+  TALLY_ASSERT_OK(second);
+  hb.set_worker_id(second->worker_id());
+  hb.set_incarnation(second->incarnation());
+  coord_->Tick();
+  ASSERT_TRUE(coord_->Heartbeat(hb)->has_initial_weights());
+  clock_.Advance(absl::Seconds(30));
+  TALLY_ASSERT_OK(coord_->Heartbeat(hb));
+  clock_.Advance(absl::Seconds(50));
+  TALLY_ASSERT_OK(coord_->Heartbeat(hb));
+  coord_->Tick();
+  EXPECT_EQ(coord_->Get(job->id())->state(), v1::RUNNING);
 }
 
 TEST_F(CoordinatorLimitsTest, QueuedJobsAndWorkersAreBounded) {
