@@ -1092,35 +1092,44 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
       FinishLocked(job, v1::FAILED, absl::StrCat(who, ": ", req.message()),
                    &notes);
     } else {
-      if (req.steps() != job.schedule.total_steps) {
-        return WithReason(
-            absl::FailedPreconditionError(absl::StrCat(
-                "a result must evaluate the final weights (version ",
-                job.schedule.total_steps, "), not version ", req.steps())),
-            v1::NOT_FINISHED, job.schedule.total_steps);
-      }
-      const int64_t version = VersionLocked(job);
-      if (version < job.schedule.total_steps) {
-        return WithReason(absl::UnavailableError(absl::StrCat(
-                              "the weights are at version ", version, " of ",
-                              job.schedule.total_steps, ": not final yet")),
-                          v1::NOT_FINISHED, version);
-      }
-      if (static_cast<int64_t>(req.buffers().size()) !=
-          job.spec.python.buffer_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "a report's buffers are ", req.buffers().size(), " bytes, the "
-            "job's ", job.spec.python.buffer_bytes));
-      }
-      job.final_buffers = req.buffers();
-      job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
-      job.proto.mutable_metrics()->set_test_loss(req.test_loss());
-      FinishLocked(job, v1::SUCCEEDED, "", &notes);
-      job.awaiting_reports.erase(req.worker_id());
+      TALLY_RETURN_IF_ERROR(SucceedLocked(job, req, &notes));
     }
     ScheduleLocked(&notes);
   }
   Settle(notes);
+  return absl::OkStatus();
+}
+
+// A member's result on the final weights ends the job: its test figures
+// and (a Python model) its buffers are the job's.
+absl::Status Coordinator::SucceedLocked(JobEntry& job,
+                                        const v1::ReportResultRequest& req,
+                                        Notes* notes) {
+  if (req.steps() != job.schedule.total_steps) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "a result must evaluate the final weights (version ",
+            job.schedule.total_steps, "), not version ", req.steps())),
+        v1::NOT_FINISHED, job.schedule.total_steps);
+  }
+  const int64_t version = VersionLocked(job);
+  if (version < job.schedule.total_steps) {
+    return WithReason(absl::UnavailableError(absl::StrCat(
+                          "the weights are at version ", version, " of ",
+                          job.schedule.total_steps, ": not final yet")),
+                      v1::NOT_FINISHED, version);
+  }
+  if (static_cast<int64_t>(req.buffers().size()) !=
+      job.spec.python.buffer_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a report's buffers are ", req.buffers().size(), " bytes, the job's ",
+        job.spec.python.buffer_bytes));
+  }
+  job.final_buffers = req.buffers();
+  job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
+  job.proto.mutable_metrics()->set_test_loss(req.test_loss());
+  FinishLocked(job, v1::SUCCEEDED, "", notes);
+  job.awaiting_reports.erase(req.worker_id());
   return absl::OkStatus();
 }
 

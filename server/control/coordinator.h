@@ -315,6 +315,9 @@ class Coordinator {
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPythonWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReportResult's success: the job ends with the report's figures.
+  absl::Status SucceedLocked(JobEntry& job, const v1::ReportResultRequest& req,
+                             Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker_id` is to build `job`'s initial weights (its lowest
   // rank, the job without them); notes when it was first asked.
   bool AskForWeightsLocked(JobEntry& job, const std::string& worker_id)

@@ -583,6 +583,10 @@ class CoordinatorLimitsTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coord_;
 };
 
+constexpr char kPythonSpec[] =
+    "model: {python: {code: x, params: [{name: w, shape: [2, 4]}]}}\n"
+    "dataset: {name: synthetic, features: 4, classes: 2}\n";
+
 // A Python model's lowest rank that never sends the initial weights (its
 // build() hangs) fails the job, saying so, once initial_weights_timeout is
 // over.
@@ -591,9 +595,7 @@ TEST_F(CoordinatorLimitsTest, InitialWeightsThatNeverComeFailTheJob) {
   o.lease_timeout = absl::Hours(1);
   o.initial_weights_timeout = absl::Minutes(10);
   Make(o);
-  auto job = coord_->Submit(
-      "model: {python: {code: x, params: [{name: w, shape: [2, 4]}]}}\n"
-      "dataset: {name: synthetic, features: 4, classes: 2}\n");
+  auto job = coord_->Submit(kPythonSpec);
   TALLY_ASSERT_OK(job);
   v1::RegisterWorkerRequest reg;
   reg.set_python("Python 3, PyTorch");
@@ -626,9 +628,7 @@ TEST_F(CoordinatorLimitsTest, AnotherWorkerAskedForInitialWeightsStartsAfresh) {
   o.lease_timeout = absl::Minutes(1);
   o.initial_weights_timeout = absl::Minutes(10);
   Make(o);
-  auto job = coord_->Submit(
-      "model: {python: {code: x, params: [{name: w, shape: [2, 4]}]}}\n"
-      "dataset: {name: synthetic, features: 4, classes: 2}\n");
+  auto job = coord_->Submit(kPythonSpec);
   TALLY_ASSERT_OK(job);
   v1::RegisterWorkerRequest reg;
   reg.set_python("Python 3, PyTorch");
