@@ -151,15 +151,17 @@ void EncodeChunkMessage(const std::string& prefix, bool with_chunk,
 void EncodePullResponse(int64_t version, int64_t total_steps, int64_t offset,
                         int64_t count, v1::DType dtype,
                         const grpc::Slice& values, int64_t first,
-                        grpc::ByteBuffer* out) {
-  // PullResponse: 1 version, 2 total_steps, 3 chunk.
+                        grpc::ByteBuffer* out, const std::string& buffers) {
+  // PullResponse: 1 version, 2 total_steps, 3 chunk, 6 buffers.
   uint8_t head[32];
   uint8_t* p = PutField(head, 1, version);
   p = PutField(p, 2, total_steps);
   const std::string prefix(reinterpret_cast<const char*>(head),
                            static_cast<size_t>(p - head));
   EncodeChunkMessage(prefix, /*with_chunk=*/true, 3, offset, count, dtype,
-                     values, first, out);
+                     values, first, out,
+                     buffers.empty() ? std::string()
+                                     : LengthDelimitedField(6, buffers));
 }
 
 void EncodePushRequest(const v1::PushHeader* header, int64_t offset,

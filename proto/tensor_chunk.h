@@ -141,7 +141,7 @@ void EncodePushRequest(const v1::PushHeader* header, int64_t offset,
                        grpc::ByteBuffer* out,
                        const std::string& suffix = std::string());
 
-// A PullResponse {version, total_steps, chunk} as gRPC bytes, written
+// A PullResponse {version, total_steps, chunk, buffers} as gRPC bytes, written
 // without protobuf and without copying the values: a header slice of a few
 // dozen bytes, then a slice of `values` (a whole range's values, already
 // encoded as `dtype`; the chunk's are values[first, first + count), its
@@ -151,7 +151,8 @@ void EncodePushRequest(const v1::PushHeader* header, int64_t offset,
 void EncodePullResponse(int64_t version, int64_t total_steps, int64_t offset,
                         int64_t count, v1::DType dtype,
                         const grpc::Slice& values, int64_t first,
-                        grpc::ByteBuffer* out);
+                        grpc::ByteBuffer* out,
+                        const std::string& buffers = std::string());
 // Slices over a snapshot of float32 values, or of their bfloat16 encoding,
 // that hold it (the memory must not change while gRPC may still send from
 // it).

@@ -67,6 +67,7 @@ void EncodeRangeRecord(const ShardState& state, v1::RangeState* out) {
   out->set_loss(state.metrics.loss);
   out->set_accuracy(state.metrics.accuracy);
   out->set_train_seconds(state.metrics.train_seconds);
+  if (state.buffers != nullptr) out->set_buffers(*state.buffers);
 }
 
 void DecodeRangeRecord(const v1::RangeState& in, ShardState* out) {
@@ -77,6 +78,8 @@ void DecodeRangeRecord(const v1::RangeState& in, ShardState* out) {
   out->metrics.loss = in.loss();
   out->metrics.accuracy = in.accuracy();
   out->metrics.train_seconds = in.train_seconds();
+  if (!in.buffers().empty())
+    out->buffers = std::make_shared<const std::string>(in.buffers());
 }
 
 void EncodeRangeState(const ShardState& state, v1::RangeState* out) {

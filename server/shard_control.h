@@ -40,6 +40,9 @@ struct PushMeta {
   int64_t samples = 0;
   double loss_sum = 0.0;
   int64_t correct = 0;
+  // A Python model's buffers after the step (PushHeader.buffers); null:
+  // none.
+  std::shared_ptr<const std::string> buffers;
 };
 
 struct ShardMetrics {
@@ -99,6 +102,9 @@ struct ShardState {
   bool retired = false;
   std::shared_ptr<const std::vector<float>> weights;  // of `version`
   OptimizerState optimizer;                           // empty once retired
+  // The range at offset 0 of a Python model: its buffer region (empty:
+  // not set yet).
+  std::shared_ptr<const std::string> buffers;
 };
 
 class ShardControl {
@@ -143,7 +149,8 @@ v1::MemberProgress ToProto(const MemberProgress& m);
 
 // RangeStateCodec: the one conversion between a range's state and the
 // wire's v1::RangeState, used by every install, save and checkpoint of a
-// range. The record is the version, the counters and the optimizer's step;
+// range. The record is the version, the counters, the optimizer's step and
+// the buffer region (a few MiB at most: ParseJobSpec's max_buffer_bytes);
 // the tensors are the weights and each optimizer slot, `count` float32
 // values each. Streams send the record in their first message and the
 // tensors as parts (part 0 the weights, part k the slot k - 1).

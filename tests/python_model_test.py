@@ -18,8 +18,10 @@
   ddp          the ResNet on two Python workers against DistributedDataParallel
                (gloo, two ranks, broadcast_buffers=True) replaying each
                worker's batches from the same initial weights: the
-               parameters equal within 1e-5 relative (the shard's mean of
-               two gradients and DDP's all-reduce round alike);
+               parameters and the buffers (rank 0's running statistics,
+               which the shards' buffer region keeps) equal within 1e-5
+               relative (the shard's mean of two gradients and DDP's
+               all-reduce round alike);
   devices      cpu:2 (two replicas, parallel_apply) against cpu:1 on a model
                without BatchNorm or dropout, with tied weights: the same
                weights within 1e-5 after 20 steps, the tie exported once;
@@ -31,7 +33,7 @@
 The model file records each training batch it sees (TALLY_RECORD), so the
 loop replays exactly the batches the worker's loader chose.
 
-  python_model_test.py BUILD_DIR
+  python_model_test.py BUILD_DIR [PHASE...]   (all phases when none named)
 """
 import glob
 import gzip
@@ -78,6 +80,11 @@ class _Recorded(torch.nn.Module):
     def forward(self, x):
         if _RECORD and self.training:
             _np.save(f"{_RECORD}/{self.seen:04d}.npy", x.numpy())
+            # The buffers this step starts from (the job's buffer region).
+            state = self.inner.state_dict()
+            _np.save(f"{_RECORD}/buffers-{self.seen:04d}.npy", _np.concatenate(
+                [t.numpy().ravel().astype(_np.float64) for k, t in state.items()
+                 if "running_" in k]))
             self.seen += 1
         return self.inner(x)
 
@@ -218,7 +225,7 @@ def equivalence(cluster, tmp):
     cluster.client.fetch(job.id, out)
     fetched = tally.load_state_dict(out)
 
-    batches = [np.load(p) for p in sorted(glob.glob(f"{record}/*.npy"))]
+    batches = [np.load(p) for p in sorted(glob.glob(f"{record}/[0-9]*.npy"))]
     if len(batches) != STEPS:
         fail(f"the worker trained {len(batches)} batches, not {STEPS}")
     train_x, train_y = fashion("train")
@@ -336,31 +343,35 @@ def ddp_phase(tmp):
     where = {bytes(row): i for i, row in enumerate(train_x.reshape(len(train_x), -1))}
     batches, labels = [], []
     for r in (0, 1):
-        xs = [np.load(p) for p in sorted(glob.glob(f"{tmp}/{ranks[r]}/*.npy"))]
+        xs = [np.load(p) for p in sorted(glob.glob(f"{tmp}/{ranks[r]}/[0-9]*.npy"))]
         batches.append(xs)
         labels.append([np.array([train_y[where[bytes(k)]] for k in
                                  np.rint(x.reshape(len(x), -1) * 255).astype(np.uint8)])
                        for x in xs])
     if [len(b) for b in batches] != [STEPS, STEPS]:
         fail(f"the workers trained {[len(b) for b in batches]} batches")
+    # Every step after the first starts from one buffer region on both
+    # workers (rank 0's after the step before), not from each one's own.
+    for t in range(1, STEPS):
+        b0, b1 = (np.load(f"{tmp}/{ranks[r]}/buffers-{t:04d}.npy") for r in (0, 1))
+        if not np.array_equal(b0, b1):
+            fail(f"step {t}: the workers started from different buffers")
     out = f"{tmp}/ddp.pt"
     torch.multiprocessing.spawn(_ddp_rank, args=(code, batches, labels, free_port(), out),
                                 nprocs=2, join=True)
     ddp = torch.load(out)
     worst = 0.0
-    for name, p in ns_params(ddp):
+    for name, p in ddp.items():
         got = fetched["inner." + name]
+        if not p.is_floating_point():  # num_batches_tracked
+            if not torch.equal(got, p):
+                fail(f"{name}: {got} against DDP's {p}")
+            continue
         worst = max(worst, float(((got - p).abs() / (p.abs() + 1e-3)).max()))
-    print(f"two workers against DDP (gloo, two ranks): worst relative difference "
-          f"{worst:.2e} over the parameters")
+    print(f"two workers against DDP (gloo, two ranks, broadcast_buffers): worst relative "
+          f"difference {worst:.2e} over {len(ddp)} tensors, parameters and buffers")
     if worst > 1e-5:
         fail(f"two workers differ from DDP by {worst:.2e}")
-
-
-def ns_params(state):
-    """The parameters of a ResNet state_dict (not its buffers)."""
-    return [(n, t) for n, t in state.items()
-            if "running_" not in n and "num_batches_tracked" not in n]
 
 
 def run_devices(tmp, devices):
@@ -554,17 +565,21 @@ def capability(cluster, tmp):
 
 
 def main():
+    only = set(sys.argv[2:])  # the phases named after BUILD_DIR; none: all
     tmp = tempfile.mkdtemp(prefix="tally-pymodel-")
     cluster = Cluster(tmp)
     try:
-        equivalence(cluster, tmp)
-        losses(cluster, tmp)
-        errors(cluster, tmp)
+        for name, phase in (("equivalence", equivalence), ("losses", losses),
+                            ("errors", errors)):
+            if not only or name in only:
+                phase(cluster, tmp)
         cluster.stop()
-        ddp_phase(tmp)
-        devices_phase(tmp)
-        cluster_phase(tmp)
-        capability(cluster, tmp)
+        for name, phase in (("ddp", ddp_phase), ("devices", devices_phase),
+                            ("cluster", cluster_phase)):
+            if not only or name in only:
+                phase(tmp)
+        if not only or "capability" in only:
+            capability(cluster, tmp)
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)

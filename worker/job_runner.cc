@@ -329,6 +329,7 @@ absl::Status JobRunner::Prepare() {
   EngineOptions eo;
   eo.devices = options_.devices;
   eo.allow_tf32 = spec_.training.tf32;
+  buffers_on_ = spec_.is_python && spec_.python.buffer_bytes > 0;
   if (spec_.is_python) {
     if (options_.python_engine == nullptr) {
       return absl::FailedPreconditionError(
@@ -424,8 +425,10 @@ std::shared_ptr<Work> JobRunner::StartPull(int64_t clock) {
   // its last step (bsp, ssp) a worker waits for the final weights.
   const bool sync = spec_.training.consistency.mode != ConsistencyMode::kAsync;
   const int64_t at_least = sync && clock >= end_version_ ? end_version_ : 0;
+  pulled_buffers_.clear();
   return client_->Pull(at_least, engine_->params(),
-                       commit_.has_value() ? &*commit_ : nullptr, clock);
+                       commit_.has_value() ? &*commit_ : nullptr, clock,
+                       buffers_on_ ? &pulled_buffers_ : nullptr);
 }
 
 void JobRunner::Abandon(const std::shared_ptr<Work>& pull) {
@@ -526,6 +529,7 @@ void JobRunner::SeekLoader(int64_t step) {
 // layer's gradient once backward has produced it.
 StepHooks JobRunner::HooksFor(int64_t step, StepWork& work) {
   StepHooks hooks;
+  if (buffers_on_) hooks.buffers = &pulled_buffers_;
   if (work.pull != nullptr) {
     hooks.params_ready = [&work](int64_t b, int64_t e) {
       const absl::Time t0 = absl::Now();
@@ -581,8 +585,17 @@ void JobRunner::CountStep(const absl::StatusOr<StepStats>& stats,
   }
 }
 
-PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) const {
+PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) {
   PushInfo info;
+  if (buffers_on_ && stats.samples > 0) {
+    absl::StatusOr<std::string> buffers = engine_->Buffers();
+    if (buffers.ok()) {
+      pushed_buffers_ = *std::move(buffers);
+      info.buffers = &pushed_buffers_;
+    } else {  // the step counts; the region keeps another rank's
+      context_.log(absl::StrCat("step ", step, ": ", buffers.status().message()));
+    }
+  }
   info.step = step;
   info.samples = stats.samples;
   info.loss_sum = stats.loss_sum;
@@ -593,6 +606,12 @@ PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) const {
 }
 
 absl::Status JobRunner::Finish(int64_t version) {
+  // Evaluated (and reported) with the job's buffer region, which the last
+  // pull brought: what the export holds.
+  if (!pulled_buffers_.empty()) {
+    if (absl::Status s = engine_->LoadBuffers(pulled_buffers_); !s.ok())
+      return Refuse(s);
+  }
   absl::StatusOr<StepStats> test = engine_->Evaluate(data_->test);
   if (!test.ok()) return Refuse(test.status());
   const double accuracy =

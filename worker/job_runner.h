@@ -151,8 +151,10 @@ class JobRunner {
   // Whether the next step can start while its weights arrive (bsp on one
   // shard, the pull sent with the last push, options_.overlap_pull).
   bool CanOverlapPull() const;
-  // What the push of `step` says besides its gradient.
-  PushInfo MakePushInfo(int64_t step, const StepStats& stats) const;
+  // What the push of `step` says besides its gradient (a Python model's
+  // buffers, read from the engine into pushed_buffers_, when it has some
+  // and the step had a batch).
+  PushInfo MakePushInfo(int64_t step, const StepStats& stats);
 
   // How the shards answered a push.
   struct PushAnswers {
@@ -223,6 +225,13 @@ class JobRunner {
     StepStats stats;
   };
   std::optional<HeldPush> held_;
+  // A Python model with buffers (DDP's broadcast_buffers): each pull
+  // brings the job's buffer region into pulled_buffers_ (emptied first;
+  // empty while the region is), loaded before the step's forward pass;
+  // each push carries the engine's buffers after it.
+  bool buffers_on_ = false;
+  std::string pulled_buffers_;
+  std::string pushed_buffers_;
   absl::Duration backoff_ = absl::Milliseconds(100);
   absl::Time last_log_ = absl::Now();
 };

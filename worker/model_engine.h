@@ -58,6 +58,11 @@ struct StepHooks {
   // element 0 only once its backward pass has succeeded): what was done
   // with them is to be undone.
   std::function<void(int64_t begin, int64_t end)> grads_ready;
+  // A Python model's buffer region as the step's pull brought it (the
+  // lowest live rank's, PullResponse.buffers): loaded into the replicas
+  // before the forward pass, once params_ready allowed it. Null or empty:
+  // the replicas keep their own.
+  const std::string* buffers = nullptr;
 };
 
 class ModelEngine {
@@ -92,6 +97,12 @@ class ModelEngine {
   // the job's order (a Python model's model.python.buffers); empty when
   // the model has none.
   virtual absl::StatusOr<std::string> Buffers() { return std::string(); }
+  // Replaces every replica's persistent buffers with `bytes` (as Buffers
+  // gives them); an error says why they do not fit. A model without
+  // buffers has nothing to replace.
+  virtual absl::Status LoadBuffers(const std::string& /*bytes*/) {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace tally

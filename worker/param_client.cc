@@ -291,6 +291,9 @@ class PushMessages {
     header_.set_loss_sum(info.loss_sum);
     header_.set_correct(info.correct);
     header_.set_commit(commit);
+    // The buffer region is the first range's.
+    if (info.buffers != nullptr && offset == 0)
+      header_.set_buffers(*info.buffers);
     if (shared_ != nullptr) {
       // The region's push part holds the range in float32 (ParameterShard
       // made it so): in either dtype it fits.
@@ -465,9 +468,12 @@ class FedPart {
 // straight into the flat vector. Used by one reader at a time.
 class PullDecoder {
  public:
+  // `buffers` (may be null): where the buffer region goes, if the shard
+  // sends one (the range at offset 0 of a Python model).
   PullDecoder(float* params, int64_t num_params, int64_t offset,
-              int64_t count)
+              int64_t count, std::string* buffers)
       : params_(params),
+        buffers_(buffers),
         num_params_(num_params),
         offset_(offset),
         count_(count),
@@ -493,6 +499,8 @@ class PullDecoder {
       return absl::DataLossError(
           absl::StrCat("malformed weights from the shard: ", bad.message()));
     }
+    // PullResponse (and ExchangeResponse): 6 buffers.
+    if (buffers_ != nullptr && msg.has(6)) *buffers_ = msg.bytes(6);
     float* dst = params_ + c.offset;
     if (c.dtype == v1::BFLOAT16) {
       msg.ForEachValues(2, [dst](const char* src, int64_t n, int64_t first) {
@@ -521,7 +529,8 @@ class PullDecoder {
   }
 
  private:
-  float* params_;  // borrowed: the whole flat vector
+  float* params_;         // borrowed: the whole flat vector
+  std::string* buffers_;  // borrowed; may be null
   const int64_t num_params_, offset_, count_;
   int64_t received_ = 0;
   int64_t version_ = -1;
@@ -673,11 +682,11 @@ class PullCall final
            std::shared_ptr<internal::InFlightCalls> in_flight,
            internal::RawStub* stub, const ParamClientOptions& o,
            const v1::PullRequest& req, float* params, int64_t num_params,
-           int64_t offset, int64_t count)
+           int64_t offset, int64_t count, std::string* buffers)
       : work_(std::move(work)),
         in_flight_(std::move(in_flight)),
         part_(part),
-        decoder_(params, num_params, offset, count) {
+        decoder_(params, num_params, offset, count, buffers) {
     ctx_.set_deadline(
         absl::ToChronoTime(absl::Now() + o.pull_wait + o.rpc_timeout));
     grpc::Slice slice(req.SerializeAsString());
@@ -1174,11 +1183,11 @@ class PullOp final : public StreamOp {
   // null); `ask`: the pull asks for one.
   PullOp(std::shared_ptr<internal::ShardWork> work, int part,
          v1::PullRequest req, float* params, int64_t num_params, int64_t offset,
-         int64_t count, grpc::ClientContext* ctx,
+         int64_t count, std::string* buffers, grpc::ClientContext* ctx,
          std::unique_ptr<SharedPart> shared, bool ask)
       : work_(std::move(work)),
         part_(part),
-        decoder_(params, num_params, offset, count),
+        decoder_(params, num_params, offset, count, buffers),
         ctx_(ctx),
         shared_(std::move(shared)) {
     if (ask) req.set_offer_shared_memory(true);
@@ -1365,7 +1374,8 @@ void ParameterClient::OnStream(Shard& s, internal::ShardWork* work, int part,
 
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
                                             const v1::StepCommit* commit,
-                                            int64_t clock) {
+                                            int64_t clock,
+                                            std::string* buffers) {
   auto work = std::make_shared<internal::ShardWork>(num_shards(),
                                                     options_.mixed_versions);
   const v1::PullRequest req =
@@ -1375,17 +1385,18 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
   }
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
+    std::string* region = s.offset == 0 ? buffers : nullptr;
     if (!options_.exchange) {
       in_flight_->Add();
       new PullCall(work, i, in_flight_, s.stub.get(), options_, req, params,
-                   num_params_, s.offset, s.count);
+                   num_params_, s.offset, s.count, region);
       continue;
     }
     OnStream(s, work.get(), i,
              [&](ShardStream* st, const std::shared_ptr<ShardStreamSlot>&) {
                return std::make_shared<PullOp>(
                    work, i, req, params, num_params_, s.offset, s.count,
-                   st->context(), st->TakeShared(SharedRegion::kPull, s.count),
+                   region, st->context(), st->TakeShared(SharedRegion::kPull, s.count),
                    st->AskOffer());
              });
   }

@@ -147,6 +147,10 @@ struct PushInfo {
   // not wait for its answer. Honoured for a one-shard map only (a push
   // that reached its one shard reached them all); ignored otherwise.
   bool commit = false;
+  // A Python model's buffers after the step (PushHeader.buffers), sent to
+  // the shard whose range starts the vector; null: none. Borrowed until
+  // Push returns (the header is encoded there).
+  const std::string* buffers = nullptr;
 };
 
 class FedPart;
@@ -208,9 +212,13 @@ class ParameterClient {
   // of commit->step reached them all (see PullRequest.commit). With a
   // `clock` (>= 0), each shard also waits as the job's consistency rule
   // says for a worker about to compute that step (PullRequest.clock).
+  // With `buffers`, the buffer region the shard at offset 0 sends with the
+  // weights (PullResponse.buffers) is written there; left as it is when
+  // that shard sends none. Borrowed as `params` is.
   std::shared_ptr<Work> Pull(int64_t min_version, float* params,
                              const v1::StepCommit* commit = nullptr,
-                             int64_t clock = -1);
+                             int64_t clock = -1,
+                             std::string* buffers = nullptr);
   // Pushes grads[0, num_params) (unused when info.samples == 0), each shard
   // its range, for step info.step computed from version info.base_version
   // (-1: from version info.step). With `feed`, nothing of the gradient is

@@ -72,7 +72,8 @@ py::array_t<T> View(const T* data, int64_t count, const Shape& sample) {
 class PyEngine : public ModelEngine {
  public:
   // `impl` is the Python engine: num_params, replicas, params_ptr,
-  // grads_ptr, step(x, y, seed) and evaluate(x, y).
+  // grads_ptr, step(x, y, seed), evaluate(x, y), buffers() and
+  // load_buffers(bytes).
   PyEngine(py::object impl, const Shape& input_shape)
       : impl_(std::move(impl)), input_shape_(input_shape) {
     num_params_ = impl_.attr("num_params").cast<int64_t>();
@@ -101,6 +102,10 @@ class PyEngine : public ModelEngine {
     if (hooks != nullptr && hooks->params_ready) {
       if (absl::Status s = hooks->params_ready(0, num_params_); !s.ok())
         return s;
+    }
+    if (hooks != nullptr && hooks->buffers != nullptr &&
+        !hooks->buffers->empty()) {
+      if (absl::Status s = LoadBuffers(*hooks->buffers); !s.ok()) return s;
     }
     StepStats stats;
     stats.samples = batch.size;
@@ -149,6 +154,16 @@ class PyEngine : public ModelEngine {
     } catch (const std::exception& e) {
       return FromPython(e, "the model's buffers");
     }
+  }
+
+  absl::Status LoadBuffers(const std::string& bytes) override {
+    py::gil_scoped_acquire gil;
+    try {
+      impl_.attr("load_buffers")(py::bytes(bytes));
+    } catch (const std::exception& e) {
+      return FromPython(e, "loading the model's buffers");
+    }
+    return absl::OkStatus();
   }
 
  private:

@@ -15,9 +15,15 @@ most one (scatter, as the native engine does); each replica runs forward,
 the loss (scaled so the sum over replicas is the batch's mean) and backward
 on its own thread (torch.nn.parallel.parallel_apply on GPUs; PyTorch's
 needs CUDA, so CPU replicas get plain threads); the gradients are reduced
-into grads in rank order. Buffers (BatchNorm's
-running statistics) stay each replica's own, as in nn.DataParallel: each
-normalises its own micro-batch, and replica 0's are the ones evaluated.
+into grads in rank order.
+
+Buffers (BatchNorm's running statistics) are replica 0's, as in
+nn.DataParallel: every other replica starts each step from a copy of
+them, normalises its own micro-batch, and what it updates is dropped.
+Across workers they follow DDP's broadcast_buffers: before a step, the
+native runner loads the job's buffer region (the lowest live rank's after
+the last step) into replica 0 (load_buffers), and pushes replica 0's
+after it (buffers).
 """
 import copy
 import sys
@@ -180,6 +186,12 @@ class TorchEngine:
             self.flats.append(flat)
             self.grad_flats.append(grad)
         self.models = models
+        # Each replica's buffer tensors, in the job's order.
+        self._buffers = []
+        for model in models:
+            state = model.state_dict(keep_vars=True)
+            self._buffers.append([state[n] for n in self.buffer_names])
+        self.buffer_bytes = sum(t.numel() * t.element_size() for t in self._buffers[0])
         # What the native side reads and writes: host memory.
         if self.devices[0].type == "cpu":
             self.params, self.grads = self.flats[0], self.grad_flats[0]
@@ -234,10 +246,14 @@ class TorchEngine:
         y = torch.from_numpy(y).long()
         batch = x.shape[0]
         sizes = self.split(batch, self.replicas)
-        for r in range(len(sizes)):
-            if r > 0 or self.devices[0].type != "cpu":
-                self.flats[r].copy_(self.params, non_blocking=True)
-            self.grad_flats[r].zero_()
+        with torch.no_grad():
+            for r in range(len(sizes)):
+                if r > 0 or self.devices[0].type != "cpu":
+                    self.flats[r].copy_(self.params, non_blocking=True)
+                self.grad_flats[r].zero_()
+                for mine, first in zip(self._buffers[r], self._buffers[0]):
+                    if r > 0:
+                        mine.copy_(first, non_blocking=True)
         steps = [_Step(self.models[r], self.loss, batch) for r in range(len(sizes))]
         inputs = [(xs.to(d, non_blocking=True), ys.to(d, non_blocking=True))
                   for xs, ys, d in zip(torch.split(x, sizes), torch.split(y, sizes),
@@ -266,6 +282,22 @@ class TorchEngine:
                 t = t.view(torch.int16)
             out.append(t.numpy().tobytes())
         return b"".join(out)
+
+    @torch.no_grad()
+    def load_buffers(self, data):
+        """Replica 0's persistent buffers from their bytes in the job's
+        order (as buffers() gives them)."""
+        if len(data) != self.buffer_bytes:
+            raise ModelError(f"the job's buffers are {len(data)} bytes, the module's "
+                             f"{self.buffer_bytes}")
+        raw, at = bytearray(data), 0
+        for t in self._buffers[0]:
+            n = t.numel() * t.element_size()
+            if n == 0:
+                continue
+            src = torch.frombuffer(raw, dtype=torch.uint8, count=n, offset=at)
+            t.copy_(src.view(t.dtype).view(t.shape).to(t.device))
+            at += n
 
     @torch.no_grad()
     def evaluate(self, x, y):

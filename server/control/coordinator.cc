@@ -108,6 +108,7 @@ absl::StatusOr<StoredJob> GatherRanges(
     }
     std::copy(st.weights->begin(), st.weights->end(),
               weights->begin() + r.offset);
+    if (r.offset == 0 && st.buffers != nullptr) out.buffers = *st.buffers;
     if (i == 0) {
       out.SetRecord(st);
       out.rejected_pushes = 0;  // summed over the ranges below
@@ -813,6 +814,7 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     } else if (job.start != nullptr) {
       weights = job.start->weights;
       version = job.start->version;
+      buffers = job.start->buffers;
     } else {
       return WithReason(absl::FailedPreconditionError(absl::StrCat(
                             job_id, " has not started: it has no weights yet")),
@@ -826,6 +828,7 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
                                       /*weights_only=*/true));
     weights = saved.weights;
     version = saved.version;
+    buffers = saved.buffers;  // the buffer region, as the first range has it
   }
   return ExportFile(layout.params, *weights, py, buffers, job_id, name,
                     version);

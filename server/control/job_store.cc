@@ -108,6 +108,7 @@ void StoredJob::EncodeRange(int64_t offset, int64_t count,
                             v1::RangeState* out) const {
   EncodeRangeRecord(Record(), out);
   out->set_weights(weights->data() + offset, 4 * count);
+  if (offset == 0) out->set_buffers(buffers);
   out->clear_optimizer_slots();
   for (const std::vector<float>& slot : optimizer_slots)
     out->add_optimizer_slots(slot.data() + offset, 4 * count);

@@ -40,7 +40,10 @@ struct StoredJob {
   int64_t optimizer_step = 0;
   std::vector<std::vector<float>> optimizer_slots;  // num_params each
   v1::JobHistory history;  // curves and events (the dashboard's)
-  std::string buffers;     // an ended Python model's (JobCheckpoint.buffers)
+  // A Python model's buffers (JobCheckpoint.buffers): a running job's
+  // buffer region, as its first range keeps it; an ended job's, as the
+  // report that ended it gave them.
+  std::string buffers;
 
   // The state of elements [offset, offset + count), as a range holds it,
   // on the wire (has_state must be set): what a shard is installed with.

@@ -96,6 +96,8 @@ absl::Status PushSession::Begin(const v1::PushHeader& h) {
   meta_.samples = h.samples();
   meta_.loss_sum = h.loss_sum();
   meta_.correct = h.correct();
+  if (!h.buffers().empty())
+    meta_.buffers = std::make_shared<const std::string>(h.buffers());
   self_commit_ = h.commit();
   has_header_ = true;
   TALLY_ASSIGN_OR_RETURN(range_, host_->Find(h.job_id()));

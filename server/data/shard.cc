@@ -61,6 +61,7 @@ ShardState ParameterShard::Save() const {
   s.retired = retired_;
   s.weights = weights_;
   if (optimizer_ != nullptr) s.optimizer = optimizer_->SaveState();
+  s.buffers = buffers_;
   return s;
 }
 
@@ -153,6 +154,7 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
     shard->rejected_ = m.rejected_pushes;
     shard->last_loss_ = m.loss;
     shard->last_accuracy_ = m.accuracy;
+    shard->buffers_ = state.buffers;
     if (m.total_steps > 0) {
       // Training time goes on from where it was.
       const absl::Time now = clock->Now();
@@ -178,6 +180,29 @@ void ParameterShard::ReleaseLocked(std::unique_ptr<std::vector<float>> b) {
 void ParameterShard::UnstageLocked(Member& m) {
   for (auto& [step, st] : m.staged) ReleaseLocked(std::move(st.grads));
   m.staged.clear();
+  m.buffers.clear();
+}
+
+void ParameterShard::KeepBuffersLocked(const PushMeta& meta) {
+  if (meta.buffers != nullptr)
+    members_.at(meta.worker_id).buffers[meta.step] = meta.buffers;
+}
+
+void ParameterShard::TakeBuffersLocked(const std::vector<Member*>& required) {
+  if (buffer_bytes_ == 0) return;
+  for (Member* m : required) {
+    const bool counted =
+        m->committed_step > version_ ||
+        (m->committed_step == version_ && !m->last_refused);
+    auto it = m->buffers.find(version_);
+    if (counted && it != m->buffers.end()) {
+      buffers_ = it->second;
+      break;
+    }
+  }
+  for (auto& [id, m] : members_) {
+    m.buffers.erase(m.buffers.begin(), m.buffers.upper_bound(version_));
+  }
 }
 
 float ParameterShard::ScaleLocked(int64_t tau) const {
@@ -361,6 +386,11 @@ void ParameterShard::SetMaxSamples(int64_t max_samples) {
   max_samples_ = max_samples;
 }
 
+void ParameterShard::SetBufferBytes(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  buffer_bytes_ = bytes;
+}
+
 absl::Status ParameterShard::SetSchedule(int64_t total_steps,
                                          int64_t steps_per_epoch) {
   if (total_steps <= 0 || steps_per_epoch <= 0) {
@@ -436,6 +466,15 @@ absl::Status ParameterShard::CheckPushLocked(const PushMeta& meta,
     return absl::InvalidArgumentError(
         absl::StrCat("samples ", meta.samples, " is over the job's batch size ",
                      max_samples_));
+  }
+  if (meta.buffers != nullptr &&
+      static_cast<int64_t>(meta.buffers->size()) != buffer_bytes_) {
+    return absl::InvalidArgumentError(
+        buffer_bytes_ == 0
+            ? std::string("this range keeps no buffers (a Python model's go "
+                          "to the range at offset 0)")
+            : absl::StrCat("buffers of ", meta.buffers->size(),
+                           " bytes; the job's are ", buffer_bytes_));
   }
   const Member& m = members_.at(meta.worker_id);
   return consistency_.mode == ConsistencyMode::kAsync
@@ -568,6 +607,7 @@ absl::Status ParameterShard::AcceptLocked(
     return absl::InvalidArgumentError("a push with samples needs a gradient");
   }
   Member& m = members_.at(meta.worker_id);
+  KeepBuffersLocked(meta);
   if (meta.samples > 0 && StreamedLocked()) {
     // A whole push in a streamed sum: kept until its turn comes.
     if (m.committed_step >= meta.step) {
@@ -642,6 +682,12 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
         }
         it = m.staged.erase(it);
       }
+      auto b = m.buffers.find(step);
+      if (contributed && b != m.buffers.end()) {
+        st.buffers = b->second;
+        st.rank = m.spec.rank;
+      }
+      m.buffers.erase(m.buffers.begin(), m.buffers.upper_bound(step));
       apply_queue_.push_back(std::move(st));
       m.committed_step = step;
       m.last_refused = !contributed;
@@ -723,6 +769,12 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
         ++rejected_;
       }
     }
+    if (st.buffers != nullptr) {
+      // From the lowest rank still a member (rank 0 may have left).
+      bool lowest = true;
+      for (const auto& [id, m] : members_) lowest &= m.spec.rank >= st.rank;
+      if (lowest) buffers_ = std::move(st.buffers);
+    }
     AdvanceLocked(samples, st.loss_sum, st.correct,
                   samples > 0 ? st.grads->data() : nullptr);
     ReleaseLocked(std::move(st.grads));
@@ -769,6 +821,7 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
       it = m.staged.erase(it);
     }
   }
+  TakeBuffersLocked(required);
   if (samples > 0 && !ScaleFinite(sum, 1.0f / samples, num_params_)) {
     // The step's mean is not finite: it is not applied (the weights stay
     // as they are), and it is counted with the refused pushes.
@@ -963,10 +1016,12 @@ int64_t ParameterShard::version() const {
 }
 
 std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
-    int64_t* version, int64_t* total_steps) const {
+    int64_t* version, int64_t* total_steps,
+    std::shared_ptr<const std::string>* buffers) const {
   absl::MutexLock lock(&mu_);
   if (version != nullptr) *version = version_;
   if (total_steps != nullptr) *total_steps = total_steps_;
+  if (buffers != nullptr) *buffers = buffers_;
   return weights_;
 }
 
@@ -1239,6 +1294,7 @@ absl::StatusOr<int64_t> ParameterShard::BeginStreamed(const PushMeta& meta) {
       DropPartLocked(meta.worker_id, &ready);
     }
     RestartIfLateLocked(meta.worker_id, &ready);
+    KeepBuffersLocked(meta);
     SumPart& part = parts_[meta.worker_id];
     part = SumPart{};
     part.incarnation = meta.incarnation;

@@ -32,6 +32,14 @@
 // between its pushes to two shards has committed on neither, so no shard
 // counts a push another shard lacks.
 //
+// Buffers (a Python model's running statistics; SetBufferBytes): the
+// range at offset 0 keeps a buffer region. A push may carry the pusher's
+// buffers after its step's forward pass; when the step closes, the region
+// becomes those of the lowest rank whose push of it counted (async: a
+// push applied from the lowest member's rank), as DDP's broadcast_buffers
+// makes rank 0's every rank's. Pulls return the region with the weights.
+// It is never summed nor stepped.
+//
 // The job's consistency rule (SetConsistency, docs/cluster.md) changes
 // what is open and when things close:
 //   bsp     as above: one open step; with backup_workers b, a step closes
@@ -154,6 +162,11 @@ class ParameterShard {
   // so the weighted sums and counters stay bounded. 0: no bound.
   void SetMaxSamples(int64_t max_samples);
 
+  // The range keeps the job's buffer region (above): pushes may carry
+  // buffers of exactly `bytes` bytes. 0 (the default): it keeps none, and a
+  // push with buffers is refused (kInvalidArgument).
+  void SetBufferBytes(int64_t bytes);
+
   // Checks a push before its data is read (codes and their ErrorReason,
   // proto/errors.h):
   //   kFailedPrecondition + JOB_ENDED      the job ended (retired)
@@ -165,7 +178,8 @@ class ParameterShard {
   //   kAborted + JOIN_LATER(join step)   required only from then
   //   kAborted + STALE_GRADIENT(version)   staler than max_staleness
   //   kInvalidArgument                     negative samples, a base version
-  //                                        the rule does not allow
+  //                                        the rule does not allow, buffers
+  //                                        of another size (or none kept)
   // OK with *duplicate = true when this worker already pushed this step.
   absl::Status CheckPush(const PushMeta& meta, bool* duplicate) const;
 
@@ -228,11 +242,13 @@ class ParameterShard {
   void Reject(const PushMeta& meta);
 
   int64_t version() const;
-  // The current weights and their version (an immutable snapshot), and the
-  // job's step count (0 until a worker set the schedule); either out
-  // pointer may be null.
+  // The current weights and their version (an immutable snapshot), the
+  // job's step count (0 until a worker set the schedule) and the buffer
+  // region of that version (null while it has none); any out pointer may
+  // be null.
   std::shared_ptr<const std::vector<float>> Snapshot(
-      int64_t* version, int64_t* total_steps = nullptr) const;
+      int64_t* version, int64_t* total_steps = nullptr,
+      std::shared_ptr<const std::string>* buffers = nullptr) const;
   ShardMetrics Metrics() const;
   // The bfloat16 encoding of the snapshot Snapshot() returned with
   // `version`: made once per version, however many workers pull it in
@@ -285,6 +301,9 @@ class ParameterShard {
     int64_t samples = 0;
     double loss_sum = 0.0;
     int64_t correct = 0;
+    // async, in the apply queue: the pusher's buffers and rank.
+    std::shared_ptr<const std::string> buffers;
+    int rank = 0;
   };
   struct Member {
     MemberSpec spec;
@@ -297,6 +316,8 @@ class ParameterShard {
     // The step whose streamed sum lost its push: it pushes it again
     // before it may commit it or wait for the step's end (-1: none).
     int64_t push_again = -1;
+    // The buffers its pushes carried, by step, until the step closes.
+    std::map<int64_t, std::shared_ptr<const std::string>> buffers;
   };
   struct Waiter {
     int64_t version;
@@ -375,6 +396,14 @@ class ParameterShard {
   bool TallyStreamedLocked(const std::vector<Member*>& required,
                            int64_t* samples, double* loss, int64_t* correct,
                            Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps a push's buffers with its member until its step closes.
+  void KeepBuffersLocked(const PushMeta& meta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The closing step's buffer region: the first of `required` (in rank
+  // order) whose push of the step counted and carried buffers; every
+  // member's buffers of the step and before go.
+  void TakeBuffersLocked(const std::vector<Member*>& required)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Steps the optimizer with `mean` (if `samples` > 0) and publishes the
   // weights as version + 1.
   void AdvanceLocked(int64_t samples, double loss, int64_t correct,
@@ -443,6 +472,8 @@ class ParameterShard {
   int staging_out_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const std::string> buffers_ ABSL_GUARDED_BY(mu_);
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

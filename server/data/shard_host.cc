@@ -59,6 +59,13 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
                                              clock_);
   } else {
     TALLY_ASSIGN_OR_RETURN(ShardState st, DecodeRangeState(req.state(), count));
+    if (st.buffers != nullptr &&
+        (!spec.is_python || req.offset() != 0 ||
+         static_cast<int64_t>(st.buffers->size()) !=
+             spec.python.buffer_bytes)) {
+      return absl::InvalidArgumentError(
+          "the range's buffers do not fit the job's model");
+    }
     st.metrics.total_steps = req.schedule().total_steps();
     st.metrics.steps_per_epoch = req.schedule().steps_per_epoch();
     TALLY_ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> restored,
@@ -71,6 +78,9 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
   shard->SetMaxSamples(spec.training.batch_size);
+  // The buffer region rides with the range that starts the vector.
+  if (spec.is_python && req.offset() == 0)
+    shard->SetBufferBytes(spec.python.buffer_bytes);
   std::vector<MemberSpec> members;
   for (const v1::MemberSpec& m : req.members()) members.push_back(FromProto(m));
   TALLY_RETURN_IF_ERROR(shard->SetMembers(members));

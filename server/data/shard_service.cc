@@ -290,7 +290,7 @@ class PullServing {
   // The pull may be served now: the weights it sends are fixed.
   void Ready() {
     waited_ = absl::Now() - started_;
-    weights_ = shard_->Snapshot(&version_, &total_steps_);
+    weights_ = shard_->Snapshot(&version_, &total_steps_, &buffers_);
     values_ = dtype_ == v1::BFLOAT16
                   ? SnapshotSlice(shard_->Bfloat16Of(weights_, version_))
                   : SnapshotSlice(weights_);
@@ -324,6 +324,7 @@ class PullServing {
       c->set_count(n);
       c->set_dtype(dtype_);
       c->set_shared_offset(shared_->pull_at());
+      if (buffers_ != nullptr) r.set_buffers(*buffers_);
       grpc::Slice slice(r.SerializeAsString());
       *out = grpc::ByteBuffer(&slice, 1);
       next_ = n;
@@ -331,8 +332,11 @@ class PullServing {
       return true;
     }
     const int64_t count = std::min(chunk_, n - next_);
+    // The buffer region goes with the first message.
     EncodePullResponse(version_, total_steps_, range_.offset + next_, count,
-                       dtype_, values_, next_, out);
+                       dtype_, values_, next_, out,
+                       next_ == 0 && buffers_ != nullptr ? *buffers_
+                                                         : std::string());
     next_ += std::max<int64_t>(count, 1);
     bytes_ += count * (dtype_ == v1::BFLOAT16 ? 2 : 4);
     return true;
@@ -355,6 +359,7 @@ class PullServing {
   int64_t chunk_ = kDefaultChunkElements;
   v1::DType dtype_ = v1::FLOAT32;
   std::shared_ptr<const std::vector<float>> weights_;
+  std::shared_ptr<const std::string> buffers_;  // of version_; may be null
   int64_t version_ = 0;
   int64_t total_steps_ = 0;
   int64_t next_ = 0;

@@ -112,15 +112,20 @@ TEST(TensorChunkTest, PullResponseBytesAreProtobufs) {
       want.set_total_steps(c.total);
       EncodeChunk(values->data() + c.first, c.offset, c.count, dtype,
                   want.mutable_chunk());
-      grpc::ByteBuffer got;
-      EncodePullResponse(c.version, c.total, c.offset, c.count, dtype,
-                         dtype == v1::BFLOAT16 ? whole_bf16 : whole, c.first,
-                         &got);
-      const std::string bytes = Bytes(got);
-      EXPECT_EQ(bytes, want.SerializeAsString());
-      v1::PullResponse back;
-      ASSERT_TRUE(back.ParseFromString(bytes));
-      EXPECT_EQ(back.chunk().count(), c.count);
+      // With a buffer region (a Python model's first message), too.
+      for (const std::string buffers : {std::string(), std::string("\0\1bn", 4)}) {
+        want.set_buffers(buffers);
+        grpc::ByteBuffer got;
+        EncodePullResponse(c.version, c.total, c.offset, c.count, dtype,
+                           dtype == v1::BFLOAT16 ? whole_bf16 : whole, c.first,
+                           &got, buffers);
+        const std::string bytes = Bytes(got);
+        EXPECT_EQ(bytes, want.SerializeAsString());
+        v1::PullResponse back;
+        ASSERT_TRUE(back.ParseFromString(bytes));
+        EXPECT_EQ(back.chunk().count(), c.count);
+        EXPECT_EQ(back.buffers(), buffers);
+      }
     }
   }
 }

@@ -258,6 +258,109 @@ namespace {
 
 // A restored shard goes on exactly as the original would: same weights,
 // same momentum, same schedule and metrics.
+// The buffer region (a Python model's running statistics, DDP's
+// broadcast_buffers): replaced when a step closes by the lowest rank whose
+// push counted, never summed; returned with the weights; kept by Save.
+TEST_F(ShardTest, TheBufferRegionIsTheLowestCountedRanksBuffers) {
+  auto with = [&](PushMeta m, const std::string& bytes) {
+    m.buffers = std::make_shared<const std::string>(bytes);
+    return m;
+  };
+  auto region = [&] {
+    std::shared_ptr<const std::string> b;
+    int64_t v = 0;
+    shard_->Snapshot(&v, nullptr, &b);
+    return b == nullptr ? std::string("(none)") : *b;
+  };
+  bool dup = false;
+  std::vector<float> g = {1, 1, 1};
+  // A range that keeps no region refuses buffers.
+  EXPECT_THAT(shard_->Accept(with(Meta("a", 0, 1), "AAAA"), g.data(), &dup),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("keeps no buffers")));
+  shard_->SetBufferBytes(4);
+  EXPECT_THAT(shard_->Accept(with(Meta("a", 0, 1), "AAA"), g.data(), &dup),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("3 bytes; the job's are 4")));
+  EXPECT_EQ(region(), "(none)");  // nothing yet: workers keep their own
+  // b (rank 1) pushes first; a (rank 0) is the one kept.
+  TALLY_ASSERT_OK(
+      PushAndCommit(*shard_, with(Meta("b", 0, 1), "BBBB"), g.data(), &dup));
+  TALLY_ASSERT_OK(
+      PushAndCommit(*shard_, with(Meta("a", 0, 1), "AAAA"), g.data(), &dup));
+  EXPECT_EQ(shard_->version(), 1);
+  EXPECT_EQ(region(), "AAAA");
+  EXPECT_EQ(Weights(), (std::vector<float>{9, 19, 29}));  // not summed in
+  // a's push is refused on some shard: it counts as nothing, b's stand.
+  TALLY_ASSERT_OK(shard_->Accept(with(Meta("a", 1, 1), "aaaa"), g.data(), &dup));
+  shard_->Commit("a", 1, 1, /*contributed=*/false);
+  TALLY_ASSERT_OK(
+      PushAndCommit(*shard_, with(Meta("b", 1, 1), "bbbb"), g.data(), &dup));
+  EXPECT_EQ(shard_->version(), 2);
+  EXPECT_EQ(region(), "bbbb");
+  // A step whose pushes carry none keeps the region as it is.
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("a", 2, 1), g.data(), &dup));
+  TALLY_ASSERT_OK(PushAndCommit(*shard_, Meta("b", 2, 1), g.data(), &dup));
+  EXPECT_EQ(region(), "bbbb");
+  // Saved and restored with the range.
+  ShardState saved = shard_->Save();
+  ASSERT_NE(saved.buffers, nullptr);
+  EXPECT_EQ(*saved.buffers, "bbbb");
+  OptimizerConfig c;
+  auto restored = ParameterShard::Restore(saved, *Optimizer::Create(c, 3),
+                                          &clock_);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  std::shared_ptr<const std::string> back;
+  int64_t v = 0;
+  (*restored)->Snapshot(&v, nullptr, &back);
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(*back, "bbbb");
+}
+
+// async: each applied push replaces the region only if its pusher is the
+// lowest rank still a member (rank 0 may have left).
+TEST(ShardBuffersTest, AsyncTakesTheLowestLiveRanksBuffers) {
+  FakeClock clock;
+  OptimizerConfig c;
+  auto shard = std::make_unique<ParameterShard>(
+      std::vector<float>{1, 2}, *Optimizer::Create(c, 2), &clock);
+  ConsistencySpec async;
+  async.mode = ConsistencyMode::kAsync;
+  shard->SetConsistency(async);
+  shard->SetBufferBytes(1);
+  shard->AddMember("a", 1);
+  shard->AddMember("b", 1);
+  std::vector<float> g = {1, 1};
+  auto push = [&](const std::string& w, int64_t step, const char* bytes) {
+    PushMeta m;
+    m.worker_id = w;
+    m.incarnation = 1;
+    m.step = step;
+    m.base_version = shard->version();
+    m.samples = 1;
+    m.buffers = std::make_shared<const std::string>(bytes);
+    bool dup = false;
+    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
+  };
+  auto region = [&] {
+    std::shared_ptr<const std::string> b;
+    int64_t v = 0;
+    shard->Snapshot(&v, nullptr, &b);
+    return b == nullptr ? std::string("-") : *b;
+  };
+  push("b", 0, "B");
+  EXPECT_EQ(shard->version(), 1);
+  EXPECT_EQ(region(), "-");  // b is not the lowest rank
+  push("a", 0, "A");
+  EXPECT_EQ(region(), "A");
+  push("b", 1, "b");
+  EXPECT_EQ(region(), "A");
+  shard->RemoveMember("a");
+  push("b", 2, "c");
+  EXPECT_EQ(shard->version(), 4);
+  EXPECT_EQ(region(), "c");
+}
+
 TEST(ShardStateTest, ARestoredShardContinuesLikeTheOriginal) {
   FakeClock clock;
   OptimizerConfig c;

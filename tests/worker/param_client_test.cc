@@ -76,6 +76,7 @@ class ParamClientTest : public ::testing::TestWithParam<Transport> {
 
     ParamClientOptions po;
     po.job_id = job.job().id();
+    job_id_ = po.job_id;
     po.worker_id = worker.worker_id();
     po.incarnation = worker.incarnation();
     po.chunk_elements = 4;  // a push of 15 is several messages
@@ -112,6 +113,7 @@ class ParamClientTest : public ::testing::TestWithParam<Transport> {
   absl::Duration stream_lifetime_ = absl::Minutes(10);
   std::unique_ptr<TallyServer> server_;
   std::string address_;
+  std::string job_id_;
   std::unique_ptr<ParameterClient> client_;
   float grads_[kParams];
 };
@@ -209,6 +211,36 @@ TEST_P(ParamClientTest, APullsRangesAreThereOnceArrivedAndItsErrorIfItFails) {
   auto late = client_->Pull(1, w.data());
   EXPECT_THAT(late->WaitRange(0, 5, Soon()),
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+}
+
+// A Python model's buffer region rides on the first range's pushes and
+// pulls (PushHeader.buffers, PullResponse.buffers), on every transport.
+TEST_P(ParamClientTest, TheBufferRegionGoesWithThePushAndComesBackWithThePull) {
+  auto range = server_->shard_host()->Find(job_id_);
+  ASSERT_TRUE(range.ok()) << range.status();
+  range->shard->SetBufferBytes(5);
+  std::vector<float> w(kParams);
+  std::string buffers = "untouched";
+  auto v = client_->Pull(0, w.data(), nullptr, -1, &buffers)->WaitVersion(Soon());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(buffers, "untouched");  // no region yet: left as it is
+  const std::string mine("bn\0\1\2", 5);
+  PushInfo info = Step(0);
+  info.buffers = &mine;
+  auto push = client_->Push(info, grads_);
+  ASSERT_TRUE(push->Wait(Soon()).ok()) << push->Results()[0];
+  v = client_->Pull(1, w.data(), nullptr, -1, &buffers)->WaitVersion(Soon());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 1);
+  EXPECT_EQ(buffers, mine);
+  // Buffers of another size are refused, by their size.
+  const std::string wrong = "bn";
+  info = Step(1);
+  info.buffers = &wrong;
+  push = client_->Push(info, grads_);
+  EXPECT_THAT(push->Wait(Soon()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("buffers of 2 bytes")));
 }
 
 class ShortStreamTest : public ParamClientTest {
