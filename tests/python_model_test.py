@@ -2,10 +2,12 @@
 """A submitter's own PyTorch module, trained by Python workers.
 
   equivalence  the ResNet example (BatchNorm, residual blocks) on one Python
-               worker, bsp, SGD with momentum, 20 steps on Fashion-MNIST:
-               the fetched weights and buffers equal a plain PyTorch loop's
-               (torch.optim.SGD), run on the same batches from the same
-               initial weights, within 1e-5 relative; the export loads into
+               worker, bsp, SGD with momentum and clip_grad_norm, 20 steps
+               on Fashion-MNIST: the fetched weights and buffers equal a
+               plain PyTorch loop's (torch.optim.SGD after
+               torch.nn.utils.clip_grad_norm_, which clips some of the
+               steps), run on the same batches from the same initial
+               weights, within 1e-5 relative; the export loads into
                a fresh module with strict=True, and PyTorch evaluating it
                measures the test loss and accuracy Tally reported;
   losses       loss: model (forward(x, y) returns the loss) and loss: mse
@@ -64,6 +66,7 @@ except ImportError as e:  # built without pybind11, or no python3-torch
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 STEPS, BATCH, LR, MOMENTUM, SEED = 20, 32, 0.05, 0.9, 3
+CLIP = 1.0  # the equivalence's clip_grad_norm
 
 RECORDER = '''
 import os as _os
@@ -177,7 +180,7 @@ class Cluster:
 
 
 def spec(tmp, model_file, build="make_model", loss="cross_entropy", steps=STEPS,
-         name="py"):
+         name="py", clip=0.0):
     path = f"{tmp}/{name}.yaml"
     with open(path, "w") as f:
         f.write(f"""name: {name}
@@ -186,25 +189,29 @@ model:
   loss: {loss}
 dataset: {{name: fashion-mnist}}
 training: {{epochs: 1, batch_size: {BATCH}, max_steps: {steps}, seed: {SEED}, workers: 1}}
-optimizer: {{type: sgd, lr: {LR}, momentum: {MOMENTUM}}}
+optimizer: {{type: sgd, lr: {LR}, momentum: {MOMENTUM}, clip_grad_norm: {clip}}}
 """)
     return path
 
 
-def reference(model_code, batches, labels_of):
-    """The plain PyTorch loop on the recorded batches."""
+def reference(model_code, batches, labels_of, clip=0.0):
+    """The plain PyTorch loop on the recorded batches (clipping the
+    gradient's norm to `clip` when set); the model, and the steps clipped."""
     ns = {}
     exec(compile(model_code, "model.py", "exec"), ns)
     torch.manual_seed(SEED)
     model = ns["make_model"]()
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    clipped = 0
     for x in batches:
         y = labels_of(x)
         opt.zero_grad()
         F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        if clip > 0:
+            clipped += float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)) > clip
         opt.step()
-    return model
+    return model, clipped
 
 
 def equivalence(cluster, tmp):
@@ -216,7 +223,7 @@ def equivalence(cluster, tmp):
     record = f"{tmp}/batches"
     os.mkdir(record)
     cluster.python_worker("pyworker", record=record)
-    job = cluster.client.submit(spec(tmp, model_file, build="make_recorded"))
+    job = cluster.client.submit(spec(tmp, model_file, build="make_recorded", clip=CLIP))
     job = cluster.client.wait(job.id, timeout=300)
     if job.state != pb.SUCCEEDED:
         fail(f"{job.id} {pb.JobState.Name(job.state)}: {job.message}\n"
@@ -234,7 +241,9 @@ def equivalence(cluster, tmp):
     def labels_of(x):
         keys = np.rint(x.reshape(len(x), -1) * 255).astype(np.uint8)
         return np.array([train_y[where[bytes(k)]] for k in keys])
-    model = reference(code, batches, labels_of)
+    model, clipped = reference(code, batches, labels_of, clip=CLIP)
+    if clipped == 0:
+        fail(f"no step's gradient was over clip_grad_norm {CLIP}: clipping untested")
     worst = 0.0
     for name, t in model.state_dict().items():
         got = fetched["inner." + name]
@@ -245,7 +254,7 @@ def equivalence(cluster, tmp):
             if t.numel() else 0.0
         worst = max(worst, err)
     print(f"equivalence: {len(fetched)} tensors (parameters and buffers), worst relative "
-          f"difference {worst:.2e}")
+          f"difference {worst:.2e}; {clipped} of {STEPS} steps clipped")
     if worst > 1e-5:
         fail(f"weights differ from the plain PyTorch loop by {worst:.2e} (relative)")
 

@@ -45,6 +45,9 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
     return bad("schedule.gamma", c.gamma, "a finite number > 0");
   if (!(c.min_lr >= 0.0 && c.min_lr <= c.lr))
     return bad("schedule.min_lr", c.min_lr, "in [0, lr]");
+  if (!(c.clip_grad_norm >= 0.0) || !std::isfinite(c.clip_grad_norm)) {
+    return bad("clip_grad_norm", c.clip_grad_norm, "a finite number >= 0");
+  }
   if (c.type == OptimizerType::kSgd) {
     if (!(c.momentum >= 0.0) || !std::isfinite(c.momentum)) {
       return bad("momentum", c.momentum, "a finite number >= 0");

@@ -46,6 +46,11 @@ struct OptimizerConfig {
   int64_t step_size = 1;
   double gamma = 0.1;
   double min_lr = 0.0;
+  // Gradient clipping by norm (0: off), applied by each worker before its
+  // push, not by the shards: its batch's mean gradient over the whole model
+  // is scaled to an L2 norm of at most this, as
+  // torch.nn.utils.clip_grad_norm_ does (docs/job-spec.md says why).
+  double clip_grad_norm = 0.0;
 };
 
 // The learning rate of optimizer step `step` (0-based) of `total_steps`

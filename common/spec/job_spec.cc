@@ -394,12 +394,12 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
     TALLY_RETURN_IF_ERROR(CheckKeys(
         n, p,
         {"type", "lr", "momentum", "dampening", "nesterov", "weight_decay",
-         "schedule"}));
+         "schedule", "clip_grad_norm"}));
   } else {
     TALLY_RETURN_IF_ERROR(CheckKeys(
         n, p,
         {"type", "lr", "betas", "beta1", "beta2", "eps", "weight_decay",
-         "schedule"}));
+         "schedule", "clip_grad_norm"}));
     // PyTorch's AdamW defaults to weight_decay 0.01.
     if (o->type == OptimizerType::kAdamW) o->weight_decay = 0.01;
     o->lr = 0.001;
@@ -412,6 +412,8 @@ absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {
   TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "beta1", &o->beta1));
   TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "beta2", &o->beta2));
   TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "eps", &o->eps));
+  TALLY_RETURN_IF_ERROR(
+      ReadDouble(n, p, "clip_grad_norm", &o->clip_grad_norm));
   if (const YAML::Node betas = n["betas"]) {
     if (!betas.IsSequence() || betas.size() != 2) {
       return FieldError("optimizer.betas", "must be a list of two numbers");
@@ -744,6 +746,13 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
   TALLY_RETURN_IF_ERROR(
       DescribeDataset(spec.dataset, &spec.input_shape, &spec.num_classes));
   TALLY_RETURN_IF_ERROR(ParseModel(root["model"], limits, &spec));
+  if (spec.optimizer.clip_grad_norm > 0 && !spec.is_python) {
+    // The native engine pushes each layer's gradient while backward still
+    // runs, before the norm is known.
+    return FieldError("optimizer.clip_grad_norm",
+                      "is for a Python model (model.python); the native "
+                      "engine does not clip");
+  }
   TALLY_RETURN_IF_ERROR(CheckModelFits(limits, &spec));
   return spec;
 }

@@ -185,6 +185,7 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
   job["code"] = spec.python.code;
   job["loss"] = LossName(spec.loss);
   job["seed"] = spec.training.seed;
+  job["clip_grad_norm"] = spec.optimizer.clip_grad_norm;
   job["batch_size"] = spec.training.batch_size;
   job["input_shape"] = std::vector<int64_t>(spec.input_shape.begin(),
                                             spec.input_shape.end());

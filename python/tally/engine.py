@@ -161,6 +161,7 @@ class TorchEngine:
         if job["loss"] not in LOSSES:
             raise ModelError(f"unknown loss {job['loss']}")
         self.loss = job["loss"]
+        self.clip = job.get("clip_grad_norm", 0.0)
         self._intra = torch.get_num_threads()  # as the worker set it
         self._seen_threads = set()
         self.devices = [torch.device(d) for d in job["devices"]] or [torch.device("cpu")]
@@ -268,6 +269,9 @@ class TorchEngine:
         # Reduce in rank order into replica 0's gradient, then to the host.
         for r in range(1, len(sizes)):
             self.grad_flats[0].add_(self.grad_flats[r].to(self.devices[0]))
+        if self.clip > 0:
+            # This worker's batch's gradient, as a plain loop clips it.
+            torch.nn.utils.clip_grad_norm_(self.models[0].parameters(), self.clip)
         if self.devices[0].type != "cpu":
             self.grads.copy_(self.grad_flats[0])
         return (sum(r[0] for r in results), sum(r[1] for r in results))
