@@ -85,16 +85,28 @@ std::string StateName(tally::v1::JobState s) {
   return tally::v1::JobState_Name(s);
 }
 
+// Whether the job's figures include an accuracy: a classifier's
+// (cross_entropy; a server that does not say is taken to be one).
+bool Classifies(const Job& j) {
+  return j.loss().empty() || j.loss() == "cross_entropy";
+}
+
 std::string Line(const Job& j) {
   const auto& m = j.metrics();
   std::string s = absl::StrFormat(
       "%-8s %-10s %-24s step %lld/%lld", j.id(), StateName(j.state()),
       j.name().empty() ? "-" : j.name(), static_cast<long long>(m.step()),
       static_cast<long long>(m.total_steps()));
-  if (m.step() > 0)
-    absl::StrAppendFormat(&s, "  loss %.4f  acc %.3f", m.loss(), m.accuracy());
+  if (m.step() > 0) {
+    absl::StrAppendFormat(&s, "  loss %.4f", m.loss());
+    if (Classifies(j)) absl::StrAppendFormat(&s, "  acc %.3f", m.accuracy());
+  }
   if (j.state() == tally::v1::SUCCEEDED) {
-    absl::StrAppendFormat(&s, "  test accuracy %.4f", m.test_accuracy());
+    if (Classifies(j)) {
+      absl::StrAppendFormat(&s, "  test accuracy %.4f", m.test_accuracy());
+    } else {
+      absl::StrAppendFormat(&s, "  test loss %.4f", m.test_loss());
+    }
   }
   if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
   return s;
@@ -132,11 +144,13 @@ std::string Progress(const Job& j) {
   constexpr int kWidth = 24;
   std::string bar(static_cast<int>(frac * kWidth), '#');
   bar.resize(kWidth, '.');
-  return absl::StrFormat(
-      "%s %s [%s] step %d/%d  epoch %d  loss %.4f  acc %.3f  %.0f samples/s  "
-      "workers %d",
-      j.id(), StateName(j.state()), bar, m.step(), m.total_steps(),
-      m.epoch() + 1, m.loss(), m.accuracy(), m.samples_per_sec(), m.workers()) +
+  return absl::StrFormat("%s %s [%s] step %d/%d  epoch %d  loss %.4f", j.id(),
+                         StateName(j.state()), bar, m.step(), m.total_steps(),
+                         m.epoch() + 1, m.loss()) +
+      (Classifies(j) ? absl::StrFormat("  acc %.3f", m.accuracy())
+                     : std::string()) +
+      absl::StrFormat("  %.0f samples/s  workers %d", m.samples_per_sec(),
+                      m.workers()) +
       (m.waiting_on().empty()
            ? std::string()
            : absl::StrFormat("  waiting %.0f s on %s", m.stalled_seconds(),
@@ -169,7 +183,12 @@ int Watch(tally::v1::JobService::Stub& stub, const std::string& id) {
   if (!s.ok()) return Report(s);
   std::printf("%s\n", Line(last).c_str());
   if (last.state() == tally::v1::SUCCEEDED) {
-    std::printf("final test accuracy: %.4f\n", last.metrics().test_accuracy());
+    if (Classifies(last)) {
+      std::printf("final test accuracy: %.4f\n",
+                  last.metrics().test_accuracy());
+    } else {
+      std::printf("final test loss: %.4f\n", last.metrics().test_loss());
+    }
     return 0;
   }
   return 1;

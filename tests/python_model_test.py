@@ -30,7 +30,8 @@
   cluster      the ResNet on two Python workers and two shard processes,
                one worker killed (SIGKILL) mid-job: a third takes its rank
                and the job SUCCEEDS;
-  capability   a C++ tally-worker is never given a Python model.
+  capability   a C++ tally-worker is never given a Python model; the C++
+               `tally submit` refuses one, naming the Python client.
 
 The model file records each training batch it sees (TALLY_RECORD), so the
 loop replays exactly the batches the worker's loader chose.
@@ -452,12 +453,26 @@ def make_model():
                 "nn.Linear(784, 10))\n")
     for path, loss in ((own, "model"), (mse, "mse")):
         job = cluster.client.submit(spec(tmp, path, loss=loss, steps=10, name=loss))
-        job = cluster.client.wait(job.id, timeout=120)
+        # Followed as it changes (Client.watch): steps go up, the last is
+        # the end.
+        seen = [(j.state, j.metrics.step) for j in cluster.client.watch(job.id, timeout=120)]
+        job = cluster.client.status(job.id)
+        if seen[-1] != (job.state, job.metrics.step) or \
+                [s for _, s in seen] != sorted(s for _, s in seen):
+            fail(f"watch of {job.id}: {seen}")
         m = job.metrics
-        if job.state != pb.SUCCEEDED or not m.test_loss > 0 or m.test_accuracy != 0:
+        if job.state != pb.SUCCEEDED or not m.test_loss > 0 or m.test_accuracy != 0 \
+                or job.loss != loss:
             fail(f"loss {loss}: {pb.JobState.Name(job.state)} test loss {m.test_loss} "
-                 f"accuracy {m.test_accuracy}: {job.message}")
-        print(f"loss {loss}: SUCCEEDED, test loss {m.test_loss:.4f}")
+                 f"accuracy {m.test_accuracy} loss {job.loss!r}: {job.message}")
+        # `tally status` shows the test loss, and no accuracy, for it.
+        line = subprocess.run([f"{BUILD}/client/tally", f"--server={cluster.server}",
+                               "status", job.id], capture_output=True, text=True,
+                              timeout=60).stdout
+        if "test loss" not in line or "acc" in line:
+            fail(f"tally status of a {loss} job: {line}")
+        print(f"loss {loss}: SUCCEEDED, test loss {m.test_loss:.4f}, watched through "
+              f"{len(seen)} updates; {line.strip()}")
 
 
 def errors(cluster, tmp):
@@ -569,12 +584,22 @@ def capability(cluster, tmp):
             fail(f"a Python job with only a C++ worker: {pb.JobState.Name(job.state)}: "
                  f"{job.message}")
         print(f"with a C++ worker only: PENDING: {job.message}")
+        # The C++ client sends the spec as written: refused, naming the
+        # Python client, which fills in the code and layout.
+        r = subprocess.run([f"{BUILD}/client/tally", f"--server={c.server}", "submit",
+                            spec(tmp, good, steps=5, name="cpp-client")],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or "python3 -m tally submit" not in r.stderr:
+            fail(f"tally submit of a Python model: {r.returncode}: {r.stdout}{r.stderr}")
+        print(f"tally submit (C++) of a Python model: {r.stderr.strip()}")
     finally:
         c.stop()
 
 
 def main():
-    only = set(sys.argv[2:])  # the phases named after BUILD_DIR; none: all
+    # The phases named after BUILD_DIR (none: all); losses and errors use
+    # the worker that equivalence starts.
+    only = set(sys.argv[2:])
     tmp = tempfile.mkdtemp(prefix="tally-pymodel-")
     cluster = Cluster(tmp)
     try:

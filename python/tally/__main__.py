@@ -37,10 +37,15 @@ def main(argv=None):
     print(job.id, flush=True)
     if not args.wait:
         return 0
-    job = c.wait(job.id)
+    for job in c.watch(job.id):
+        m = job.metrics
+        print(f"{job.id} {pb.JobState.Name(job.state)} step {m.step}/{m.total_steps} "
+              f"loss {m.loss:.4f} {m.samples_per_sec:.0f} samples/s", flush=True)
     m = job.metrics
+    accuracy = (f", accuracy {m.test_accuracy:.4f}"
+                if job.loss in ("", "cross_entropy") else "")
     print(f"{job.id} {pb.JobState.Name(job.state)} after {m.step} steps: test loss "
-          f"{m.test_loss:.4f}, accuracy {m.test_accuracy:.4f} {job.message}")
+          f"{m.test_loss:.4f}{accuracy} {job.message}")
     return 0 if job.state == pb.SUCCEEDED else 1
 
 

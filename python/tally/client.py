@@ -161,6 +161,22 @@ class Client:
                 return job
             time.sleep(poll)
 
+    def watch(self, job_id, timeout=24 * 3600):
+        """The job as it changes (WatchJob), from now until it has ended: a
+        generator of Job messages whose last one is terminal. A job that
+        ended already gives that one message."""
+        rpc = self._call("WatchJob", pb.WatchJobRequest, pb.Job, "unary_stream")
+        try:
+            for job in rpc(pb.WatchJobRequest(job_id=job_id), timeout=timeout,
+                           metadata=self.metadata):
+                yield job
+                if job.state in TERMINAL:
+                    return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            yield self.status(job_id)  # ended before the stream began
+
     def cancel(self, job_id):
         rpc = self._call("CancelJob", pb.CancelJobRequest, pb.Job)
         return rpc(pb.CancelJobRequest(job_id=job_id), timeout=self.timeout,
