@@ -5,7 +5,8 @@
 # namespace), train a job split over both shards to completion; the client
 # runs on the coordinator's host. The topology is docker-compose.yml's. Every
 # process speaks mTLS and the servers check tokens (certificates made here,
-# with the hosts' addresses).
+# with the hosts' addresses). Then a Python worker on a worker host trains
+# a Python model the same way.
 # Skips (77) where namespaces cannot be made (not root, no iproute2).
 #   multihost_test.sh BUILD_DIR
 set -euo pipefail
@@ -100,3 +101,35 @@ grep -q "assigned $id" "$dir/worker1.log" || fail "host1 took no part"
 grep -q "assigned $id" "$dir/worker2.log" || fail "host2 took no part"
 echo "$out" | tail -n 2
 echo "multihost: coordinator ${addrs[0]}, shards ${addrs[3]} and ${addrs[4]}, workers ${addrs[1]} and ${addrs[2]}: ok"
+
+# A Python worker on host 2 (where a C++ worker runs too): a Python model's
+# job goes to it alone, and its pushes and pulls cross the bridge over TCP
+# to both shards (memory is shared only with a worker on the shard's own
+# host), under the same mTLS and tokens. Where the binding was not built,
+# or PyTorch is missing, this part is skipped.
+if ! ls "$build"/python/tally/_native*.so > /dev/null 2>&1 ||
+  ! /usr/bin/python3 -c "import torch" 2> /dev/null; then
+  echo "multihost: no Python binding or PyTorch here: the Python worker part skipped"
+  exit 0
+fi
+export PYTHONPATH=$build/python
+ip netns exec "${hosts[2]}" /usr/bin/python3 -m tally.worker --server="$server" "${tls[@]}" \
+  --token_file="$c/worker.token" --devices=cpu:1 --name=pyhost > "$dir/pyworker.log" 2>&1 &
+pids+=($!)
+printf '%s\n' 'from torch import nn' '' '' 'def make_model():' \
+  '    return nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 4))' > "$dir/model.py"
+printf '%s\n' 'name: py-multihost' \
+  'model: {python: {file: model.py, build: make_model}}' \
+  'dataset: {name: synthetic, train_size: 2048, test_size: 256, features: 32, classes: 4, seed: 1}' \
+  'training: {epochs: 1, batch_size: 32, seed: 1, workers: 1, shards: 2}' \
+  'optimizer: {type: sgd, lr: 0.05}' > "$dir/py.yaml"
+out=$(ip netns exec "${hosts[0]}" /usr/bin/python3 -m tally submit "$dir/py.yaml" --server="$server" \
+  "${tls[@]}" --token_file="$c/admin.token" --wait) || fail "the Python model's job: $out"
+pyid=${out%%$'\n'*}
+grep -q "assigned $pyid" "$dir/pyworker.log" || fail "the Python worker did not train $pyid"
+if grep -q "assigned $pyid" "$dir/worker2.log"; then
+  fail "a C++ worker was given the Python model"
+fi
+grep -q "(2 parameter shards)" "$dir/pyworker.log" || fail "the Python job was not split over two shards"
+echo "$out" | tail -n 1
+echo "multihost: a Python worker on ${addrs[2]} trained a Python model over TCP: ok"

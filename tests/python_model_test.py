@@ -12,6 +12,9 @@
                measures the test loss and accuracy Tally reported;
   losses       loss: model (forward(x, y) returns the loss) and loss: mse
                train to the end and report a test loss, no accuracy;
+  directory    a model given as a directory (net.py importing a package
+               beside it), twice with modules of the same names: each job
+               gets its own;
   errors       a file that does not import, a missing build function, a
                module without parameters, an output the loss cannot take:
                refused at submit by the client; a model that raises at its
@@ -30,6 +33,8 @@
   cluster      the ResNet on two Python workers and two shard processes,
                one worker killed (SIGKILL) mid-job: a third takes its rank
                and the job SUCCEEDS;
+  shared       a Python worker (a Python model) and a C++ worker (layers)
+               at once on one shard: both map the memory it shares;
   capability   a C++ tally-worker is never given a Python model; the C++
                `tally submit` refuses one, naming the Python client.
 
@@ -186,7 +191,7 @@ def spec(tmp, model_file, build="make_model", loss="cross_entropy", steps=STEPS,
     with open(path, "w") as f:
         f.write(f"""name: {name}
 model:
-  python: {{file: {os.path.basename(model_file)}, build: {build}}}
+  python: {{file: {os.path.basename(model_file.rstrip('/'))}, build: {build}}}
   loss: {loss}
 dataset: {{name: fashion-mnist}}
 training: {{epochs: 1, batch_size: {BATCH}, max_steps: {steps}, seed: {SEED}, workers: 1}}
@@ -475,6 +480,31 @@ def make_model():
               f"{len(seen)} updates; {line.strip()}")
 
 
+def directory(cluster, tmp):
+    """A model given as a directory: its files import each other; a second
+    directory with modules of the same names gets its own, not the first
+    job's (the worker forgets a job's modules)."""
+    for name, hidden in (("pkg1", 16), ("pkg2", 24)):
+        root = f"{tmp}/{name}"
+        os.makedirs(f"{root}/parts", exist_ok=True)
+        with open(f"{root}/parts/__init__.py", "w") as f:
+            f.write("")
+        with open(f"{root}/parts/blocks.py", "w") as f:
+            f.write(f"from torch import nn\nHIDDEN = {hidden}\n"
+                    "def block(n_in, n_out):\n"
+                    "    return nn.Sequential(nn.Linear(n_in, HIDDEN), nn.ReLU(), "
+                    "nn.Linear(HIDDEN, n_out))\n")
+        with open(f"{root}/net.py", "w") as f:
+            f.write("from torch import nn\nfrom parts.blocks import block\n"
+                    "def make_model():\n    return nn.Sequential(nn.Flatten(), block(784, 10))\n")
+        path = spec(tmp, f"{root}/", build="net.make_model", steps=5, name=name)
+        job = cluster.client.wait(cluster.client.submit(path).id, timeout=120)
+        if job.state != pb.SUCCEEDED or job.num_params != 784 * hidden + hidden + hidden * 10 + 10:
+            fail(f"directory {name}: {pb.JobState.Name(job.state)} {job.num_params} "
+                 f"parameters: {job.message}")
+    print(f"a model directory: two of them, modules of the same names, SUCCEEDED")
+
+
 def errors(cluster, tmp):
     head = "import torch\nfrom torch import nn\n"
     expect_submit_error(cluster, tmp, "import no_such_module\n", "does not import")
@@ -559,6 +589,53 @@ def cluster_phase(tmp):
         c.stop()
 
 
+def shared_phase(tmp):
+    """A Python worker (a Python model) and a C++ worker (a model of
+    layers) train at once on one machine's one shard: both push and pull
+    through memory the shard shares (their processes map its region), the
+    Python worker through the same C++ client the C++ worker uses."""
+    c = Cluster(tmp)
+    try:
+        py = c.python_worker("pyshared")
+        small = f"{tmp}/small.py"
+        with open(small, "w") as f:
+            f.write("from torch import nn\ndef make_model():\n    return nn.Sequential("
+                    "nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))\n")
+        pyjob = c.client.submit(spec(tmp, small, steps=400, name="pyshared"))
+        for _ in range(300):
+            if c.client.status(pyjob.id).state != pb.PENDING:
+                break
+            time.sleep(0.1)
+        # Now only the C++ worker is free for the model of layers.
+        cpp = c.start("cppshared", [f"{BUILD}/worker/tally-worker", f"--server={c.server}",
+                                    "--devices=cpu:1", "--name=cppshared"])
+        with open(f"{tmp}/layers.yaml", "w") as f:
+            f.write("name: layers\nmodel: {layers: [flatten, {linear: {in_features: 784, "
+                    "out_features: 10}}]}\ndataset: {name: fashion-mnist}\n"
+                    "training: {epochs: 1, batch_size: 32, max_steps: 400, workers: 1}\n")
+        cppjob = c.client.submit(f"{tmp}/layers.yaml")
+        mapped = {"python": False, "c++": False}
+        while True:
+            for who, p in (("python", py), ("c++", cpp)):
+                try:
+                    with open(f"/proc/{p.pid}/maps") as f:
+                        mapped[who] |= "memfd:tally-shared" in f.read()
+                except OSError:
+                    pass
+            jobs = [c.client.status(j.id) for j in (pyjob, cppjob)]
+            if all(j.state in tally.client.TERMINAL for j in jobs):
+                break
+            time.sleep(0.05)
+        for j in jobs:
+            if j.state != pb.SUCCEEDED:
+                fail(f"{j.name}: {pb.JobState.Name(j.state)}: {j.message}")
+        if not all(mapped.values()):
+            fail(f"shared memory mapped by the workers: {mapped}")
+        print("a Python and a C++ worker on one shard: both through its shared memory")
+    finally:
+        c.stop()
+
+
 def capability(cluster, tmp):
     """A C++ worker alone: the Python job waits, saying why, untouched."""
     c = Cluster(tmp)
@@ -604,12 +681,12 @@ def main():
     cluster = Cluster(tmp)
     try:
         for name, phase in (("equivalence", equivalence), ("losses", losses),
-                            ("errors", errors)):
+                            ("directory", directory), ("errors", errors)):
             if not only or name in only:
                 phase(cluster, tmp)
         cluster.stop()
         for name, phase in (("ddp", ddp_phase), ("devices", devices_phase),
-                            ("cluster", cluster_phase)):
+                            ("cluster", cluster_phase), ("shared", shared_phase)):
             if not only or name in only:
                 phase(tmp)
         if not only or "capability" in only:

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -568,22 +569,58 @@ absl::Status ParsePythonAliases(const YAML::Node& aliases,
   return absl::OkStatus();
 }
 
-// model.python: {file, build, code, params, buffers, aliases}.
+// model.python.files: a directory's .py files, {relative path: text}, at
+// most 1,024 of them, their texts within max_model_bytes together.
+absl::Status ParsePythonFiles(const YAML::Node& files, const SpecLimits& limits,
+                              PythonModelSpec* py) {
+  const std::string p = "model.python.files";
+  if (!files) return absl::OkStatus();
+  if (!files.IsMap() || files.size() == 0 || files.size() > 1024) {
+    return FieldError(p, "must map 1 to 1,024 paths to their text");
+  }
+  int64_t total = 0;
+  for (const auto& kv : files) {
+    const std::string path = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    const bool inside = !path.empty() && path.size() <= 256 &&
+                        path.front() != '/' && absl::EndsWith(path, ".py") &&
+                        !absl::StrContains(absl::StrCat("/", path, "/"),
+                                           "/../");
+    if (!inside || !kv.second.IsScalar()) {
+      return FieldError(p, absl::StrCat("'", path.substr(0, 64),
+                                        "' is not a .py file's relative path "
+                                        "with its text"));
+    }
+    total += static_cast<int64_t>(kv.second.Scalar().size());
+    if (total > limits.max_model_bytes) {
+      return FieldError(p, absl::StrCat("over ", limits.max_model_bytes,
+                                        " bytes together (max_model_bytes)"));
+    }
+    py->files[path] = kv.second.Scalar();
+  }
+  return absl::OkStatus();
+}
+
+// model.python: {file, build, code | files, params, buffers, aliases}.
 absl::Status ParsePythonModel(const YAML::Node& n, const SpecLimits& limits,
                               JobSpec* spec) {
   const std::string p = "model.python";
   TALLY_RETURN_IF_ERROR(CheckKeys(
-      n, p, {"file", "build", "code", "params", "buffers", "aliases"}));
+      n, p, {"file", "build", "code", "files", "params", "buffers", "aliases"}));
   spec->is_python = true;
   PythonModelSpec& py = spec->python;
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "file", &py.file));
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "build", &py.build));
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "code", &py.code));
+  TALLY_RETURN_IF_ERROR(ParsePythonFiles(n["files"], limits, &py));
   if (py.build.empty() || py.build.size() > 256) {
     return FieldError(p + ".build", "must name the function that returns "
                                     "the module");
   }
-  if (py.code.empty()) {
+  if (!py.files.empty() && !py.code.empty()) {
+    return FieldError(p, "has code and files: one file's code, or a "
+                         "directory's files");
+  }
+  if (py.code.empty() && py.files.empty()) {
     return FieldError(
         p + ".code",
         absl::StrCat("is missing: submit with the Python client (python3 -m "

@@ -84,8 +84,11 @@ struct BufferInfo {
 // named_parameters() order), `buffers` and `aliases` at submission.
 struct PythonModelSpec {
   std::string file;                  // as the submitter named it
-  std::string build = "make_model";  // the function that returns the module
-  std::string code;
+  // The function that returns the module; for a directory,
+  // module.function (the module's path under it, dotted).
+  std::string build = "make_model";
+  std::string code;  // the file's text; or, for a directory:
+  std::map<std::string, std::string> files;  // its .py files by path
   std::vector<BufferInfo> buffers;
   int64_t buffer_bytes = 0;  // all of them
   // state_dict names that are another parameter's (tied weights): alias ->

@@ -183,6 +183,9 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
   job["file"] = spec.python.file;
   job["build"] = spec.python.build;
   job["code"] = spec.python.code;
+  py::dict files;
+  for (const auto& [path, text] : spec.python.files) files[py::str(path)] = text;
+  job["files"] = files;
   job["loss"] = LossName(spec.loss);
   job["seed"] = spec.training.seed;
   job["clip_grad_norm"] = spec.optimizer.clip_grad_norm;

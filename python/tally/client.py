@@ -71,6 +71,39 @@ def _check_forward(module, loss, shape, classes):
                          f"[2, {classes}] ({classes} classes)")
 
 
+def _read(where):
+    """A model file's text."""
+    try:
+        with open(where, "rb") as f:
+            code = f.read()
+    except OSError as e:
+        raise SubmitError(f"model.python.file: cannot read {where}: {e.strerror}")
+    if len(code) > MAX_MODEL_BYTES:
+        raise SubmitError(f"model.python.file: {where} is {len(code)} bytes, over the "
+                          f"limit of {MAX_MODEL_BYTES} (max_model_bytes)")
+    return code.decode("utf-8")
+
+
+def _pack(root):
+    """A model directory's .py files, {relative path: text}, in path
+    order (hidden directories and __pycache__ left out)."""
+    files, total = {}, 0
+    for d, dirs, names in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x != "__pycache__")
+        for name in sorted(names):
+            if not name.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(d, name), root).replace(os.sep, "/")
+            files[rel] = _read(os.path.join(d, name))
+            total += len(files[rel].encode("utf-8"))
+    if not files:
+        raise SubmitError(f"model.python.file: {root} holds no .py file")
+    if total > MAX_MODEL_BYTES:
+        raise SubmitError(f"model.python.file: {root}'s .py files are {total} bytes, over "
+                          f"the limit of {MAX_MODEL_BYTES} (max_model_bytes)")
+    return files
+
+
 def prepare_spec(path):
     """The spec at `path` as the coordinator takes it: a Python model's code
     and parameter layout filled in. Returns the spec's text (JSON)."""
@@ -80,30 +113,31 @@ def prepare_spec(path):
     if not isinstance(py, dict):
         with open(path) as f:
             return f.read()
-    from tally.engine import load_module, layout_of, state_of
+    from tally.engine import ModelFiles, load_module, layout_of, state_of
     file = py.get("file")
     if not file:
-        raise SubmitError("model.python.file: name the model's Python file")
+        raise SubmitError("model.python.file: name the model's Python file or directory")
     where = os.path.join(os.path.dirname(os.path.abspath(path)), file)
-    try:
-        with open(where, "rb") as f:
-            code = f.read()
-    except OSError as e:
-        raise SubmitError(f"model.python.file: cannot read {where}: {e.strerror}")
-    if len(code) > MAX_MODEL_BYTES:
-        raise SubmitError(f"model.python.file: {where} is {len(code)} bytes, over the "
-                          f"limit of {MAX_MODEL_BYTES} (max_model_bytes)")
-    code = code.decode("utf-8")
+    file = file.rstrip("/")
+    code, files = (None, _pack(where)) if os.path.isdir(where) else (_read(where), None)
     build = py.get("build", "make_model")
     seed = int((spec.get("training") or {}).get("seed", 0))
-    module = load_module(code, file, build, seed)
+    packed = ModelFiles(files) if files else None
+    try:
+        module = load_module(code, file, build, seed, files)
+    finally:
+        if packed is not None:
+            packed.close()
     layout = layout_of(module)
     if not layout:
         from tally.engine import ModelError
         raise ModelError("the module has no parameters to train")
     shape, classes = _sample_shape(spec.get("dataset") or {})
     _check_forward(module, model.get("loss", "cross_entropy"), shape, classes)
-    py["code"] = code
+    if files:
+        py["files"] = files
+    else:
+        py["code"] = code
     py["build"] = build
     py["params"] = [{"name": n, "shape": s} for n, s in layout]
     buffers, aliases = state_of(module)

@@ -26,7 +26,11 @@ the last step) into replica 0 (load_buffers), and pushes replica 0's
 after it (buffers).
 """
 import copy
+import importlib
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import traceback
 import types
@@ -52,20 +56,71 @@ def _cut(text, limit=2000):
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
-def load_module(code, file, build, seed):
-    """Runs the submitted file in a fresh module and calls its build
-    function under the job's seed; the module it returns."""
-    name = "tally_model"
-    mod = types.ModuleType(name)
-    mod.__file__ = file or "model.py"
-    try:
-        exec(compile(code, mod.__file__, "exec"), mod.__dict__)
-    except BaseException:  # noqa: B902 - the user's code may raise anything
-        raise ModelError(f"{mod.__file__} does not import:\n"
-                         + _cut(traceback.format_exc()))
-    fn = mod.__dict__.get(build)
+class ModelFiles:
+    """A model given as a directory (model.python.files: its .py files by
+    path): written under a directory of its own, which leads sys.path while
+    the job runs, so the files import each other as they do where they were
+    written (`import layers`, `from blocks import Block`, packages).
+    close() takes the directory and the modules imported from it away."""
+
+    def __init__(self, files):
+        self.root = tempfile.mkdtemp(prefix="tally-model-")
+        for path, text in files.items():
+            if os.path.isabs(path) or ".." in path.split("/"):
+                raise ModelError(f"model.python.files: {path} is outside the model")
+            where = os.path.join(self.root, path)
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            with open(where, "w", encoding="utf-8") as f:
+                f.write(text)
+        self._forget()  # another job's modules of the same names
+        sys.path.insert(0, self.root)
+        importlib.invalidate_caches()
+
+    def _forget(self):
+        for name, mod in list(sys.modules.items()):
+            where = getattr(mod, "__file__", None) or ""
+            if where.startswith(os.path.join(tempfile.gettempdir(), "tally-model-")):
+                del sys.modules[name]
+
+    def close(self):
+        if self.root in sys.path:
+            sys.path.remove(self.root)
+        self._forget()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _import(code, file, build, files):
+    """The build function: `build` in the file's code, or for a
+    directory, `module.function` (the module's path, dotted)."""
+    if files:
+        module_name, _, fn_name = build.rpartition(".")
+        if not module_name:
+            raise ModelError(f"model.python.build: name the function as module.function "
+                             f"(for {file}/net.py: net.make_model), not '{build}'")
+        where = f"{file}/{module_name.replace('.', '/')}.py"
+        try:
+            mod = importlib.import_module(module_name)
+        except BaseException:  # noqa: B902 - the user's code may raise anything
+            raise ModelError(f"{where} does not import:\n" + _cut(traceback.format_exc()))
+    else:
+        fn_name, where = build, file or "model.py"
+        mod = types.ModuleType("tally_model")
+        mod.__file__ = where
+        try:
+            exec(compile(code, mod.__file__, "exec"), mod.__dict__)
+        except BaseException:  # noqa: B902
+            raise ModelError(f"{where} does not import:\n" + _cut(traceback.format_exc()))
+    fn = getattr(mod, fn_name, None)
     if not callable(fn):
-        raise ModelError(f"{mod.__file__} has no function '{build}' (model.python.build)")
+        raise ModelError(f"{where} has no function '{fn_name}' (model.python.build)")
+    return fn
+
+
+def load_module(code, file, build, seed, files=None):
+    """Runs the submitted file (or imports the submitted directory's
+    module, whose ModelFiles must be in place) and calls its build function
+    under the job's seed; the module it returns."""
+    fn = _import(code, file, build, files)
     torch.manual_seed(seed)
     try:
         module = fn()
@@ -158,6 +213,7 @@ def _flat_views(module, flat, grads):
 
 class TorchEngine:
     def __init__(self, job):
+        self._files = None
         if job["loss"] not in LOSSES:
             raise ModelError(f"unknown loss {job['loss']}")
         self.loss = job["loss"]
@@ -165,7 +221,13 @@ class TorchEngine:
         self._intra = torch.get_num_threads()  # as the worker set it
         self._seen_threads = set()
         self.devices = [torch.device(d) for d in job["devices"]] or [torch.device("cpu")]
-        module = load_module(job["code"], job["file"], job["build"], job["seed"])
+        files = job.get("files") or {}
+        self._files = ModelFiles(files) if files else None
+        try:
+            module = load_module(job["code"], job["file"], job["build"], job["seed"], files)
+        except BaseException:
+            self.close()
+            raise
         check_layout(module, job["params"])
         buffers, _ = state_of(module)
         want = [(n, d, list(s)) for n, d, s in job.get("buffers", [])]
@@ -226,6 +288,15 @@ class TorchEngine:
             if e is not None:
                 raise e
         return results
+
+    def close(self):
+        """The job is over: a directory model's files go."""
+        if self._files is not None:
+            self._files.close()
+            self._files = None
+
+    def __del__(self):
+        self.close()
 
     @staticmethod
     def split(batch, replicas):

@@ -250,6 +250,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"schedule_step_without_size",
                 WithModel(kLinear8x3, "optimizer: {schedule: {type: step}}\n"),
                 "optimizer.schedule: type step needs step_size"},
+        BadCase{"python_code_and_files",
+                WithModel("  python: {code: x, files: {a.py: y}, params: "
+                          "[{name: w, shape: [3]}]}\n"),
+                "model.python: has code and files"},
+        BadCase{"python_file_outside",
+                WithModel("  python: {files: {../a.py: y}, params: "
+                          "[{name: w, shape: [3]}]}\n"),
+                "model.python.files: '../a.py' is not a .py file's relative "
+                "path"},
+        BadCase{"python_file_not_py",
+                WithModel("  python: {files: {a.txt: y}, params: "
+                          "[{name: w, shape: [3]}]}\n"),
+                "model.python.files: 'a.txt' is not a .py file's"},
         BadCase{"clip_negative",
                 WithModel("  python: {code: x, params: [{name: w, shape: [3]}]}\n",
                           "optimizer: {clip_grad_norm: -1}\n"),

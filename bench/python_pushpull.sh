@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Pushing and pulling a 67 MB model from the Python worker against the C++
+# worker: one linear layer of 4096 x 4096 (+ 4096 biases: 16,781,312
+# float32, 67.1 MB) on a synthetic dataset of 4096 features and classes,
+# batch 1, STEPS steps (default 100), bsp, one worker and tally-server on
+# this machine (the worker next to its shard; a range this big goes over
+# loopback TCP, past the shared-memory bound), one thread
+# per process. At batch 1 the layer's compute is two matrix-vector products
+# (a few ms); the rest of a step is the pull of 67 MB and the push of 67 MB.
+# The same model, as a job's layers on tally-worker (the native engine),
+# and as nn.Linear(4096, 4096) on python3 -m tally.worker (PyTorch, the
+# same C++ parameter client under pybind11), alternating runs, REPEATS of
+# each (default 3), medians of the job's own steps/s (steps over the
+# shards' training time, after the data is loaded).
+#   bench/python_pushpull.sh [REPEATS] [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repeats=${1:-3}
+steps=${2:-100}
+B=build
+[[ -f $B/python/tally/engine.py ]] || { echo "build first: deploy/build.sh --with-torch" >&2; exit 1; }
+. bench/lib.sh
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+export PYTHONPATH=$PWD/$B/python
+PY=/usr/bin/python3
+dataset="dataset: {name: synthetic, train_size: 4096, test_size: 64, features: 4096, classes: 4096, seed: 1}"
+training="training: {epochs: 1, batch_size: 1, max_steps: $steps, seed: 1, workers: 1}"
+printf '%s\n' "name: pushpull-cpp" \
+  "model: {layers: [{linear: {in_features: 4096, out_features: 4096}}]}" \
+  "$dataset" "$training" "optimizer: {type: sgd, lr: 0.01}" > "$tmp/cpp.yaml"
+printf '%s\n' "name: pushpull-python" "model: {python: {file: model.py, build: make_model}}" \
+  "$dataset" "$training" "optimizer: {type: sgd, lr: 0.01}" > "$tmp/python.yaml"
+printf '%s\n' "from torch import nn" "" "" "def make_model():" \
+  "    return nn.Linear(4096, 4096)" > "$tmp/model.py"
+
+run() {  # cpp|python -> steps/s
+  local kind=$1 port=7470
+  $B/server/tally-server --port=$port --lease_timeout_ms=10000 > "$tmp/server.log" 2>&1 &
+  pids=($!)
+  if [[ $kind == cpp ]]; then
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $B/worker/tally-worker --server=localhost:$port \
+      --devices=cpu:1 --name=w --quiet > "$tmp/worker.log" 2>&1 &
+  else
+    OMP_NUM_THREADS=1 $PY -m tally.worker --server=localhost:$port --devices=cpu:1 \
+      --name=w --quiet > "$tmp/worker.log" 2>&1 &
+  fi
+  pids+=($!)
+  local id
+  id=$($PY -m tally submit "$tmp/$kind.yaml" --server=localhost:$port | head -1)
+  $PY - "$port" "$id" <<'PYEOF'
+import sys, tally
+from tally import tally_pb2 as pb
+c = tally.Client(f"localhost:{sys.argv[1]}")
+job = c.wait(sys.argv[2], timeout=1800)
+assert job.state == pb.SUCCEEDED, (pb.JobState.Name(job.state), job.message)
+print(job.metrics.step / job.metrics.train_seconds)
+PYEOF
+  kill "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+  pids=()
+}
+
+: > "$tmp/cpp.sps"
+: > "$tmp/python.sps"
+for ((r = 0; r < repeats; r++)); do
+  run cpp >> "$tmp/cpp.sps"
+  run python >> "$tmp/python.sps"
+done
+c=$(median < "$tmp/cpp.sps")
+p=$(median < "$tmp/python.sps")
+printf "%-44s %10s %10s %8s\n" "67 MB model, batch 1, $steps steps" "Python" "C++" "ratio"
+printf "%-44s %10.2f %10.2f %8.3f\n" "steps/s (pull 67 MB + step + push 67 MB)" "$p" "$c" "$(ratio "$p" "$c")"
+printf "%-44s %10.1f %10.1f\n" "ms per step" "$(awk -v s="$p" 'BEGIN{print 1000/s}')" \
+  "$(awk -v s="$c" 'BEGIN{print 1000/s}')"
