@@ -10,8 +10,12 @@
 # The same model, as a job's layers on tally-worker (the native engine),
 # and as nn.Linear(4096, 4096) on python3 -m tally.worker (PyTorch, the
 # same C++ parameter client under pybind11), alternating runs, REPEATS of
-# each (default 3), medians of the job's own steps/s (steps over the
-# shards' training time, after the data is loaded).
+# each (default 3), medians: the job's own steps/s (steps over the shards'
+# training time, after the data is loaded), and the worker's own figures
+# per step as it reports them while it trains (`tally status`'s table):
+# its compute, and the time it waits for its pull and its push, which is
+# what pushing and pulling costs it. The ratio on that line is the C++
+# worker's time over the Python worker's: its speed relative to C++.
 #   bench/python_pushpull.sh [REPEATS] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,12 +55,22 @@ run() {  # cpp|python -> steps/s
   local id
   id=$($PY -m tally submit "$tmp/$kind.yaml" --server=localhost:$port | head -1)
   $PY - "$port" "$id" <<'PYEOF'
-import sys, tally
+import statistics, sys, time, tally
 from tally import tally_pb2 as pb
 c = tally.Client(f"localhost:{sys.argv[1]}")
-job = c.wait(sys.argv[2], timeout=1800)
+compute, data = [], []
+while True:
+    job = c.status(sys.argv[2])
+    if job.state in tally.client.TERMINAL:
+        break
+    if job.metrics.step > 10 and job.metrics.progress:
+        p = job.metrics.progress[0]  # the worker's smoothed figures per step
+        compute.append(p.compute_seconds)
+        data.append(p.wait_seconds + p.push_seconds)
+    time.sleep(0.5)
 assert job.state == pb.SUCCEEDED, (pb.JobState.Name(job.state), job.message)
-print(job.metrics.step / job.metrics.train_seconds)
+print(job.metrics.step / job.metrics.train_seconds, 1000 * statistics.median(compute),
+      1000 * statistics.median(data))
 PYEOF
   kill "${pids[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
@@ -69,9 +83,10 @@ for ((r = 0; r < repeats; r++)); do
   run cpp >> "$tmp/cpp.sps"
   run python >> "$tmp/python.sps"
 done
-c=$(median < "$tmp/cpp.sps")
-p=$(median < "$tmp/python.sps")
+col() { awk -v k="$2" '{print $k}' "$tmp/$1.sps" | median; }
 printf "%-44s %10s %10s %8s\n" "67 MB model, batch 1, $steps steps" "Python" "C++" "ratio"
-printf "%-44s %10.2f %10.2f %8.3f\n" "steps/s (pull 67 MB + step + push 67 MB)" "$p" "$c" "$(ratio "$p" "$c")"
-printf "%-44s %10.1f %10.1f\n" "ms per step" "$(awk -v s="$p" 'BEGIN{print 1000/s}')" \
-  "$(awk -v s="$c" 'BEGIN{print 1000/s}')"
+printf "%-44s %10.2f %10.2f %8.3f\n" "steps/s" "$(col python 1)" "$(col cpp 1)" \
+  "$(ratio "$(col python 1)" "$(col cpp 1)")"
+printf "%-44s %10.1f %10.1f\n" "compute ms per step (the engine)" "$(col python 2)" "$(col cpp 2)"
+printf "%-44s %10.1f %10.1f %8.3f\n" "push+pull ms per step (speed ratio)" "$(col python 3)" \
+  "$(col cpp 3)" "$(ratio "$(col cpp 3)" "$(col python 3)")"

@@ -4,9 +4,12 @@
 batch 64 per process, SGD(lr 0.05, momentum 0.9), normalised Fashion-MNIST,
 STEPS steps per process: --procs 1 is a plain training loop,
 --procs 2 DistributedDataParallel (gloo, broadcast_buffers=True) with the
-data split across the processes. The clock starts after the data is loaded
-and the model built. Prints {"samples_per_sec", "train_seconds"} (all
-processes together).
+data split across the processes. With --rank, this process is that one
+rank of --procs, its peers started elsewhere (one per network namespace:
+--master is rank 0's address, GLOO_SOCKET_IFNAME the interface). The clock
+starts after the data is loaded and the model built (a barrier, so every
+rank has). Prints {"samples_per_sec", "train_seconds"} (all processes
+together), from rank 0.
 """
 import argparse
 import json
@@ -34,7 +37,7 @@ def make_model(seed):
 def train(rank, args, queue):
     torch.set_num_threads(1)
     if args.procs > 1:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_ADDR"] = args.master
         os.environ["MASTER_PORT"] = str(args.port)
         dist.init_process_group("gloo", rank=rank, world_size=args.procs)
     x = normalize(load_idx(f"{args.root}/train-images-idx3-ubyte.gz", 0x803))
@@ -73,10 +76,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--port", type=int, default=29541)
+    ap.add_argument("--rank", type=int, default=-1, help="run this rank alone")
+    ap.add_argument("--master", default="127.0.0.1", help="rank 0's address")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    if args.procs == 1:
+    if args.rank >= 0:
+        train(args.rank, args, queue)
+        if args.rank > 0:
+            return
+    elif args.procs == 1:
         train(0, args, queue)
     else:
         mp.spawn(train, args=(args, queue), nprocs=args.procs, join=True)

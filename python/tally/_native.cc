@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/device.h"
+#include "common/malloc_tuning.h"
 #include "common/spec/job_spec.h"
 #include "proto/errors.h"
 #include "proto/transport_flags.h"
@@ -223,6 +224,9 @@ class Worker {
          const std::string& tls_cert, const std::string& tls_key,
          const std::string& token_file, bool verbose)
       : factory_(std::move(factory)) {
+    // As tally-worker's main does, and above the largest gradient PyTorch
+    // allocates per step for the models Tally trains (common/malloc_tuning.h).
+    TuneMallocForBulkTransfers(256 << 20);
     options_.server = server;
     options_.name = name;
     options_.verbose = verbose;

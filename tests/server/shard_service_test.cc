@@ -1,7 +1,7 @@
 // A shard process's ShardService over a real socket: a range's state far
 // larger than the 4 MiB message limit goes in (InstallRange, streamed) and
 // comes back out (SaveRange) unchanged, as when a lost shard's job is
-// placed again from its checkpoint.
+// placed again from its checkpoint; a Python model's buffer region with it.
 #include "server/data/shard_service.h"
 
 #include <vector>
@@ -118,6 +118,59 @@ TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
               testing::StatusIs(absl::StatusCode::kInvalidArgument,
                                 ::testing::HasSubstr("weights")));
   EXPECT_EQ((*server)->shard_host()->Find("job-9")->map_version, 5);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// A Python model's buffer region rides with its first range's state: in
+// with an install, out with a save (a checkpoint, a move to another shard);
+// one that does not fit the model is refused.
+TEST(ShardServiceTest, TheBufferRegionGoesInAndComesBackWithTheFirstRange) {
+  ServerOptions o;
+  o.join = "127.0.0.1:1";
+  auto server = TallyServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardControl> shard = MakeRemoteShardControl(
+      absl::StrCat("127.0.0.1:", (*server)->port()), TransportOptions{});
+  v1::InstallRangeRequest req;
+  req.set_job_id("job-3");
+  req.set_spec(R"(
+name: py
+model: {python: {file: m.py, code: x, params: [{name: fc.weight, shape: [2, 4]}],
+        buffers: [{name: bn.num_batches_tracked, dtype: I64, shape: []},
+                  {name: bn.running_mean, dtype: F32, shape: [2]}]}}
+dataset: {name: synthetic, features: 4, classes: 2, train_size: 64}
+training: {workers: 1}
+)");
+  req.set_map_version(1);
+  req.set_offset(0);
+  req.set_count(8);
+  req.mutable_schedule()->set_train_size(64);
+  req.mutable_schedule()->set_steps_per_epoch(2);
+  req.mutable_schedule()->set_total_steps(2);
+  const std::vector<float> w(8, 0.5f);
+  const std::string region("\x07\0\0\0\0\0\0\0\0\0\x80?\0\0\0@", 16);
+  req.mutable_state()->set_version(1);
+  req.mutable_state()->set_weights(w.data(), 4 * w.size());
+  req.mutable_state()->set_buffers(region);
+  TALLY_ASSERT_OK(shard->Install(req));
+  absl::StatusOr<ShardState> saved =
+      shard->Save("job-3", 1, 1, 8, absl::Seconds(5), /*weights_only=*/true);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_NE(saved->buffers, nullptr);
+  EXPECT_EQ(*saved->buffers, region);
+  // Buffers of another size, or on a range that does not start the vector.
+  req.set_map_version(2);
+  req.mutable_state()->set_buffers(region.substr(0, 8));
+  EXPECT_THAT(shard->Install(req),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("buffers do not fit")));
+  req.mutable_state()->set_buffers(region);
+  req.set_offset(4);
+  req.set_count(4);
+  req.mutable_state()->set_weights(w.data(), 16);
+  EXPECT_THAT(shard->Install(req),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("buffers do not fit")));
   (*server)->Shutdown(absl::Seconds(1));
 }
 
