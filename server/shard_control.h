@@ -150,7 +150,7 @@ v1::MemberProgress ToProto(const MemberProgress& m);
 // RangeStateCodec: the one conversion between a range's state and the
 // wire's v1::RangeState, used by every install, save and checkpoint of a
 // range. The record is the version, the counters, the optimizer's step and
-// the buffer region (a few MiB at most: ParseJobSpec's max_buffer_bytes);
+// the buffer region (1 MiB at most: ParseJobSpec's max_buffer_bytes);
 // the tensors are the weights and each optimizer slot, `count` float32
 // values each. Streams send the record in their first message and the
 // tensors as parts (part 0 the weights, part k the slot k - 1).

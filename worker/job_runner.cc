@@ -425,10 +425,10 @@ std::shared_ptr<Work> JobRunner::StartPull(int64_t clock) {
   // its last step (bsp, ssp) a worker waits for the final weights.
   const bool sync = spec_.training.consistency.mode != ConsistencyMode::kAsync;
   const int64_t at_least = sync && clock >= end_version_ ? end_version_ : 0;
-  pulled_buffers_.clear();
+  if (buffers_on_) pulled_buffers_ = std::make_shared<std::string>();
   return client_->Pull(at_least, engine_->params(),
                        commit_.has_value() ? &*commit_ : nullptr, clock,
-                       buffers_on_ ? &pulled_buffers_ : nullptr);
+                       pulled_buffers_);
 }
 
 void JobRunner::Abandon(const std::shared_ptr<Work>& pull) {
@@ -529,7 +529,7 @@ void JobRunner::SeekLoader(int64_t step) {
 // layer's gradient once backward has produced it.
 StepHooks JobRunner::HooksFor(int64_t step, StepWork& work) {
   StepHooks hooks;
-  if (buffers_on_) hooks.buffers = &pulled_buffers_;
+  hooks.buffers = pulled_buffers_.get();
   if (work.pull != nullptr) {
     hooks.params_ready = [&work](int64_t b, int64_t e) {
       const absl::Time t0 = absl::Now();
@@ -608,8 +608,8 @@ PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) {
 absl::Status JobRunner::Finish(int64_t version) {
   // Evaluated (and reported) with the job's buffer region, which the last
   // pull brought: what the export holds.
-  if (!pulled_buffers_.empty()) {
-    if (absl::Status s = engine_->LoadBuffers(pulled_buffers_); !s.ok())
+  if (pulled_buffers_ != nullptr && !pulled_buffers_->empty()) {
+    if (absl::Status s = engine_->LoadBuffers(*pulled_buffers_); !s.ok())
       return Refuse(s);
   }
   absl::StatusOr<StepStats> test = engine_->Evaluate(data_->test);

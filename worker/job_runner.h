@@ -226,11 +226,12 @@ class JobRunner {
   };
   std::optional<HeldPush> held_;
   // A Python model with buffers (DDP's broadcast_buffers): each pull
-  // brings the job's buffer region into pulled_buffers_ (emptied first;
-  // empty while the region is), loaded before the step's forward pass;
-  // each push carries the engine's buffers after it.
+  // brings the job's buffer region into a string of its own (empty while
+  // the region is), pulled_buffers_ the last one started (the pull a step
+  // uses), loaded before the step's forward pass; each push carries the
+  // engine's buffers after it.
   bool buffers_on_ = false;
-  std::string pulled_buffers_;
+  std::shared_ptr<std::string> pulled_buffers_;
   std::string pushed_buffers_;
   absl::Duration backoff_ = absl::Milliseconds(100);
   absl::Time last_log_ = absl::Now();

@@ -471,9 +471,9 @@ class PullDecoder {
   // `buffers` (may be null): where the buffer region goes, if the shard
   // sends one (the range at offset 0 of a Python model).
   PullDecoder(float* params, int64_t num_params, int64_t offset,
-              int64_t count, std::string* buffers)
+              int64_t count, std::shared_ptr<std::string> buffers)
       : params_(params),
-        buffers_(buffers),
+        buffers_(std::move(buffers)),
         num_params_(num_params),
         offset_(offset),
         count_(count),
@@ -529,8 +529,8 @@ class PullDecoder {
   }
 
  private:
-  float* params_;         // borrowed: the whole flat vector
-  std::string* buffers_;  // borrowed; may be null
+  float* params_;  // borrowed: the whole flat vector
+  const std::shared_ptr<std::string> buffers_;  // may be null
   const int64_t num_params_, offset_, count_;
   int64_t received_ = 0;
   int64_t version_ = -1;
@@ -682,11 +682,11 @@ class PullCall final
            std::shared_ptr<internal::InFlightCalls> in_flight,
            internal::RawStub* stub, const ParamClientOptions& o,
            const v1::PullRequest& req, float* params, int64_t num_params,
-           int64_t offset, int64_t count, std::string* buffers)
+           int64_t offset, int64_t count, std::shared_ptr<std::string> buffers)
       : work_(std::move(work)),
         in_flight_(std::move(in_flight)),
         part_(part),
-        decoder_(params, num_params, offset, count, buffers) {
+        decoder_(params, num_params, offset, count, std::move(buffers)) {
     ctx_.set_deadline(
         absl::ToChronoTime(absl::Now() + o.pull_wait + o.rpc_timeout));
     grpc::Slice slice(req.SerializeAsString());
@@ -1183,11 +1183,12 @@ class PullOp final : public StreamOp {
   // null); `ask`: the pull asks for one.
   PullOp(std::shared_ptr<internal::ShardWork> work, int part,
          v1::PullRequest req, float* params, int64_t num_params, int64_t offset,
-         int64_t count, std::string* buffers, grpc::ClientContext* ctx,
+         int64_t count, std::shared_ptr<std::string> buffers,
+         grpc::ClientContext* ctx,
          std::unique_ptr<SharedPart> shared, bool ask)
       : work_(std::move(work)),
         part_(part),
-        decoder_(params, num_params, offset, count, buffers),
+        decoder_(params, num_params, offset, count, std::move(buffers)),
         ctx_(ctx),
         shared_(std::move(shared)) {
     if (ask) req.set_offer_shared_memory(true);
@@ -1375,7 +1376,7 @@ void ParameterClient::OnStream(Shard& s, internal::ShardWork* work, int part,
 std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
                                             const v1::StepCommit* commit,
                                             int64_t clock,
-                                            std::string* buffers) {
+                                            std::shared_ptr<std::string> buffers) {
   auto work = std::make_shared<internal::ShardWork>(num_shards(),
                                                     options_.mixed_versions);
   const v1::PullRequest req =
@@ -1385,7 +1386,7 @@ std::shared_ptr<Work> ParameterClient::Pull(int64_t min_version, float* params,
   }
   for (int i = 0; i < num_shards(); ++i) {
     Shard& s = shards_[i];
-    std::string* region = s.offset == 0 ? buffers : nullptr;
+    std::shared_ptr<std::string> region = s.offset == 0 ? buffers : nullptr;
     if (!options_.exchange) {
       in_flight_->Add();
       new PullCall(work, i, in_flight_, s.stub.get(), options_, req, params,

@@ -213,12 +213,14 @@ class ParameterClient {
   // `clock` (>= 0), each shard also waits as the job's consistency rule
   // says for a worker about to compute that step (PullRequest.clock).
   // With `buffers`, the buffer region the shard at offset 0 sends with the
-  // weights (PullResponse.buffers) is written there; left as it is when
-  // that shard sends none. Borrowed as `params` is.
+  // weights (PullResponse.buffers) is written there, before the range's
+  // first values arrive (WaitRange); left as it is when that shard sends
+  // none. Held by the pull (a cancelled one may still write it): give each
+  // pull its own.
   std::shared_ptr<Work> Pull(int64_t min_version, float* params,
                              const v1::StepCommit* commit = nullptr,
                              int64_t clock = -1,
-                             std::string* buffers = nullptr);
+                             std::shared_ptr<std::string> buffers = nullptr);
   // Pushes grads[0, num_params) (unused when info.samples == 0), each shard
   // its range, for step info.step computed from version info.base_version
   // (-1: from version info.step). With `feed`, nothing of the gradient is

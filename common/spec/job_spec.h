@@ -155,7 +155,9 @@ struct SpecLimits {
   // A Python model's parameter tensors, and its buffers' bytes (a report
   // carries them: within the control plane's 4 MiB messages).
   int64_t max_model_tensors = 65536;
-  int64_t max_buffer_bytes = 3 << 20;
+  // With the spec (max_spec_bytes), within one 4 MiB message: a range's
+  // install carries both (its buffer region).
+  int64_t max_buffer_bytes = 1 << 20;
   int64_t max_layers = 1024;
   int64_t max_params = int64_t{1} << 28;  // 268M float32 values: 1 GiB
   // Elements of one sample's largest activation (an image, a feature map).

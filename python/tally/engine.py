@@ -65,21 +65,44 @@ class ModelFiles:
 
     def __init__(self, files):
         self.root = tempfile.mkdtemp(prefix="tally-model-")
-        for path, text in files.items():
-            if os.path.isabs(path) or ".." in path.split("/"):
-                raise ModelError(f"model.python.files: {path} is outside the model")
-            where = os.path.join(self.root, path)
-            os.makedirs(os.path.dirname(where), exist_ok=True)
-            with open(where, "w", encoding="utf-8") as f:
-                f.write(text)
-        self._forget()  # another job's modules of the same names
+        try:
+            for path, text in files.items():
+                if os.path.isabs(path) or ".." in path.split("/"):
+                    raise ModelError(f"model.python.files: {path} is outside the model")
+                where = os.path.join(self.root, path)
+                os.makedirs(os.path.dirname(where), exist_ok=True)
+                with open(where, "w", encoding="utf-8") as f:
+                    f.write(text)
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
+        # Modules of these names imported before (another job's, closed;
+        # or anything else's) are not this model's.
+        for name in self._names(files):
+            sys.modules.pop(name, None)
         sys.path.insert(0, self.root)
         importlib.invalidate_caches()
 
+    @staticmethod
+    def _names(files):
+        """The module and package names the files define."""
+        names = set()
+        for path in files:
+            parts = path[:-len(".py")].split("/")
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            for i in range(1, len(parts) + 1):
+                names.add(".".join(parts[:i]))
+        return names
+
     def _forget(self):
+        """Takes the modules imported from this directory away."""
+        inside = self.root + os.sep
         for name, mod in list(sys.modules.items()):
-            where = getattr(mod, "__file__", None) or ""
-            if where.startswith(os.path.join(tempfile.gettempdir(), "tally-model-")):
+            spec = getattr(mod, "__spec__", None)
+            places = [getattr(mod, "__file__", None) or ""]
+            places += list(getattr(spec, "submodule_search_locations", None) or [])
+            if any(str(p).startswith(inside) for p in places):
                 del sys.modules[name]
 
     def close(self):
@@ -224,10 +247,14 @@ class TorchEngine:
         files = job.get("files") or {}
         self._files = ModelFiles(files) if files else None
         try:
-            module = load_module(job["code"], job["file"], job["build"], job["seed"], files)
+            self._build(job, files)
         except BaseException:
             self.close()
             raise
+
+    def _build(self, job, files):
+        """The module and its replicas, checked against the job's layout."""
+        module = load_module(job["code"], job["file"], job["build"], job["seed"], files)
         check_layout(module, job["params"])
         buffers, _ = state_of(module)
         want = [(n, d, list(s)) for n, d, s in job.get("buffers", [])]
@@ -249,12 +276,7 @@ class TorchEngine:
             self.flats.append(flat)
             self.grad_flats.append(grad)
         self.models = models
-        # Each replica's buffer tensors, in the job's order.
-        self._buffers = []
-        for model in models:
-            state = model.state_dict(keep_vars=True)
-            self._buffers.append([state[n] for n in self.buffer_names])
-        self.buffer_bytes = sum(t.numel() * t.element_size() for t in self._buffers[0])
+        self.buffer_bytes = sum(t.numel() * t.element_size() for t in self._buffers_of(0))
         # What the native side reads and writes: host memory.
         if self.devices[0].type == "cpu":
             self.params, self.grads = self.flats[0], self.grad_flats[0]
@@ -289,6 +311,12 @@ class TorchEngine:
                 raise e
         return results
 
+    def _buffers_of(self, r):
+        """Replica r's buffer tensors, in the job's order, as the module
+        holds them now (a module may assign a buffer anew)."""
+        state = self.models[r].state_dict(keep_vars=True)
+        return [state[n] for n in self.buffer_names]
+
     def close(self):
         """The job is over: a directory model's files go."""
         if self._files is not None:
@@ -296,7 +324,10 @@ class TorchEngine:
             self._files = None
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit, os may be gone
+            pass
 
     @staticmethod
     def split(batch, replicas):
@@ -323,8 +354,8 @@ class TorchEngine:
                 if r > 0 or self.devices[0].type != "cpu":
                     self.flats[r].copy_(self.params, non_blocking=True)
                 self.grad_flats[r].zero_()
-                for mine, first in zip(self._buffers[r], self._buffers[0]):
-                    if r > 0:
+                if r > 0 and self.buffer_names:
+                    for mine, first in zip(self._buffers_of(r), self._buffers_of(0)):
                         mine.copy_(first, non_blocking=True)
         steps = [_Step(self.models[r], self.loss, batch) for r in range(len(sizes))]
         inputs = [(xs.to(d, non_blocking=True), ys.to(d, non_blocking=True))
@@ -366,11 +397,12 @@ class TorchEngine:
             raise ModelError(f"the job's buffers are {len(data)} bytes, the module's "
                              f"{self.buffer_bytes}")
         raw, at = bytearray(data), 0
-        for t in self._buffers[0]:
+        for t in self._buffers_of(0):
             n = t.numel() * t.element_size()
             if n == 0:
                 continue
-            src = torch.frombuffer(raw, dtype=torch.uint8, count=n, offset=at)
+            # A copy of its own: aligned for the tensor's dtype.
+            src = torch.frombuffer(raw, dtype=torch.uint8, count=n, offset=at).clone()
             t.copy_(src.view(t.dtype).view(t.shape).to(t.device))
             at += n
 

@@ -191,9 +191,8 @@ void ParameterShard::KeepBuffersLocked(const PushMeta& meta) {
 void ParameterShard::TakeBuffersLocked(const std::vector<Member*>& required) {
   if (buffer_bytes_ == 0) return;
   for (Member* m : required) {
-    const bool counted =
-        m->committed_step > version_ ||
-        (m->committed_step == version_ && !m->last_refused);
+    // A push that counts as nothing had its buffers dropped with it.
+    const bool counted = m->committed_step >= version_;
     auto it = m->buffers.find(version_);
     if (counted && it != m->buffers.end()) {
       buffers_ = it->second;
@@ -263,6 +262,7 @@ void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members,
         ReleaseLocked(std::move(it->second.grads));
         m.staged.erase(it);
       }
+      if (spec.last_refused) m.buffers.erase(spec.leave_step - 1);
       m.committed_step = spec.leave_step - 1;
       m.last_refused = spec.last_refused;
     }
@@ -607,7 +607,6 @@ absl::Status ParameterShard::AcceptLocked(
     return absl::InvalidArgumentError("a push with samples needs a gradient");
   }
   Member& m = members_.at(meta.worker_id);
-  KeepBuffersLocked(meta);
   if (meta.samples > 0 && StreamedLocked()) {
     // A whole push in a streamed sum: kept until its turn comes.
     if (m.committed_step >= meta.step) {
@@ -615,6 +614,7 @@ absl::Status ParameterShard::AcceptLocked(
       return absl::InvalidArgumentError(
           absl::StrCat("a push of step ", meta.step, " after its commit"));
     }
+    KeepBuffersLocked(meta);
     DropPartLocked(meta.worker_id, ready);
     RestartIfLateLocked(meta.worker_id, ready);
     SumPart& part = parts_[meta.worker_id];
@@ -631,6 +631,7 @@ absl::Status ParameterShard::AcceptLocked(
     ProgressLocked(ready);
     return absl::OkStatus();
   }
+  KeepBuffersLocked(meta);
   m.pushed_step = meta.step;
   Staged& st = m.staged[meta.step];
   ReleaseLocked(std::move(st.grads));
@@ -710,6 +711,7 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
         ReleaseLocked(std::move(it->second.grads));
         m.staged.erase(it);
       }
+      if (!contributed) m.buffers.erase(step);
       m.committed_step = step;
       m.last_refused = !contributed;
       if (StreamedLocked()) {
@@ -739,6 +741,7 @@ void ParameterShard::Reject(const PushMeta& meta) {
       ReleaseLocked(std::move(it->second.grads));
       m.staged.erase(it);
     }
+    m.buffers.erase(meta.step);
     m.pushed_step = std::max(m.pushed_step, meta.step);
     if (StreamedLocked() && meta.step == version_) {
       DropPartLocked(meta.worker_id, &ready);
@@ -767,6 +770,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
         samples = st.samples;
       } else {
         ++rejected_;
+        st.buffers.reset();  // not applied: nor are its buffers
       }
     }
     if (st.buffers != nullptr) {
@@ -821,13 +825,14 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
       it = m.staged.erase(it);
     }
   }
-  TakeBuffersLocked(required);
   if (samples > 0 && !ScaleFinite(sum, 1.0f / samples, num_params_)) {
     // The step's mean is not finite: it is not applied (the weights stay
     // as they are), and it is counted with the refused pushes.
     ++rejected_;
     samples = 0;
+    for (Member* m : required) m->buffers.erase(version_);  // nor its buffers
   }
+  TakeBuffersLocked(required);
   AdvanceLocked(samples, loss, correct, samples > 0 ? sum : nullptr);
   ReleaseLocked(std::move(staged_sum));  // sum_ stays for the next step
   // Members whose last step this was are done here.

@@ -317,6 +317,47 @@ TEST_F(ShardTest, TheBufferRegionIsTheLowestCountedRanksBuffers) {
   EXPECT_EQ(*back, "bbbb");
 }
 
+// ssp: a member may commit a step as nothing (refused on some shard) and go
+// on to the next before the first closes; the refused push's buffers are
+// not the region's.
+TEST(ShardBuffersTest, SspNeverTakesARefusedPushsBuffers) {
+  FakeClock clock;
+  OptimizerConfig c;
+  auto shard = std::make_unique<ParameterShard>(
+      std::vector<float>{1, 2}, *Optimizer::Create(c, 2), &clock);
+  ConsistencySpec ssp;
+  ssp.mode = ConsistencyMode::kSsp;
+  ssp.staleness = 1;
+  shard->SetConsistency(ssp);
+  shard->SetBufferBytes(1);
+  shard->AddMember("a", 1);  // rank 0
+  shard->AddMember("b", 1);  // rank 1
+  std::vector<float> g = {1, 1};
+  auto push = [&](const std::string& w, int64_t step, const char* bytes,
+                  bool contributed) {
+    PushMeta m;
+    m.worker_id = w;
+    m.incarnation = 1;
+    m.step = step;
+    m.base_version = 0;
+    m.samples = 1;
+    m.buffers = std::make_shared<const std::string>(bytes);
+    bool dup = false;
+    TALLY_ASSERT_OK(shard->Accept(m, g.data(), &dup));
+    shard->Commit(w, 1, step, contributed);
+  };
+  push("a", 0, "x", /*contributed=*/false);  // NaN elsewhere, say
+  push("a", 1, "y", true);
+  EXPECT_EQ(shard->version(), 0);
+  push("b", 0, "B", true);
+  EXPECT_EQ(shard->version(), 1);
+  std::shared_ptr<const std::string> region;
+  int64_t v = 0;
+  shard->Snapshot(&v, nullptr, &region);
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ(*region, "B");  // not a's refused "x"
+}
+
 // async: each applied push replaces the region only if its pusher is the
 // lowest rank still a member (rank 0 may have left).
 TEST(ShardBuffersTest, AsyncTakesTheLowestLiveRanksBuffers) {

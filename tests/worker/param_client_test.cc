@@ -220,19 +220,19 @@ TEST_P(ParamClientTest, TheBufferRegionGoesWithThePushAndComesBackWithThePull) {
   ASSERT_TRUE(range.ok()) << range.status();
   range->shard->SetBufferBytes(5);
   std::vector<float> w(kParams);
-  std::string buffers = "untouched";
-  auto v = client_->Pull(0, w.data(), nullptr, -1, &buffers)->WaitVersion(Soon());
+  auto buffers = std::make_shared<std::string>("untouched");
+  auto v = client_->Pull(0, w.data(), nullptr, -1, buffers)->WaitVersion(Soon());
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(buffers, "untouched");  // no region yet: left as it is
+  EXPECT_EQ(*buffers, "untouched");  // no region yet: left as it is
   const std::string mine("bn\0\1\2", 5);
   PushInfo info = Step(0);
   info.buffers = &mine;
   auto push = client_->Push(info, grads_);
   ASSERT_TRUE(push->Wait(Soon()).ok()) << push->Results()[0];
-  v = client_->Pull(1, w.data(), nullptr, -1, &buffers)->WaitVersion(Soon());
+  v = client_->Pull(1, w.data(), nullptr, -1, buffers)->WaitVersion(Soon());
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, 1);
-  EXPECT_EQ(buffers, mine);
+  EXPECT_EQ(*buffers, mine);
   // Buffers of another size are refused, by their size.
   const std::string wrong = "bn";
   info = Step(1);
