@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
@@ -352,7 +353,11 @@ class WorkerDaemon::Impl {
         "|", spec.dataset.synthetic.train_size, "|",
         spec.dataset.synthetic.test_size, "|", spec.dataset.synthetic.features,
         "|", spec.dataset.synthetic.num_classes, "|",
-        spec.dataset.synthetic.seed);
+        spec.dataset.synthetic.seed, "|", spec.dataset.arrays.train_inputs, "|",
+        spec.dataset.arrays.train_labels, "|", spec.dataset.arrays.test_inputs,
+        "|", spec.dataset.arrays.test_labels, "|",
+        spec.dataset.arrays.train_size, "|", spec.dataset.arrays.num_classes,
+        "|", absl::StrJoin(spec.dataset.arrays.shape, "x"));
     if (data_key_ != key || data_ == nullptr) {
       TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDataset(spec.dataset));
       data_ = std::make_unique<TrainTest>(std::move(d));

@@ -16,11 +16,26 @@ namespace tally {
 
 void Dataset::Gather(std::span<const int64_t> indices, float* x,
                      int32_t* y) const {
+  if (source != nullptr) {
+    source->Gather(indices, x, y);
+    return;
+  }
   const int64_t n = sample_numel();
   for (size_t i = 0; i < indices.size(); ++i) {
     std::memcpy(x + i * n, features.data() + indices[i] * n, n * sizeof(float));
     y[i] = labels[indices[i]];
   }
+}
+
+void Dataset::Materialize() {
+  if (source == nullptr) return;
+  const int64_t n = source->size();
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[i] = i;
+  features.resize(static_cast<size_t>(n * sample_numel()));
+  labels.resize(static_cast<size_t>(n));
+  source->Gather(all, features.data(), labels.data());
+  source.reset();
 }
 
 namespace {

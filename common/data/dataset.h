@@ -7,6 +7,7 @@
 #define TALLY_COMMON_DATA_DATASET_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,18 +17,37 @@
 
 namespace tally {
 
+// Samples read from their files as they are gathered (common/data/npy.h),
+// not held in memory. Thread-safe.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t size() const = 0;
+  // As Dataset::Gather.
+  virtual void Gather(std::span<const int64_t> indices, float* x,
+                      int32_t* y) const = 0;
+};
+
 struct Dataset {
   Shape sample_shape;  // per sample, e.g. [1, 28, 28]
   int num_classes = 0;
   std::vector<float> features;  // size() * sample_numel() floats
   std::vector<int32_t> labels;
+  // Set instead of features and labels: the samples stay in their files.
+  std::shared_ptr<const SampleSource> source;
 
-  int64_t size() const { return static_cast<int64_t>(labels.size()); }
+  int64_t size() const {
+    return source != nullptr ? source->size()
+                             : static_cast<int64_t>(labels.size());
+  }
   int64_t sample_numel() const { return NumElements(sample_shape); }
 
   // Copies the samples named by `indices` into x (indices.size() rows of
   // sample_numel() floats) and y. Indices must be in range.
   void Gather(std::span<const int64_t> indices, float* x, int32_t* y) const;
+  // A dataset read from a source, read whole into features and labels
+  // (for the test split, which evaluation reads in one go).
+  void Materialize();
 };
 
 struct TrainTest {

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data/npy.h"
 #include "common/status_macros.h"
 
 namespace tally {
@@ -191,6 +192,58 @@ absl::StatusOr<LayerConfig> ParseLayer(const YAML::Node& n,
   return c;
 }
 
+// dataset.train / dataset.test: {inputs: PATH, labels: PATH}.
+absl::Status ParseSplit(const YAML::Node& n, const std::string& p,
+                        std::string* inputs, std::string* labels) {
+  if (!n.IsMap()) return FieldError(p, "must be {inputs: PATH, labels: PATH}");
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"inputs", "labels"}));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "inputs", inputs));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "labels", labels));
+  if (inputs->empty() || labels->empty()) {
+    return FieldError(p, "needs inputs and labels (.npy files)");
+  }
+  return absl::OkStatus();
+}
+
+// dataset: {name: arrays, train, test, shape, classes, train_size}.
+absl::Status ParseArrays(const YAML::Node& n, ArraysSpec* a) {
+  const std::string p = "dataset";
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p, {"name", "train", "test", "shape", "classes", "train_size"}));
+  if (!n["train"]) return FieldError("dataset.train", "is required");
+  TALLY_RETURN_IF_ERROR(ParseSplit(n["train"], "dataset.train",
+                                   &a->train_inputs, &a->train_labels));
+  if (n["test"]) {
+    TALLY_RETURN_IF_ERROR(ParseSplit(n["test"], "dataset.test",
+                                     &a->test_inputs, &a->test_labels));
+  }
+  const YAML::Node shape = n["shape"];
+  if (!shape || !shape.IsSequence() || shape.size() == 0 || shape.size() > 4) {
+    return FieldError("dataset.shape",
+                      "must list one sample's 1 to 4 sizes (the Python client "
+                      "fills it in from the files)");
+  }
+  for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t d = 0;
+    YAML::Node one(YAML::NodeType::Map);
+    one["d"] = shape[i];
+    TALLY_RETURN_IF_ERROR(ReadInt(one, "dataset.shape", "d", 1, kMaxDim, &d));
+    a->shape.push_back(d);
+  }
+  int64_t classes = 0;
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "classes", 2, 1 << 20, &classes));
+  if (classes == 0) return FieldError("dataset.classes", "is required");
+  a->num_classes = static_cast<int>(classes);
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "train_size", 1, int64_t{1} << 40, &a->train_size));
+  if (a->train_size == 0) {
+    return FieldError("dataset.train_size",
+                      "is required: the schedule is fixed at submission (the "
+                      "Python client fills it in from the files)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
   const std::string p = "dataset";
   if (!n) return FieldError(p, "is required");
@@ -224,13 +277,16 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
     if (s.features * (s.train_size + s.test_size) > (int64_t{1} << 31)) {
       return FieldError(p, "synthetic dataset larger than 2^31 values");
     }
+  } else if (d->name == "arrays") {
+    return ParseArrays(n, &d->arrays);
   } else if (d->name.empty()) {
     return FieldError("dataset.name",
-                      "is required (fashion-mnist or synthetic)");
+                      "is required (fashion-mnist, synthetic or arrays)");
   } else {
     return FieldError("dataset.name",
                       absl::StrCat("unknown dataset '", d->name,
-                                   "' (known: fashion-mnist, synthetic)"));
+                                   "' (known: fashion-mnist, synthetic, "
+                                   "arrays)"));
   }
   return absl::OkStatus();
 }
@@ -843,6 +899,7 @@ Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
 
 int64_t TrainSize(const DatasetSpec& spec) {
   if (spec.name == "synthetic") return spec.synthetic.train_size;
+  if (spec.name == "arrays") return spec.arrays.train_size;
   return 60000;  // fashion-mnist
 }
 
@@ -858,15 +915,52 @@ absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
     *num_classes = spec.synthetic.num_classes;
     return absl::OkStatus();
   }
+  if (spec.name == "arrays") {
+    *input_shape = spec.arrays.shape;
+    *num_classes = spec.arrays.num_classes;
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
 }
+
+namespace {
+
+// The arrays' splits, mapped; the test split (evaluated in one go) read
+// into memory. A worker whose files disagree with the spec says how.
+absl::StatusOr<TrainTest> OpenArrays(const ArraysSpec& a) {
+  TrainTest out;
+  TALLY_ASSIGN_OR_RETURN(
+      std::shared_ptr<const NpyArrays> train,
+      NpyArrays::Open(a.train_inputs, a.train_labels, a.shape, a.num_classes));
+  if (train->size() != a.train_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        a.train_inputs, " holds ", train->size(),
+        " samples; the job was submitted with dataset.train_size ",
+        a.train_size));
+  }
+  for (Dataset* d : {&out.train, &out.test}) {
+    d->sample_shape = a.shape;
+    d->num_classes = a.num_classes;
+  }
+  out.train.source = std::move(train);
+  if (!a.test_inputs.empty()) {
+    TALLY_ASSIGN_OR_RETURN(
+        out.test.source,
+        NpyArrays::Open(a.test_inputs, a.test_labels, a.shape, a.num_classes));
+    out.test.Materialize();
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
   if (spec.name == "fashion-mnist") {
     return LoadFashionMnist(spec.root, spec.normalize);
   }
   if (spec.name == "synthetic") return MakeSynthetic(spec.synthetic);
+  if (spec.name == "arrays") return OpenArrays(spec.arrays);
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
 }

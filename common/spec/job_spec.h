@@ -38,11 +38,23 @@ namespace tally {
 inline constexpr char kDefaultFashionMnistRoot[] =
     "/usr/share/datasets/fashion-mnist";
 
+// dataset.name arrays: NumPy .npy files on the workers (common/data/npy.h).
+struct ArraysSpec {
+  std::string train_inputs, train_labels;  // train: {inputs, labels}
+  std::string test_inputs, test_labels;    // test: {...}; optional
+  Shape shape;          // one sample's shape
+  int num_classes = 0;  // classes
+  // Training samples: the schedule is fixed from it at submission (the
+  // Python client fills it in from the files; each worker checks its own).
+  int64_t train_size = 0;
+};
+
 struct DatasetSpec {
-  std::string name;  // "fashion-mnist" or "synthetic"
+  std::string name;  // "fashion-mnist", "synthetic" or "arrays"
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
   bool normalize = false;      // fashion-mnist: (x - 0.2860) / 0.3530
   SyntheticOptions synthetic;  // synthetic
+  ArraysSpec arrays;           // arrays
 };
 
 // How gradients and weights travel between workers and the server.

@@ -43,6 +43,8 @@ def _sample_shape(dataset):
     name = dataset.get("name")
     if name == "synthetic":  # the coordinator's defaults (docs/job-spec.md)
         return (int(dataset.get("features", 32)),), int(dataset.get("classes", 4))
+    if name == "arrays":
+        return tuple(int(d) for d in dataset.get("shape") or ()), int(dataset.get("classes", 0))
     if name in INPUT_SHAPES:
         return INPUT_SHAPES[name], 10
     raise SubmitError(f"dataset.name: unknown dataset '{name}'")
@@ -104,13 +106,53 @@ def _pack(root):
     return files
 
 
+def _fill_arrays(dataset):
+    """An arrays dataset whose files this machine can read (the workers'
+    paths, on a shared mount or here): its shape and train_size filled in
+    from the .npy headers, checked against what the spec says, and its
+    labels against its classes. Files not here are left to the workers."""
+    import numpy as np
+    train = dataset.get("train") or {}
+    splits = [("train", train)] + ([("test", dataset["test"])] if dataset.get("test") else [])
+    for name, split in splits:
+        inputs, labels = split.get("inputs"), split.get("labels")
+        if not (inputs and labels and os.path.exists(inputs) and os.path.exists(labels)):
+            continue
+        try:
+            x = np.load(inputs, mmap_mode="r")
+            y = np.load(labels, mmap_mode="r")
+        except (ValueError, OSError) as e:
+            raise SubmitError(f"dataset.{name}: {e}")
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+            raise SubmitError(f"dataset.{name}: {inputs} is {list(x.shape)}, {labels} "
+                              f"{list(y.shape)}: inputs [n, ...] and labels [n] are needed")
+        shape = list(x.shape[1:])
+        if dataset.setdefault("shape", shape) != shape:
+            raise SubmitError(f"dataset.shape is {dataset['shape']}; {inputs} holds samples "
+                              f"of {shape}")
+        classes = int(dataset.get("classes", 0))
+        if classes and len(y) and not (0 <= int(y.min()) and int(y.max()) < classes):
+            raise SubmitError(f"{labels}: labels from {int(y.min())} to {int(y.max())}; "
+                              f"dataset.classes is {classes}")
+        if name == "train":
+            if dataset.setdefault("train_size", len(x)) != len(x):
+                raise SubmitError(f"dataset.train_size is {dataset['train_size']}; {inputs} "
+                                  f"holds {len(x)} samples")
+
+
 def prepare_spec(path):
     """The spec at `path` as the coordinator takes it: a Python model's code
-    and parameter layout filled in. Returns the spec's text (JSON)."""
+    and parameter layout filled in, and an arrays dataset's shape and size
+    when its files are here. Returns the spec's text."""
     spec = _read_spec(path)
+    dataset = spec.get("dataset") if isinstance(spec, dict) else None
+    if isinstance(dataset, dict) and dataset.get("name") == "arrays":
+        _fill_arrays(dataset)
     model = spec.get("model") if isinstance(spec, dict) else None
     py = model.get("python") if isinstance(model, dict) else None
     if not isinstance(py, dict):
+        if isinstance(dataset, dict) and dataset.get("name") == "arrays":
+            return json.dumps(spec)
         with open(path) as f:
             return f.read()
     from tally.engine import ModelFiles, load_module, layout_of, state_of

@@ -97,6 +97,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"unknown_dataset",
                 "model: {preset: mlp}\ndataset: {name: cifar}\n",
                 "dataset.name: unknown dataset 'cifar'"},
+        BadCase{"arrays_without_train",
+                "model: {preset: mlp}\ndataset: {name: arrays, classes: 3, "
+                "shape: [8], train_size: 10}\n",
+                "dataset.train: is required"},
+        BadCase{"arrays_without_labels",
+                "model: {preset: mlp}\ndataset: {name: arrays, train: {inputs: "
+                "x.npy}, classes: 3, shape: [8], train_size: 10}\n",
+                "dataset.train: needs inputs and labels"},
+        BadCase{"arrays_without_size",
+                "model: {preset: mlp}\ndataset: {name: arrays, train: {inputs: "
+                "x.npy, labels: y.npy}, classes: 3, shape: [8]}\n",
+                "dataset.train_size: is required: the schedule is fixed"},
+        BadCase{"arrays_without_shape",
+                "model: {preset: mlp}\ndataset: {name: arrays, train: {inputs: "
+                "x.npy, labels: y.npy}, classes: 3, train_size: 10}\n",
+                "dataset.shape: must list one sample's 1 to 4 sizes"},
         BadCase{"no_model", kSynthetic, "model: is required"},
         BadCase{"unknown_layer", WithModel("  layers: [flatten, relux]\n"),
                 "model.layers[1]: unknown layer type 'relux'"},
@@ -274,6 +290,22 @@ INSTANTIATE_TEST_SUITE_P(
                 WithModel(std::string(kLinear8x3) + "  loss: mse\n"),
                 "model.loss: a model of layers trains with cross_entropy"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+TEST(JobSpecTest, AnArraysDatasetGivesItsShapeClassesAndSize) {
+  auto spec = ParseJobSpec(
+      "model: {preset: cnn}\ndataset: {name: arrays, train: {inputs: /d/x.npy, "
+      "labels: /d/y.npy}, test: {inputs: /d/tx.npy, labels: /d/ty.npy}, "
+      "classes: 10, shape: [1, 28, 28], train_size: 60000}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->input_shape, (Shape{1, 28, 28}));
+  EXPECT_EQ(spec->num_classes, 10);
+  EXPECT_EQ(TrainSize(spec->dataset), 60000);
+  EXPECT_EQ(spec->dataset.arrays.test_labels, "/d/ty.npy");
+  // The files are the workers' to open: one that is not there says so.
+  EXPECT_THAT(OpenDataset(spec->dataset),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("/d/x.npy: no such file")));
+}
 
 TEST(JobSpecTest, APythonModelsLayoutComesFromItsParams) {
   auto spec = ParseJobSpec(WithModel(
