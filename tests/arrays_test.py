@@ -12,7 +12,10 @@ files by NumPy, trained by a C++ worker that maps them.
                the file), and a job whose files a worker cannot open fails
                with the worker's reason naming the file; the server and the
                worker go on to train the next job: the example
-               (examples/fashion-mnist-npy, its export.py's files).
+               (examples/fashion-mnist-npy, its export.py's files);
+  bounded      a 1 GiB training set, 384 MiB of it read, trains on a worker
+               held to 256 MiB (a cgroup), its anonymous memory under 3/4
+               of that.
 
   arrays_test.py BUILD_DIR
 """
@@ -75,6 +78,89 @@ def spec(tmp, name, dataset):
                                 "workers": 1},
                    "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}, f)
     return path
+
+
+def bounded_memory(tmp, server, c):
+    """A training set four times a worker's memory limit (a cgroup v1
+    memory controller: 256 MiB) trains to the end: the worker maps the file
+    and converts only what its batches take; its anonymous memory stays
+    far below the set's size, its file pages are the kernel's to drop."""
+    root = "/sys/fs/cgroup/memory"
+    if os.geteuid() != 0 or not os.path.isdir(root):
+        print("bounded memory: skipped (needs root and the cgroup v1 memory controller)")
+        return
+    limit = 256 << 20
+    shape = (16, 64, 64)  # 64 KiB a sample
+    n = (4 * limit) // (16 * 64 * 64)  # 1 GiB
+    x = np.lib.format.open_memmap(f"{tmp}/big_x.npy", mode="w+", dtype=np.uint8,
+                                  shape=(n,) + shape)
+    rng = np.random.default_rng(1)
+    block = rng.integers(0, 256, size=(256,) + shape, dtype=np.uint8)
+    for i in range(0, n, 256):
+        x[i:i + 256] = block[:min(256, n - i)]
+    x.flush()
+    del x
+    np.save(f"{tmp}/big_y.npy", rng.integers(0, 10, size=n, dtype=np.int64))
+    for f in ("big_x.npy", "big_y.npy"):  # out of the page cache: read anew
+        fd = os.open(f"{tmp}/{f}", os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    cg = f"{root}/tally-arrays-{os.getpid()}"
+    os.mkdir(cg)
+    try:
+        with open(f"{cg}/memory.limit_in_bytes", "w") as f:
+            f.write(str(limit))
+
+        def enter():
+            with open(f"{cg}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        log = open(f"{tmp}/bounded.log", "w")
+        w = subprocess.Popen([f"{BUILD}/worker/tally-worker", f"--server={server}",
+                              "--devices=cpu:1", "--name=bounded"], stdout=log,
+                             stderr=subprocess.STDOUT, preexec_fn=enter)
+        try:
+            dataset = {"name": "arrays", "classes": 10,
+                       "train": {"inputs": f"{tmp}/big_x.npy", "labels": f"{tmp}/big_y.npy"}}
+            path = spec(tmp, "bounded", dataset)
+            with open(path) as f:
+                text = json.load(f)
+            text["model"] = {"layers": ["flatten", {"linear": {"in_features": 16 * 64 * 64,
+                                                               "out_features": 10}}]}
+            # 96 batches of 64: 384 MiB of samples read, more than the limit.
+            text["training"] = {"epochs": 1, "batch_size": 64, "max_steps": 96, "seed": 1,
+                                "workers": 1}
+            text["optimizer"] = {"type": "sgd", "lr": 0.001}
+            with open(path, "w") as f:
+                json.dump(text, f)
+            job = c.submit(path)
+            peak = {"RssAnon": 0, "RssFile": 0}
+            while True:
+                with open(f"/proc/{w.pid}/status") as f:
+                    for line in f:
+                        k, _, v = line.partition(":")
+                        if k in peak:
+                            peak[k] = max(peak[k], int(v.split()[0]) * 1024)
+                job = c.status(job.id)
+                if job.state in tally.client.TERMINAL:
+                    break
+                time.sleep(0.2)
+        finally:
+            w.kill()
+            w.wait()
+        if job.state != pb.SUCCEEDED:
+            fail(f"a set of 4x the worker's memory: {pb.JobState.Name(job.state)}: "
+                 f"{job.message}")
+        # The batches in flight (16 MiB each in float32), the model and the
+        # libraries: not the set (1 GiB) nor what was read (384 MiB).
+        if peak["RssAnon"] > 3 * limit // 4:
+            fail(f"the worker's anonymous memory peaked at {peak['RssAnon'] >> 20} MiB")
+        print(f"bounded memory: a set of {n} samples ({(n * 16 * 64 * 64) >> 20} MiB), "
+              f"{job.metrics.samples} of them ({(job.metrics.samples * 16 * 64 * 64) >> 20} "
+              f"MiB) trained on a worker held to {limit >> 20} MiB; peak RssAnon "
+              f"{peak['RssAnon'] >> 20} MiB, RssFile {peak['RssFile'] >> 20} MiB")
+    finally:
+        os.rmdir(cg)
 
 
 def main():
@@ -147,6 +233,9 @@ def main():
             fail(f"the example after it: {pb.JobState.Name(job.state)}: {job.message}")
         print(f"examples/fashion-mnist-npy: SUCCEEDED, test accuracy "
               f"{job.metrics.test_accuracy:.4f} after 20 steps")
+        procs[1].kill()  # the next job is the memory-bound worker's alone
+        procs[1].wait()
+        bounded_memory(tmp, server, c)
     finally:
         for p in procs:
             p.kill()

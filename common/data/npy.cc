@@ -214,6 +214,13 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(
   return std::shared_ptr<const MappedFile>(std::move(f));
 }
 
+void MappedFile::AdviseRandom() const {
+  if (data_ != nullptr) {
+    ::madvise(const_cast<char*>(data_), static_cast<size_t>(size_),
+              MADV_RANDOM);
+  }
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr)
     ::munmap(const_cast<char*>(data_), static_cast<size_t>(size_));
@@ -337,6 +344,10 @@ absl::StatusOr<std::shared_ptr<const NpyArrays>> NpyArrays::Open(
                                                                f->size(), 4096))));
   }
   a->fingerprint_ = h;
+  // Batches gather samples of a shuffled order: read-ahead would read the
+  // neighbours of every one, and under memory pressure push out what the
+  // next batches need.
+  a->inputs_->AdviseRandom();
   return std::shared_ptr<const NpyArrays>(std::move(a));
 }
 

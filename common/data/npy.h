@@ -52,6 +52,9 @@ class MappedFile {
   ~MappedFile();
   const char* data() const { return data_; }
   int64_t size() const { return size_; }
+  // Tells the kernel the file is read in no order (shuffled samples): no
+  // read-ahead around each page a sample touches.
+  void AdviseRandom() const;
   const std::string& path() const { return path_; }
 
  private:
