@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""An arrays dataset (dataset.name: arrays): Fashion-MNIST written as .npy
-files by NumPy, trained by a C++ worker that maps them.
+"""Datasets from the user's files: NumPy arrays (dataset.name: arrays) and
+CSV tables (dataset.name: csv), written here by NumPy and trained by a C++
+worker.
 
   same data    the MLP example for 30 steps on the IDX files and on the same
                images and labels as .npy (uint8 images [n, 1, 28, 28],
@@ -13,6 +14,9 @@ files by NumPy, trained by a C++ worker that maps them.
                with the worker's reason naming the file; the server and the
                worker go on to train the next job: the example
                (examples/fashion-mnist-npy, its export.py's files);
+  csv          a CSV table trains to the weights of the same values as
+               .npy arrays; a cell that is not a number fails its job
+               naming file, line and column;
   bounded      a 1 GiB training set, 384 MiB of it read, trains on a worker
                held to 256 MiB (a cgroup), its anonymous memory under 3/4
                of that.
@@ -78,6 +82,58 @@ def spec(tmp, name, dataset):
                                 "workers": 1},
                    "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}, f)
     return path
+
+
+def table(tmp, c):
+    """The same table as CSV and as .npy arrays trains to the same weights
+    (float32 values written as CSV with their 9 digits read back exactly);
+    a cell that is not a number fails its job naming file, line and column."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 5)).astype(np.float32)
+    y = (x[:, 0] + 2 * x[:, 3] > 0).astype(np.int64) + (x[:, 1] > 1)
+    np.save(f"{tmp}/tx.npy", x)
+    np.save(f"{tmp}/ty.npy", y)
+    with open(f"{tmp}/t.csv", "w") as f:
+        f.write("f0,f1,target,f2,f3,f4\n")
+        for row, label in zip(x, y):
+            cells = [f"{v:.9g}" for v in row]
+            f.write(",".join(cells[:2] + [str(label)] + cells[2:]) + "\n")
+    model = {"layers": [{"linear": {"in_features": 5, "out_features": 16}}, "relu",
+                        {"linear": {"in_features": 16, "out_features": 3}}]}
+    got = {}
+    for name, dataset in (("npy", {"name": "arrays", "classes": 3,
+                                   "train": {"inputs": f"{tmp}/tx.npy",
+                                             "labels": f"{tmp}/ty.npy"}}),
+                          ("csv", {"name": "csv", "classes": 3, "label": "target",
+                                   "train": f"{tmp}/t.csv"})):
+        path = spec(tmp, f"table-{name}", dataset)
+        with open(path) as f:
+            text = json.load(f)
+        text["model"] = model
+        with open(path, "w") as f:
+            json.dump(text, f)
+        job = c.wait(c.submit(path).id, timeout=120)
+        if job.state != pb.SUCCEEDED:
+            fail(f"table as {name}: {pb.JobState.Name(job.state)}: {job.message}")
+        c.fetch(job.id, f"{tmp}/table-{name}.safetensors")
+        got[name] = tensors(f"{tmp}/table-{name}.safetensors")
+    if got["csv"] != got["npy"]:
+        fail("the CSV table trained other weights than the same .npy arrays")
+    print("a CSV table: weights bit for bit those of the same .npy arrays")
+    with open(f"{tmp}/bad.csv", "w") as f:
+        f.write("a,b,y\n1,2,0\n3,x4,1\n")
+    bad = {"name": "csv", "classes": 2, "label": "y", "train": f"{tmp}/bad.csv",
+           "shape": [2], "train_size": 2}
+    path = spec(tmp, "badcell", bad)
+    with open(path) as f:
+        text = json.load(f)
+    text["model"] = {"layers": [{"linear": {"in_features": 2, "out_features": 2}}]}
+    with open(path, "w") as f:
+        json.dump(text, f)
+    job = c.wait(c.submit(path).id, timeout=60)
+    if job.state != pb.FAILED or "bad.csv:3:2: 'x4' is not a number" not in job.message:
+        fail(f"a bad cell: {pb.JobState.Name(job.state)}: {job.message}")
+    print(f"a bad cell: FAILED: {job.message}")
 
 
 def bounded_memory(tmp, server, c):
@@ -233,6 +289,7 @@ def main():
             fail(f"the example after it: {pb.JobState.Name(job.state)}: {job.message}")
         print(f"examples/fashion-mnist-npy: SUCCEEDED, test accuracy "
               f"{job.metrics.test_accuracy:.4f} after 20 steps")
+        table(tmp, c)
         procs[1].kill()  # the next job is the memory-bound worker's alone
         procs[1].wait()
         bounded_memory(tmp, server, c)

@@ -357,7 +357,10 @@ class WorkerDaemon::Impl {
         spec.dataset.arrays.train_labels, "|", spec.dataset.arrays.test_inputs,
         "|", spec.dataset.arrays.test_labels, "|",
         spec.dataset.arrays.train_size, "|", spec.dataset.arrays.num_classes,
-        "|", absl::StrJoin(spec.dataset.arrays.shape, "x"));
+        "|", absl::StrJoin(spec.dataset.arrays.shape, "x"), "|",
+        spec.dataset.csv.train, "|", spec.dataset.csv.test, "|",
+        spec.dataset.csv.label, "|", absl::StrJoin(spec.dataset.csv.features, ","),
+        "|", spec.dataset.csv.train_size, "|", spec.dataset.csv.num_classes);
     if (data_key_ != key || data_ == nullptr) {
       TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDataset(spec.dataset));
       data_ = std::make_unique<TrainTest>(std::move(d));

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data/csv.h"
 #include "common/data/npy.h"
 #include "common/status_macros.h"
 
@@ -244,6 +245,57 @@ absl::Status ParseArrays(const YAML::Node& n, ArraysSpec* a) {
   return absl::OkStatus();
 }
 
+// dataset: {name: csv, train, test, label, features, shape, classes,
+// train_size}.
+absl::Status ParseCsvSpec(const YAML::Node& n, CsvSpec* c) {
+  const std::string p = "dataset";
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"name", "train", "test", "label", "features",
+                                   "shape", "classes", "train_size"}));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "train", &c->train));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "test", &c->test));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "label", &c->label));
+  if (c->train.empty()) return FieldError("dataset.train", "is required");
+  if (c->label.empty()) {
+    return FieldError("dataset.label", "must name the label column");
+  }
+  if (const YAML::Node f = n["features"]) {
+    if (!f.IsSequence() || f.size() == 0) {
+      return FieldError("dataset.features", "must list column names");
+    }
+    for (const auto& col : f) c->features.push_back(col.as<std::string>(""));
+  }
+  c->num_features = static_cast<int64_t>(c->features.size());
+  if (const YAML::Node shape = n["shape"]) {
+    int64_t k = 0;
+    YAML::Node one(YAML::NodeType::Map);
+    one["k"] = shape.IsSequence() && shape.size() == 1 ? shape[0] : YAML::Node();
+    TALLY_RETURN_IF_ERROR(ReadInt(one, "dataset.shape", "k", 1, kMaxDim, &k));
+    if (k == 0 || (c->num_features > 0 && k != c->num_features)) {
+      return FieldError("dataset.shape",
+                        "must be [the number of feature columns]");
+    }
+    c->num_features = k;
+  }
+  if (c->num_features == 0) {
+    return FieldError("dataset.shape",
+                      "is required without dataset.features: [the number of "
+                      "feature columns] (the Python client fills it in)");
+  }
+  int64_t classes = 0;
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "classes", 2, 1 << 20, &classes));
+  if (classes == 0) return FieldError("dataset.classes", "is required");
+  c->num_classes = static_cast<int>(classes);
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "train_size", 1, int64_t{1} << 40, &c->train_size));
+  if (c->train_size == 0) {
+    return FieldError("dataset.train_size",
+                      "is required: the schedule is fixed at submission (the "
+                      "Python client fills it in from the file)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
   const std::string p = "dataset";
   if (!n) return FieldError(p, "is required");
@@ -279,14 +331,17 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
     }
   } else if (d->name == "arrays") {
     return ParseArrays(n, &d->arrays);
+  } else if (d->name == "csv") {
+    return ParseCsvSpec(n, &d->csv);
   } else if (d->name.empty()) {
     return FieldError("dataset.name",
-                      "is required (fashion-mnist, synthetic or arrays)");
+                      "is required (fashion-mnist, synthetic, arrays or "
+                      "csv)");
   } else {
     return FieldError("dataset.name",
                       absl::StrCat("unknown dataset '", d->name,
                                    "' (known: fashion-mnist, synthetic, "
-                                   "arrays)"));
+                                   "arrays, csv)"));
   }
   return absl::OkStatus();
 }
@@ -900,6 +955,7 @@ Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
 int64_t TrainSize(const DatasetSpec& spec) {
   if (spec.name == "synthetic") return spec.synthetic.train_size;
   if (spec.name == "arrays") return spec.arrays.train_size;
+  if (spec.name == "csv") return spec.csv.train_size;
   return 60000;  // fashion-mnist
 }
 
@@ -918,6 +974,11 @@ absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
   if (spec.name == "arrays") {
     *input_shape = spec.arrays.shape;
     *num_classes = spec.arrays.num_classes;
+    return absl::OkStatus();
+  }
+  if (spec.name == "csv") {
+    *input_shape = {spec.csv.num_features};
+    *num_classes = spec.csv.num_classes;
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
@@ -953,6 +1014,35 @@ absl::StatusOr<TrainTest> OpenArrays(const ArraysSpec& a) {
   return out;
 }
 
+// A table's splits, checked against the spec.
+absl::StatusOr<TrainTest> OpenCsv(const CsvSpec& c) {
+  CsvOptions o;
+  o.label = c.label;
+  o.features = c.features;
+  o.num_classes = c.num_classes;
+  TrainTest out;
+  TALLY_ASSIGN_OR_RETURN(out.train, LoadCsv(c.train, o));
+  if (out.train.sample_numel() != c.num_features ||
+      out.train.size() != c.train_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        c.train, " holds ", out.train.size(), " rows of ",
+        out.train.sample_numel(), " features; the job was submitted with ",
+        c.train_size, " of ", c.num_features));
+  }
+  if (!c.test.empty()) {
+    TALLY_ASSIGN_OR_RETURN(out.test, LoadCsv(c.test, o));
+    if (out.test.sample_numel() != c.num_features) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(c.test, " has ", out.test.sample_numel(),
+                       " features; ", c.train, " ", c.num_features));
+    }
+  } else {
+    out.test.sample_shape = out.train.sample_shape;
+    out.test.num_classes = c.num_classes;
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
@@ -961,6 +1051,7 @@ absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
   }
   if (spec.name == "synthetic") return MakeSynthetic(spec.synthetic);
   if (spec.name == "arrays") return OpenArrays(spec.arrays);
+  if (spec.name == "csv") return OpenCsv(spec.csv);
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
 }

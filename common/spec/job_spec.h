@@ -49,12 +49,23 @@ struct ArraysSpec {
   int64_t train_size = 0;
 };
 
+// dataset.name csv: a table of numbers on the workers (common/data/csv.h).
+struct CsvSpec {
+  std::string train, test;            // paths; test optional
+  std::string label;                  // the label column
+  std::vector<std::string> features;  // empty: every other column
+  int64_t num_features = 0;           // features' count (shape: [n])
+  int num_classes = 0;
+  int64_t train_size = 0;             // rows, as arrays' train_size
+};
+
 struct DatasetSpec {
-  std::string name;  // "fashion-mnist", "synthetic" or "arrays"
+  std::string name;  // "fashion-mnist", "synthetic", "arrays" or "csv"
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
   bool normalize = false;      // fashion-mnist: (x - 0.2860) / 0.3530
   SyntheticOptions synthetic;  // synthetic
   ArraysSpec arrays;           // arrays
+  CsvSpec csv;                 // csv
 };
 
 // How gradients and weights travel between workers and the server.

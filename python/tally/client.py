@@ -43,7 +43,7 @@ def _sample_shape(dataset):
     name = dataset.get("name")
     if name == "synthetic":  # the coordinator's defaults (docs/job-spec.md)
         return (int(dataset.get("features", 32)),), int(dataset.get("classes", 4))
-    if name == "arrays":
+    if name in ("arrays", "csv"):
         return tuple(int(d) for d in dataset.get("shape") or ()), int(dataset.get("classes", 0))
     if name in INPUT_SHAPES:
         return INPUT_SHAPES[name], 10
@@ -140,18 +140,56 @@ def _fill_arrays(dataset):
                                   f"holds {len(x)} samples")
 
 
+def _fill_csv(dataset):
+    """A csv dataset whose training file this machine can read: its shape
+    (the feature columns) and train_size (the rows) filled in and checked,
+    its labels against its classes."""
+    import csv
+    train = dataset.get("train")
+    if not (train and os.path.exists(train)):
+        return
+    with open(train, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    if not rows:
+        raise SubmitError(f"{train}: no header row")
+    header = [c.strip() for c in rows[0]]
+    label = dataset.get("label")
+    if label not in header:
+        raise SubmitError(f"{train}: the header has no column '{label}' (dataset.label)")
+    features = dataset.get("features") or [c for c in header if c != label]
+    shape = [len(features)]
+    if dataset.setdefault("shape", shape) != shape:
+        raise SubmitError(f"dataset.shape is {dataset['shape']}; {train} has {shape[0]} "
+                          "feature columns")
+    if dataset.setdefault("train_size", len(rows) - 1) != len(rows) - 1:
+        raise SubmitError(f"dataset.train_size is {dataset['train_size']}; {train} has "
+                          f"{len(rows) - 1} rows")
+    classes, at = int(dataset.get("classes", 0)), header.index(label)
+    for line, r in enumerate(rows[1:], start=2):
+        try:
+            ok = 0 <= float(r[at]) < classes and float(r[at]).is_integer()
+        except (ValueError, IndexError):
+            ok = False
+        if classes and not ok:
+            raise SubmitError(f"{train}:{line}:{at + 1}: label '{r[at] if at < len(r) else ''}' "
+                              f"is not an integer in [0, {classes}) (dataset.classes)")
+
+
 def prepare_spec(path):
     """The spec at `path` as the coordinator takes it: a Python model's code
     and parameter layout filled in, and an arrays dataset's shape and size
     when its files are here. Returns the spec's text."""
     spec = _read_spec(path)
     dataset = spec.get("dataset") if isinstance(spec, dict) else None
-    if isinstance(dataset, dict) and dataset.get("name") == "arrays":
+    named = dataset.get("name") if isinstance(dataset, dict) else None
+    if named == "arrays":
         _fill_arrays(dataset)
+    elif named == "csv":
+        _fill_csv(dataset)
     model = spec.get("model") if isinstance(spec, dict) else None
     py = model.get("python") if isinstance(model, dict) else None
     if not isinstance(py, dict):
-        if isinstance(dataset, dict) and dataset.get("name") == "arrays":
+        if named in ("arrays", "csv"):
             return json.dumps(spec)
         with open(path) as f:
             return f.read()
