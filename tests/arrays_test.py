@@ -120,6 +120,19 @@ def table(tmp, c):
     if got["csv"] != got["npy"]:
         fail("the CSV table trained other weights than the same .npy arrays")
     print("a CSV table: weights bit for bit those of the same .npy arrays")
+    # The same file claimed with another shape, past the client (which would
+    # refuse it): the worker, which has the table loaded, refuses it too.
+    with open(f"{tmp}/table-csv.json") as f:
+        text = json.load(f)
+    text["dataset"].update(shape=[4], train_size=600)
+    text["model"]["layers"][0]["linear"]["in_features"] = 4
+    job = c._call("SubmitJob", pb.SubmitJobRequest, pb.SubmitJobResponse)(
+        pb.SubmitJobRequest(spec=json.dumps(text)), timeout=10).job
+    job = c.wait(job.id, timeout=60)
+    if job.state != pb.FAILED or "600 rows of 5 features" not in job.message:
+        fail(f"a table claimed with another shape: {pb.JobState.Name(job.state)}: "
+             f"{job.message}")
+    print(f"a table claimed with another shape: FAILED: {job.message}")
     with open(f"{tmp}/bad.csv", "w") as f:
         f.write("a,b,y\n1,2,0\n3,x4,1\n")
     bad = {"name": "csv", "classes": 2, "label": "y", "train": f"{tmp}/bad.csv",

@@ -1,6 +1,7 @@
 #include "worker/daemon.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -347,20 +348,33 @@ class WorkerDaemon::Impl {
 
   // ---- a job ----
 
+  // A file's identity as it is now (another file, or the same rewritten,
+  // is read again); empty when it is not there.
+  static std::string Stamp(const std::string& path) {
+    struct stat st;
+    if (path.empty() || ::stat(path.c_str(), &st) != 0) return "";
+    return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
+                        st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+  }
+
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
-    const std::string key = absl::StrCat(
+    const ArraysSpec& arr = spec.dataset.arrays;
+    const CsvSpec& csv = spec.dataset.csv;
+    std::string files;
+    for (const std::string* p : {&arr.train_inputs, &arr.train_labels,
+                                 &arr.test_inputs, &arr.test_labels, &csv.train,
+                                 &csv.test}) {
+      absl::StrAppend(&files, "|", *p, "@", Stamp(*p));
+    }
+    const std::string key = absl::StrCat(files, "|",
         spec.dataset.name, "|", spec.dataset.root, "|", spec.dataset.normalize,
         "|", spec.dataset.synthetic.train_size, "|",
         spec.dataset.synthetic.test_size, "|", spec.dataset.synthetic.features,
         "|", spec.dataset.synthetic.num_classes, "|",
-        spec.dataset.synthetic.seed, "|", spec.dataset.arrays.train_inputs, "|",
-        spec.dataset.arrays.train_labels, "|", spec.dataset.arrays.test_inputs,
-        "|", spec.dataset.arrays.test_labels, "|",
-        spec.dataset.arrays.train_size, "|", spec.dataset.arrays.num_classes,
-        "|", absl::StrJoin(spec.dataset.arrays.shape, "x"), "|",
-        spec.dataset.csv.train, "|", spec.dataset.csv.test, "|",
-        spec.dataset.csv.label, "|", absl::StrJoin(spec.dataset.csv.features, ","),
-        "|", spec.dataset.csv.train_size, "|", spec.dataset.csv.num_classes);
+        spec.dataset.synthetic.seed, "|", arr.train_size, "|", arr.num_classes,
+        "|", absl::StrJoin(arr.shape, "x"), "|", csv.label, "|",
+        absl::StrJoin(csv.features, ","), "|", csv.num_features, "|",
+        csv.train_size, "|", csv.num_classes);
     if (data_key_ != key || data_ == nullptr) {
       TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDataset(spec.dataset));
       data_ = std::make_unique<TrainTest>(std::move(d));

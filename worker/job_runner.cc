@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
@@ -316,6 +317,12 @@ bool JobRunner::CanOverlapPull() const {
 absl::Status JobRunner::Prepare() {
   TALLY_ASSIGN_OR_RETURN(spec_, ParseJobSpec(assignment_.spec()));
   TALLY_ASSIGN_OR_RETURN(data_, context_.data(spec_));
+  if (data_->train.sample_shape != spec_.input_shape) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the dataset's samples are [", absl::StrJoin(data_->train.sample_shape, ", "),
+        "]; the job's model takes [", absl::StrJoin(spec_.input_shape, ", "),
+        "]"));
+  }
   world_ = std::max(1, assignment_.world());
   TALLY_RETURN_IF_ERROR(CheckSchedule());
   const int64_t train_size = data_->train.size();

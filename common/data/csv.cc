@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -32,7 +33,9 @@ bool ParseNumber(absl::string_view cell, double* out) {
   if (cell.empty()) return false;
   const char* end = cell.data() + cell.size();
   auto [p, ec] = std::from_chars(cell.data(), end, *out);
-  return ec == std::errc() && p == end && std::isfinite(*out);
+  // Finite, and within float32's range (what a sample holds).
+  return ec == std::errc() && p == end && std::isfinite(*out) &&
+         std::fabs(*out) <= 3.4028234663852886e38;
 }
 
 absl::Status At(const std::string& name, int64_t line, int64_t column,
@@ -46,8 +49,13 @@ absl::Status Columns(const std::vector<absl::string_view>& header,
                      const std::string& name, const CsvOptions& o, int* label,
                      std::vector<int>* features) {
   std::map<std::string, int, std::less<>> index;
-  for (size_t c = 0; c < header.size(); ++c)
-    index.emplace(std::string(Trim(header[c])), static_cast<int>(c));
+  for (size_t c = 0; c < header.size(); ++c) {
+    if (!index.emplace(std::string(Trim(header[c])), static_cast<int>(c))
+             .second) {
+      return At(name, 1, static_cast<int64_t>(c) + 1,
+                absl::StrCat("a second column named '", Trim(header[c]), "'"));
+    }
+  }
   auto find = [&](const std::string& col) -> absl::StatusOr<int> {
     auto it = index.find(col);
     if (it == index.end()) {
@@ -66,6 +74,10 @@ absl::Status Columns(const std::vector<absl::string_view>& header,
     for (const std::string& f : o.features) {
       absl::StatusOr<int> c = find(f);
       if (!c.ok()) return c.status();
+      if (*c == *label) {
+        return At(name, 1, *c + 1,
+                  absl::StrCat("'", f, "' is the label, not a feature"));
+      }
       features->push_back(*c);
     }
   }
@@ -121,7 +133,12 @@ absl::StatusOr<Dataset> ParseCsv(absl::string_view text, const std::string& name
 absl::StatusOr<Dataset> LoadCsv(const std::string& path,
                                 const CsvOptions& options) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  if (!in) {
+    return std::filesystem::exists(path)
+               ? absl::FailedPreconditionError(
+                     absl::StrCat(path, ": cannot open"))
+               : absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  }
   std::stringstream text;
   text << in.rdbuf();
   return ParseCsv(text.str(), path, options);

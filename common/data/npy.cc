@@ -151,6 +151,14 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes,
                          : "'fortran_order' is missing");
   }
   TALLY_ASSIGN_OR_RETURN(h.shape, ParseShape(ValueOf(dict, "shape"), name));
+  // values() must not overflow: at most 2^50 values (a petabyte of bytes).
+  int64_t values = 1;
+  for (int64_t d : h.shape) {
+    if (d != 0 && values > (int64_t{1} << 50) / d) {
+      return Bad(name, "more than 2^50 values");
+    }
+    values *= d;
+  }
   h.data_offset = at + len;
   return h;
 }
@@ -181,7 +189,8 @@ float HalfToFloat(uint16_t h) {
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(
     const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: a FIFO named by mistake must not hang the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const std::string why = std::strerror(errno);
     if (errno == ENOENT) {
@@ -287,14 +296,6 @@ std::string ShapeText(std::span<const int64_t> s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
 }
 
-uint64_t Fnv(uint64_t h, absl::string_view bytes) {
-  for (const char c : bytes) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const NpyArrays>> NpyArrays::Open(
@@ -336,14 +337,6 @@ absl::StatusOr<std::shared_ptr<const NpyArrays>> NpyArrays::Open(
           num_classes, ") (the job's classes)"));
     }
   }
-  uint64_t h = 1469598103934665603ull;
-  for (const auto& f : {a->inputs_, a->labels_}) {
-    const std::string size = std::to_string(f->size());
-    h = Fnv(Fnv(h, size), absl::string_view(f->data(), static_cast<size_t>(
-                                                           std::min<int64_t>(
-                                                               f->size(), 4096))));
-  }
-  a->fingerprint_ = h;
   // Batches gather samples of a shuffled order: read-ahead would read the
   // neighbours of every one, and under memory pressure push out what the
   // next batches need.

@@ -78,8 +78,6 @@ class NpyArrays final : public SampleSource {
   int64_t size() const override { return size_; }
   void Gather(std::span<const int64_t> indices, float* x,
               int32_t* y) const override;
-  // A hash of both headers and sizes: workers of one job compare theirs.
-  uint64_t fingerprint() const { return fingerprint_; }
 
  private:
   NpyArrays() = default;
@@ -87,7 +85,6 @@ class NpyArrays final : public SampleSource {
   NpyHeader in_, lab_;
   int64_t size_ = 0;
   int64_t sample_values_ = 0;
-  uint64_t fingerprint_ = 0;
 };
 
 // IEEE 754 half precision to float32.

@@ -14,6 +14,7 @@ output the loss cannot take) are raised here, before anything is sent.
 """
 import json
 import os
+import re
 import time
 
 import grpc
@@ -126,6 +127,13 @@ def _fill_arrays(dataset):
         if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
             raise SubmitError(f"dataset.{name}: {inputs} is {list(x.shape)}, {labels} "
                               f"{list(y.shape)}: inputs [n, ...] and labels [n] are needed")
+        for path, a, kinds in ((inputs, x, "biuf"), (labels, y, "biu")):
+            if a.dtype.kind not in kinds or a.dtype.byteorder == ">" or not a.flags.c_contiguous:
+                raise SubmitError(f"{path}: {a.dtype} "
+                                  f"{'(Fortran order) ' if not a.flags.c_contiguous else ''}"
+                                  f"is not what the workers read: "
+                                  f"{'integer labels' if a is y else 'little-endian numbers'}"
+                                  f" in C order")
         shape = list(x.shape[1:])
         if dataset.setdefault("shape", shape) != shape:
             raise SubmitError(f"dataset.shape is {dataset['shape']}; {inputs} holds samples "
@@ -140,39 +148,58 @@ def _fill_arrays(dataset):
                                   f"holds {len(x)} samples")
 
 
+def _trim(cell):
+    """A cell as the workers read it: spaces around it and one pair of
+    double quotes taken away."""
+    cell = cell.lstrip(" \t").rstrip(" \t\r")
+    if len(cell) >= 2 and cell[0] == cell[-1] == '"':
+        cell = cell[1:-1]
+    return cell
+
+
+NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?$")
+
+
 def _fill_csv(dataset):
     """A csv dataset whose training file this machine can read: its shape
     (the feature columns) and train_size (the rows) filled in and checked,
-    its labels against its classes."""
-    import csv
+    and its labels against its classes, reading the file as the workers do
+    (common/data/csv.h); cells that are not numbers are left for the
+    workers to name."""
     train = dataset.get("train")
     if not (train and os.path.exists(train)):
         return
-    with open(train, newline="") as f:
-        rows = [r for r in csv.reader(f) if r]
-    if not rows:
+    with open(train, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    while lines and not _trim(lines[-1]):
+        lines.pop()
+    if not lines:
         raise SubmitError(f"{train}: no header row")
-    header = [c.strip() for c in rows[0]]
+    header = [_trim(c) for c in lines[0].split(",")]
+    if len(set(header)) != len(header):
+        raise SubmitError(f"{train}: two columns of one name in {header}")
     label = dataset.get("label")
     if label not in header:
         raise SubmitError(f"{train}: the header has no column '{label}' (dataset.label)")
     features = dataset.get("features") or [c for c in header if c != label]
+    if label in features:
+        raise SubmitError(f"dataset.features: '{label}' is the label, not a feature")
     shape = [len(features)]
     if dataset.setdefault("shape", shape) != shape:
         raise SubmitError(f"dataset.shape is {dataset['shape']}; {train} has {shape[0]} "
                           "feature columns")
-    if dataset.setdefault("train_size", len(rows) - 1) != len(rows) - 1:
+    rows = len(lines) - 1
+    if dataset.setdefault("train_size", rows) != rows:
         raise SubmitError(f"dataset.train_size is {dataset['train_size']}; {train} has "
-                          f"{len(rows) - 1} rows")
+                          f"{rows} rows")
     classes, at = int(dataset.get("classes", 0)), header.index(label)
-    for line, r in enumerate(rows[1:], start=2):
-        try:
-            ok = 0 <= float(r[at]) < classes and float(r[at]).is_integer()
-        except (ValueError, IndexError):
-            ok = False
-        if classes and not ok:
-            raise SubmitError(f"{train}:{line}:{at + 1}: label '{r[at] if at < len(r) else ''}' "
-                              f"is not an integer in [0, {classes}) (dataset.classes)")
+    for line, text in enumerate(lines[1:], start=2):
+        cells = text.split(",")
+        cell = _trim(cells[at]) if len(cells) == len(header) else ""
+        if classes and NUMBER.match(cell) and not (
+                float(cell).is_integer() and 0 <= float(cell) < classes):
+            raise SubmitError(f"{train}:{line}:{at + 1}: label '{cell}' is not an integer "
+                              f"in [0, {classes}) (dataset.classes)")
 
 
 def prepare_spec(path):

@@ -55,6 +55,14 @@ TEST(CsvTest, EveryBadCellIsNamedByLineAndColumn) {
   EXPECT_THAT(ParseCsv("x,z\n1,0\n", "t.csv", o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("t.csv:1:1: the header has no column 'y'")));
+  EXPECT_THAT(ParseCsv("x,y,x\n1,0,2\n", "t.csv", o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("t.csv:1:3: a second column named 'x'")));
+  o.features = {"x", "y"};
+  EXPECT_THAT(ParseCsv("x,y\n1,0\n", "t.csv", o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("t.csv:1:2: 'y' is the label, not a feature")));
+  o.features.clear();
   EXPECT_THAT(ParseCsv("", "t.csv", o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("no header row")));

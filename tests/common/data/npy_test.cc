@@ -94,6 +94,10 @@ TEST_F(NpyTest, BadHeadersAreNamedWithWhatIsWrong) {
   EXPECT_THAT(ParseNpyHeader(Npy("<c8", "(2,)", v), "d.npy"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("dtype '<c8'")));
+  EXPECT_THAT(ParseNpyHeader(Npy("<f4", "(9999999999999999, 9999999999999999)", v),
+                             "g.npy"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("more than 2^50 values")));
   EXPECT_THAT(ParseNpyHeader(Npy("<f4", "(2,)", v, 4), "e.npy"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("format version 4")));
