@@ -193,6 +193,25 @@ absl::StatusOr<LayerConfig> ParseLayer(const YAML::Node& n,
   return c;
 }
 
+// A dataset of the user's files: its classes and training samples, both
+// required (the schedule is fixed at submission; the Python client fills
+// train_size in from the files).
+absl::Status ReadClassesAndSize(const YAML::Node& n, int* num_classes,
+                                int64_t* train_size) {
+  int64_t classes = 0;
+  TALLY_RETURN_IF_ERROR(ReadInt(n, "dataset", "classes", 2, 1 << 20, &classes));
+  if (classes == 0) return FieldError("dataset.classes", "is required");
+  *num_classes = static_cast<int>(classes);
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, "dataset", "train_size", 1, int64_t{1} << 40, train_size));
+  if (*train_size == 0) {
+    return FieldError("dataset.train_size",
+                      "is required: the schedule is fixed at submission (the "
+                      "Python client fills it in from the files)");
+  }
+  return absl::OkStatus();
+}
+
 // dataset.train / dataset.test: {inputs: PATH, labels: PATH}.
 absl::Status ParseSplit(const YAML::Node& n, const std::string& p,
                         std::string* inputs, std::string* labels) {
@@ -231,18 +250,7 @@ absl::Status ParseArrays(const YAML::Node& n, ArraysSpec* a) {
     TALLY_RETURN_IF_ERROR(ReadInt(one, "dataset.shape", "d", 1, kMaxDim, &d));
     a->shape.push_back(d);
   }
-  int64_t classes = 0;
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "classes", 2, 1 << 20, &classes));
-  if (classes == 0) return FieldError("dataset.classes", "is required");
-  a->num_classes = static_cast<int>(classes);
-  TALLY_RETURN_IF_ERROR(
-      ReadInt(n, p, "train_size", 1, int64_t{1} << 40, &a->train_size));
-  if (a->train_size == 0) {
-    return FieldError("dataset.train_size",
-                      "is required: the schedule is fixed at submission (the "
-                      "Python client fills it in from the files)");
-  }
-  return absl::OkStatus();
+  return ReadClassesAndSize(n, &a->num_classes, &a->train_size);
 }
 
 // dataset: {name: csv, train, test, label, features, shape, classes,
@@ -282,18 +290,7 @@ absl::Status ParseCsvSpec(const YAML::Node& n, CsvSpec* c) {
                       "is required without dataset.features: [the number of "
                       "feature columns] (the Python client fills it in)");
   }
-  int64_t classes = 0;
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "classes", 2, 1 << 20, &classes));
-  if (classes == 0) return FieldError("dataset.classes", "is required");
-  c->num_classes = static_cast<int>(classes);
-  TALLY_RETURN_IF_ERROR(
-      ReadInt(n, p, "train_size", 1, int64_t{1} << 40, &c->train_size));
-  if (c->train_size == 0) {
-    return FieldError("dataset.train_size",
-                      "is required: the schedule is fixed at submission (the "
-                      "Python client fills it in from the file)");
-  }
-  return absl::OkStatus();
+  return ReadClassesAndSize(n, &c->num_classes, &c->train_size);
 }
 
 absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
