@@ -671,27 +671,7 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       // (A push refused on some shard, too stale there, is committed as
       // nothing; it may never have been staged here.)
       if (EndedLocked() || (contributed && step > m.pushed_step)) return true;
-      // Its push of `step` is one version, whatever it holds; pushes it
-      // abandoned before (never committed) go.
-      Staged st;
-      for (auto it = m.staged.begin();
-           it != m.staged.end() && it->first <= step;) {
-        if (it->first == step && contributed) {
-          st = std::move(it->second);
-        } else {
-          ReleaseLocked(std::move(it->second.grads));
-        }
-        it = m.staged.erase(it);
-      }
-      auto b = m.buffers.find(step);
-      if (contributed && b != m.buffers.end()) {
-        st.buffers = b->second;
-        st.rank = m.spec.rank;
-      }
-      m.buffers.erase(m.buffers.begin(), m.buffers.upper_bound(step));
-      apply_queue_.push_back(std::move(st));
-      m.committed_step = step;
-      m.last_refused = !contributed;
+      QueueCommittedLocked(m, step, contributed);
     } else {
       const int64_t window = consistency_.mode == ConsistencyMode::kSsp
                                  ? consistency_.staleness
@@ -725,6 +705,31 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
   }
   RunReady(ready);
   return true;
+}
+
+void ParameterShard::QueueCommittedLocked(Member& m, int64_t step,
+                                          bool contributed) {
+  // Its push of `step` is one version, whatever it holds; pushes it
+  // abandoned before (never committed) go.
+  Staged st;
+  for (auto it = m.staged.begin();
+       it != m.staged.end() && it->first <= step;) {
+    if (it->first == step && contributed) {
+      st = std::move(it->second);
+    } else {
+      ReleaseLocked(std::move(it->second.grads));
+    }
+    it = m.staged.erase(it);
+  }
+  auto b = m.buffers.find(step);
+  if (contributed && b != m.buffers.end()) {
+    st.buffers = b->second;
+    st.rank = m.spec.rank;
+  }
+  m.buffers.erase(m.buffers.begin(), m.buffers.upper_bound(step));
+  apply_queue_.push_back(std::move(st));
+  m.committed_step = step;
+  m.last_refused = !contributed;
 }
 
 void ParameterShard::Reject(const PushMeta& meta) {

@@ -396,6 +396,10 @@ class ParameterShard {
   bool TallyStreamedLocked(const std::vector<Member*>& required,
                            int64_t* samples, double* loss, int64_t* correct,
                            Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // async: member m's commit of `step` queues its push (as nothing unless
+  // `contributed`) to be applied as one version, with its buffers.
+  void QueueCommittedLocked(Member& m, int64_t step, bool contributed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps a push's buffers with its member until its step closes.
   void KeepBuffersLocked(const PushMeta& meta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -23,6 +23,42 @@ absl::Status NoRange(const std::string& job_id) {
 ShardHost::ShardHost(const Clock* clock, const SpecLimits& limits)
     : clock_(clock != nullptr ? clock : &real_clock_), limits_(limits) {}
 
+absl::StatusOr<std::shared_ptr<ParameterShard>> ShardHost::MakeShard(
+    const v1::InstallRangeRequest& req, const JobSpec& spec) const {
+  const int64_t n = spec.layout.num_params;
+  const int64_t count = req.count();
+  TALLY_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
+                         Optimizer::Create(spec.optimizer, count));
+  opt->set_total_steps(req.schedule().total_steps());
+  if (!req.has_state() && spec.is_python) {
+    return absl::InvalidArgumentError(
+        "a Python model's range is installed with its initial weights (a "
+        "worker builds them; servers never run the model)");
+  }
+  if (!req.has_state()) {
+    std::vector<float> init =
+        InitParams(spec.layers, spec.layout, spec.training.seed);
+    if (count != n) {  // a part of the model: keep only that
+      init = std::vector<float>(init.begin() + req.offset(),
+                                init.begin() + req.offset() + count);
+    }
+    return std::make_shared<ParameterShard>(std::move(init), std::move(opt),
+                                            clock_);
+  }
+  TALLY_ASSIGN_OR_RETURN(ShardState st, DecodeRangeState(req.state(), count));
+  if (st.buffers != nullptr &&
+      (!spec.is_python || req.offset() != 0 ||
+       static_cast<int64_t>(st.buffers->size()) != spec.python.buffer_bytes)) {
+    return absl::InvalidArgumentError(
+        "the range's buffers do not fit the job's model");
+  }
+  st.metrics.total_steps = req.schedule().total_steps();
+  st.metrics.steps_per_epoch = req.schedule().steps_per_epoch();
+  TALLY_ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> restored,
+                         ParameterShard::Restore(st, std::move(opt), clock_));
+  return std::shared_ptr<ParameterShard>(std::move(restored));
+}
+
 absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   {
     absl::MutexLock lock(&mu_);
@@ -39,39 +75,8 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
                      ") is outside the job's ", n, " parameters"));
   }
   const int64_t count = req.count();
-  TALLY_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
-                         Optimizer::Create(spec.optimizer, count));
-  opt->set_total_steps(req.schedule().total_steps());
-  std::shared_ptr<ParameterShard> shard;
-  if (!req.has_state() && spec.is_python) {
-    return absl::InvalidArgumentError(
-        "a Python model's range is installed with its initial weights (a "
-        "worker builds them; servers never run the model)");
-  }
-  if (!req.has_state()) {
-    std::vector<float> init =
-        InitParams(spec.layers, spec.layout, spec.training.seed);
-    if (count != n) {  // a part of the model: keep only that
-      init = std::vector<float>(init.begin() + req.offset(),
-                                init.begin() + req.offset() + count);
-    }
-    shard = std::make_shared<ParameterShard>(std::move(init), std::move(opt),
-                                             clock_);
-  } else {
-    TALLY_ASSIGN_OR_RETURN(ShardState st, DecodeRangeState(req.state(), count));
-    if (st.buffers != nullptr &&
-        (!spec.is_python || req.offset() != 0 ||
-         static_cast<int64_t>(st.buffers->size()) !=
-             spec.python.buffer_bytes)) {
-      return absl::InvalidArgumentError(
-          "the range's buffers do not fit the job's model");
-    }
-    st.metrics.total_steps = req.schedule().total_steps();
-    st.metrics.steps_per_epoch = req.schedule().steps_per_epoch();
-    TALLY_ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> restored,
-                           ParameterShard::Restore(st, std::move(opt), clock_));
-    shard = std::move(restored);
-  }
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<ParameterShard> shard,
+                         MakeShard(req, spec));
   shard->SetConsistency(spec.training.consistency);
   shard->SetStreamedSums(streamed_sums_ &&
                          req.count() >= streamed_sums_min_elements_);

@@ -132,6 +132,10 @@ class ShardHost {
   void Tick();
 
  private:
+  // Install's range: from the spec's initial weights, or from the state
+  // the request carries (a Python model's always), checked against it.
+  absl::StatusOr<std::shared_ptr<ParameterShard>> MakeShard(
+      const v1::InstallRangeRequest& req, const JobSpec& spec) const;
   const Clock* clock_;
   bool streamed_sums_ = true;
   int64_t streamed_sums_min_elements_ = 0;
