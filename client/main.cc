@@ -116,17 +116,20 @@ std::string Line(const Job& j) {
 std::string WorkerTable(const Job& j) {
   const auto& m = j.metrics();
   if (m.progress().empty()) return "";
-  std::string s = absl::StrFormat("  %-4s %-28s %8s %5s %10s %10s %10s\n",
-                                  "rank", "worker", "clock", "lag", "compute",
-                                  "wait", "push");
+  std::string s = absl::StrFormat(
+      "  %-4s %-28s %8s %5s %10s %10s %10s %10s\n", "rank", "worker", "clock",
+      "lag", "compute", "wait", "push", "loader");
   for (const tally::v1::WorkerProgress& p : m.progress()) {
     const std::string who =
         p.name().empty() ? p.worker_id()
                          : absl::StrCat(p.worker_id(), " (", p.name(), ")");
     absl::StrAppendFormat(
-        &s, "  %-4d %-28s %8s %5d %8.3fms %8.3fms %8.3fms%s\n", p.rank(), who,
-        p.clock() < 0 ? std::string("-") : absl::StrCat(p.clock()), p.lag(), p.compute_seconds() * 1e3, p.wait_seconds() * 1e3,
-        p.push_seconds() * 1e3, p.slowest() ? "  <- slowest" : "");
+        &s, "  %-4d %-28s %8s %5d %8.3fms %8.3fms %8.3fms %8.3fms%s\n",
+        p.rank(), who,
+        p.clock() < 0 ? std::string("-") : absl::StrCat(p.clock()), p.lag(),
+        p.compute_seconds() * 1e3, p.wait_seconds() * 1e3,
+        p.push_seconds() * 1e3, p.loader_seconds() * 1e3,
+        p.slowest() ? "  <- slowest" : "");
   }
   if (!m.waiting_on().empty()) {
     absl::StrAppendFormat(&s, "  step %d has waited %.0f s on %s\n", m.step(),

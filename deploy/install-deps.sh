@@ -10,6 +10,7 @@ PACKAGES=(  # to build
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   prometheus-cpp-dev        # /metrics (prometheus-cpp)
   libopenblas-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev
+  libpng-dev libjpeg62-turbo-dev   # image_folder datasets (PNG, JPEG)
   dataset-fashion-mnist
   openssl                   # deploy/make-certs.sh (TLS certificates)
 )
@@ -33,7 +34,8 @@ fi
 # values, benchmarks), pybind11 and Python's headers (the Python worker's
 # native module) and iperf3 (the network benchmark's reference).
 if [[ "${1:-}" == "--with-torch" ]]; then
-  PACKAGES+=(python3-torch pybind11-dev python3-dev iperf3)
+  PACKAGES+=(python3-torch pybind11-dev python3-dev iperf3
+             python3-torchvision python3-pil)  # the loader benchmark's reference
 fi
 
 missing=()

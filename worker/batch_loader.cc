@@ -17,6 +17,9 @@ BatchLoader::BatchLoader(const Dataset* data, const LoaderOptions& options)
       free_.push_back(std::make_unique<HostBatch>());
     }
   }
+  for (int i = 1; i < options.threads; ++i) {
+    helpers_.emplace_back([this, i] { Help(static_cast<size_t>(i - 1)); });
+  }
   thread_ = std::thread([this] { Produce(); });
 }
 
@@ -25,7 +28,65 @@ BatchLoader::~BatchLoader() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  thread_.join();
+  thread_.join();  // it may be waiting for the helpers: they quit after
+  {
+    absl::MutexLock lock(&parts_mu_);
+    quit_ = true;
+  }
+  for (std::thread& t : helpers_) t.join();
+}
+
+void BatchLoader::Help(size_t k) {
+  int64_t seen = 0;
+  while (true) {
+    Part part;
+    {
+      absl::MutexLock lock(&parts_mu_);
+      auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(parts_mu_) {
+        return quit_ || round_ > seen;
+      };
+      parts_mu_.Await(absl::Condition(&more));
+      if (quit_) return;
+      seen = round_;
+      part = parts_[k];
+    }
+    absl::Status s = data_->Gather(part.indices, part.x, part.y, context_);
+    absl::MutexLock lock(&parts_mu_);
+    parts_[k].status = std::move(s);
+    --pending_;
+  }
+}
+
+absl::Status BatchLoader::Fill(std::span<const int64_t> indices, int64_t epoch,
+                               HostBatch& batch) {
+  context_ = GatherContext{options_.seed, epoch};
+  const size_t n = indices.size();
+  const size_t parts = helpers_.size() + 1;
+  if (parts == 1 || n < parts) {
+    return data_->Gather(indices, batch.x.data(), batch.y.data(), context_);
+  }
+  const int64_t feat = data_->sample_numel();
+  auto cut = [&](size_t k) { return n * k / parts; };
+  {
+    absl::MutexLock lock(&parts_mu_);
+    parts_.assign(parts - 1, Part{});
+    for (size_t k = 1; k < parts; ++k) {
+      parts_[k - 1] = Part{indices.subspan(cut(k), cut(k + 1) - cut(k)),
+                           batch.x.data() + cut(k) * feat,
+                           batch.y.data() + cut(k), absl::OkStatus()};
+    }
+    pending_ = static_cast<int>(parts - 1);
+    ++round_;
+  }
+  absl::Status status = data_->Gather(indices.first(cut(1)), batch.x.data(),
+                                      batch.y.data(), context_);
+  absl::MutexLock lock(&parts_mu_);
+  auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(parts_mu_) {
+    return pending_ == 0;
+  };
+  parts_mu_.Await(absl::Condition(&all));
+  for (const Part& p : parts_) status.Update(p.status);
+  return status;
 }
 
 void BatchLoader::Produce() {
@@ -57,8 +118,14 @@ void BatchLoader::Produce() {
           std::min<int64_t>(options_.batch_size, order.size() - begin));
       batch->x.resize(static_cast<size_t>(options_.batch_size) * feat);
       batch->y.resize(options_.batch_size);
-      data_->Gather(std::span<const int64_t>(order.data() + begin, size),
-                    batch->x.data(), batch->y.data());
+      absl::Status filled = Fill(
+          std::span<const int64_t>(order.data() + begin, size), e, *batch);
+      if (!filled.ok()) {
+        absl::MutexLock lock(&mu_);
+        error_ = std::move(filled);
+        done_ = true;
+        return;
+      }
       batch->size = size;
       batch->epoch = e;
       batch->index = b;
@@ -73,14 +140,18 @@ void BatchLoader::Produce() {
 
 absl::StatusOr<std::unique_ptr<HostBatch>> BatchLoader::Next(
     absl::Duration timeout) {
+  const absl::Time began = absl::Now();
   absl::MutexLock lock(&mu_);
   auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !ready_.empty() || done_;
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&has), timeout)) {
-    return absl::DeadlineExceededError("no batch was ready in time");
+  const bool ready = mu_.AwaitWithTimeout(absl::Condition(&has), timeout);
+  waited_ += absl::Now() - began;
+  if (!ready) return absl::DeadlineExceededError("no batch was ready in time");
+  if (ready_.empty()) {
+    if (!error_.ok()) return error_;
+    return absl::OutOfRangeError("no more batches");
   }
-  if (ready_.empty()) return absl::OutOfRangeError("no more batches");
   std::unique_ptr<HostBatch> b = std::move(ready_.front());
   ready_.pop_front();
   return b;

@@ -4,7 +4,10 @@
 // Batches come out in order: epoch by epoch, each epoch the worker's shard of
 // EpochOrder(size, seed, epoch, rank, world) cut into batches of batch_size
 // (the last one may be short). At most `depth` batches are prepared ahead;
-// their buffers are recycled, so the steady state allocates nothing.
+// their buffers are recycled, so the steady state allocates nothing. With
+// `threads` > 1 each batch's samples are split between that many threads
+// (decoding images is the work worth sharing). A sample that cannot be read
+// ends the batches: Next returns its error.
 //
 // Threading: Next/Recycle are called from one consumer thread.
 #ifndef TALLY_WORKER_BATCH_LOADER_H_
@@ -34,6 +37,7 @@ struct LoaderOptions {
   int64_t first_batch = 0;  // batches of first_epoch to skip
   int64_t max_batches = 0;  // 0: no limit
   int depth = 3;
+  int threads = 1;  // gathering a batch
 };
 
 struct HostBatch {
@@ -61,8 +65,22 @@ class BatchLoader {
   // Hands a consumed batch's buffers back for reuse.
   void Recycle(std::unique_ptr<HostBatch> batch);
 
+  // Time Next spent waiting for a batch, in all.
+  absl::Duration waited() const { return waited_; }
+
  private:
+  // A batch's samples, split between the producer and the helpers.
+  struct Part {
+    std::span<const int64_t> indices;
+    float* x = nullptr;
+    int32_t* y = nullptr;
+    absl::Status status;
+  };
+
   void Produce();
+  absl::Status Fill(std::span<const int64_t> indices, int64_t epoch,
+                    HostBatch& batch);
+  void Help(size_t part);
 
   const Dataset* data_;  // borrowed
   LoaderOptions options_;
@@ -72,6 +90,16 @@ class BatchLoader {
   std::vector<std::unique_ptr<HostBatch>> free_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  absl::Duration waited_;  // the consumer's
+  GatherContext context_;  // the batch being filled (the producer's)
+  // The helpers: part i + 1 of the batch of generation `round_` each.
+  absl::Mutex parts_mu_;
+  std::vector<Part> parts_ ABSL_GUARDED_BY(parts_mu_);
+  int64_t round_ ABSL_GUARDED_BY(parts_mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(parts_mu_) = 0;
+  bool quit_ ABSL_GUARDED_BY(parts_mu_) = false;
+  std::vector<std::thread> helpers_;
   std::thread thread_;
 };
 

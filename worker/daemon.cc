@@ -158,6 +158,7 @@ class WorkerDaemon::Impl {
           if (progress_.job_id == assignment_->job_id()) {
             req.set_compute_seconds(progress_.compute_seconds);
             req.set_wait_seconds(progress_.wait_seconds);
+            req.set_loader_seconds(progress_.loader_seconds);
             req.set_push_seconds(progress_.push_seconds);
           }
         }
@@ -357,16 +358,24 @@ class WorkerDaemon::Impl {
                         st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
   }
 
-  absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
+  // What a dataset read from a spec depends on: a spec with the same key
+  // (and files not changed since) reads the same samples.
+  static std::string DataKey(const JobSpec& spec) {
     const ArraysSpec& arr = spec.dataset.arrays;
     const CsvSpec& csv = spec.dataset.csv;
+    const ImageFolderSpec& img = spec.dataset.images;
     std::string files;
     for (const std::string* p : {&arr.train_inputs, &arr.train_labels,
                                  &arr.test_inputs, &arr.test_labels, &csv.train,
-                                 &csv.test}) {
+                                 &csv.test, &img.train, &img.test}) {
       absl::StrAppend(&files, "|", *p, "@", Stamp(*p));
     }
-    const std::string key = absl::StrCat(files, "|",
+    absl::StrAppend(&files, "|", absl::StrJoin(img.shape, "x"), "|",
+                    static_cast<int>(img.fit), "|", absl::StrJoin(img.mean, ","),
+                    "|", absl::StrJoin(img.std, ","), "|", img.crop_padding,
+                    "|", img.hflip, "|", img.skip_bad, "|", img.num_classes,
+                    "|", img.train_size);
+    return absl::StrCat(files, "|",
         spec.dataset.name, "|", spec.dataset.root, "|", spec.dataset.normalize,
         "|", spec.dataset.synthetic.train_size, "|",
         spec.dataset.synthetic.test_size, "|", spec.dataset.synthetic.features,
@@ -375,6 +384,10 @@ class WorkerDaemon::Impl {
         "|", absl::StrJoin(arr.shape, "x"), "|", csv.label, "|",
         absl::StrJoin(csv.features, ","), "|", csv.num_features, "|",
         csv.train_size, "|", csv.num_classes);
+  }
+
+  absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
+    const std::string key = DataKey(spec);
     if (data_key_ != key || data_ == nullptr) {
       TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDataset(spec.dataset));
       data_ = std::make_unique<TrainTest>(std::move(d));

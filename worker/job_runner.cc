@@ -317,6 +317,10 @@ bool JobRunner::CanOverlapPull() const {
 absl::Status JobRunner::Prepare() {
   TALLY_ASSIGN_OR_RETURN(spec_, ParseJobSpec(assignment_.spec()));
   TALLY_ASSIGN_OR_RETURN(data_, context_.data(spec_));
+  if (const SampleSource* source = data_->train.source.get()) {
+    loader_bytes_seen_ = source->bytes_read();  // earlier jobs' counted
+    loader_substituted_seen_ = source->substituted();
+  }
   if (data_->train.sample_shape != spec_.input_shape) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the dataset's samples are [", absl::StrJoin(data_->train.sample_shape, ", "),
@@ -474,8 +478,10 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   if (index >= rank_batches_) return StepStats{};  // no batch at this step
   SeekLoader(step);
   held_.reset();  // the engine's gradient is about to change
+  const absl::Time asked = absl::Now();
   absl::StatusOr<std::unique_ptr<HostBatch>> next =
       loader_->Next(options_.batch_wait);
+  CountLoader(absl::Now() - asked);
   // Said to the coordinator: a runner that stops quietly would hold its
   // slot (its daemon still heartbeats) and a bsp job would wait for ever.
   if (!next.ok()) return Refuse(next.status());
@@ -520,6 +526,7 @@ void JobRunner::SeekLoader(int64_t step) {
   lo.world = world_;
   lo.first_epoch = epoch;
   lo.first_batch = step % schedule_.steps_per_epoch;
+  lo.threads = spec_.dataset.threads;
   // An async worker faster than others goes round its data shard more
   // often than the spec's epochs (the job ends on versions, not epochs):
   // its loader goes on (epochs are shuffled as they come).
@@ -573,6 +580,23 @@ StepHooks JobRunner::HooksFor(int64_t step, StepWork& work) {
     };
   }
   return hooks;
+}
+
+void JobRunner::CountLoader(absl::Duration waited) {
+  Smooth(&progress_.loader_seconds, absl::ToDoubleSeconds(waited));
+  if (options_.metrics == nullptr) return;
+  options_.metrics->loader_wait_seconds.Observe(absl::ToDoubleSeconds(waited));
+  const SampleSource* source = data_->train.source.get();
+  if (source == nullptr) return;
+  // The source counts for its life (the daemon keeps it between jobs).
+  const int64_t bytes = source->bytes_read();
+  const int64_t substituted = source->substituted();
+  options_.metrics->loader_bytes.Increment(
+      static_cast<double>(bytes - loader_bytes_seen_));
+  options_.metrics->loader_substituted.Increment(
+      static_cast<double>(substituted - loader_substituted_seen_));
+  loader_bytes_seen_ = bytes;
+  loader_substituted_seen_ = substituted;
 }
 
 void JobRunner::CountStep(const absl::StatusOr<StepStats>& stats,

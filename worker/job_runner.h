@@ -48,6 +48,7 @@ namespace tally {
 struct JobProgress {
   std::string job_id;
   double compute_seconds = 0, wait_seconds = 0, push_seconds = 0;
+  double loader_seconds = 0;  // waiting for the loader's batch
 };
 
 // What the daemon lends a job.
@@ -148,6 +149,8 @@ class JobRunner {
   StepHooks HooksFor(int64_t step, StepWork& work);
   void CountStep(const absl::StatusOr<StepStats>& stats, const StepWork& work,
                  absl::Duration computing);
+  // A step's wait for its batch; what the loader read since the last.
+  void CountLoader(absl::Duration waited);
   // Whether the next step can start while its weights arrive (bsp on one
   // shard, the pull sent with the last push, options_.overlap_pull).
   bool CanOverlapPull() const;
@@ -183,6 +186,7 @@ class JobRunner {
 
   JobSpec spec_;
   const TrainTest* data_ = nullptr;  // borrowed from the daemon's cache
+  int64_t loader_bytes_seen_ = 0, loader_substituted_seen_ = 0;
   Schedule schedule_;
   int world_ = 1;
   int64_t rank_batches_ = 0;  // batches this rank has per epoch

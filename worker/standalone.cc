@@ -141,6 +141,7 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
   lo.seed = spec.training.seed;
   lo.epochs = spec.training.epochs;
   lo.max_batches = spec.training.max_steps;
+  lo.threads = spec.dataset.threads;
   BatchLoader loader(&data.train, lo);
   int64_t total_steps = loader.batches_per_epoch() * spec.training.epochs;
   if (spec.training.max_steps > 0) {

@@ -14,6 +14,14 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       pull_seconds(AddLatencyHistogram(
           r, "tally_worker_pull_seconds",
           "A pull from every shard, the wait for the step to close "
-          "included")) {}
+          "included")),
+      loader_wait_seconds(AddLatencyHistogram(
+          r, "tally_worker_loader_wait_seconds",
+          "A step's wait for its batch from the data loader")),
+      loader_bytes(AddCounter(r, "tally_worker_loader_read_bytes_total",
+                              "Bytes the data loader read from dataset files")),
+      loader_substituted(AddCounter(
+          r, "tally_worker_loader_substituted_total",
+          "Samples that stood in for unreadable ones (skip_bad)")) {}
 
 }  // namespace tally

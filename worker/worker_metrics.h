@@ -25,6 +25,11 @@ struct WorkerMetrics {
   prometheus::Histogram& compute_seconds;
   prometheus::Histogram& push_seconds;
   prometheus::Histogram& pull_seconds;
+  // The data loader: a step's wait for its batch, what it read from the
+  // dataset's files, the samples that stood in for unreadable ones.
+  prometheus::Histogram& loader_wait_seconds;
+  prometheus::Counter& loader_bytes;
+  prometheus::Counter& loader_substituted;
 };
 
 }  // namespace tally

@@ -14,28 +14,28 @@
 
 namespace tally {
 
-void Dataset::Gather(std::span<const int64_t> indices, float* x,
-                     int32_t* y) const {
-  if (source != nullptr) {
-    source->Gather(indices, x, y);
-    return;
-  }
+absl::Status Dataset::Gather(std::span<const int64_t> indices, float* x,
+                             int32_t* y, const GatherContext& context) const {
+  if (source != nullptr) return source->Gather(indices, context, x, y);
   const int64_t n = sample_numel();
   for (size_t i = 0; i < indices.size(); ++i) {
     std::memcpy(x + i * n, features.data() + indices[i] * n, n * sizeof(float));
     y[i] = labels[indices[i]];
   }
+  return absl::OkStatus();
 }
 
-void Dataset::Materialize() {
-  if (source == nullptr) return;
+absl::Status Dataset::Materialize() {
+  if (source == nullptr) return absl::OkStatus();
   const int64_t n = source->size();
   std::vector<int64_t> all(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) all[i] = i;
   features.resize(static_cast<size_t>(n * sample_numel()));
   labels.resize(static_cast<size_t>(n));
-  source->Gather(all, features.data(), labels.data());
+  TALLY_RETURN_IF_ERROR(
+      source->Gather(all, GatherContext{}, features.data(), labels.data()));
   source.reset();
+  return absl::OkStatus();
 }
 
 namespace {

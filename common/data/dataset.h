@@ -17,15 +17,27 @@
 
 namespace tally {
 
-// Samples read from their files as they are gathered (common/data/npy.h),
-// not held in memory. Thread-safe.
+// What a batch's samples are gathered for: augmentations draw from (seed,
+// epoch, sample), so that a rerun sees the same.
+struct GatherContext {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+};
+
+// Samples read from their files as they are gathered (common/data/npy.h,
+// common/data/image_folder.h), not held in memory. Thread-safe.
 class SampleSource {
  public:
   virtual ~SampleSource() = default;
   virtual int64_t size() const = 0;
   // As Dataset::Gather.
-  virtual void Gather(std::span<const int64_t> indices, float* x,
-                      int32_t* y) const = 0;
+  virtual absl::Status Gather(std::span<const int64_t> indices,
+                              const GatherContext& context, float* x,
+                              int32_t* y) const = 0;
+  // Bytes read from files so far, and samples that stood in for ones that
+  // could not be read (image_folder's skip_bad).
+  virtual int64_t bytes_read() const { return 0; }
+  virtual int64_t substituted() const { return 0; }
 };
 
 struct Dataset {
@@ -43,11 +55,13 @@ struct Dataset {
   int64_t sample_numel() const { return NumElements(sample_shape); }
 
   // Copies the samples named by `indices` into x (indices.size() rows of
-  // sample_numel() floats) and y. Indices must be in range.
-  void Gather(std::span<const int64_t> indices, float* x, int32_t* y) const;
+  // sample_numel() floats) and y. Indices must be in range. Fails only for
+  // a source's file that cannot be read, with the file's name.
+  absl::Status Gather(std::span<const int64_t> indices, float* x, int32_t* y,
+                      const GatherContext& context = {}) const;
   // A dataset read from a source, read whole into features and labels
   // (for the test split, which evaluation reads in one go).
-  void Materialize();
+  absl::Status Materialize();
 };
 
 struct TrainTest {

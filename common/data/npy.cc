@@ -344,8 +344,9 @@ absl::StatusOr<std::shared_ptr<const NpyArrays>> NpyArrays::Open(
   return std::shared_ptr<const NpyArrays>(std::move(a));
 }
 
-void NpyArrays::Gather(std::span<const int64_t> indices, float* x,
-                       int32_t* y) const {
+absl::Status NpyArrays::Gather(std::span<const int64_t> indices,
+                               const GatherContext& /*context*/, float* x,
+                               int32_t* y) const {
   const char* in = inputs_->data() + in_.data_offset;
   const char* lab = labels_->data() + lab_.data_offset;
   const int64_t n = sample_values_;
@@ -367,6 +368,10 @@ void NpyArrays::Gather(std::span<const int64_t> indices, float* x,
     }
     y[i] = static_cast<int32_t>(ValueAt(lab, lab_.type, s));
   }
+  bytes_.fetch_add(static_cast<int64_t>(indices.size()) *
+                       (n * in_.width + lab_.width),
+                   std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 }  // namespace tally

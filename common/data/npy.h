@@ -13,14 +13,15 @@
 #ifndef TALLY_COMMON_DATA_NPY_H_
 #define TALLY_COMMON_DATA_NPY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/data/dataset.h"
 
 namespace tally {
@@ -76,8 +77,10 @@ class NpyArrays final : public SampleSource {
       const Shape& sample_shape, int num_classes);
 
   int64_t size() const override { return size_; }
-  void Gather(std::span<const int64_t> indices, float* x,
-              int32_t* y) const override;
+  absl::Status Gather(std::span<const int64_t> indices,
+                      const GatherContext& context, float* x,
+                      int32_t* y) const override;
+  int64_t bytes_read() const override { return bytes_.load(); }
 
  private:
   NpyArrays() = default;
@@ -85,6 +88,7 @@ class NpyArrays final : public SampleSource {
   NpyHeader in_, lab_;
   int64_t size_ = 0;
   int64_t sample_values_ = 0;
+  mutable std::atomic<int64_t> bytes_{0};
 };
 
 // IEEE 754 half precision to float32.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data/csv.h"
+#include "common/data/image_folder.h"
 #include "common/data/npy.h"
 #include "common/status_macros.h"
 
@@ -293,10 +294,101 @@ absl::Status ParseCsvSpec(const YAML::Node& n, CsvSpec* c) {
   return ReadClassesAndSize(n, &c->num_classes, &c->train_size);
 }
 
-absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
+absl::Status ReadShape(const YAML::Node& shape, const std::string& at,
+                       int64_t min, Shape* out);
+
+// One float per channel (dataset.mean, dataset.std).
+absl::Status ReadPerChannel(const YAML::Node& n, const char* key,
+                            int64_t channels, std::vector<float>* out) {
+  const std::string at = absl::StrCat("dataset.", key);
+  const YAML::Node v = n[key];
+  if (!v) return absl::OkStatus();
+  if (!v.IsSequence() || static_cast<int64_t>(v.size()) != channels) {
+    return FieldError(at, absl::StrCat("must list one number per channel (",
+                                       channels, ")"));
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    double x = 0;
+    if (!v[i].IsScalar() || !YAML::convert<double>::decode(v[i], x) ||
+        !std::isfinite(x)) {
+      return FieldError(at, "must list numbers");
+    }
+    out->push_back(static_cast<float>(x));
+  }
+  return absl::OkStatus();
+}
+
+// dataset.augment: {crop_padding, hflip}.
+absl::Status ParseAugment(const YAML::Node& a, ImageFolderSpec* f) {
+  if (!a) return absl::OkStatus();
+  const std::string p = "dataset.augment";
+  TALLY_RETURN_IF_ERROR(CheckKeys(a, p, {"crop_padding", "hflip"}));
+  int64_t pad = 0;
+  TALLY_RETURN_IF_ERROR(ReadInt(a, p, "crop_padding", 0, 1024, &pad));
+  f->crop_padding = static_cast<int>(pad);
+  return ReadBool(a, p, "hflip", &f->hflip);
+}
+
+// dataset: {name: image_folder, train, test, shape, resize, mean, std,
+// augment, skip_bad, classes, train_size}.
+absl::Status ParseImageFolder(const YAML::Node& n, ImageFolderSpec* f) {
   const std::string p = "dataset";
-  if (!n) return FieldError(p, "is required");
-  if (!n.IsMap()) return FieldError(p, "must be a mapping");
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p, {"name", "train", "test", "shape", "resize", "mean", "std",
+             "augment", "skip_bad", "classes", "train_size"}));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "train", &f->train));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "test", &f->test));
+  if (f->train.empty()) {
+    return FieldError("dataset.train", "is required (a directory per class)");
+  }
+  Shape s;
+  if (!n["shape"] || !ReadShape(n["shape"], "dataset.shape", 1, &s).ok() ||
+      s.size() != 3 || (s[0] != 1 && s[0] != 3) || s[1] > 8192 || s[2] > 8192) {
+    return FieldError("dataset.shape",
+                      "must be [channels (1 or 3), height, width], sides up "
+                      "to 8192");
+  }
+  f->shape = s;
+  std::string resize = "crop";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "resize", &resize));
+  if (resize == "crop") {
+    f->fit = ImageFit::kCrop;
+  } else if (resize == "stretch") {
+    f->fit = ImageFit::kStretch;
+  } else if (resize == "none") {
+    f->fit = ImageFit::kExact;
+  } else {
+    return FieldError("dataset.resize", absl::StrCat("unknown '", resize,
+                                                     "' (crop, stretch or none)"));
+  }
+  TALLY_RETURN_IF_ERROR(ReadPerChannel(n, "mean", s[0], &f->mean));
+  TALLY_RETURN_IF_ERROR(ReadPerChannel(n, "std", s[0], &f->std));
+  if (f->mean.empty() != f->std.empty()) {
+    return FieldError("dataset.mean", "and dataset.std come together");
+  }
+  for (float v : f->std) {
+    if (!(v > 0)) return FieldError("dataset.std", "must be positive");
+  }
+  TALLY_RETURN_IF_ERROR(ParseAugment(n["augment"], f));
+  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "skip_bad", &f->skip_bad));
+  return ReadClassesAndSize(n, &f->num_classes, &f->train_size);
+}
+
+absl::Status ParseDatasetThreads(YAML::Node n, DatasetSpec* d) {
+  int64_t threads = d->threads;
+  TALLY_RETURN_IF_ERROR(ReadInt(n, "dataset", "threads", 1, 64, &threads));
+  d->threads = static_cast<int>(threads);
+  return absl::OkStatus();
+}
+
+absl::Status ParseDataset(const YAML::Node& node, DatasetSpec* d) {
+  const std::string p = "dataset";
+  if (!node) return FieldError(p, "is required");
+  if (!node.IsMap()) return FieldError(p, "must be a mapping");
+  TALLY_RETURN_IF_ERROR(ParseDatasetThreads(node, d));
+  // Every dataset takes threads; each parser checks its own keys.
+  YAML::Node n = YAML::Clone(node);
+  n.remove("threads");
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &d->name));
   if (d->name == "fashion-mnist") {
     TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"name", "root", "normalize"}));
@@ -330,15 +422,17 @@ absl::Status ParseDataset(const YAML::Node& n, DatasetSpec* d) {
     return ParseArrays(n, &d->arrays);
   } else if (d->name == "csv") {
     return ParseCsvSpec(n, &d->csv);
+  } else if (d->name == "image_folder") {
+    return ParseImageFolder(n, &d->images);
   } else if (d->name.empty()) {
     return FieldError("dataset.name",
-                      "is required (fashion-mnist, synthetic, arrays or "
-                      "csv)");
+                      "is required (fashion-mnist, synthetic, arrays, csv or "
+                      "image_folder)");
   } else {
     return FieldError("dataset.name",
                       absl::StrCat("unknown dataset '", d->name,
                                    "' (known: fashion-mnist, synthetic, "
-                                   "arrays, csv)"));
+                                   "arrays, csv, image_folder)"));
   }
   return absl::OkStatus();
 }
@@ -953,6 +1047,7 @@ int64_t TrainSize(const DatasetSpec& spec) {
   if (spec.name == "synthetic") return spec.synthetic.train_size;
   if (spec.name == "arrays") return spec.arrays.train_size;
   if (spec.name == "csv") return spec.csv.train_size;
+  if (spec.name == "image_folder") return spec.images.train_size;
   return 60000;  // fashion-mnist
 }
 
@@ -976,6 +1071,11 @@ absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
   if (spec.name == "csv") {
     *input_shape = {spec.csv.num_features};
     *num_classes = spec.csv.num_classes;
+    return absl::OkStatus();
+  }
+  if (spec.name == "image_folder") {
+    *input_shape = spec.images.shape;
+    *num_classes = spec.images.num_classes;
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
@@ -1006,7 +1106,7 @@ absl::StatusOr<TrainTest> OpenArrays(const ArraysSpec& a) {
     TALLY_ASSIGN_OR_RETURN(
         out.test.source,
         NpyArrays::Open(a.test_inputs, a.test_labels, a.shape, a.num_classes));
-    out.test.Materialize();
+    TALLY_RETURN_IF_ERROR(out.test.Materialize());
   }
   return out;
 }
@@ -1040,6 +1140,44 @@ absl::StatusOr<TrainTest> OpenCsv(const CsvSpec& c) {
   return out;
 }
 
+// An image folder's splits: the files listed (each worker checks its own
+// count against the spec's), the test split decoded into memory.
+absl::StatusOr<TrainTest> OpenImageFolder(const ImageFolderSpec& f) {
+  ImageFolderOptions o;
+  o.shape = f.shape;
+  o.fit = f.fit;
+  o.mean = f.mean;
+  o.std = f.std;
+  o.crop_padding = f.crop_padding;
+  o.hflip = f.hflip;
+  o.skip_bad = f.skip_bad;
+  TALLY_ASSIGN_OR_RETURN(ImageFolderListing train, ListImageFolder(f.train));
+  if (static_cast<int>(train.classes.size()) != f.num_classes ||
+      static_cast<int64_t>(train.files.size()) != f.train_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        f.train, " holds ", train.files.size(), " images in ",
+        train.classes.size(), " classes; the job was submitted with ",
+        f.train_size, " in ", f.num_classes,
+        " (dataset.train_size, dataset.classes)"));
+  }
+  TrainTest out;
+  for (Dataset* d : {&out.train, &out.test}) {
+    d->sample_shape = f.shape;
+    d->num_classes = f.num_classes;
+  }
+  std::vector<std::string> classes = train.classes;
+  TALLY_ASSIGN_OR_RETURN(out.train.source,
+                         ImageFolder::Open(std::move(train), o, true));
+  if (!f.test.empty()) {
+    TALLY_ASSIGN_OR_RETURN(ImageFolderListing test,
+                           ListImageFolder(f.test, &classes));
+    TALLY_ASSIGN_OR_RETURN(out.test.source,
+                           ImageFolder::Open(std::move(test), o, false));
+    TALLY_RETURN_IF_ERROR(out.test.Materialize());
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
@@ -1049,6 +1187,7 @@ absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
   if (spec.name == "synthetic") return MakeSynthetic(spec.synthetic);
   if (spec.name == "arrays") return OpenArrays(spec.arrays);
   if (spec.name == "csv") return OpenCsv(spec.csv);
+  if (spec.name == "image_folder") return OpenImageFolder(spec.images);
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
 }

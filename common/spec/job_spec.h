@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/data/dataset.h"
+#include "common/data/image.h"
 #include "common/nn/layer_config.h"
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
@@ -59,13 +60,32 @@ struct CsvSpec {
   int64_t train_size = 0;             // rows, as arrays' train_size
 };
 
+// dataset.name image_folder: a directory per class of PNG and JPEG files on
+// the workers (common/data/image_folder.h).
+struct ImageFolderSpec {
+  std::string train, test;  // directories; test optional
+  Shape shape;              // [channels (1 or 3), height, width]
+  ImageFit fit = ImageFit::kCrop;  // resize: crop | stretch | none
+  std::vector<float> mean, std;    // per channel; empty: none
+  int crop_padding = 0;            // augment: {crop_padding, hflip}
+  bool hflip = false;
+  bool skip_bad = false;
+  int num_classes = 0;     // class directories
+  int64_t train_size = 0;  // images, as arrays' train_size
+};
+
 struct DatasetSpec {
-  std::string name;  // "fashion-mnist", "synthetic", "arrays" or "csv"
+  // "fashion-mnist", "synthetic", "arrays", "csv" or "image_folder"
+  std::string name;
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
   bool normalize = false;      // fashion-mnist: (x - 0.2860) / 0.3530
   SyntheticOptions synthetic;  // synthetic
   ArraysSpec arrays;           // arrays
   CsvSpec csv;                 // csv
+  ImageFolderSpec images;      // image_folder
+  // Threads that gather a batch (dataset.threads): decoding images is the
+  // work worth sharing; the loader's own thread is one.
+  int threads = 1;
 };
 
 // How gradients and weights travel between workers and the server.

@@ -434,6 +434,7 @@ void Coordinator::RenderProgressLocked(
     p->set_waiting(c != clocks.end() && c->second.second);
     p->set_compute_seconds(w.compute_seconds);
     p->set_wait_seconds(w.wait_seconds);
+    p->set_loader_seconds(w.loader_seconds);
     p->set_push_seconds(w.push_seconds);
     fastest = std::max(fastest, p->clock());
   }
@@ -893,6 +894,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       w.compute_seconds = req.compute_seconds();
       w.wait_seconds = req.wait_seconds();
       w.push_seconds = req.push_seconds();
+      w.loader_seconds = req.loader_seconds();
     }
     ScheduleLocked(&notes);
     const JobEntry* job = w.job_id.empty() ? nullptr : &jobs_.at(w.job_id);
@@ -1285,7 +1287,7 @@ void Coordinator::AssignLocked(JobEntry& job, int rank,
   WorkerEntry& w = workers_.at(worker_id);
   w.job_id = job.proto.id();
   w.rank = rank;
-  w.compute_seconds = w.wait_seconds = w.push_seconds = 0;
+  w.compute_seconds = w.wait_seconds = w.push_seconds = w.loader_seconds = 0;
   job.slots[rank] = worker_id;
   EventLocked(job,
               absl::StrCat(worker_id, " (", w.name, ") joined as rank ", rank));

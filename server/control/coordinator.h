@@ -301,7 +301,8 @@ class Coordinator {
     std::string job_id;       // "" = idle
     int rank = -1;
     // Its step times on job_id, as its heartbeats say (v1::WorkerProgress).
-    double compute_seconds = 0, wait_seconds = 0, push_seconds = 0;
+    double compute_seconds = 0, wait_seconds = 0, push_seconds = 0,
+           loader_seconds = 0;
   };
   struct ShardEntry {
     std::string address;      // "" for the coordinator's own

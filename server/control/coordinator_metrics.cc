@@ -86,6 +86,10 @@ constexpr PerWorker kPerWorker[] = {
     {"tally_job_worker_pull_wait_seconds",
      "A worker's mean time waiting for a step's weights (recent steps)",
      [](const v1::WorkerProgress& p) { return p.wait_seconds(); }},
+    {"tally_job_worker_loader_wait_seconds",
+     "A worker's mean time waiting for its batch from the data loader "
+     "(recent steps)",
+     [](const v1::WorkerProgress& p) { return p.loader_seconds(); }},
 };
 
 void AddServerSeries(const std::vector<v1::Job>& jobs,

@@ -1,6 +1,9 @@
 #include "worker/batch_loader.h"
 
+#include <algorithm>
 #include <set>
+
+#include "absl/strings/str_cat.h"
 
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -68,6 +71,83 @@ TEST(BatchLoaderTest, MaxBatchesStopsEarlyAndDestructionWhileFullDoesNotHang) {
   }
   o.max_batches = 0;
   BatchLoader full(&d, o);  // fills its queue, then must stop on destruction
+}
+
+// Samples i of a source that fails on one sample, recording the contexts
+// it was asked with.
+class Failing final : public SampleSource {
+ public:
+  explicit Failing(int64_t n, int64_t bad) : n_(n), bad_(bad) {}
+  int64_t size() const override { return n_; }
+  absl::Status Gather(std::span<const int64_t> indices,
+                      const GatherContext& context, float* x,
+                      int32_t* y) const override {
+    for (size_t j = 0; j < indices.size(); ++j) {
+      if (indices[j] == bad_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample ", bad_, " does not decode"));
+      }
+      x[j] = static_cast<float>(indices[j] * 1000 + context.epoch);
+      y[j] = static_cast<int32_t>(indices[j] % 3);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t n_, bad_;
+};
+
+TEST(BatchLoaderTest, ThreadsSplitABatchAndKeepItsOrder) {
+  Dataset d;
+  d.sample_shape = {1};
+  d.num_classes = 3;
+  d.source = std::make_shared<Failing>(103, -1);
+  std::vector<std::vector<float>> seen[2];
+  for (int threads : {1, 3}) {
+    LoaderOptions o;
+    o.batch_size = 16;
+    o.seed = 5;
+    o.epochs = 2;
+    o.threads = threads;
+    BatchLoader loader(&d, o);
+    while (true) {
+      auto b = loader.Next(absl::Seconds(10));
+      if (absl::IsOutOfRange(b.status())) break;
+      ASSERT_TRUE(b.ok()) << b.status();
+      seen[threads == 3].emplace_back((*b)->x.begin(),
+                                      (*b)->x.begin() + (*b)->size);
+      loader.Recycle(*std::move(b));
+    }
+  }
+  ASSERT_EQ(seen[0].size(), 14u);  // 7 a epoch, the last of 7 samples
+  EXPECT_EQ(seen[0], seen[1]);
+  // Each sample was gathered with its epoch (augmentations draw from it).
+  EXPECT_EQ(static_cast<int64_t>(seen[0][13][0]) % 1000, 1);
+  EXPECT_EQ(static_cast<int64_t>(seen[0][0][0]) % 1000, 0);
+}
+
+TEST(BatchLoaderTest, ASampleThatCannotBeReadEndsTheBatchesWithItsError) {
+  Dataset d;
+  d.sample_shape = {1};
+  d.num_classes = 3;
+  d.source = std::make_shared<Failing>(40, 37);
+  for (int threads : {1, 2}) {
+    LoaderOptions o;
+    o.batch_size = 8;
+    o.threads = threads;
+    BatchLoader loader(&d, o);
+    const std::vector<int64_t> order = EpochOrder(40, 0, 0);
+    const int64_t at = std::find(order.begin(), order.end(), 37) - order.begin();
+    for (int64_t b = 0; b < at / 8; ++b) {
+      auto ok = loader.Next(absl::Seconds(10));
+      ASSERT_TRUE(ok.ok()) << ok.status();
+      loader.Recycle(*std::move(ok));
+    }
+    EXPECT_THAT(loader.Next(absl::Seconds(10)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::HasSubstr("sample 37 does not decode")));
+    EXPECT_GT(loader.waited(), absl::ZeroDuration());
+  }
 }
 
 }  // namespace

@@ -185,7 +185,7 @@ TEST(GatherTest, CopiesRowsAndLabels) {
   std::vector<int64_t> idx = {2, 0};
   float x[4];
   int32_t y[2];
-  d.Gather(idx, x, y);
+  ASSERT_TRUE(d.Gather(idx, x, y).ok());
   EXPECT_EQ(x[0], 20);
   EXPECT_EQ(x[3], 1);
   EXPECT_EQ(y[0], 2);
