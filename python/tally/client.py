@@ -44,7 +44,7 @@ def _sample_shape(dataset):
     name = dataset.get("name")
     if name == "synthetic":  # the coordinator's defaults (docs/job-spec.md)
         return (int(dataset.get("features", 32)),), int(dataset.get("classes", 4))
-    if name in ("arrays", "csv"):
+    if name in ("arrays", "csv", "image_folder"):
         return tuple(int(d) for d in dataset.get("shape") or ()), int(dataset.get("classes", 0))
     if name in INPUT_SHAPES:
         return INPUT_SHAPES[name], 10
@@ -148,6 +148,42 @@ def _fill_arrays(dataset):
                                   f"holds {len(x)} samples")
 
 
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+
+
+def list_image_folder(root):
+    """An image folder as the workers list it (common/data/image_folder.h):
+    the class directories sorted by name, and each class's .png, .jpg and
+    .jpeg files at any depth, sorted by path. Returns (classes, files,
+    labels)."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    files, labels = [], []
+    for label, c in enumerate(classes):
+        mine = []
+        for where, _, names in os.walk(os.path.join(root, c), followlinks=True):
+            mine += [os.path.join(where, n) for n in names
+                     if os.path.splitext(n)[1].lower() in IMAGE_EXTENSIONS]
+        mine.sort()
+        files += mine
+        labels += [label] * len(mine)
+    return classes, files, labels
+
+
+def _fill_image_folder(dataset):
+    """An image folder this machine can see: its classes and train_size
+    filled in from the directories and checked against what the spec says."""
+    train = dataset.get("train")
+    if not (isinstance(train, str) and os.path.isdir(train)):
+        return
+    classes, files, _ = list_image_folder(train)
+    if not classes:
+        raise SubmitError(f"dataset.train: {train} holds no class directory")
+    for key, value in (("classes", len(classes)), ("train_size", len(files))):
+        if dataset.setdefault(key, value) != value:
+            raise SubmitError(f"dataset.{key} is {dataset[key]}; {train} holds {len(files)} "
+                              f"images in {len(classes)} class directories")
+
+
 def _trim(cell):
     """A cell as the workers read it: spaces around it and one pair of
     double quotes taken away."""
@@ -213,10 +249,12 @@ def prepare_spec(path):
         _fill_arrays(dataset)
     elif named == "csv":
         _fill_csv(dataset)
+    elif named == "image_folder":
+        _fill_image_folder(dataset)
     model = spec.get("model") if isinstance(spec, dict) else None
     py = model.get("python") if isinstance(model, dict) else None
     if not isinstance(py, dict):
-        if named in ("arrays", "csv"):
+        if named in ("arrays", "csv", "image_folder"):
             return json.dumps(spec)
         with open(path) as f:
             return f.read()

@@ -113,6 +113,38 @@ INSTANTIATE_TEST_SUITE_P(
                 "model: {preset: mlp}\ndataset: {name: arrays, train: {inputs: "
                 "x.npy, labels: y.npy}, classes: 3, train_size: 10}\n",
                 "dataset.shape: must list one sample's 1 to 4 sizes"},
+        BadCase{"images_without_train",
+                "model: {preset: mlp}\ndataset: {name: image_folder, shape: "
+                "[1, 8, 8], classes: 3, train_size: 10}\n",
+                "dataset.train: is required (a directory per class)"},
+        BadCase{"images_two_channels",
+                "model: {preset: mlp}\ndataset: {name: image_folder, train: "
+                "/d, shape: [2, 8, 8], classes: 3, train_size: 10}\n",
+                "dataset.shape: must be [channels (1 or 3), height, width]"},
+        BadCase{"images_unknown_resize",
+                "model: {preset: mlp}\ndataset: {name: image_folder, train: "
+                "/d, shape: [1, 8, 8], resize: squash, classes: 3, "
+                "train_size: 10}\n",
+                "dataset.resize: unknown 'squash' (crop, stretch or none)"},
+        BadCase{"images_mean_per_channel",
+                "model: {preset: mlp}\ndataset: {name: image_folder, train: "
+                "/d, shape: [3, 8, 8], mean: [0.5], std: [0.2], classes: 3, "
+                "train_size: 10}\n",
+                "dataset.mean: must list one number per channel (3)"},
+        BadCase{"images_std_zero",
+                "model: {preset: mlp}\ndataset: {name: image_folder, train: "
+                "/d, shape: [1, 8, 8], mean: [0.5], std: [0], classes: 3, "
+                "train_size: 10}\n",
+                "dataset.std: must be positive"},
+        BadCase{"images_augment_typo",
+                "model: {preset: mlp}\ndataset: {name: image_folder, train: "
+                "/d, shape: [1, 8, 8], augment: {flip: true}, classes: 3, "
+                "train_size: 10}\n",
+                "dataset.augment.flip: unknown field"},
+        BadCase{"dataset_threads",
+                "model: {preset: mlp}\ndataset: {name: synthetic, threads: "
+                "0}\n",
+                "dataset.threads"},
         BadCase{"no_model", kSynthetic, "model: is required"},
         BadCase{"unknown_layer", WithModel("  layers: [flatten, relux]\n"),
                 "model.layers[1]: unknown layer type 'relux'"},
@@ -305,6 +337,26 @@ TEST(JobSpecTest, AnArraysDatasetGivesItsShapeClassesAndSize) {
   EXPECT_THAT(OpenDataset(spec->dataset),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("/d/x.npy: no such file")));
+}
+
+TEST(JobSpecTest, AnImageFolderGivesItsShapeAndOptions) {
+  auto spec = ParseJobSpec(
+      "model: {preset: cnn}\ndataset: {name: image_folder, train: /d/train, "
+      "shape: [1, 28, 28], resize: stretch, mean: [0.3], std: [0.4], augment: "
+      "{crop_padding: 2, hflip: true}, skip_bad: true, threads: 3, classes: "
+      "10, train_size: 600}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->input_shape, (Shape{1, 28, 28}));
+  EXPECT_EQ(TrainSize(spec->dataset), 600);
+  const ImageFolderSpec& f = spec->dataset.images;
+  EXPECT_EQ(f.fit, ImageFit::kStretch);
+  EXPECT_EQ(f.std, (std::vector<float>{0.4f}));
+  EXPECT_EQ(f.crop_padding, 2);
+  EXPECT_TRUE(f.hflip && f.skip_bad);
+  EXPECT_EQ(spec->dataset.threads, 3);
+  EXPECT_THAT(OpenDataset(spec->dataset),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("/d/train: no such directory")));
 }
 
 TEST(JobSpecTest, APythonModelsLayoutComesFromItsParams) {
