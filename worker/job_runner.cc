@@ -410,6 +410,7 @@ absl::Status JobRunner::MakeClient() {
   po.shared_memory = options_.shared_memory;
   po.total_steps = schedule_.total_steps;
   po.steps_per_epoch = schedule_.steps_per_epoch;
+  po.data_fingerprint = data_->fingerprint;
   po.mixed_versions =
       spec_.training.consistency.mode != ConsistencyMode::kBsp;
   v1::ShardMap map = assignment_.shard_map();

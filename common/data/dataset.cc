@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -13,6 +14,34 @@
 #include "common/status_macros.h"
 
 namespace tally {
+
+void Fingerprint::Add(absl::string_view bytes) {
+  any_ = true;
+  for (const char c : bytes) {
+    hash_ ^= static_cast<uint8_t>(c);
+    hash_ *= 0x100000001b3ULL;
+  }
+}
+
+void Fingerprint::Add(int64_t value) {
+  char bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(value >> (8 * i));
+  Add(absl::string_view(bytes, 8));
+}
+
+void Fingerprint::AddFile(int64_t size) {
+  ++files_;
+  bytes_ += size;
+  Add(size);
+}
+
+std::string Fingerprint::Text() const {
+  if (!any_) return "";
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(hash_));
+  return absl::StrCat(files_, " files, ", bytes_, " bytes, hash ", hex);
+}
 
 absl::Status Dataset::Gather(std::span<const int64_t> indices, float* x,
                              int32_t* y, const GatherContext& context) const {

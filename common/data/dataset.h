@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/tensor.h"
 
 namespace tally {
@@ -22,6 +23,24 @@ namespace tally {
 struct GatherContext {
   uint64_t seed = 0;
   int64_t epoch = 0;
+};
+
+// What identifies a dataset's files (their sizes, headers and names), as a
+// hash that is the same on every machine (FNV-1a, 64 bits): the workers of
+// a job compare theirs (docs/job-spec.md).
+class Fingerprint {
+ public:
+  void Add(absl::string_view bytes);
+  void Add(int64_t value);
+  // A file of `size` bytes (counted, and its size hashed).
+  void AddFile(int64_t size);
+  // "N files, B bytes, hash 0123456789abcdef"; empty when nothing was added.
+  std::string Text() const;
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ULL;
+  int64_t files_ = 0, bytes_ = 0;
+  bool any_ = false;
 };
 
 // Samples read from their files as they are gathered (common/data/npy.h,
@@ -38,6 +57,8 @@ class SampleSource {
   // could not be read (image_folder's skip_bad).
   virtual int64_t bytes_read() const { return 0; }
   virtual int64_t substituted() const { return 0; }
+  // Adds what identifies the source's files.
+  virtual void Describe(Fingerprint* f) const = 0;
 };
 
 struct Dataset {
@@ -67,6 +88,9 @@ struct Dataset {
 struct TrainTest {
   Dataset train;
   Dataset test;
+  // Fingerprint::Text of the files both splits were read from; empty for
+  // datasets that are not the user's files (fashion-mnist, synthetic).
+  std::string fingerprint;
 };
 
 // Reads one IDX image file (magic 0x803, ubyte, [n, rows, cols]) and its

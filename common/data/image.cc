@@ -168,24 +168,88 @@ Taps MakeTaps(int inputs, double scaled, int offset, int outputs) {
   t.first.resize(outputs);
   t.count.resize(outputs);
   t.weight.assign(static_cast<size_t>(outputs) * t.taps, 0.0f);
+  std::vector<double> w(static_cast<size_t>(t.taps));
   for (int i = 0; i < outputs; ++i) {
     const double center = (i + offset + 0.5) * scale;
     const int lo = std::max(0, static_cast<int>(center - spread + 0.5));
     const int hi = std::min(inputs, static_cast<int>(center + spread + 0.5));
     double sum = 0;
-    std::vector<double> w;
-    for (int k = lo; k < hi && static_cast<int>(w.size()) < t.taps; ++k) {
+    int n = 0;
+    for (int k = lo; k < hi && n < t.taps; ++k, ++n) {
       const double x = std::abs((k + 0.5 - center) / spread);
-      w.push_back(x < 1.0 ? 1.0 - x : 0.0);
-      sum += w.back();
+      w[n] = x < 1.0 ? 1.0 - x : 0.0;
+      sum += w[n];
     }
     t.first[i] = lo;
-    t.count[i] = static_cast<int>(w.size());
-    for (size_t k = 0; k < w.size(); ++k) {
-      t.weight[i * t.taps + k] = static_cast<float>(sum > 0 ? w[k] / sum : 0);
+    t.count[i] = n;
+    for (int k = 0; k < n; ++k) {
+      t.weight[static_cast<size_t>(i) * t.taps + k] =
+          static_cast<float>(sum > 0 ? w[k] / sum : 0);
     }
   }
   return t;
+}
+
+// The last taps made, kept: a folder's images mostly share a size.
+struct TapCache {
+  int inputs = -1, offset = 0, outputs = 0;
+  double scaled = 0;
+  Taps taps;
+  const Taps& Get(int in, double sc, int off, int out) {
+    if (in != inputs || sc != scaled || off != offset || out != outputs) {
+      taps = MakeTaps(in, sc, off, out);
+      inputs = in;
+      scaled = sc;
+      offset = off;
+      outputs = out;
+    }
+    return taps;
+  }
+};
+
+// Across every row the vertical pass reads (C channels interleaved), then
+// down whole rows at a time (contiguous: vectorised), then into [C, H, W]
+// scaled to [0, 1].
+template <int C>
+void Resample(const Image& in, const Taps& across, const Taps& down,
+              int height, int width, float* out) {
+  const int row0 = down.first.front();
+  const int rows = down.first.back() + down.count.back() - row0;
+  const int64_t stride = static_cast<int64_t>(width) * C;
+  thread_local std::vector<float> mid, row;
+  mid.resize(static_cast<size_t>(rows) * stride);
+  row.resize(static_cast<size_t>(stride));
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* src =
+        in.pixels.data() + static_cast<int64_t>(row0 + r) * in.width * C;
+    float* dst = mid.data() + r * stride;
+    for (int j = 0; j < width; ++j) {
+      const float* w = across.weight.data() + static_cast<size_t>(j) * across.taps;
+      const uint8_t* p = src + static_cast<int64_t>(across.first[j]) * C;
+      float acc[C] = {};
+      for (int t = 0; t < across.count[j]; ++t) {
+        for (int k = 0; k < C; ++k) acc[k] += w[t] * p[t * C + k];
+      }
+      for (int k = 0; k < C; ++k) dst[j * C + k] = acc[k];
+    }
+  }
+  const int64_t plane = static_cast<int64_t>(height) * width;
+  for (int i = 0; i < height; ++i) {
+    const float* w = down.weight.data() + static_cast<size_t>(i) * down.taps;
+    float* acc = row.data();
+    std::fill(acc, acc + stride, 0.0f);
+    for (int t = 0; t < down.count[i]; ++t) {
+      const float* src = mid.data() + (down.first[i] - row0 + t) * stride;
+      const float wt = w[t];
+      for (int64_t q = 0; q < stride; ++q) acc[q] += wt * src[q];
+    }
+    float* o = out + static_cast<int64_t>(i) * width;
+    for (int j = 0; j < width; ++j) {
+      for (int k = 0; k < C; ++k) {
+        o[k * plane + j] = std::clamp(acc[j * C + k] * (1.0f / 255.0f), 0.0f, 1.0f);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -240,36 +304,13 @@ absl::Status FitImage(const Image& in, ImageFit fit, int height, int width,
     top = static_cast<int>(std::round((sh - height) / 2.0));
     left = static_cast<int>(std::round((sw - width) / 2.0));
   }
-  const Taps across = MakeTaps(in.width, sw, left, width);
-  const Taps down = MakeTaps(in.height, sh, top, height);
-  // Across every row the vertical pass reads, then down.
-  const int row0 = down.first.front();
-  const int rows = down.first.back() + down.count.back() - row0;
-  std::vector<float> mid(static_cast<size_t>(rows) * width * c);
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* src = in.pixels.data() + static_cast<int64_t>(row0 + r) * in.width * c;
-    float* dst = mid.data() + static_cast<int64_t>(r) * width * c;
-    for (int j = 0; j < width; ++j) {
-      const float* w = across.weight.data() + j * across.taps;
-      for (int k = 0; k < c; ++k) {
-        float v = 0;
-        for (int t = 0; t < across.count[j]; ++t)
-          v += w[t] * src[(across.first[j] + t) * c + k];
-        dst[j * c + k] = v;
-      }
-    }
-  }
-  for (int i = 0; i < height; ++i) {
-    const float* w = down.weight.data() + i * down.taps;
-    for (int j = 0; j < width; ++j) {
-      for (int k = 0; k < c; ++k) {
-        float v = 0;
-        for (int t = 0; t < down.count[i]; ++t)
-          v += w[t] * mid[(static_cast<int64_t>(down.first[i] - row0 + t) * width + j) * c + k];
-        out[k * plane + static_cast<int64_t>(i) * width + j] =
-            std::clamp(v / 255.0f, 0.0f, 1.0f);
-      }
-    }
+  thread_local TapCache across_cache, down_cache;
+  const Taps& across = across_cache.Get(in.width, sw, left, width);
+  const Taps& down = down_cache.Get(in.height, sh, top, height);
+  if (c == 1) {
+    Resample<1>(in, across, down, height, width, out);
+  } else {
+    Resample<3>(in, across, down, height, width, out);
   }
   return absl::OkStatus();
 }

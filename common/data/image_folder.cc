@@ -31,15 +31,18 @@ bool IsImageName(const fs::path& p) {
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
 }
 
-// Every image under `dir`, at any depth, sorted by path.
-absl::StatusOr<std::vector<std::string>> ImagesUnder(const fs::path& dir) {
-  std::vector<std::string> files;
+// Every image under `dir`, at any depth, sorted by path, with its size.
+absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> ImagesUnder(
+    const fs::path& dir) {
+  std::vector<std::pair<std::string, int64_t>> files;
   std::error_code ec;
   fs::recursive_directory_iterator it(
       dir, fs::directory_options::follow_directory_symlink, ec);
   for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (it->is_regular_file(ec) && IsImageName(it->path())) {
-      files.push_back(it->path().string());
+      const uintmax_t size = it->file_size(ec);
+      if (ec) break;
+      files.emplace_back(it->path().string(), static_cast<int64_t>(size));
     }
   }
   if (ec) {
@@ -116,16 +119,17 @@ absl::StatusOr<ImageFolderListing> ListImageFolder(
       }
       label = static_cast<int32_t>(at - classes->begin());
     }
-    TALLY_ASSIGN_OR_RETURN(std::vector<std::string> files,
+    TALLY_ASSIGN_OR_RETURN(auto files,
                            ImagesUnder(fs::path(root) / l.classes[c]));
     if (files.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           root, ": class '", l.classes[c],
           "' holds no .png, .jpg or .jpeg file"));
     }
-    for (std::string& f : files) {
-      l.files.push_back(std::move(f));
+    for (auto& [path, size] : files) {
+      l.files.push_back(std::move(path));
       l.labels.push_back(label);
+      l.sizes.push_back(size);
     }
   }
   if (classes != nullptr) l.classes = *classes;
@@ -210,6 +214,15 @@ void ImageFolder::Augment(int64_t i, const GatherContext& context,
                 : black;
       }
     }
+  }
+}
+
+void ImageFolder::Describe(Fingerprint* f) const {
+  for (size_t i = 0; i < listing_.files.size(); ++i) {
+    // The path under the root: the same files mounted elsewhere agree.
+    f->Add(absl::string_view(listing_.files[i]).substr(listing_.root.size()));
+    f->Add(listing_.labels[i]);
+    f->AddFile(listing_.sizes[i]);
   }
 }
 

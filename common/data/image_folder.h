@@ -46,6 +46,7 @@ struct ImageFolderListing {
   std::vector<std::string> classes;  // sorted
   std::vector<std::string> files;    // class by class, each sorted by path
   std::vector<int32_t> labels;       // files' classes
+  std::vector<int64_t> sizes;        // files' sizes in bytes
 };
 
 // The classes and images under `root`. kNotFound for a missing root,
@@ -70,6 +71,8 @@ class ImageFolder final : public SampleSource {
                       int32_t* y) const override;
   int64_t bytes_read() const override { return bytes_.load(); }
   int64_t substituted() const override { return substituted_.load(); }
+  // Each file's path under the root, class and size.
+  void Describe(Fingerprint* f) const override;
 
   const ImageFolderListing& listing() const { return listing_; }
 

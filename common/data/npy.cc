@@ -344,6 +344,15 @@ absl::StatusOr<std::shared_ptr<const NpyArrays>> NpyArrays::Open(
   return std::shared_ptr<const NpyArrays>(std::move(a));
 }
 
+void NpyArrays::Describe(Fingerprint* f) const {
+  for (const auto& [file, header] :
+       {std::pair{inputs_.get(), &in_}, std::pair{labels_.get(), &lab_}}) {
+    f->AddFile(file->size());
+    f->Add(absl::string_view(file->data(),
+                             static_cast<size_t>(header->data_offset)));
+  }
+}
+
 absl::Status NpyArrays::Gather(std::span<const int64_t> indices,
                                const GatherContext& /*context*/, float* x,
                                int32_t* y) const {

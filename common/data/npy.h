@@ -81,6 +81,8 @@ class NpyArrays final : public SampleSource {
                       const GatherContext& context, float* x,
                       int32_t* y) const override;
   int64_t bytes_read() const override { return bytes_.load(); }
+  // Both files' sizes and headers.
+  void Describe(Fingerprint* f) const override;
 
  private:
   NpyArrays() = default;

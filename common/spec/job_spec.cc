@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -1102,13 +1103,29 @@ absl::StatusOr<TrainTest> OpenArrays(const ArraysSpec& a) {
     d->num_classes = a.num_classes;
   }
   out.train.source = std::move(train);
+  Fingerprint f;
+  out.train.source->Describe(&f);
   if (!a.test_inputs.empty()) {
     TALLY_ASSIGN_OR_RETURN(
         out.test.source,
         NpyArrays::Open(a.test_inputs, a.test_labels, a.shape, a.num_classes));
+    out.test.source->Describe(&f);
     TALLY_RETURN_IF_ERROR(out.test.Materialize());
   }
+  out.fingerprint = f.Text();
   return out;
+}
+
+// A file's size and its first 4 KiB (a CSV's header and first rows).
+void DescribeFile(const std::string& path, Fingerprint* f) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  f->AddFile(ec ? -1 : static_cast<int64_t>(size));
+  f->Add(head);
 }
 
 // A table's splits, checked against the spec.
@@ -1137,6 +1154,11 @@ absl::StatusOr<TrainTest> OpenCsv(const CsvSpec& c) {
     out.test.sample_shape = out.train.sample_shape;
     out.test.num_classes = c.num_classes;
   }
+  Fingerprint f;
+  for (const std::string* path : {&c.train, &c.test}) {
+    if (!path->empty()) DescribeFile(*path, &f);
+  }
+  out.fingerprint = f.Text();
   return out;
 }
 
@@ -1168,13 +1190,17 @@ absl::StatusOr<TrainTest> OpenImageFolder(const ImageFolderSpec& f) {
   std::vector<std::string> classes = train.classes;
   TALLY_ASSIGN_OR_RETURN(out.train.source,
                          ImageFolder::Open(std::move(train), o, true));
+  Fingerprint print;
+  out.train.source->Describe(&print);
   if (!f.test.empty()) {
     TALLY_ASSIGN_OR_RETURN(ImageFolderListing test,
                            ListImageFolder(f.test, &classes));
     TALLY_ASSIGN_OR_RETURN(out.test.source,
                            ImageFolder::Open(std::move(test), o, false));
+    out.test.source->Describe(&print);
     TALLY_RETURN_IF_ERROR(out.test.Materialize());
   }
+  out.fingerprint = print.Text();
   return out;
 }
 

@@ -392,19 +392,25 @@ void ParameterShard::SetBufferBytes(int64_t bytes) {
 }
 
 absl::Status ParameterShard::SetSchedule(int64_t total_steps,
-                                         int64_t steps_per_epoch) {
+                                         int64_t steps_per_epoch,
+                                         const std::string& fingerprint) {
   if (total_steps <= 0 || steps_per_epoch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("total_steps and steps_per_epoch must be positive, got ",
                      total_steps, " and ", steps_per_epoch));
   }
   absl::MutexLock lock(&mu_);
-  if (total_steps_ == 0) {
-    total_steps_ = total_steps;
-    steps_per_epoch_ = steps_per_epoch;
-    return absl::OkStatus();
+  if (!fingerprint.empty() && !data_fingerprint_.empty() &&
+      data_fingerprint_ != fingerprint) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "this worker's dataset files (", fingerprint,
+            ") differ from the job's (", data_fingerprint_,
+            "): every worker must read the same files")),
+        v1::SCHEDULE_MISMATCH);
   }
-  if (total_steps_ != total_steps || steps_per_epoch_ != steps_per_epoch) {
+  if (total_steps_ != 0 &&
+      (total_steps_ != total_steps || steps_per_epoch_ != steps_per_epoch)) {
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
             "this worker's schedule (", total_steps, " steps, ",
@@ -413,6 +419,9 @@ absl::Status ParameterShard::SetSchedule(int64_t total_steps,
             "): does this worker see another dataset?")),
         v1::SCHEDULE_MISMATCH);
   }
+  total_steps_ = total_steps;
+  steps_per_epoch_ = steps_per_epoch;
+  if (data_fingerprint_.empty()) data_fingerprint_ = fingerprint;
   return absl::OkStatus();
 }
 

@@ -153,7 +153,10 @@ class ParameterShard {
   // Sets the schedule (total steps, steps per epoch) the first time (the
   // coordinator does, when the job starts); later calls must agree:
   // kFailedPrecondition + SCHEDULE_MISMATCH otherwise, changing nothing.
-  absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch);
+  // `fingerprint` (a worker's dataset files; empty: no claim) likewise: the
+  // first fixes it, another is refused.
+  absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch,
+                           const std::string& fingerprint = "");
   // The job's consistency rule; before the first member joins (default:
   // bsp).
   void SetConsistency(const ConsistencySpec& consistency);
@@ -480,6 +483,7 @@ class ParameterShard {
   std::shared_ptr<const std::string> buffers_ ABSL_GUARDED_BY(mu_);
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string data_fingerprint_ ABSL_GUARDED_BY(mu_);
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time finished_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);

@@ -260,7 +260,8 @@ class PullServing {
         range.shard->CheckMember(req.worker_id(), req.incarnation()));
     if (req.total_steps() > 0) {
       TALLY_RETURN_IF_ERROR(
-          range.shard->SetSchedule(req.total_steps(), req.steps_per_epoch()));
+          range.shard->SetSchedule(req.total_steps(), req.steps_per_epoch(),
+                                   req.data_fingerprint()));
     }
     if (req.has_commit() &&
         !range.shard->Commit(req.worker_id(), req.incarnation(),

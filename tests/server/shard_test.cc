@@ -177,6 +177,23 @@ TEST_F(ShardTest, RejectedPushIsCountedAndTheStepDoesNotWaitForIt) {
   EXPECT_EQ(shard_->Metrics().rejected_pushes, 2);
 }
 
+TEST_F(ShardTest, TheFirstDatasetFingerprintIsTheJobsAndAnotherIsRefused) {
+  // A claim refused for its schedule fixes nothing.
+  TALLY_ASSERT_OK(shard_->SetSchedule(2, 1));
+  EXPECT_THAT(shard_->SetSchedule(3, 1, "1 files, 9 bytes, hash aa"),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::SCHEDULE_MISMATCH));
+  TALLY_ASSERT_OK(shard_->SetSchedule(2, 1, "1 files, 8 bytes, hash bb"));
+  TALLY_ASSERT_OK(shard_->SetSchedule(2, 1, "1 files, 8 bytes, hash bb"));
+  TALLY_ASSERT_OK(shard_->SetSchedule(2, 1));  // no claim
+  absl::Status other = shard_->SetSchedule(2, 1, "1 files, 8 bytes, hash cc");
+  EXPECT_THAT(other, HasReason(absl::StatusCode::kFailedPrecondition,
+                               v1::SCHEDULE_MISMATCH));
+  EXPECT_THAT(std::string(other.message()),
+              ::testing::HasSubstr("(1 files, 8 bytes, hash cc) differ from "
+                                   "the job's (1 files, 8 bytes, hash bb)"));
+}
+
 TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
   TALLY_ASSERT_OK(shard_->SetSchedule(2, 1));
   EXPECT_THAT(shard_->SetSchedule(3, 1),

@@ -79,6 +79,7 @@ class Failing final : public SampleSource {
  public:
   explicit Failing(int64_t n, int64_t bad) : n_(n), bad_(bad) {}
   int64_t size() const override { return n_; }
+  void Describe(Fingerprint*) const override {}
   absl::Status Gather(std::span<const int64_t> indices,
                       const GatherContext& context, float* x,
                       int32_t* y) const override {
