@@ -9,6 +9,11 @@ worker.
                (the same samples, converted alike, in the same order);
   filled in    the Python client fills dataset.shape and train_size from
                the files' headers;
+  formats      the same arrays as an uncompressed .npz, a .safetensors
+               file and a glob of three .npy shards train to the same
+               weights bit for bit; a compressed .npz (refused at submit,
+               and by the worker past the client) and a glob that matches
+               nothing fail naming the file;
   refused      labels beyond dataset.classes at submit (the client names
                the file), and a job whose files a worker cannot open fails
                with the worker's reason naming the file; the server and the
@@ -82,6 +87,72 @@ def spec(tmp, name, dataset):
                                 "workers": 1},
                    "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}, f)
     return path
+
+
+def write_safetensors(path, arrays):
+    kinds = {np.dtype(np.uint8): "U8", np.dtype(np.int64): "I64"}
+    header, at = {}, 0
+    for name, a in arrays.items():
+        header[name] = {"dtype": kinds[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [at, at + a.nbytes]}
+        at += a.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for a in arrays.values():
+            f.write(np.ascontiguousarray(a).tobytes())
+
+
+def raw_submit(c, path, dataset_update):
+    """A spec sent as it is, past the client's checks (as from elsewhere)."""
+    with open(path) as f:
+        text = json.load(f)
+    text["dataset"].update(dataset_update)
+    job = c._call("SubmitJob", pb.SubmitJobRequest, pb.SubmitJobResponse)(
+        pb.SubmitJobRequest(spec=json.dumps(text)), timeout=10).job
+    return c.wait(job.id, timeout=60)
+
+
+def formats(tmp, c, x, y, want):
+    np.savez(f"{tmp}/fm.npz", images=x, labels=y)
+    write_safetensors(f"{tmp}/fm.safetensors", {"images": x, "labels": y})
+    for i, (a, b) in enumerate(zip(np.array_split(x, 3), np.array_split(y, 3))):
+        np.save(f"{tmp}/shard_x_{i}.npy", a)
+        np.save(f"{tmp}/shard_y_{i}.npy", b)
+    for name, train in (("npz", {"file": f"{tmp}/fm.npz", "inputs": "images",
+                                 "labels": "labels"}),
+                        ("safetensors", {"file": f"{tmp}/fm.safetensors", "inputs": "images",
+                                         "labels": "labels"}),
+                        ("glob", {"inputs": f"{tmp}/shard_x_*.npy",
+                                  "labels": f"{tmp}/shard_y_*.npy"})):
+        job = c.wait(c.submit(spec(tmp, name, {"name": "arrays", "classes": 10,
+                                               "train": train})).id, timeout=300)
+        if job.state != pb.SUCCEEDED:
+            fail(f"{name}: {pb.JobState.Name(job.state)}: {job.message}")
+        c.fetch(job.id, f"{tmp}/{name}.safetensors")
+        if tensors(f"{tmp}/{name}.safetensors") != want:
+            fail(f"the arrays as {name} trained other weights than as .npy")
+        print(f"the same arrays as {name}: weights bit for bit the .npy job's")
+    np.savez_compressed(f"{tmp}/small.npz", images=x[:100], labels=y[:100])
+    squeezed = {"name": "arrays", "classes": 10,
+                "train": {"file": f"{tmp}/small.npz", "inputs": "images", "labels": "labels"}}
+    try:
+        c.submit(spec(tmp, "squeezed", squeezed))
+        fail("a compressed .npz was submitted")
+    except tally.SubmitError as e:
+        if "compressed (np.savez_compressed)" not in str(e):
+            fail(f"a compressed .npz at submit: {e}")
+    job = raw_submit(c, f"{tmp}/squeezed.json", {"shape": [1, 28, 28], "train_size": 100})
+    if job.state != pb.FAILED or "small.npz[images]: compressed" not in job.message:
+        fail(f"a compressed .npz on the worker: {pb.JobState.Name(job.state)}: {job.message}")
+    print(f"a compressed .npz: refused at submit, and by the worker: {job.message}")
+    none = {"name": "arrays", "classes": 10,
+            "train": {"inputs": f"{tmp}/nothing_*.npy", "labels": f"{tmp}/shard_y_*.npy"}}
+    job = raw_submit(c, spec(tmp, "none", none), {"shape": [1, 28, 28], "train_size": 100})
+    if job.state != pb.FAILED or "nothing_*.npy: the pattern matches no file" not in job.message:
+        fail(f"a glob that matches nothing: {pb.JobState.Name(job.state)}: {job.message}")
+    print(f"a glob that matches nothing: FAILED: {job.message}")
 
 
 def table(tmp, c):
@@ -274,6 +345,7 @@ def main():
                  f"against {weights['idx'][1]}")
         print(f"the same data as .npy: weights bit for bit the IDX job's (test accuracy "
               f"{weights['npy'][1]:.4f})")
+        formats(tmp, c, x, y, weights["npy"][0])
 
         bad = dict(arrays, classes=5)
         try:

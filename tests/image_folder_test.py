@@ -13,6 +13,11 @@
                in the worker's metrics; a folder whose count disagrees with
                the job's train_size fails naming both numbers; the server
                and the worker go on to the next job;
+  fingerprint  a worker whose folder holds other files at the same path (a
+               mount namespace: one image rewritten, the counts the same)
+               takes a dead member's slot in a running two-worker job and is
+               refused, the job's message naming both fingerprints (needs
+               root and unshare; skipped without);
   jpeg         RGB JPEGs of 40x36 cropped to 32x32, normalised, augmented
                (random crop after padding, flips) and decoded on two threads
                train a classifier of their colours (needs python3-pil to
@@ -200,6 +205,54 @@ def jpeg(tmp, c):
           f"{job.metrics.test_accuracy:.3f}")
 
 
+def fingerprint(tmp, c, server, folder):
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        print("fingerprint: skipped (needs root and unshare for a mount namespace)")
+        return
+    shutil.copytree(f"{tmp}/png/train", f"{tmp}/other")
+    first = sorted(os.listdir(f"{tmp}/other/0-tshirt-top"))[0]
+    with open(f"{tmp}/other/0-tshirt-top/{first}", "wb") as f:
+        f.write(png(28, 28, bytes(range(28)) * 28))
+    procs = []
+
+    def worker(name, bind=None):
+        cmd = [f"{BUILD}/worker/tally-worker", f"--server={server}", "--devices=cpu:1",
+               f"--name={name}"]
+        if bind:
+            cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                   'mount --bind "$0" "$1" && shift && exec "$@"', bind,
+                   f"{tmp}/png/train"] + cmd
+        log = open(f"{tmp}/{name}.log", "w")
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        return procs[-1]
+    try:
+        second = worker("right")
+        path = f"{tmp}/two.json"
+        with open(path, "w") as f:
+            json.dump({"name": "two", "dataset": folder,
+                       "model": {"layers": ["flatten", {"linear": {"in_features": 784,
+                                                                   "out_features": 10}}]},
+                       "training": {"epochs": 200, "batch_size": 32, "seed": 1, "workers": 2},
+                       "optimizer": {"type": "sgd", "lr": 0.01}}, f)
+        job = c.submit(path)
+        while c.status(job.id).metrics.step < 20:
+            time.sleep(0.1)
+        second.kill()  # its slot falls vacant when its lease ends
+        worker("other", bind=f"{tmp}/other")
+        deadline = time.time() + 60
+        while "differ from the job's" not in c.status(job.id).message:
+            if time.time() > deadline:
+                fail(f"a worker with other files: {c.status(job.id)}")
+            time.sleep(0.2)
+        message = c.status(job.id).message
+        c.cancel(job.id)
+        print(f"a worker with other files: refused: {message}")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="tally-images-")
     procs = []
@@ -207,7 +260,8 @@ def main():
         port, metrics_port = free_port(), free_port()
         server = f"127.0.0.1:{port}"
         log = open(f"{tmp}/server.log", "w")
-        procs.append(subprocess.Popen([f"{BUILD}/server/tally-server", f"--port={port}"],
+        procs.append(subprocess.Popen([f"{BUILD}/server/tally-server", f"--port={port}",
+                                       "--lease_timeout_ms=2000"],
                                       stdout=log, stderr=subprocess.STDOUT))
         wlog = open(f"{tmp}/worker.log", "w")
         procs.append(subprocess.Popen([f"{BUILD}/worker/tally-worker", f"--server={server}",
@@ -223,6 +277,7 @@ def main():
         with open(f"{tmp}/worker.log") as f:
             if "skip_bad: another image in place of" not in f.read():
                 fail("the worker did not log the image it skipped")
+        fingerprint(tmp, c, server, folder)
     finally:
         for p in procs:
             p.kill()

@@ -352,6 +352,13 @@ class WorkerDaemon::Impl {
   // A file's identity as it is now (another file, or the same rewritten,
   // is read again); empty when it is not there.
   static std::string Stamp(const std::string& path) {
+    if (path.find_first_of("*?[") != std::string::npos) {  // a glob's files
+      absl::StatusOr<std::vector<std::string>> files = ExpandGlob(path);
+      if (!files.ok()) return "";
+      std::string all;
+      for (const std::string& f : *files) absl::StrAppend(&all, f, "@", Stamp(f), ";");
+      return all;
+    }
     struct stat st;
     if (path.empty() || ::stat(path.c_str(), &st) != 0) return "";
     return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
@@ -365,9 +372,10 @@ class WorkerDaemon::Impl {
     const CsvSpec& csv = spec.dataset.csv;
     const ImageFolderSpec& img = spec.dataset.images;
     std::string files;
-    for (const std::string* p : {&arr.train_inputs, &arr.train_labels,
-                                 &arr.test_inputs, &arr.test_labels, &csv.train,
-                                 &csv.test, &img.train, &img.test}) {
+    for (const std::string* p :
+         {&arr.train.file, &arr.train.inputs, &arr.train.labels, &arr.test.file,
+          &arr.test.inputs, &arr.test.labels, &csv.train, &csv.test, &img.train,
+          &img.test}) {
       absl::StrAppend(&files, "|", *p, "@", Stamp(*p));
     }
     absl::StrAppend(&files, "|", absl::StrJoin(img.shape, "x"), "|",

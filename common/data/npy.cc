@@ -1,12 +1,17 @@
 #include "common/data/npy.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -237,20 +242,237 @@ MappedFile::~MappedFile() {
 
 namespace {
 
-// The header of a mapped file, and its values all there.
-absl::StatusOr<NpyHeader> HeaderOf(const MappedFile& f) {
-  TALLY_ASSIGN_OR_RETURN(
-      NpyHeader h,
-      ParseNpyHeader(absl::string_view(f.data(), static_cast<size_t>(f.size())),
-                     f.path()));
+// The array's values must all be in its file (up to end_of_data).
+absl::Status CheckData(const MappedArray& a, int64_t end_of_data) {
+  const NpyHeader& h = a.header;
   const int64_t values = h.values();
   if (values > (int64_t{1} << 50) / h.width ||
-      f.size() - h.data_offset < values * h.width) {
+      end_of_data - h.data_offset < values * h.width) {
     return absl::DataLossError(absl::StrCat(
-        f.path(), ": its header says ", values, " values of ", h.width,
-        " bytes, the file holds ", f.size() - h.data_offset, " bytes of data"));
+        a.name, ": its header says ", values, " values of ", h.width,
+        " bytes, the file holds ",
+        std::max<int64_t>(0, end_of_data - h.data_offset), " bytes of data"));
   }
-  return h;
+  return absl::OkStatus();
+}
+
+uint64_t Le(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+absl::Status ZipCut(const std::string& name, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(name, ": ", what, " is cut off"));
+}
+
+// The central directory's offset and entry count, from the end record
+// (zip64's when the plain one overflows).
+absl::Status FindCentralDirectory(const MappedFile& f, int64_t* offset,
+                                  int64_t* entries) {
+  const char* d = f.data();
+  const int64_t n = f.size();
+  int64_t eocd = -1;
+  for (int64_t at = n - 22; at >= 0 && at >= n - 22 - 65535; --at) {
+    if (Le(d + at, 4) == 0x06054b50) {
+      eocd = at;
+      break;
+    }
+  }
+  if (eocd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.path(), ": not a .npz file (no zip directory at its end)"));
+  }
+  *entries = static_cast<int64_t>(Le(d + eocd + 10, 2));
+  *offset = static_cast<int64_t>(Le(d + eocd + 16, 4));
+  if (*offset == 0xffffffff && eocd >= 20 &&
+      Le(d + eocd - 20, 4) == 0x07064b50) {
+    const uint64_t z = Le(d + eocd - 12, 8);
+    if (z > static_cast<uint64_t>(n - 56) || Le(d + z, 4) != 0x06064b50) {
+      return ZipCut(f.path(), "its zip64 directory");
+    }
+    *entries = static_cast<int64_t>(Le(d + z + 32, 8) & 0xffffffff);
+    *offset = static_cast<int64_t>(Le(d + z + 48, 8) & ((uint64_t{1} << 62) - 1));
+  }
+  if (*offset > n) return ZipCut(f.path(), "its zip directory");
+  return absl::OkStatus();
+}
+
+// Where member `member`'s bytes are in a mapped zip archive (offset, size),
+// and how they are stored (0: as they are).
+absl::Status FindZipMember(const MappedFile& f, const std::string& member,
+                           int64_t* offset, int64_t* size, int* method) {
+  const char* d = f.data();
+  const int64_t n = f.size();
+  int64_t at = 0, entries = 0;
+  TALLY_RETURN_IF_ERROR(FindCentralDirectory(f, &at, &entries));
+  std::vector<std::string> names;
+  for (int64_t e = 0; e < entries; ++e) {
+    if (at > n - 46 || Le(d + at, 4) != 0x02014b50) {
+      return ZipCut(f.path(), "its zip directory");
+    }
+    const int64_t name_len = static_cast<int64_t>(Le(d + at + 28, 2));
+    const int64_t extra_len = static_cast<int64_t>(Le(d + at + 30, 2));
+    const int64_t comment_len = static_cast<int64_t>(Le(d + at + 32, 2));
+    const int64_t extra = at + 46 + name_len;
+    if (extra + extra_len > n) return ZipCut(f.path(), "its zip directory");
+    const std::string entry(d + at + 46, static_cast<size_t>(name_len));
+    if (entry != member) {
+      names.push_back(entry);
+      at = extra + extra_len + comment_len;
+      continue;
+    }
+    *method = static_cast<int>(Le(d + at + 10, 2));
+    uint64_t bytes = Le(d + at + 24, 4), local = Le(d + at + 42, 4);
+    // zip64: the sizes and offset that overflow follow in an extra field.
+    for (int64_t x = extra; x + 4 <= extra + extra_len;) {
+      const uint64_t id = Le(d + x, 2), len = Le(d + x + 2, 2);
+      int64_t v = x + 4;
+      if (id == 1 && x + 4 + static_cast<int64_t>(len) <= extra + extra_len) {
+        if (bytes == 0xffffffff && v + 8 <= x + 4 + static_cast<int64_t>(len)) {
+          bytes = Le(d + v, 8);
+          v += 8;
+        }
+        if (Le(d + at + 20, 4) == 0xffffffff) v += 8;
+        if (local == 0xffffffff && v + 8 <= x + 4 + static_cast<int64_t>(len)) {
+          local = Le(d + v, 8);
+        }
+      }
+      x += 4 + static_cast<int64_t>(len);
+    }
+    const std::string what = absl::StrCat("its member ", member);
+    if (local > static_cast<uint64_t>(n - 30) || Le(d + local, 4) != 0x04034b50) {
+      return ZipCut(f.path(), what);
+    }
+    *offset = static_cast<int64_t>(local) + 30 +
+              static_cast<int64_t>(Le(d + local + 26, 2)) +
+              static_cast<int64_t>(Le(d + local + 28, 2));
+    if (*method != 0) return absl::OkStatus();  // refused by the caller
+    if (*offset > n || bytes > static_cast<uint64_t>(n - *offset)) {
+      return ZipCut(f.path(), what);
+    }
+    *size = static_cast<int64_t>(bytes);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      f.path(), ": no array '", member.substr(0, member.size() - 4),
+      "' (it holds ", absl::StrJoin(names, ", "), ")"));
+}
+
+absl::StatusOr<MappedArray> OpenNpz(std::shared_ptr<const MappedFile> f,
+                                    const std::string& key) {
+  MappedArray a;
+  a.name = absl::StrCat(f->path(), "[", key, "]");
+  int64_t offset = 0, size = 0;
+  int method = 0;
+  TALLY_RETURN_IF_ERROR(FindZipMember(*f, key + ".npy", &offset, &size, &method));
+  if (method != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        a.name, ": compressed (np.savez_compressed), so it cannot be mapped: "
+                "save it with np.savez, or as .npy files"));
+  }
+  TALLY_ASSIGN_OR_RETURN(
+      a.header, ParseNpyHeader(absl::string_view(f->data() + offset,
+                                                 static_cast<size_t>(size)),
+                               a.name));
+  a.header.data_offset += offset;
+  TALLY_RETURN_IF_ERROR(CheckData(a, offset + size));
+  a.file = std::move(f);
+  return a;
+}
+
+absl::StatusOr<std::pair<NpyType, int>> SafetensorsType(
+    const std::string& dtype) {
+  static const auto* kTypes = new std::map<std::string, std::pair<NpyType, int>>{
+      {"BOOL", {NpyType::kBool, 1}}, {"U8", {NpyType::kU8, 1}},
+      {"I8", {NpyType::kI8, 1}},     {"U16", {NpyType::kU16, 2}},
+      {"I16", {NpyType::kI16, 2}},   {"U32", {NpyType::kU32, 4}},
+      {"I32", {NpyType::kI32, 4}},   {"U64", {NpyType::kU64, 8}},
+      {"I64", {NpyType::kI64, 8}},   {"F16", {NpyType::kF16, 2}},
+      {"BF16", {NpyType::kBF16, 2}}, {"F32", {NpyType::kF32, 4}},
+      {"F64", {NpyType::kF64, 8}}};
+  auto it = kTypes->find(dtype);
+  if (it == kTypes->end()) return absl::InvalidArgumentError(dtype);
+  return it->second;
+}
+
+// Tensor `key`'s dtype, shape and offsets from a safetensors header.
+absl::Status ReadTensorEntry(const nlohmann::json& t, const std::string& key,
+                             NpyHeader* h, uint64_t* begin, uint64_t* end) {
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", key, "' ", why));
+  };
+  if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() ||
+      !t.contains("shape") || !t["shape"].is_array() || t["shape"].size() > 8 ||
+      !t.contains("data_offsets") || !t["data_offsets"].is_array() ||
+      t["data_offsets"].size() != 2 || !t["data_offsets"][0].is_number_unsigned() ||
+      !t["data_offsets"][1].is_number_unsigned()) {
+    return bad("needs dtype, shape (at most 8 sizes) and data_offsets");
+  }
+  auto type = SafetensorsType(t["dtype"].get<std::string>());
+  if (!type.ok()) return bad(absl::StrCat("has dtype ", type.status().message()));
+  h->type = type->first;
+  h->width = type->second;
+  int64_t values = 1;
+  for (const auto& d : t["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 50)) {
+      return bad("has a bad shape");
+    }
+    h->shape.push_back(d.get<int64_t>());
+    if (h->shape.back() != 0 && values > (int64_t{1} << 50) / h->shape.back()) {
+      return bad("has more than 2^50 values");
+    }
+    values *= h->shape.back();
+  }
+  *begin = t["data_offsets"][0].get<uint64_t>();
+  *end = t["data_offsets"][1].get<uint64_t>();
+  if (*begin > *end) return bad("has bad data_offsets");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MappedArray> OpenSafetensors(std::shared_ptr<const MappedFile> f,
+                                            const std::string& key) {
+  MappedArray a;
+  a.name = absl::StrCat(f->path(), "[", key, "]");
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f->path(), ": not a .safetensors file Tally reads: ", why));
+  };
+  if (f->size() < 8) return bad("shorter than its 8-byte header length");
+  const uint64_t n = Le(f->data(), 8);
+  if (n > static_cast<uint64_t>(f->size() - 8) || n > (uint64_t{1} << 27)) {
+    return bad(absl::StrCat("a header of ", n, " bytes"));
+  }
+  const nlohmann::json header = nlohmann::json::parse(
+      std::string_view(f->data() + 8, static_cast<size_t>(n)), nullptr, false);
+  if (header.is_discarded() || !header.is_object()) {
+    return bad("its header is not a JSON object");
+  }
+  if (!header.contains(key)) {
+    std::vector<std::string> names;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() != "__metadata__") names.push_back(it.key());
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        f->path(), ": no tensor '", key, "' (it holds ",
+        absl::StrJoin(names, ", "), ")"));
+  }
+  uint64_t begin = 0, end = 0;
+  absl::Status entry = ReadTensorEntry(header[key], key, &a.header, &begin, &end);
+  if (!entry.ok()) return bad(entry.message());
+  const uint64_t data = static_cast<uint64_t>(f->size()) - 8 - n;
+  if (begin > data) return bad(absl::StrCat("tensor '", key, "' starts past the end"));
+  a.header.data_offset = static_cast<int64_t>(8 + n + begin);
+  TALLY_RETURN_IF_ERROR(
+      CheckData(a, static_cast<int64_t>(8 + n + std::min(end, data))));
+  a.file = std::move(f);
+  return a;
+}
+
+bool EndsWith(const std::string& s, absl::string_view suffix) {
+  return s.size() >= suffix.size() &&
+         absl::string_view(s).substr(s.size() - suffix.size()) == suffix;
 }
 
 // Value i of a mapped array, as a double (exact for every integer a label
@@ -284,6 +506,14 @@ double ValueAt(const char* p, NpyType t, int64_t i) {
       std::memcpy(&h, p + 2 * i, 2);
       return HalfToFloat(h);
     }
+    case NpyType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
     case NpyType::kF32:
       return get(float{});
     case NpyType::kF64:
@@ -298,71 +528,143 @@ std::string ShapeText(std::span<const int64_t> s) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const NpyArrays>> NpyArrays::Open(
-    const std::string& inputs_path, const std::string& labels_path,
-    const Shape& sample_shape, int num_classes) {
-  std::shared_ptr<NpyArrays> a(new NpyArrays);
-  TALLY_ASSIGN_OR_RETURN(a->inputs_, MappedFile::Open(inputs_path));
-  TALLY_ASSIGN_OR_RETURN(a->labels_, MappedFile::Open(labels_path));
-  TALLY_ASSIGN_OR_RETURN(a->in_, HeaderOf(*a->inputs_));
-  TALLY_ASSIGN_OR_RETURN(a->lab_, HeaderOf(*a->labels_));
-  const std::vector<int64_t>& s = a->in_.shape;
+absl::StatusOr<MappedArray> OpenArray(const std::string& path,
+                                      const std::string& key) {
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f,
+                         MappedFile::Open(path));
+  if (EndsWith(path, ".npz")) return OpenNpz(std::move(f), key);
+  if (EndsWith(path, ".safetensors")) return OpenSafetensors(std::move(f), key);
+  MappedArray a;
+  a.name = path;
+  TALLY_ASSIGN_OR_RETURN(
+      a.header,
+      ParseNpyHeader(absl::string_view(f->data(), static_cast<size_t>(f->size())),
+                     path));
+  TALLY_RETURN_IF_ERROR(CheckData(a, f->size()));
+  a.file = std::move(f);
+  return a;
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandGlob(const std::string& path) {
+  if (path.find_first_of("*?[") == std::string::npos) {
+    return std::vector<std::string>{path};
+  }
+  glob_t g;
+  const int rc = ::glob(path.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  }
+  ::globfree(&g);
+  if (out.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the pattern matches no file"));
+  }
+  return out;  // glob sorts them
+}
+
+absl::Status NpyArrays::AddShard(MappedArray in, MappedArray lab,
+                                 const Shape& sample_shape, int num_classes) {
+  const std::vector<int64_t>& s = in.header.shape;
   const std::vector<int64_t> want(sample_shape.begin(), sample_shape.end());
   if (s.empty() || std::vector<int64_t>(s.begin() + 1, s.end()) != want) {
     return absl::InvalidArgumentError(absl::StrCat(
-        inputs_path, ": inputs of shape ", ShapeText(s), "; the job's samples are ",
+        in.name, ": inputs of shape ", ShapeText(s), "; the job's samples are ",
         ShapeText(want), " (dataset.shape), so [n, ", absl::StrJoin(want, ", "),
         "]"));
   }
-  if (a->lab_.shape.size() != 1 || a->lab_.type == NpyType::kF16 ||
-      a->lab_.type == NpyType::kF32 || a->lab_.type == NpyType::kF64) {
+  const NpyHeader& lh = lab.header;
+  if (lh.shape.size() != 1 || lh.type == NpyType::kF16 ||
+      lh.type == NpyType::kBF16 || lh.type == NpyType::kF32 ||
+      lh.type == NpyType::kF64) {
     return absl::InvalidArgumentError(absl::StrCat(
-        labels_path, ": labels of shape ", ShapeText(a->lab_.shape),
-        (a->lab_.shape.size() == 1 ? " and a floating dtype" : ""),
+        lab.name, ": labels of shape ", ShapeText(lh.shape),
+        (lh.shape.size() == 1 ? " and a floating dtype" : ""),
         "; they are one integer per sample"));
   }
-  if (a->lab_.shape[0] != s[0]) {
+  if (lh.shape[0] != s[0]) {
     return absl::InvalidArgumentError(absl::StrCat(
-        inputs_path, " holds ", s[0], " samples, ", labels_path, " ",
-        a->lab_.shape[0], " labels"));
+        in.name, " holds ", s[0], " samples, ", lab.name, " ", lh.shape[0],
+        " labels"));
   }
-  a->size_ = s[0];
-  a->sample_values_ = a->size_ == 0 ? 0 : a->in_.values() / a->size_;
-  const char* labels = a->labels_->data() + a->lab_.data_offset;
-  for (int64_t i = 0; i < a->size_; ++i) {
-    const double v = ValueAt(labels, a->lab_.type, i);
+  const char* labels = lab.file->data() + lh.data_offset;
+  for (int64_t i = 0; i < lh.shape[0]; ++i) {
+    const double v = ValueAt(labels, lh.type, i);
     if (!(v >= 0 && v < num_classes)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          labels_path, ": label ", v, " of sample ", i, " is outside [0, ",
+          lab.name, ": label ", v, " of sample ", i, " is outside [0, ",
           num_classes, ") (the job's classes)"));
     }
   }
   // Batches gather samples of a shuffled order: read-ahead would read the
   // neighbours of every one, and under memory pressure push out what the
   // next batches need.
-  a->inputs_->AdviseRandom();
+  in.file->AdviseRandom();
+  sample_values_ = NumElements(sample_shape);
+  const int64_t begin = size_;
+  size_ += s[0];
+  shards_.push_back(Shard{std::move(in), std::move(lab), begin});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const NpyArrays>> NpyArrays::Open(
+    const ArrayFiles& files, const Shape& sample_shape, int num_classes) {
+  std::shared_ptr<NpyArrays> a(new NpyArrays);
+  std::vector<std::pair<std::string, std::string>> pairs;  // (inputs, labels)
+  if (!files.file.empty()) {
+    TALLY_ASSIGN_OR_RETURN(std::vector<std::string> paths,
+                           ExpandGlob(files.file));
+    for (const std::string& p : paths) pairs.emplace_back(p, p);
+  } else {
+    TALLY_ASSIGN_OR_RETURN(std::vector<std::string> ins,
+                           ExpandGlob(files.inputs));
+    TALLY_ASSIGN_OR_RETURN(std::vector<std::string> labs,
+                           ExpandGlob(files.labels));
+    if (ins.size() != labs.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          files.inputs, " matches ", ins.size(), " files, ", files.labels, " ",
+          labs.size(), " (a shard of inputs goes with a shard of labels)"));
+    }
+    for (size_t i = 0; i < ins.size(); ++i) pairs.emplace_back(ins[i], labs[i]);
+  }
+  const std::string in_key = files.file.empty() ? "" : files.inputs;
+  const std::string lab_key = files.file.empty() ? "" : files.labels;
+  for (const auto& [in_path, lab_path] : pairs) {
+    TALLY_ASSIGN_OR_RETURN(MappedArray in, OpenArray(in_path, in_key));
+    TALLY_ASSIGN_OR_RETURN(MappedArray lab, OpenArray(lab_path, lab_key));
+    TALLY_RETURN_IF_ERROR(
+        a->AddShard(std::move(in), std::move(lab), sample_shape, num_classes));
+  }
   return std::shared_ptr<const NpyArrays>(std::move(a));
 }
 
 void NpyArrays::Describe(Fingerprint* f) const {
-  for (const auto& [file, header] :
-       {std::pair{inputs_.get(), &in_}, std::pair{labels_.get(), &lab_}}) {
-    f->AddFile(file->size());
-    f->Add(absl::string_view(file->data(),
-                             static_cast<size_t>(header->data_offset)));
+  for (const Shard& s : shards_) {
+    for (const MappedArray* a : {&s.inputs, &s.labels}) {
+      f->AddFile(a->file->size());
+      f->Add(absl::string_view(a->file->data(),
+                               static_cast<size_t>(a->header.data_offset)));
+    }
   }
 }
 
 absl::Status NpyArrays::Gather(std::span<const int64_t> indices,
                                const GatherContext& /*context*/, float* x,
                                int32_t* y) const {
-  const char* in = inputs_->data() + in_.data_offset;
-  const char* lab = labels_->data() + lab_.data_offset;
   const int64_t n = sample_values_;
+  int64_t bytes = 0;
   for (size_t i = 0; i < indices.size(); ++i) {
-    const int64_t s = indices[i];
+    // The shard holding the sample: the last that begins at or before it.
+    auto it = std::upper_bound(
+        shards_.begin(), shards_.end(), indices[i],
+        [](int64_t v, const Shard& sh) { return v < sh.begin; });
+    const Shard& sh = *(it - 1);
+    const int64_t s = indices[i] - sh.begin;
+    const NpyHeader& ih = sh.inputs.header;
+    const char* in = sh.inputs.file->data() + ih.data_offset;
+    const char* lab = sh.labels.file->data() + sh.labels.header.data_offset;
     float* dst = x + static_cast<int64_t>(i) * n;
-    switch (in_.type) {
+    switch (ih.type) {
       case NpyType::kF32:
         std::memcpy(dst, in + s * n * 4, static_cast<size_t>(n) * 4);
         break;
@@ -373,13 +675,12 @@ absl::Status NpyArrays::Gather(std::span<const int64_t> indices,
       }
       default:
         for (int64_t k = 0; k < n; ++k)
-          dst[k] = static_cast<float>(ValueAt(in, in_.type, s * n + k));
+          dst[k] = static_cast<float>(ValueAt(in, ih.type, s * n + k));
     }
-    y[i] = static_cast<int32_t>(ValueAt(lab, lab_.type, s));
+    y[i] = static_cast<int32_t>(ValueAt(lab, sh.labels.header.type, s));
+    bytes += n * ih.width + sh.labels.header.width;
   }
-  bytes_.fetch_add(static_cast<int64_t>(indices.size()) *
-                       (n * in_.width + lab_.width),
-                   std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

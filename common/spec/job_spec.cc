@@ -214,15 +214,26 @@ absl::Status ReadClassesAndSize(const YAML::Node& n, int* num_classes,
   return absl::OkStatus();
 }
 
-// dataset.train / dataset.test: {inputs: PATH, labels: PATH}.
+// dataset.train / dataset.test: {inputs: PATH, labels: PATH} (.npy files
+// or globs) or {file: PATH, inputs: KEY, labels: KEY} (.npz, .safetensors).
 absl::Status ParseSplit(const YAML::Node& n, const std::string& p,
-                        std::string* inputs, std::string* labels) {
-  if (!n.IsMap()) return FieldError(p, "must be {inputs: PATH, labels: PATH}");
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"inputs", "labels"}));
-  TALLY_RETURN_IF_ERROR(ReadString(n, p, "inputs", inputs));
-  TALLY_RETURN_IF_ERROR(ReadString(n, p, "labels", labels));
-  if (inputs->empty() || labels->empty()) {
-    return FieldError(p, "needs inputs and labels (.npy files)");
+                        ArrayFiles* f) {
+  if (!n.IsMap()) {
+    return FieldError(p, "must be {inputs: PATH, labels: PATH} or {file: "
+                         "PATH, inputs: KEY, labels: KEY}");
+  }
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"file", "inputs", "labels"}));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "file", &f->file));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "inputs", &f->inputs));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "labels", &f->labels));
+  if (f->inputs.empty() || f->labels.empty()) {
+    return FieldError(p, "needs inputs and labels (.npy files, or keys of "
+                         "file)");
+  }
+  const absl::string_view file = f->file;
+  if (!file.empty() && !absl::EndsWith(file, ".npz") &&
+      !absl::EndsWith(file, ".safetensors")) {
+    return FieldError(Join(p, "file"), "must be a .npz or .safetensors file");
   }
   return absl::OkStatus();
 }
@@ -233,11 +244,9 @@ absl::Status ParseArrays(const YAML::Node& n, ArraysSpec* a) {
   TALLY_RETURN_IF_ERROR(CheckKeys(
       n, p, {"name", "train", "test", "shape", "classes", "train_size"}));
   if (!n["train"]) return FieldError("dataset.train", "is required");
-  TALLY_RETURN_IF_ERROR(ParseSplit(n["train"], "dataset.train",
-                                   &a->train_inputs, &a->train_labels));
+  TALLY_RETURN_IF_ERROR(ParseSplit(n["train"], "dataset.train", &a->train));
   if (n["test"]) {
-    TALLY_RETURN_IF_ERROR(ParseSplit(n["test"], "dataset.test",
-                                     &a->test_inputs, &a->test_labels));
+    TALLY_RETURN_IF_ERROR(ParseSplit(n["test"], "dataset.test", &a->test));
   }
   const YAML::Node shape = n["shape"];
   if (!shape || !shape.IsSequence() || shape.size() == 0 || shape.size() > 4) {
@@ -1091,10 +1100,11 @@ absl::StatusOr<TrainTest> OpenArrays(const ArraysSpec& a) {
   TrainTest out;
   TALLY_ASSIGN_OR_RETURN(
       std::shared_ptr<const NpyArrays> train,
-      NpyArrays::Open(a.train_inputs, a.train_labels, a.shape, a.num_classes));
+      NpyArrays::Open(a.train, a.shape, a.num_classes));
   if (train->size() != a.train_size) {
     return absl::FailedPreconditionError(absl::StrCat(
-        a.train_inputs, " holds ", train->size(),
+        a.train.file.empty() ? a.train.inputs : a.train.file, " holds ",
+        train->size(),
         " samples; the job was submitted with dataset.train_size ",
         a.train_size));
   }
@@ -1105,10 +1115,9 @@ absl::StatusOr<TrainTest> OpenArrays(const ArraysSpec& a) {
   out.train.source = std::move(train);
   Fingerprint f;
   out.train.source->Describe(&f);
-  if (!a.test_inputs.empty()) {
-    TALLY_ASSIGN_OR_RETURN(
-        out.test.source,
-        NpyArrays::Open(a.test_inputs, a.test_labels, a.shape, a.num_classes));
+  if (!a.test.inputs.empty()) {
+    TALLY_ASSIGN_OR_RETURN(out.test.source,
+                           NpyArrays::Open(a.test, a.shape, a.num_classes));
     out.test.source->Describe(&f);
     TALLY_RETURN_IF_ERROR(out.test.Materialize());
   }

@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "common/data/dataset.h"
 #include "common/data/image.h"
+#include "common/data/npy.h"
 #include "common/nn/layer_config.h"
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
@@ -41,8 +42,10 @@ inline constexpr char kDefaultFashionMnistRoot[] =
 
 // dataset.name arrays: NumPy .npy files on the workers (common/data/npy.h).
 struct ArraysSpec {
-  std::string train_inputs, train_labels;  // train: {inputs, labels}
-  std::string test_inputs, test_labels;    // test: {...}; optional
+  // train: {inputs, labels} (.npy paths or globs) or {file, inputs, labels}
+  // (a .npz or .safetensors path or glob, and the arrays' keys in it).
+  ArrayFiles train;
+  ArrayFiles test;  // optional: empty inputs
   Shape shape;          // one sample's shape
   int num_classes = 0;  // classes
   // Training samples: the schedule is fixed from it at submission (the

@@ -107,45 +107,132 @@ def _pack(root):
     return files
 
 
+SAFETENSORS_DTYPES = {"BOOL": "|b1", "U8": "|u1", "I8": "|i1", "U16": "<u2", "I16": "<i2",
+                      "U32": "<u4", "I32": "<i4", "U64": "<u8", "I64": "<i8", "F16": "<f2",
+                      "F32": "<f4", "F64": "<f8"}
+
+
+def _expand(path):
+    """The files a path names, as the workers expand it: itself, or a glob's
+    matches sorted (none: an error)."""
+    import glob
+    if not any(c in path for c in "*?["):
+        return [path]
+    found = sorted(glob.glob(path))
+    if not found:
+        raise SubmitError(f"{path}: the pattern matches no file")
+    return found
+
+
+def _map_array(path, key, labels=False):
+    """The array `key` of a .npz or .safetensors file, or a .npy file,
+    memory-mapped (nothing read but its header)."""
+    import numpy as np
+    if path.endswith(".npz"):
+        import zipfile
+        with zipfile.ZipFile(path) as z:
+            try:
+                info = z.getinfo(key + ".npy")
+            except KeyError:
+                raise SubmitError(f"{path}: no array '{key}' (it holds "
+                                  f"{', '.join(n[:-4] for n in z.namelist())})")
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise SubmitError(f"{path}[{key}]: compressed (np.savez_compressed), so it "
+                                  f"cannot be mapped: save it with np.savez")
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read(f)
+                header = f.tell()
+        with open(path, "rb") as f:
+            f.seek(info.header_offset + 26)
+            n, extra = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        offset = info.header_offset + 30 + n + extra + header
+        if fortran:
+            raise SubmitError(f"{path}[{key}]: Fortran order")
+        return np.memmap(path, dtype, "r", offset, shape) if np.prod(shape) else \
+            np.zeros(shape, dtype)
+    if path.endswith(".safetensors"):
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        if key not in header:
+            raise SubmitError(f"{path}: no tensor '{key}' (it holds "
+                              f"{', '.join(k for k in header if k != '__metadata__')})")
+        t = header[key]
+        dtype = SAFETENSORS_DTYPES.get(t["dtype"], "<u2" if t["dtype"] == "BF16" else None)
+        if dtype is None or (labels and t["dtype"] == "BF16"):
+            raise SubmitError(f"{path}[{key}]: dtype {t['dtype']} is not one the workers "
+                              f"read{' for labels (integers)' if labels else ''}")
+        shape = tuple(t["shape"])
+        return np.memmap(path, dtype, "r", 8 + n + t["data_offsets"][0],
+                         shape) if np.prod(shape) else np.zeros(shape, dtype)
+    return np.load(path, mmap_mode="r")
+
+
+def _split_shards(split):
+    """(inputs, labels, names) of each shard of one split; None when its
+    files are not on this machine."""
+    file, inputs, labels = split.get("file"), split.get("inputs"), split.get("labels")
+    if not (inputs and labels):
+        return None
+    if file:
+        paths = _expand(file) if any(c in file for c in "*?[") or os.path.exists(file) else []
+        return [(_map_array(p, inputs), _map_array(p, labels, True), (f"{p}[{inputs}]",
+                                                                f"{p}[{labels}]"))
+                for p in paths] or None
+    if not any(c in inputs for c in "*?[") and not os.path.exists(inputs):
+        return None
+    ins, labs = _expand(inputs), _expand(labels)
+    if len(ins) != len(labs):
+        raise SubmitError(f"{inputs} matches {len(ins)} files, {labels} {len(labs)}")
+    return [(_map_array(i, ""), _map_array(l, "", True), (i, l)) for i, l in zip(ins, labs)]
+
+
 def _fill_arrays(dataset):
     """An arrays dataset whose files this machine can read (the workers'
     paths, on a shared mount or here): its shape and train_size filled in
-    from the .npy headers, checked against what the spec says, and its
-    labels against its classes. Files not here are left to the workers."""
-    import numpy as np
+    from the headers (.npy, .npz, .safetensors; every shard of a glob),
+    checked against what the spec says, and its labels against its
+    classes. Files not here are left to the workers."""
     train = dataset.get("train") or {}
     splits = [("train", train)] + ([("test", dataset["test"])] if dataset.get("test") else [])
     for name, split in splits:
-        inputs, labels = split.get("inputs"), split.get("labels")
-        if not (inputs and labels and os.path.exists(inputs) and os.path.exists(labels)):
-            continue
         try:
-            x = np.load(inputs, mmap_mode="r")
-            y = np.load(labels, mmap_mode="r")
+            shards = _split_shards(split) if isinstance(split, dict) else None
         except (ValueError, OSError) as e:
             raise SubmitError(f"dataset.{name}: {e}")
-        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
-            raise SubmitError(f"dataset.{name}: {inputs} is {list(x.shape)}, {labels} "
-                              f"{list(y.shape)}: inputs [n, ...] and labels [n] are needed")
-        for path, a, kinds in ((inputs, x, "biuf"), (labels, y, "biu")):
-            if a.dtype.kind not in kinds or a.dtype.byteorder == ">" or not a.flags.c_contiguous:
-                raise SubmitError(f"{path}: {a.dtype} "
-                                  f"{'(Fortran order) ' if not a.flags.c_contiguous else ''}"
-                                  f"is not what the workers read: "
-                                  f"{'integer labels' if a is y else 'little-endian numbers'}"
-                                  f" in C order")
-        shape = list(x.shape[1:])
-        if dataset.setdefault("shape", shape) != shape:
-            raise SubmitError(f"dataset.shape is {dataset['shape']}; {inputs} holds samples "
-                              f"of {shape}")
-        classes = int(dataset.get("classes", 0))
-        if classes and len(y) and not (0 <= int(y.min()) and int(y.max()) < classes):
-            raise SubmitError(f"{labels}: labels from {int(y.min())} to {int(y.max())}; "
-                              f"dataset.classes is {classes}")
-        if name == "train":
-            if dataset.setdefault("train_size", len(x)) != len(x):
-                raise SubmitError(f"dataset.train_size is {dataset['train_size']}; {inputs} "
-                                  f"holds {len(x)} samples")
+        if shards is None:
+            continue
+        total = 0
+        for x, y, (inputs, labels) in shards:
+            _check_shard(dataset, x, y, inputs, labels)
+            total += len(x)
+        if name == "train" and dataset.setdefault("train_size", total) != total:
+            raise SubmitError(f"dataset.train_size is {dataset['train_size']}; the training "
+                              f"files hold {total} samples")
+
+
+def _check_shard(dataset, x, y, inputs, labels):
+    if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+        raise SubmitError(f"{inputs} is {list(x.shape)}, {labels} {list(y.shape)}: inputs "
+                          f"[n, ...] and labels [n] are needed")
+    for path, a, kinds in ((inputs, x, "biuf"), (labels, y, "biu")):
+        if a.dtype.kind not in kinds or a.dtype.byteorder == ">" or not a.flags.c_contiguous:
+            raise SubmitError(f"{path}: {a.dtype} "
+                              f"{'(Fortran order) ' if not a.flags.c_contiguous else ''}"
+                              f"is not what the workers read: "
+                              f"{'integer labels' if a is y else 'little-endian numbers'}"
+                              f" in C order")
+    shape = list(x.shape[1:])
+    if dataset.setdefault("shape", shape) != shape:
+        raise SubmitError(f"dataset.shape is {dataset['shape']}; {inputs} holds samples "
+                          f"of {shape}")
+    classes = int(dataset.get("classes", 0))
+    if classes and len(y) and not (0 <= int(y.min()) and int(y.max()) < classes):
+        raise SubmitError(f"{labels}: labels from {int(y.min())} to {int(y.max())}; "
+                          f"dataset.classes is {classes}")
 
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")

@@ -117,7 +117,7 @@ TEST_F(NpyTest, ArraysConvertOnTheFlyAndReadOnlyWhatIsGathered) {
                                              Raw<int16_t>({-3, 4, 5, 6, 7, 8})));
   const std::string y = Write("y.npy", Npy("<i8", "(3,)", Raw<int64_t>({2, 0, 1})));
   for (const std::string& x : {x8, x16, xi}) {
-    auto a = NpyArrays::Open(x, y, {2}, 3);
+    auto a = NpyArrays::Open({"", x, y}, {2}, 3);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ((*a)->size(), 3);
     float got[4];
@@ -146,30 +146,63 @@ TEST_F(NpyTest, ArraysConvertOnTheFlyAndReadOnlyWhatIsGathered) {
 TEST_F(NpyTest, EveryBadDatasetIsNamedByFileAndPlace) {
   const std::string x = Write("x.npy", Npy("<f4", "(2, 2)", Raw<float>({1, 2, 3, 4})));
   const std::string y = Write("y.npy", Npy("|u1", "(2,)", Raw<uint8_t>({1, 0})));
-  EXPECT_THAT(NpyArrays::Open((dir_ / "none.npy").string(), y, {2}, 2),
+  EXPECT_THAT(NpyArrays::Open({"", (dir_ / "none.npy").string(), y}, {2}, 2),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("none.npy")));
   const std::string cut =
       Write("cut.npy", Npy("<f4", "(2, 2)", Raw<float>({1, 2, 3})));
-  EXPECT_THAT(NpyArrays::Open(cut, y, {2}, 2),
+  EXPECT_THAT(NpyArrays::Open({"", cut, y}, {2}, 2),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("cut.npy: its header says 4 values of 4 "
                                  "bytes, the file holds 12")));
-  EXPECT_THAT(NpyArrays::Open(x, y, {3}, 2),
+  EXPECT_THAT(NpyArrays::Open({"", x, y}, {3}, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("inputs of shape [2, 2]; the job's samples "
                                  "are [3]")));
   const std::string three = Write("y3.npy", Npy("|u1", "(3,)", Raw<uint8_t>({1, 0, 1})));
-  EXPECT_THAT(NpyArrays::Open(x, three, {2}, 2),
+  EXPECT_THAT(NpyArrays::Open({"", x, three}, {2}, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("holds 2 samples, " + three + " 3 labels")));
   const std::string big = Write("ybig.npy", Npy("<i4", "(2,)", Raw<int32_t>({1, 7})));
-  EXPECT_THAT(NpyArrays::Open(x, big, {2}, 2),
+  EXPECT_THAT(NpyArrays::Open({"", x, big}, {2}, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("label 7 of sample 1 is outside [0, 2)")));
   const std::string fl = Write("yf.npy", Npy("<f4", "(2,)", Raw<float>({1, 0})));
-  EXPECT_THAT(NpyArrays::Open(x, fl, {2}, 2),
+  EXPECT_THAT(NpyArrays::Open({"", x, fl}, {2}, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("floating dtype")));
+}
+
+TEST_F(NpyTest, AGlobOfShardsIsOneSplitInSortedOrder) {
+  Write("sx_1.npy", Npy("<f4", "(1, 2)", Raw<float>({5, 6})));
+  Write("sx_0.npy", Npy("<f4", "(2, 2)", Raw<float>({1, 2, 3, 4})));
+  Write("sy_0.npy", Npy("|u1", "(2,)", Raw<uint8_t>({0, 1})));
+  Write("sy_1.npy", Npy("|u1", "(1,)", Raw<uint8_t>({2})));
+  const std::string xs = (dir_ / "sx_*.npy").string();
+  const std::string ys = (dir_ / "sy_*.npy").string();
+  auto a = NpyArrays::Open({"", xs, ys}, {2}, 3);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->size(), 3);
+  float x[6];
+  int32_t y[3];
+  const int64_t order[] = {2, 0, 1};
+  ASSERT_TRUE((*a)->Gather(order, {}, x, y).ok());
+  EXPECT_EQ(std::vector<float>(x, x + 6), (std::vector<float>{5, 6, 1, 2, 3, 4}));
+  EXPECT_EQ(std::vector<int32_t>(y, y + 3), (std::vector<int32_t>{2, 0, 1}));
+  Fingerprint f;
+  (*a)->Describe(&f);
+  EXPECT_THAT(f.Text(), HasSubstr("4 files, "));
+  // A shard whose labels are fewer than its inputs, and globs of other sizes.
+  Write("sy_1.npy", Npy("|u1", "(2,)", Raw<uint8_t>({2, 2})));
+  EXPECT_THAT(NpyArrays::Open({"", xs, ys}, {2}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("sx_1.npy holds 1 samples, ")));
+  Write("sy_2.npy", Npy("|u1", "(1,)", Raw<uint8_t>({2})));
+  EXPECT_THAT(NpyArrays::Open({"", xs, ys}, {2}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("matches 2 files, " + ys + " 3")));
+  EXPECT_THAT(NpyArrays::Open({"", (dir_ / "none*.npy").string(), ys}, {2}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("none*.npy: the pattern matches no file")));
 }
 
 }  // namespace

@@ -332,7 +332,7 @@ TEST(JobSpecTest, AnArraysDatasetGivesItsShapeClassesAndSize) {
   EXPECT_EQ(spec->input_shape, (Shape{1, 28, 28}));
   EXPECT_EQ(spec->num_classes, 10);
   EXPECT_EQ(TrainSize(spec->dataset), 60000);
-  EXPECT_EQ(spec->dataset.arrays.test_labels, "/d/ty.npy");
+  EXPECT_EQ(spec->dataset.arrays.test.labels, "/d/ty.npy");
   // The files are the workers' to open: one that is not there says so.
   EXPECT_THAT(OpenDataset(spec->dataset),
               StatusIs(absl::StatusCode::kNotFound,
