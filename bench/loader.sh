@@ -12,9 +12,10 @@
 # PyTorch's side is torchvision's ImageFolder (PIL decodes) and a Dataset
 # over np.load(mmap_mode="r") (bench/pytorch_loader.py); Tally's is the
 # worker's BatchLoader (bench/loader.cc). Batch 64, shuffled.
-# Then the engine's wait for the loader while training: the CNN example on
-# the PNG folder and on the .npy arrays, one worker, from the worker's
-# tally_worker_loader_wait_seconds against the job's training time.
+# Then the engine's wait for the loader while training: the CNN examples on
+# the IDX files (in memory), the PNG folder (both 2 epochs, normalised) and
+# the .npy arrays (1 epoch, not normalised), one worker each, from the
+# worker's tally_worker_loader_wait_seconds against the job's training time.
 #   bench/loader.sh [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,7 +87,7 @@ done
 
 # The engine's wait for its batches while training (one worker, cpu:1).
 port=7480
-mport=7481
+mport=7490  # the server takes port + 1 for its data plane
 $B/server/tally-server --port=$port > "$tmp/server.log" 2>&1 &
 pids+=($!)
 $B/worker/tally-worker --server=localhost:$port --devices=cpu:1 --name=w \
@@ -95,12 +96,15 @@ pids+=($!)
 export PYTHONPATH=$PWD/$B/python
 metric() { curl -s "localhost:$mport/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 for _ in $(seq 100); do curl -s "localhost:$mport/metrics" > /dev/null && break; sleep 0.1; done
-for kind in png npy; do
-  if [[ $kind == png ]]; then
-    sed -e "s|/tmp/fashion-mnist-png|$tmp/png|" -e "s/workers: 2/workers: 1/" \
+for kind in idx png npy; do
+  if [[ $kind == idx ]]; then  # the reference: the same CNN on the IDX files
+    sed -e "s/workers: 2/workers: 1/" -e "s/lr: 0.02/lr: 0.01/" \
+      examples/fashion-mnist-cnn.yaml > "$tmp/train-$kind.yaml"
+  elif [[ $kind == png ]]; then
+    sed -e "s|/tmp/fashion-mnist-png|$tmp/png|g" -e "s/workers: 2/workers: 1/" \
       -e "s/lr: 0.02/lr: 0.01/" examples/fashion-mnist-png/job.yaml > "$tmp/train-$kind.yaml"
   else
-    sed -e "s|/tmp/fashion-mnist-npy|$tmp/npy|" examples/fashion-mnist-npy/job.yaml \
+    sed -e "s|/tmp/fashion-mnist-npy|$tmp/npy|g" examples/fashion-mnist-npy/job.yaml \
       > "$tmp/train-$kind.yaml"
   fi
   w0=$(metric tally_worker_loader_wait_seconds_sum)
@@ -110,12 +114,12 @@ import tally
 c = tally.Client(f"localhost:{sys.argv[1]}")
 job = c.wait(c.submit(sys.argv[2]).id, timeout=1200)
 m = job.metrics
-print(f"{m.step} {m.samples_per_sec} {m.test_accuracy} {job.message}")
+print(f"{m.step} {m.train_seconds} {m.mean_samples_per_sec} {m.test_accuracy} {job.message}")
 PY
 )
   w1=$(metric tally_worker_loader_wait_seconds_sum)
-  read -r steps sps accuracy _ <<< "$result"
-  awk -v k=$kind -v n="$steps" -v sps="$sps" -v acc="$accuracy" -v w0="${w0:-0}" -v w1="$w1" 'BEGIN {
-    t = n * 64 / sps; w = w1 - w0
+  read -r steps t sps accuracy _ <<< "$result"
+  awk -v k=$kind -v n="$steps" -v t="$t" -v sps="$sps" -v acc="$accuracy" -v w0="${w0:-0}" -v w1="$w1" 'BEGIN {
+    w = w1 - w0
     printf "training on %s: %d steps in %.1f s (%.0f samples/s), test accuracy %.4f; the engine waited %.0f ms for its batches in all, %.2f%% of the training time\n", k, n, t, sps, acc, w * 1e3, 100 * w / t }'
 done
