@@ -50,36 +50,45 @@ void BatchLoader::Help(size_t k) {
       seen = round_;
       part = parts_[k];
     }
-    absl::Status s = data_->Gather(part.indices, part.x, part.y, context_);
+    absl::Status s = GatherPart(part);
     absl::MutexLock lock(&parts_mu_);
     parts_[k].status = std::move(s);
     --pending_;
   }
 }
 
+absl::Status BatchLoader::GatherPart(const Part& part) const {
+  if (part.ids != nullptr) {
+    return data_->GatherIds(part.indices, part.ids, part.y, context_);
+  }
+  return data_->Gather(part.indices, part.x, part.y, context_);
+}
+
 absl::Status BatchLoader::Fill(std::span<const int64_t> indices, int64_t epoch,
                                HostBatch& batch) {
   context_ = GatherContext{options_.seed, epoch};
+  const bool ids = data_->input_type == InputType::kInt64;
+  const int64_t feat = data_->sample_numel(), labels = data_->label_numel();
+  // Part k: samples [cut(k), cut(k + 1)) of the batch.
   const size_t n = indices.size();
-  const size_t parts = helpers_.size() + 1;
-  if (parts == 1 || n < parts) {
-    return data_->Gather(indices, batch.x.data(), batch.y.data(), context_);
-  }
-  const int64_t feat = data_->sample_numel();
+  const size_t parts = n < helpers_.size() + 1 ? 1 : helpers_.size() + 1;
   auto cut = [&](size_t k) { return n * k / parts; };
+  auto part = [&](size_t k) {
+    const int64_t at = static_cast<int64_t>(cut(k));
+    return Part{indices.subspan(cut(k), cut(k + 1) - cut(k)),
+                ids ? nullptr : batch.x.data() + at * feat,
+                ids ? batch.ids.data() + at * feat : nullptr,
+                batch.y.data() + at * labels, absl::OkStatus()};
+  };
+  if (parts == 1) return GatherPart(part(0));
   {
     absl::MutexLock lock(&parts_mu_);
     parts_.assign(parts - 1, Part{});
-    for (size_t k = 1; k < parts; ++k) {
-      parts_[k - 1] = Part{indices.subspan(cut(k), cut(k + 1) - cut(k)),
-                           batch.x.data() + cut(k) * feat,
-                           batch.y.data() + cut(k), absl::OkStatus()};
-    }
+    for (size_t k = 1; k < parts; ++k) parts_[k - 1] = part(k);
     pending_ = static_cast<int>(parts - 1);
     ++round_;
   }
-  absl::Status status = data_->Gather(indices.first(cut(1)), batch.x.data(),
-                                      batch.y.data(), context_);
+  absl::Status status = GatherPart(part(0));
   absl::MutexLock lock(&parts_mu_);
   auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(parts_mu_) {
     return pending_ == 0;
@@ -91,6 +100,8 @@ absl::Status BatchLoader::Fill(std::span<const int64_t> indices, int64_t epoch,
 
 void BatchLoader::Produce() {
   const int64_t feat = data_->sample_numel();
+  const int64_t labels = data_->label_numel();
+  const bool ids = data_->input_type == InputType::kInt64;
   int64_t produced = 0;
   for (int64_t e = options_.first_epoch;
        e < options_.first_epoch + options_.epochs; ++e) {
@@ -116,8 +127,13 @@ void BatchLoader::Produce() {
       const int64_t begin = b * options_.batch_size;
       const int size = static_cast<int>(
           std::min<int64_t>(options_.batch_size, order.size() - begin));
-      batch->x.resize(static_cast<size_t>(options_.batch_size) * feat);
-      batch->y.resize(options_.batch_size);
+      const size_t values = static_cast<size_t>(options_.batch_size * feat);
+      if (ids) {
+        batch->ids.resize(values);
+      } else {
+        batch->x.resize(values);
+      }
+      batch->y.resize(static_cast<size_t>(options_.batch_size) * labels);
       absl::Status filled = Fill(
           std::span<const int64_t>(order.data() + begin, size), e, *batch);
       if (!filled.ok()) {

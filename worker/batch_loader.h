@@ -40,8 +40,11 @@ struct LoaderOptions {
   int threads = 1;  // gathering a batch
 };
 
+// A batch's inputs are in x (float features) or ids (int64 token ids), as
+// the dataset's are; y holds label_numel() labels a sample.
 struct HostBatch {
   std::vector<float> x;
+  std::vector<int64_t> ids;
   std::vector<int32_t> y;
   int size = 0;
   int64_t epoch = 0;
@@ -72,10 +75,13 @@ class BatchLoader {
   // A batch's samples, split between the producer and the helpers.
   struct Part {
     std::span<const int64_t> indices;
-    float* x = nullptr;
+    float* x = nullptr;     // float inputs, or
+    int64_t* ids = nullptr;  // int64 ones
     int32_t* y = nullptr;
     absl::Status status;
   };
+  // Gathers one part's samples into its rows.
+  absl::Status GatherPart(const Part& part) const;
 
   void Produce();
   absl::Status Fill(std::span<const int64_t> indices, int64_t epoch,

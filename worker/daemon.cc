@@ -378,6 +378,16 @@ class WorkerDaemon::Impl {
           &img.test}) {
       absl::StrAppend(&files, "|", *p, "@", Stamp(*p));
     }
+    const TextSpec& text = spec.dataset.text;
+    for (const std::vector<std::string>* list : {&text.train, &text.test}) {
+      for (const std::string& p : *list) {
+        absl::StrAppend(&files, "|", p, "@", Stamp(p));
+      }
+      absl::StrAppend(&files, "|");
+    }
+    absl::StrAppend(&files, text.vocab, "@", Stamp(text.vocab), "|",
+                    text.seq_len, "|", text.test_fraction, "|",
+                    text.vocab_size, "|", text.train_size);
     absl::StrAppend(&files, "|", absl::StrJoin(img.shape, "x"), "|",
                     static_cast<int>(img.fit), "|", absl::StrJoin(img.mean, ","),
                     "|", absl::StrJoin(img.std, ","), "|", img.crop_padding,

@@ -487,7 +487,8 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   // slot (its daemon still heartbeats) and a bsp job would wait for ever.
   if (!next.ok()) return Refuse(next.status());
   std::unique_ptr<HostBatch> batch = *std::move(next);
-  BatchView view{batch->x.data(), batch->y.data(), batch->size};
+  BatchView view{batch->x.data(), batch->y.data(), batch->size,
+                 batch->ids.empty() ? nullptr : batch->ids.data()};
   const absl::Time began = absl::Now();
   work.pull_deadline = began + options_.pull_wait + options_.rpc_timeout;
   StepHooks hooks = HooksFor(step, work);

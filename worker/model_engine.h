@@ -20,11 +20,14 @@
 
 namespace tally {
 
-// A batch in host memory: `size` samples back to back, and their labels.
+// A batch in host memory: `size` samples back to back, their inputs in x
+// (floats) or ids (int64 token ids, which only a Python model takes), and
+// their labels (one a sample, or one a token: JobSpec::label_shape).
 struct BatchView {
   const float* x = nullptr;
   const int32_t* y = nullptr;
   int size = 0;
+  const int64_t* ids = nullptr;
 };
 
 struct StepStats {

@@ -159,7 +159,8 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
       progress.Report(epoch);  // end of the previous epoch
       epoch = batch->epoch;
     }
-    BatchView view{batch->x.data(), batch->y.data(), batch->size};
+    BatchView view{batch->x.data(), batch->y.data(), batch->size,
+                 batch->ids.empty() ? nullptr : batch->ids.data()};
     TALLY_ASSIGN_OR_RETURN(
         StepStats st, engine->Step(view, spec.training.seed + step, apply));
     loader.Recycle(std::move(batch));

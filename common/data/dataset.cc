@@ -54,15 +54,32 @@ absl::Status Dataset::Gather(std::span<const int64_t> indices, float* x,
   return absl::OkStatus();
 }
 
+absl::Status Dataset::GatherIds(std::span<const int64_t> indices, int64_t* x,
+                                int32_t* y, const GatherContext& context) const {
+  if (source != nullptr) return source->GatherIds(indices, context, x, y);
+  const int64_t n = sample_numel(), m = label_numel();
+  for (size_t i = 0; i < indices.size(); ++i) {
+    std::memcpy(x + i * n, ids.data() + indices[i] * n, n * sizeof(int64_t));
+    std::memcpy(y + i * m, labels.data() + indices[i] * m, m * sizeof(int32_t));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Dataset::Materialize() {
   if (source == nullptr) return absl::OkStatus();
   const int64_t n = source->size();
   std::vector<int64_t> all(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) all[i] = i;
-  features.resize(static_cast<size_t>(n * sample_numel()));
-  labels.resize(static_cast<size_t>(n));
-  TALLY_RETURN_IF_ERROR(
-      source->Gather(all, GatherContext{}, features.data(), labels.data()));
+  labels.resize(static_cast<size_t>(n * label_numel()));
+  if (input_type == InputType::kInt64) {
+    ids.resize(static_cast<size_t>(n * sample_numel()));
+    TALLY_RETURN_IF_ERROR(
+        source->GatherIds(all, GatherContext{}, ids.data(), labels.data()));
+  } else {
+    features.resize(static_cast<size_t>(n * sample_numel()));
+    TALLY_RETURN_IF_ERROR(
+        source->Gather(all, GatherContext{}, features.data(), labels.data()));
+  }
   source.reset();
   return absl::OkStatus();
 }

@@ -1,8 +1,10 @@
-// In-memory classification datasets and the per-epoch sample order.
+// Datasets and the per-epoch sample order.
 //
-// A Dataset holds every sample as float32 features back to back plus int32
-// labels, so that assembling a batch is a gather of contiguous rows. Datasets
-// are immutable once built; const methods are safe from any thread.
+// A Dataset holds every sample's inputs back to back, float32 features or
+// int64 token ids (text), plus int32 labels, one a sample or, for text, one
+// a token (the next one), so that assembling a batch is a gather of
+// contiguous rows. Datasets are immutable once built; const methods are
+// safe from any thread.
 #ifndef TALLY_COMMON_DATA_DATASET_H_
 #define TALLY_COMMON_DATA_DATASET_H_
 
@@ -43,16 +45,28 @@ class Fingerprint {
   bool any_ = false;
 };
 
+// What a sample's inputs are: float32 features (images, tables, arrays),
+// or int64 token ids (text, which an embedding takes).
+enum class InputType { kFloat32, kInt64 };
+
 // Samples read from their files as they are gathered (common/data/npy.h,
-// common/data/image_folder.h), not held in memory. Thread-safe.
+// common/data/image_folder.h, common/data/text.h), not held in memory.
+// Thread-safe.
 class SampleSource {
  public:
   virtual ~SampleSource() = default;
   virtual int64_t size() const = 0;
-  // As Dataset::Gather.
+  virtual InputType input_type() const { return InputType::kFloat32; }
+  // As Dataset::Gather, for float inputs.
   virtual absl::Status Gather(std::span<const int64_t> indices,
                               const GatherContext& context, float* x,
                               int32_t* y) const = 0;
+  // As Dataset::GatherIds, for a source of int64 inputs.
+  virtual absl::Status GatherIds(std::span<const int64_t> /*indices*/,
+                                 const GatherContext& /*context*/,
+                                 int64_t* /*x*/, int32_t* /*y*/) const {
+    return absl::FailedPreconditionError("the samples' inputs are floats");
+  }
   // Bytes read from files so far, and samples that stood in for ones that
   // could not be read (image_folder's skip_bad).
   virtual int64_t bytes_read() const { return 0; }
@@ -63,23 +77,35 @@ class SampleSource {
 
 struct Dataset {
   Shape sample_shape;  // per sample, e.g. [1, 28, 28]
-  int num_classes = 0;
-  std::vector<float> features;  // size() * sample_numel() floats
-  std::vector<int32_t> labels;
-  // Set instead of features and labels: the samples stay in their files.
+  InputType input_type = InputType::kFloat32;
+  // Labels per sample: empty for one (a class), [seq_len] for text's
+  // next-token targets.
+  Shape label_shape;
+  int num_classes = 0;  // for text: the vocabulary's size
+  std::vector<float> features;  // float inputs: size() * sample_numel()
+  std::vector<int64_t> ids;     // int64 inputs: size() * sample_numel()
+  std::vector<int32_t> labels;  // size() * label_numel()
+  // Set instead of features (ids) and labels: the samples stay in their
+  // files.
   std::shared_ptr<const SampleSource> source;
 
   int64_t size() const {
-    return source != nullptr ? source->size()
-                             : static_cast<int64_t>(labels.size());
+    return source != nullptr
+               ? source->size()
+               : static_cast<int64_t>(labels.size()) / label_numel();
   }
   int64_t sample_numel() const { return NumElements(sample_shape); }
+  int64_t label_numel() const { return NumElements(label_shape); }
 
   // Copies the samples named by `indices` into x (indices.size() rows of
-  // sample_numel() floats) and y. Indices must be in range. Fails only for
-  // a source's file that cannot be read, with the file's name.
+  // sample_numel() floats) and y (rows of label_numel()). Indices must be
+  // in range, and the inputs floats. Fails only for a source's file that
+  // cannot be read, with the file's name.
   absl::Status Gather(std::span<const int64_t> indices, float* x, int32_t* y,
                       const GatherContext& context = {}) const;
+  // The same for int64 inputs (input_type kInt64).
+  absl::Status GatherIds(std::span<const int64_t> indices, int64_t* x,
+                         int32_t* y, const GatherContext& context = {}) const;
   // A dataset read from a source, read whole into features and labels
   // (for the test split, which evaluation reads in one go).
   absl::Status Materialize();

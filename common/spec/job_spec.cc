@@ -18,6 +18,7 @@
 #include "common/data/csv.h"
 #include "common/data/image_folder.h"
 #include "common/data/npy.h"
+#include "common/data/text.h"
 #include "common/status_macros.h"
 
 namespace tally {
@@ -384,6 +385,75 @@ absl::Status ParseImageFolder(const YAML::Node& n, ImageFolderSpec* f) {
   return ReadClassesAndSize(n, &f->num_classes, &f->train_size);
 }
 
+// A path or glob, or a list of them (dataset.train, dataset.test).
+absl::Status ReadPaths(const YAML::Node& n, const std::string& at,
+                       std::vector<std::string>* out) {
+  if (!n) return absl::OkStatus();
+  if (n.IsScalar()) {
+    out->push_back(n.Scalar());
+  } else if (n.IsSequence() && n.size() > 0 && n.size() <= 4096) {
+    for (const YAML::Node& p : n) {
+      if (!p.IsScalar()) return FieldError(at, "must list paths");
+      out->push_back(p.Scalar());
+    }
+  } else {
+    return FieldError(at, "must be a path or glob, or a list of 1 to 4096");
+  }
+  for (const std::string& p : *out) {
+    if (p.empty()) return FieldError(at, "names an empty path");
+  }
+  return absl::OkStatus();
+}
+
+// dataset: {name: text, train, test, test_fraction, vocab, vocab_size,
+// seq_len, train_size}.
+absl::Status ParseText(const YAML::Node& n, TextSpec* t) {
+  const std::string p = "dataset";
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p, {"name", "train", "test", "test_fraction", "vocab", "vocab_size",
+             "seq_len", "train_size"}));
+  TALLY_RETURN_IF_ERROR(ReadPaths(n["train"], "dataset.train", &t->train));
+  TALLY_RETURN_IF_ERROR(ReadPaths(n["test"], "dataset.test", &t->test));
+  if (t->train.empty()) {
+    return FieldError("dataset.train", "is required (text files or globs)");
+  }
+  if (n["test_fraction"]) {
+    if (!t->test.empty()) {
+      return FieldError("dataset.test_fraction",
+                        "is for a corpus without test files (dataset.test)");
+    }
+    TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "test_fraction", &t->test_fraction));
+    if (!(t->test_fraction >= 0 && t->test_fraction < 1)) {
+      return FieldError("dataset.test_fraction", "must be in [0, 1)");
+    }
+  }
+  if (!t->test.empty()) t->test_fraction = 0;
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "vocab", &t->vocab));
+  if (t->vocab == "bytes") t->vocab.clear();
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "seq_len", 1, 1 << 16, &t->seq_len));
+  if (t->vocab.empty()) {
+    TALLY_RETURN_IF_ERROR(ReadInt(n, p, "vocab_size", kByteVocabulary,
+                                  kByteVocabulary, &t->vocab_size));
+  } else {
+    t->vocab_size = 0;
+    TALLY_RETURN_IF_ERROR(
+        ReadInt(n, p, "vocab_size", 2, kMaxVocabulary, &t->vocab_size));
+    if (t->vocab_size == 0) {
+      return FieldError("dataset.vocab_size",
+                        "is required with a vocabulary file: its tokens (the "
+                        "Python client fills it in)");
+    }
+  }
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "train_size", 1, int64_t{1} << 40, &t->train_size));
+  if (t->train_size == 0) {
+    return FieldError("dataset.train_size",
+                      "is required: the training windows (the schedule is "
+                      "fixed at submission; the Python client fills it in)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseDatasetThreads(YAML::Node n, DatasetSpec* d) {
   int64_t threads = d->threads;
   TALLY_RETURN_IF_ERROR(ReadInt(n, "dataset", "threads", 1, 64, &threads));
@@ -434,15 +504,17 @@ absl::Status ParseDataset(const YAML::Node& node, DatasetSpec* d) {
     return ParseCsvSpec(n, &d->csv);
   } else if (d->name == "image_folder") {
     return ParseImageFolder(n, &d->images);
+  } else if (d->name == "text") {
+    return ParseText(n, &d->text);
   } else if (d->name.empty()) {
     return FieldError("dataset.name",
-                      "is required (fashion-mnist, synthetic, arrays, csv or "
-                      "image_folder)");
+                      "is required (fashion-mnist, synthetic, arrays, csv, "
+                      "image_folder or text)");
   } else {
     return FieldError("dataset.name",
                       absl::StrCat("unknown dataset '", d->name,
                                    "' (known: fashion-mnist, synthetic, "
-                                   "arrays, csv, image_folder)"));
+                                   "arrays, csv, image_folder, text)"));
   }
   return absl::OkStatus();
 }
@@ -980,6 +1052,25 @@ absl::Status CheckModelFits(const SpecLimits& limits, JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// Token ids (text) go to a Python model, whose embedding takes them; the
+// native engine's layers take floats. Their targets are a sequence, which
+// mse's one-hot cannot take.
+absl::Status CheckTokenModel(const JobSpec& spec) {
+  if (spec.input_type != InputType::kInt64) return absl::OkStatus();
+  if (!spec.is_python) {
+    return FieldError("model",
+                      "a text dataset's samples are token ids (int64); train "
+                      "it with a Python model (model.python), whose "
+                      "embedding takes them");
+  }
+  if (spec.loss == LossKind::kMse) {
+    return FieldError("model.loss",
+                      "mse takes one class a sample; a text dataset's targets "
+                      "are next tokens (cross_entropy or model)");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
                                          const SpecLimits& limits) {
   TALLY_RETURN_IF_ERROR(CheckKeys(
@@ -992,9 +1083,9 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
   TALLY_RETURN_IF_ERROR(ParseDataset(root["dataset"], &spec.dataset));
   TALLY_RETURN_IF_ERROR(ParseTraining(root["training"], &spec.training));
   TALLY_RETURN_IF_ERROR(ParseOptimizer(root["optimizer"], &spec.optimizer));
-  TALLY_RETURN_IF_ERROR(
-      DescribeDataset(spec.dataset, &spec.input_shape, &spec.num_classes));
+  TALLY_RETURN_IF_ERROR(DescribeDataset(&spec));
   TALLY_RETURN_IF_ERROR(ParseModel(root["model"], limits, &spec));
+  TALLY_RETURN_IF_ERROR(CheckTokenModel(spec));
   if (spec.optimizer.clip_grad_norm > 0 && !spec.is_python) {
     // The native engine pushes each layer's gradient while backward still
     // runs, before the norm is known.
@@ -1058,10 +1149,20 @@ int64_t TrainSize(const DatasetSpec& spec) {
   if (spec.name == "arrays") return spec.arrays.train_size;
   if (spec.name == "csv") return spec.csv.train_size;
   if (spec.name == "image_folder") return spec.images.train_size;
+  if (spec.name == "text") return spec.text.train_size;
   return 60000;  // fashion-mnist
 }
 
-absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
+const char* MetricLossName(const JobSpec& spec) {
+  if (spec.loss == LossKind::kCrossEntropy && !spec.label_shape.empty()) {
+    return "token_cross_entropy";
+  }
+  return LossName(spec.loss);
+}
+
+namespace {
+
+absl::Status DescribeSamples(const DatasetSpec& spec, Shape* input_shape,
                              int* num_classes) {
   if (spec.name == "fashion-mnist") {
     *input_shape = {1, 28, 28};
@@ -1088,8 +1189,25 @@ absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
     *num_classes = spec.images.num_classes;
     return absl::OkStatus();
   }
+  if (spec.name == "text") {
+    *input_shape = {spec.text.seq_len};
+    *num_classes = static_cast<int>(spec.text.vocab_size);
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
+}
+
+}  // namespace
+
+absl::Status DescribeDataset(JobSpec* spec) {
+  TALLY_RETURN_IF_ERROR(
+      DescribeSamples(spec->dataset, &spec->input_shape, &spec->num_classes));
+  if (spec->dataset.name == "text") {
+    spec->input_type = InputType::kInt64;
+    spec->label_shape = {spec->dataset.text.seq_len};
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -1213,6 +1331,66 @@ absl::StatusOr<TrainTest> OpenImageFolder(const ImageFolderSpec& f) {
   return out;
 }
 
+// The files of a list of paths and globs, in order.
+absl::StatusOr<std::vector<std::string>> ExpandAll(
+    const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  for (const std::string& p : paths) {
+    TALLY_ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandGlob(p));
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  return out;
+}
+
+// A corpus's splits, both read as they are gathered (evaluation gathers
+// the test split in pieces). A worker whose files give another vocabulary
+// or another count of windows than the job was submitted with says so.
+absl::StatusOr<TrainTest> OpenText(const TextSpec& t) {
+  TextOptions o;
+  o.vocab = t.vocab;
+  o.seq_len = t.seq_len;
+  TALLY_ASSIGN_OR_RETURN(o.files, ExpandAll(t.train));
+  o.end = 1.0 - t.test_fraction;
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const TextTokens> train,
+                         TextTokens::Open(o));
+  if (train->vocabulary() != t.vocab_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        t.vocab, " holds ", train->vocabulary(),
+        " tokens; the job was submitted with dataset.vocab_size ",
+        t.vocab_size));
+  }
+  if (train->size() != t.train_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        absl::StrJoin(t.train, ", "), " hold ", train->size(),
+        " training windows of ", t.seq_len + 1, " tokens (", train->tokens(),
+        " tokens); the job was submitted with dataset.train_size ",
+        t.train_size));
+  }
+  if (!t.test.empty()) {
+    TALLY_ASSIGN_OR_RETURN(o.files, ExpandAll(t.test));
+    o.end = 1.0;
+  } else {
+    o.begin = 1.0 - t.test_fraction;
+    o.end = 1.0;
+  }
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const TextTokens> test,
+                         TextTokens::Open(o));
+  TrainTest out;
+  for (Dataset* d : {&out.train, &out.test}) {
+    d->sample_shape = {t.seq_len};
+    d->input_type = InputType::kInt64;
+    d->label_shape = {t.seq_len};
+    d->num_classes = static_cast<int>(t.vocab_size);
+  }
+  Fingerprint f;
+  train->Describe(&f);
+  if (!t.test.empty()) test->Describe(&f);
+  out.fingerprint = f.Text();
+  out.train.source = std::move(train);
+  if (test->size() > 0) out.test.source = std::move(test);
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
@@ -1223,6 +1401,7 @@ absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
   if (spec.name == "arrays") return OpenArrays(spec.arrays);
   if (spec.name == "csv") return OpenCsv(spec.csv);
   if (spec.name == "image_folder") return OpenImageFolder(spec.images);
+  if (spec.name == "text") return OpenText(spec.text);
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
 }

@@ -77,8 +77,22 @@ struct ImageFolderSpec {
   int64_t train_size = 0;  // images, as arrays' train_size
 };
 
+// dataset.name text: a corpus of files on the workers, as next-token
+// windows (common/data/text.h).
+struct TextSpec {
+  // Paths or globs, read in the order given as one stream; test optional.
+  std::vector<std::string> train, test;
+  // Without test files: the share of the training stream's tokens, at its
+  // end, held out as the test split.
+  double test_fraction = 0.1;
+  std::string vocab;   // a vocabulary file; empty: byte-level tokens
+  int64_t seq_len = 128;
+  int64_t vocab_size = 256;  // a vocabulary file's tokens (the client's)
+  int64_t train_size = 0;    // windows, as arrays' train_size
+};
+
 struct DatasetSpec {
-  // "fashion-mnist", "synthetic", "arrays", "csv" or "image_folder"
+  // "fashion-mnist", "synthetic", "arrays", "csv", "image_folder" or "text"
   std::string name;
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
   bool normalize = false;      // fashion-mnist: (x - 0.2860) / 0.3530
@@ -86,6 +100,7 @@ struct DatasetSpec {
   ArraysSpec arrays;           // arrays
   CsvSpec csv;                 // csv
   ImageFolderSpec images;      // image_folder
+  TextSpec text;               // text
   // Threads that gather a batch (dataset.threads): decoding images is the
   // work worth sharing; the loader's own thread is one.
   int threads = 1;
@@ -163,7 +178,9 @@ struct JobSpec {
 
   // Derived from the dataset during validation.
   Shape input_shape;  // per sample
-  int num_classes = 0;
+  InputType input_type = InputType::kFloat32;
+  Shape label_shape;  // per sample: empty (one label) or text's [seq_len]
+  int num_classes = 0;  // text: the vocabulary's size
   ModelLayout layout;
 };
 
@@ -218,9 +235,14 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
 // Reads `path` and parses it; kNotFound when it cannot be read.
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 
-// The sample shape and class count a dataset spec yields (no data loaded).
-absl::Status DescribeDataset(const DatasetSpec& spec, Shape* input_shape,
-                             int* num_classes);
+// The sample shape, input type, label shape and class count that
+// spec->dataset yields, into spec's derived fields (no data loaded).
+absl::Status DescribeDataset(JobSpec* spec);
+
+// The name of what a job's metrics call its loss: the model's (LossName),
+// but "token_cross_entropy" for cross_entropy over text's next tokens,
+// whose figures are per token and have no accuracy.
+const char* MetricLossName(const JobSpec& spec);
 
 // Loads (or generates) the train and test sets a spec names.
 absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec);

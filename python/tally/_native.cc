@@ -26,6 +26,7 @@
 #include "common/device.h"
 #include "common/malloc_tuning.h"
 #include "common/spec/job_spec.h"
+#include "common/status_macros.h"
 #include "proto/errors.h"
 #include "proto/transport_flags.h"
 #include "worker/daemon.h"
@@ -75,8 +76,10 @@ class PyEngine : public ModelEngine {
   // `impl` is the Python engine: num_params, replicas, params_ptr,
   // grads_ptr, step(x, y, seed), evaluate(x, y), buffers() and
   // load_buffers(bytes).
-  PyEngine(py::object impl, const Shape& input_shape)
-      : impl_(std::move(impl)), input_shape_(input_shape) {
+  PyEngine(py::object impl, const JobSpec& spec)
+      : impl_(std::move(impl)),
+        input_shape_(spec.input_shape),
+        label_shape_(spec.label_shape) {
     num_params_ = impl_.attr("num_params").cast<int64_t>();
     replicas_ = impl_.attr("replicas").cast<int>();
     params_ =
@@ -114,8 +117,8 @@ class PyEngine : public ModelEngine {
       py::gil_scoped_acquire gil;
       try {
         py::tuple r = impl_.attr("step")(
-            View(batch.x, batch.size, input_shape_),
-            View(batch.y, batch.size, {}), seed);
+            Inputs(batch.x, batch.ids, batch.size),
+            View(batch.y, batch.size, label_shape_), seed);
         stats.loss_sum = r[0].cast<double>();
         stats.correct = r[1].cast<int64_t>();
       } catch (const std::exception& e) {  // Python's, or a bad result
@@ -135,11 +138,13 @@ class PyEngine : public ModelEngine {
     StepStats stats;
     stats.samples = data.size();
     if (data.size() == 0) return stats;
+    if (data.source != nullptr) return EvaluateGathered(data);
     py::gil_scoped_acquire gil;
     try {
+      const int64_t* ids = data.ids.empty() ? nullptr : data.ids.data();
       py::tuple r = impl_.attr("evaluate")(
-          View(data.features.data(), data.size(), data.sample_shape),
-          View(data.labels.data(), data.size(), {}));
+          Inputs(data.features.data(), ids, data.size()),
+          View(data.labels.data(), data.size(), label_shape_));
       stats.loss_sum = r[0].cast<double>();
       stats.correct = r[1].cast<int64_t>();
     } catch (const std::exception& e) {
@@ -168,8 +173,52 @@ class PyEngine : public ModelEngine {
   }
 
  private:
+  // The inputs' view: int64 ids where the batch has them, else floats.
+  py::array Inputs(const float* x, const int64_t* ids, int64_t count) const {
+    if (ids != nullptr) return View(ids, count, input_shape_);
+    return View(x, count, input_shape_);
+  }
+
+  // A test split that stays in its files (text): gathered and evaluated
+  // kEvalPiece samples at a time, so its memory is one piece's.
+  absl::StatusOr<StepStats> EvaluateGathered(const Dataset& data) {
+    static constexpr int64_t kEvalPiece = 1024;
+    const bool ids = data.input_type == InputType::kInt64;
+    std::vector<int64_t> index, id_rows;
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    StepStats stats;
+    stats.samples = data.size();
+    for (int64_t at = 0; at < data.size(); at += kEvalPiece) {
+      const int64_t n = std::min(kEvalPiece, data.size() - at);
+      index.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) index[i] = at + i;
+      y.resize(static_cast<size_t>(n * data.label_numel()));
+      const size_t values = static_cast<size_t>(n * data.sample_numel());
+      if (ids) {
+        id_rows.resize(values);
+        TALLY_RETURN_IF_ERROR(data.GatherIds(index, id_rows.data(), y.data()));
+      } else {
+        x.resize(values);
+        TALLY_RETURN_IF_ERROR(data.Gather(index, x.data(), y.data()));
+      }
+      py::gil_scoped_acquire gil;
+      try {
+        py::tuple r = impl_.attr("evaluate")(
+            Inputs(x.data(), ids ? id_rows.data() : nullptr, n),
+            View(y.data(), n, label_shape_));
+        stats.loss_sum += r[0].cast<double>();
+        stats.correct += r[1].cast<int64_t>();
+      } catch (const std::exception& e) {
+        return FromPython(e, "the model's evaluation");
+      }
+    }
+    return stats;
+  }
+
   py::object impl_;
   Shape input_shape_;
+  Shape label_shape_;  // per sample: empty, or text's [seq_len]
   int64_t num_params_ = 0;
   int replicas_ = 1;
   float* params_ = nullptr;
@@ -194,6 +243,10 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
   job["input_shape"] = std::vector<int64_t>(spec.input_shape.begin(),
                                             spec.input_shape.end());
   job["num_classes"] = spec.num_classes;
+  job["label_shape"] = std::vector<int64_t>(spec.label_shape.begin(),
+                                            spec.label_shape.end());
+  job["input_dtype"] =
+      spec.input_type == InputType::kInt64 ? "int64" : "float32";
   py::list params;
   for (const ParamInfo& p : spec.layout.params) {
     params.append(py::make_tuple(
@@ -246,7 +299,7 @@ class Worker {
       try {
         py::object impl = factory_(JobDict(spec, eo));
         return std::unique_ptr<ModelEngine>(
-            new PyEngine(std::move(impl), spec.input_shape));
+            new PyEngine(std::move(impl), spec));
       } catch (py::error_already_set& e) {
         return FromBuild(e);
       } catch (const std::exception& e) {  // an engine without its fields

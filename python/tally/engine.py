@@ -209,17 +209,30 @@ class _Step(torch.nn.Module):
             mean = self.model(x, y)
             loss, correct = mean * (n / self.batch), 0
         else:
-            out = self.model(x)
-            if self.loss == "cross_entropy":
-                loss = F.cross_entropy(out, y, reduction="sum") / self.batch
-            else:  # mse against the one-hot label, mean over the outputs
-                target = F.one_hot(y, out.shape[1]).to(out.dtype)
-                loss = F.mse_loss(out, target, reduction="sum") / (self.batch * out.shape[1])
-            correct = int((out.argmax(1) == y).sum()) if self.loss == "cross_entropy" else 0
+            loss, correct = _loss_sum(self.loss, self.model(x), y, self.batch)
         if loss.dim() != 0:
             raise ModelError(f"the loss is not a scalar (shape {list(loss.shape)})")
         loss.backward()
         return float(loss) * self.batch, correct
+
+
+def _loss_sum(kind, out, y, batch=1):
+    """The summed loss of a micro-batch's samples, divided by `batch`, and
+    its correct predictions. Labels y are [n] (a class each) or, for text,
+    [n, T] (the next tokens): then out is [n, T, vocab], each sample's loss
+    is the mean over its tokens, and nothing is counted as correct
+    (accuracy is a classifier's)."""
+    if y.dim() > 1:
+        tokens = y.shape[1]
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1),
+                               reduction="sum") / (batch * tokens)
+        return loss, 0
+    if kind == "cross_entropy":
+        loss = F.cross_entropy(out, y, reduction="sum") / batch
+        return loss, int((out.argmax(1) == y).sum())
+    # mse against the one-hot label, mean over the outputs
+    target = F.one_hot(y, out.shape[1]).to(out.dtype)
+    return F.mse_loss(out, target, reduction="sum") / (batch * out.shape[1]), 0
 
 
 def _flat_views(module, flat, grads):
@@ -424,13 +437,9 @@ class TorchEngine:
                 if self.loss == "model":
                     loss_sum += float(model(xb, yb)) * n
                     continue
-                out = model(xb)
-                if self.loss == "cross_entropy":
-                    loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
-                    correct += int((out.argmax(1) == yb).sum())
-                else:
-                    target = F.one_hot(yb, out.shape[1]).to(out.dtype)
-                    loss_sum += float(F.mse_loss(out, target, reduction="sum")) / out.shape[1]
+                loss, right = _loss_sum(self.loss, model(xb), yb)
+                loss_sum += float(loss)
+                correct += right
         finally:
             model.train()
         return loss_sum, correct

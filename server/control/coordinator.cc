@@ -339,7 +339,7 @@ int64_t Coordinator::VersionLocked(const JobEntry& job) const {
 
 v1::Job Coordinator::Render(const JobEntry& job) const {
   v1::Job j = job.proto;
-  j.set_loss(LossName(job.spec.loss));
+  j.set_loss(MetricLossName(job.spec));
   if (!job.condition.empty() && !Terminal(job.proto.state())) {
     j.set_message(j.message().empty()
                       ? job.condition
