@@ -48,7 +48,6 @@ import gzip
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,10 +55,9 @@ import time
 
 import numpy as np
 
-BUILD = os.path.abspath(sys.argv[1])
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(BUILD, "python"))
 try:
+    from cluster_util import BUILD, Cluster, fail, free_port
     import torch
     import torch.nn.functional as F
     import tally
@@ -103,26 +101,6 @@ def make_recorded():
 '''
 
 
-def fail(msg):
-    raise SystemExit(f"FAIL: {msg}")
-
-
-def free_port():
-    while True:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        t = socket.socket()
-        try:
-            t.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            pass
-        finally:
-            s.close()
-            t.close()
-
-
 def idx(path):
     with gzip.open(path) if path.endswith(".gz") else open(path, "rb") as f:
         data = f.read()
@@ -136,53 +114,6 @@ def fashion(split):
     x = idx(glob.glob(f"{FMNIST}/{base}-images-idx3-ubyte*")[0])
     y = idx(glob.glob(f"{FMNIST}/{base}-labels-idx1-ubyte*")[0])
     return x, y.astype(np.int64)
-
-
-class Cluster:
-    def __init__(self, tmp, shards=0):
-        self.tmp, self.procs = tmp, []
-        port = free_port()
-        self.server = f"127.0.0.1:{port}"
-        self.start("server", [f"{BUILD}/server/tally-server", f"--port={port}",
-                              "--lease_timeout_ms=2000"]
-                   + (["--noshard"] if shards else []))
-        for i in range(shards):
-            sp = free_port()
-            self.start(f"shard{i}", [f"{BUILD}/server/tally-server", f"--port={sp}",
-                                     f"--coordinator={self.server}",
-                                     f"--advertise=127.0.0.1:{sp}"])
-        self.client = tally.Client(self.server)
-        for _ in range(100):
-            try:
-                self.client._call("ListJobs", pb.ListJobsRequest, pb.ListJobsResponse)(
-                    pb.ListJobsRequest(), timeout=1)
-                return
-            except Exception:  # noqa: BLE001 - not up yet
-                time.sleep(0.1)
-        fail("the server did not start: " + self.log("server"))
-
-    def start(self, name, cmd, env=None):
-        log = open(f"{self.tmp}/{name}.log", "w")
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                           env=env))
-        return self.procs[-1]
-
-    def log(self, name):
-        with open(f"{self.tmp}/{name}.log") as f:
-            return f.read()[-3000:]
-
-    def python_worker(self, name, record=None, devices="cpu:1"):
-        env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
-        if record:
-            env["TALLY_RECORD"] = record
-        return self.start(name, [sys.executable, "-m", "tally.worker",
-                                 f"--server={self.server}", f"--devices={devices}",
-                                 f"--name={name}"], env)
-
-    def stop(self):
-        for p in self.procs:
-            p.kill()
-            p.wait()
 
 
 def spec(tmp, model_file, build="make_model", loss="cross_entropy", steps=STEPS,

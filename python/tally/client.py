@@ -46,18 +46,23 @@ def _sample_shape(dataset):
         return (int(dataset.get("features", 32)),), int(dataset.get("classes", 4))
     if name in ("arrays", "csv", "image_folder"):
         return tuple(int(d) for d in dataset.get("shape") or ()), int(dataset.get("classes", 0))
+    if name == "text":
+        return (int(dataset.get("seq_len", 128)),), int(dataset.get("vocab_size", 256))
     if name in INPUT_SHAPES:
         return INPUT_SHAPES[name], 10
     raise SubmitError(f"dataset.name: unknown dataset '{name}'")
 
 
-def _check_forward(module, loss, shape, classes):
-    """A forward pass on two zero samples: the output the loss needs."""
+def _check_forward(module, loss, shape, classes, tokens=False):
+    """A forward pass on two zero samples: the output the loss needs. With
+    `tokens` (text), the samples are int64 ids and the labels one a token,
+    and cross_entropy needs logits [2, seq_len, vocabulary]."""
     import torch
     from tally.engine import ModelError, _cut
     import traceback
-    x = torch.zeros((2,) + tuple(shape))
-    y = torch.zeros(2, dtype=torch.long)
+    x = torch.zeros((2,) + tuple(shape), dtype=torch.long if tokens else torch.float32)
+    y = torch.zeros((2,) + (tuple(shape) if tokens else ()), dtype=torch.long)
+    want = [2] + (list(shape) if tokens else []) + [classes]
     module.eval()  # BatchNorm's running statistics, untouched
     try:
         with torch.no_grad():
@@ -68,10 +73,11 @@ def _check_forward(module, loss, shape, classes):
     if loss == "model":
         if not isinstance(out, torch.Tensor) or out.dim() != 0:
             raise ModelError("with loss: model, forward(x, y) must return the scalar loss")
-    elif not isinstance(out, torch.Tensor) or list(out.shape) != [2, classes]:
+    elif not isinstance(out, torch.Tensor) or list(out.shape) != want:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        what = "the vocabulary's tokens" if tokens else "classes"
         raise ModelError(f"the module returns {got} for 2 samples; {loss} needs "
-                         f"[2, {classes}] ({classes} classes)")
+                         f"{want} ({classes} {what})")
 
 
 def _read(where):
@@ -325,6 +331,108 @@ def _fill_csv(dataset):
                               f"in [0, {classes}) (dataset.classes)")
 
 
+ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "s": b" ", "\\": b"\\"}
+
+
+def read_vocabulary(path):
+    """A vocabulary file as the workers read it (common/data/text.h): one
+    token a line, escapes \\n \\r \\t \\s \\\\ \\xHH; {token bytes: id}, the
+    id of <unk> (or None) and the count of tokens."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    tokens, unknown = {}, None
+    for n, line in enumerate(lines, start=1):
+        if not line:
+            raise SubmitError(f"{path}:{n}: an empty line (a token has at least one byte)")
+        out, i = b"", 0
+        while i < len(line):
+            c = line[i:i + 1]
+            if c != b"\\":
+                out, i = out + c, i + 1
+                continue
+            e = line[i + 1:i + 2].decode("latin-1")
+            if e == "x":
+                try:
+                    out, i = out + bytes([int(line[i + 2:i + 4], 16)]), i + 4
+                except ValueError:
+                    raise SubmitError(f"{path}:{n}: \\x needs two hex digits")
+                continue
+            if e not in ESCAPES:
+                raise SubmitError(f"{path}:{n}: unknown escape \\{e}")
+            out, i = out + ESCAPES[e], i + 2
+        if out == b"<unk>":
+            unknown = n - 1
+        elif out in tokens:
+            raise SubmitError(f"{path}:{n}: the token of line {tokens[out] + 1} again")
+        else:
+            tokens[out] = n - 1
+    if not lines:
+        raise SubmitError(f"{path}: no tokens")
+    return tokens, unknown, len(lines)
+
+
+def count_tokens(data, name, vocabulary):
+    """The tokens of `data` (bytes) as the workers tokenize it: the longest
+    token that matches at each place."""
+    tokens, unknown, _ = vocabulary
+    longest = max(len(t) for t in tokens) if tokens else 0
+    at, n = 0, 0
+    while at < len(data):
+        for k in range(min(longest, len(data) - at), 0, -1):
+            if data[at:at + k] in tokens:
+                at += k
+                break
+        else:
+            if unknown is None:
+                raise SubmitError(f"{name}: byte {at} (0x{data[at]:02x}) starts no token of "
+                                  f"the vocabulary, which has no <unk>")
+            at += 1
+        n += 1
+    return n
+
+
+def _paths(value):
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def _fill_text(dataset):
+    """A text corpus this machine can read: its vocab_size and train_size
+    (the training windows) filled in and checked, counting tokens as the
+    workers do."""
+    import math
+    train = _paths(dataset.get("train"))
+    if not train or not all(any(c in p for c in "*?[") or os.path.exists(p) for p in train):
+        return
+    files = [f for p in train for f in _expand(p)]
+    vocab = dataset.get("vocab", "bytes")
+    vocabulary = None
+    if vocab != "bytes":
+        if not os.path.exists(vocab):
+            return
+        vocabulary = read_vocabulary(vocab)
+        size = vocabulary[2]
+        if dataset.setdefault("vocab_size", size) != size:
+            raise SubmitError(f"dataset.vocab_size is {dataset['vocab_size']}; {vocab} "
+                              f"holds {size} tokens")
+    total = 0
+    for f in files:
+        if vocabulary is None:
+            total += os.path.getsize(f)
+        else:
+            with open(f, "rb") as text:
+                total += count_tokens(text.read(), f, vocabulary)
+    fraction = 0.0 if dataset.get("test") else float(dataset.get("test_fraction", 0.1))
+    windows = math.floor((1.0 - fraction) * total) // (int(dataset.get("seq_len", 128)) + 1)
+    if dataset.setdefault("train_size", windows) != windows:
+        raise SubmitError(f"dataset.train_size is {dataset['train_size']}; the training "
+                          f"files hold {windows} windows")
+    if windows == 0:
+        raise SubmitError(f"dataset.train: {', '.join(train)} hold {total} tokens, "
+                          f"not one window of seq_len + 1")
+
+
 def prepare_spec(path):
     """The spec at `path` as the coordinator takes it: a Python model's code
     and parameter layout filled in, and an arrays dataset's shape and size
@@ -338,10 +446,12 @@ def prepare_spec(path):
         _fill_csv(dataset)
     elif named == "image_folder":
         _fill_image_folder(dataset)
+    elif named == "text":
+        _fill_text(dataset)
     model = spec.get("model") if isinstance(spec, dict) else None
     py = model.get("python") if isinstance(model, dict) else None
     if not isinstance(py, dict):
-        if named in ("arrays", "csv", "image_folder"):
+        if named in ("arrays", "csv", "image_folder", "text"):
             return json.dumps(spec)
         with open(path) as f:
             return f.read()
@@ -365,7 +475,8 @@ def prepare_spec(path):
         from tally.engine import ModelError
         raise ModelError("the module has no parameters to train")
     shape, classes = _sample_shape(spec.get("dataset") or {})
-    _check_forward(module, model.get("loss", "cross_entropy"), shape, classes)
+    _check_forward(module, model.get("loss", "cross_entropy"), shape, classes,
+                   tokens=named == "text")
     if files:
         py["files"] = files
     else:

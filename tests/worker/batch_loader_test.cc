@@ -151,5 +151,45 @@ TEST(BatchLoaderTest, ASampleThatCannotBeReadEndsTheBatchesWithItsError) {
   }
 }
 
+// Token ids (int64 inputs) with a label a token, as a text dataset gives
+// them: the batch carries them in ids and y, each sample whole.
+TEST(BatchLoaderTest, Int64InputsAndALabelATokenTravelWhole) {
+  Dataset d;
+  d.sample_shape = {3};
+  d.input_type = InputType::kInt64;
+  d.label_shape = {3};
+  d.num_classes = 1000;
+  for (int i = 0; i < 21; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      d.ids.push_back(int64_t{1} << 40 | (10 * i + k));
+      d.labels.push_back(10 * i + k + 1);
+    }
+  }
+  for (int threads : {1, 2}) {
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.seed = 3;
+    o.threads = threads;
+    BatchLoader loader(&d, o);
+    std::vector<int64_t> got;
+    while (true) {
+      auto b = loader.Next(absl::Seconds(10));
+      if (absl::IsOutOfRange(b.status())) break;
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_TRUE((*b)->x.empty());
+      for (int i = 0; i < (*b)->size; ++i) {
+        const int64_t first = (*b)->ids[3 * i] & 0xffffff;
+        got.push_back(first / 10);
+        for (int k = 0; k < 3; ++k) {
+          EXPECT_EQ((*b)->ids[3 * i + k], int64_t{1} << 40 | (first + k));
+          EXPECT_EQ((*b)->y[3 * i + k], first + k + 1);
+        }
+      }
+      loader.Recycle(*std::move(b));
+    }
+    EXPECT_EQ(got, EpochOrder(21, 3, 0));
+  }
+}
+
 }  // namespace
 }  // namespace tally

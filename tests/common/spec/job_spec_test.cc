@@ -141,6 +141,49 @@ INSTANTIATE_TEST_SUITE_P(
                 "/d, shape: [1, 8, 8], augment: {flip: true}, classes: 3, "
                 "train_size: 10}\n",
                 "dataset.augment.flip: unknown field"},
+        BadCase{"text_without_train",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train_size: 10}\n",
+                "dataset.train: is required (text files or globs)"},
+        BadCase{"text_without_size",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train: c.txt}\n",
+                "dataset.train_size: is required: the training windows"},
+        BadCase{"text_test_and_fraction",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train: c.txt, test: t.txt, "
+                "test_fraction: 0.2, train_size: 10}\n",
+                "dataset.test_fraction: is for a corpus without test files"},
+        BadCase{"text_fraction_one",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train: c.txt, test_fraction: 1, "
+                "train_size: 10}\n",
+                "dataset.test_fraction: must be in [0, 1)"},
+        BadCase{"text_bytes_vocab_size",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train: c.txt, vocab_size: 300, "
+                "train_size: 10}\n",
+                "dataset.vocab_size"},
+        BadCase{"text_vocab_without_size",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train: c.txt, vocab: v.txt, "
+                "train_size: 10}\n",
+                "dataset.vocab_size: is required with a vocabulary file"},
+        BadCase{"text_seq_len",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train: c.txt, seq_len: 0, "
+                "train_size: 10}\n",
+                "dataset.seq_len"},
+        BadCase{"text_for_layers",
+                "model: {preset: mlp}\ndataset: {name: text, train: c.txt, "
+                "train_size: 10}\n",
+                "model: a text dataset's samples are token ids (int64); train "
+                "it with a Python model"},
+        BadCase{"text_mse",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "loss: mse}\ndataset: {name: text, train: c.txt, "
+                "train_size: 10}\n",
+                "model.loss: mse takes one class a sample"},
         BadCase{"dataset_threads",
                 "model: {preset: mlp}\ndataset: {name: synthetic, threads: "
                 "0}\n",
@@ -357,6 +400,35 @@ TEST(JobSpecTest, AnImageFolderGivesItsShapeAndOptions) {
   EXPECT_THAT(OpenDataset(spec->dataset),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("/d/train: no such directory")));
+}
+
+TEST(JobSpecTest, ATextDatasetGivesTokenWindows) {
+  auto spec = ParseJobSpec(
+      "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}\n"
+      "dataset: {name: text, train: [/d/a.txt, '/d/b-*.txt'], seq_len: 64, "
+      "test_fraction: 0.05, train_size: 1000}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->input_shape, (Shape{64}));
+  EXPECT_EQ(spec->input_type, InputType::kInt64);
+  EXPECT_EQ(spec->label_shape, (Shape{64}));
+  EXPECT_EQ(spec->num_classes, 256);  // byte-level
+  EXPECT_EQ(TrainSize(spec->dataset), 1000);
+  EXPECT_EQ(spec->dataset.text.train,
+            (std::vector<std::string>{"/d/a.txt", "/d/b-*.txt"}));
+  EXPECT_DOUBLE_EQ(spec->dataset.text.test_fraction, 0.05);
+  EXPECT_STREQ(MetricLossName(*spec), "token_cross_entropy");
+  // Globs are expanded before any file is opened.
+  EXPECT_THAT(OpenDataset(spec->dataset),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("/d/b-*.txt: the pattern matches no file")));
+  auto vocab = ParseJobSpec(
+      "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, loss: "
+      "model}\ndataset: {name: text, train: a.txt, test: t.txt, vocab: "
+      "v.txt, vocab_size: 5000, train_size: 10}\n");
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(vocab->num_classes, 5000);
+  EXPECT_DOUBLE_EQ(vocab->dataset.text.test_fraction, 0);
+  EXPECT_STREQ(MetricLossName(*vocab), "model");
 }
 
 TEST(JobSpecTest, APythonModelsLayoutComesFromItsParams) {

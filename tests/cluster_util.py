@@ -1,0 +1,85 @@
+"""What the Python integration tests share: a cluster of real processes
+(a tally-server, shard processes, Python and C++ workers) on loopback, each
+logging to a file of its own under the test's directory.
+
+  from cluster_util import BUILD, Cluster, fail, free_port
+
+BUILD is the build directory the test was given (its first argument).
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+BUILD = os.path.abspath(sys.argv[1])
+sys.path.insert(0, os.path.join(BUILD, "python"))
+import tally  # noqa: E402 - from the build directory
+from tally import tally_pb2 as pb  # noqa: E402
+
+
+def fail(msg):
+    raise SystemExit(f"FAIL: {msg}")
+
+
+def free_port():
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        t = socket.socket()
+        try:
+            t.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            pass
+        finally:
+            s.close()
+            t.close()
+
+
+class Cluster:
+    def __init__(self, tmp, shards=0):
+        self.tmp, self.procs = tmp, []
+        port = free_port()
+        self.server = f"127.0.0.1:{port}"
+        self.start("server", [f"{BUILD}/server/tally-server", f"--port={port}",
+                              "--lease_timeout_ms=2000"]
+                   + (["--noshard"] if shards else []))
+        for i in range(shards):
+            sp = free_port()
+            self.start(f"shard{i}", [f"{BUILD}/server/tally-server", f"--port={sp}",
+                                     f"--coordinator={self.server}",
+                                     f"--advertise=127.0.0.1:{sp}"])
+        self.client = tally.Client(self.server)
+        for _ in range(100):
+            try:
+                self.client._call("ListJobs", pb.ListJobsRequest, pb.ListJobsResponse)(
+                    pb.ListJobsRequest(), timeout=1)
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.1)
+        fail("the server did not start: " + self.log("server"))
+
+    def start(self, name, cmd, env=None):
+        log = open(f"{self.tmp}/{name}.log", "w")
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                           env=env))
+        return self.procs[-1]
+
+    def log(self, name):
+        with open(f"{self.tmp}/{name}.log") as f:
+            return f.read()[-3000:]
+
+    def python_worker(self, name, record=None, devices="cpu:1"):
+        env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+        if record:
+            env["TALLY_RECORD"] = record
+        return self.start(name, [sys.executable, "-m", "tally.worker",
+                                 f"--server={self.server}", f"--devices={devices}",
+                                 f"--name={name}"], env)
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
