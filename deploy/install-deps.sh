@@ -26,6 +26,7 @@ if [[ "${1:-}" != "--build-only" ]]; then  # to test
     podman runc debootstrap containernetworking-plugins iptables
     golang-github-containernetworking-plugin-dnsname
     catatonit python3-yaml    # podman kube play's pods, deploy/k8s converted
+    fortunes                  # the text example's corpus (examples/text-lm)
   )
   # The Kubernetes manifests' validation: any Node.js with npm will do.
   command -v npm > /dev/null || PACKAGES+=(nodejs npm)

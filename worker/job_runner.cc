@@ -652,10 +652,15 @@ absl::Status JobRunner::Finish(int64_t version) {
                         : 0.0;
   absl::StatusOr<std::string> buffers = engine_->Buffers();
   if (!buffers.ok()) return Refuse(buffers.status());
-  context_.log(absl::StrFormat(
-      "%s finished at step %d: test loss %.4f, accuracy %.4f",
-      assignment_.job_id(), version,
-      test->samples > 0 ? test->loss_sum / test->samples : 0.0, accuracy));
+  // A classifier's accuracy; other losses (mse, a model's, tokens') have
+  // none to show.
+  const bool classifies =
+      absl::string_view(MetricLossName(spec_)) == "cross_entropy";
+  context_.log(absl::StrCat(
+      assignment_.job_id(), " finished at step ", version,
+      absl::StrFormat(": test loss %.4f",
+                      test->samples > 0 ? test->loss_sum / test->samples : 0.0),
+      classifies ? absl::StrFormat(", accuracy %.4f", accuracy) : ""));
   v1::ReportResultRequest req;
   req.set_buffers(*std::move(buffers));
   req.set_worker_id(context_.worker_id);
