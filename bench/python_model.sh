@@ -68,7 +68,9 @@ PYEOF
 
 torch_run() {  # procs -> samples/s test_loss
   local out
-  out=$(cd bench && $PY "$reference" --procs="$1" --steps="$steps")
+  # One thread, as the workers have: Debian's OpenBLAS (pthreads) starts a
+  # thread a core unless OMP_NUM_THREADS says otherwise.
+  out=$(cd bench && OMP_NUM_THREADS=1 $PY "$reference" --procs="$1" --steps="$steps")
   echo "$(field "$out" samples_per_sec) $($PY -c "import json,sys; print(json.loads(sys.argv[1]).get('test_loss', 'nan'))" "$out")"
 }
 # Column K's median.

@@ -1012,6 +1012,25 @@ absl::Status CheckSyntheticFits(const SpecLimits& limits, const JobSpec& spec) {
 // The model against the data and the limits, before anything is allocated:
 // its layout, its size, its activations, a generated dataset's size, the
 // last layer against the classes.
+// A batch's inputs and labels, which every worker's loader allocates.
+absl::Status CheckBatchFits(const SpecLimits& limits, const JobSpec& spec) {
+  Shape batch = spec.input_shape;
+  batch.insert(batch.begin(), spec.training.batch_size);
+  int64_t inputs = 0, labels = 0;
+  Shape label_rows = spec.label_shape;
+  label_rows.insert(label_rows.begin(), spec.training.batch_size);
+  if (!CheckedNumElements(batch, &inputs) ||
+      !CheckedNumElements(label_rows, &labels) ||
+      inputs > limits.max_batch_values - labels) {
+    return FieldError(
+        "training.batch_size",
+        absl::StrCat("batches of ", spec.training.batch_size, " samples of ",
+                     ShapeString(spec.input_shape), " are over the limit of ",
+                     limits.max_batch_values, " values (max_batch_values)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckModelFits(const SpecLimits& limits, JobSpec* spec) {
   // A Python model's shapes are the client's and the workers' to check
   // (they build it); its size was checked with its parameters.
@@ -1094,6 +1113,7 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
                       "engine does not clip");
   }
   TALLY_RETURN_IF_ERROR(CheckModelFits(limits, &spec));
+  TALLY_RETURN_IF_ERROR(CheckBatchFits(limits, spec));
   return spec;
 }
 

@@ -227,6 +227,9 @@ struct SpecLimits {
   int64_t max_sample_elements = int64_t{1} << 24;
   // Values of a generated (synthetic) dataset, teacher network included.
   int64_t max_dataset_values = int64_t{1} << 28;
+  // Values of one batch, inputs and labels (batch_size times a sample's):
+  // each worker's loader holds a few such batches.
+  int64_t max_batch_values = int64_t{1} << 28;
 };
 
 // Parses and validates. kInvalidArgument with the offending field's path.

@@ -243,10 +243,6 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
   job["input_shape"] = std::vector<int64_t>(spec.input_shape.begin(),
                                             spec.input_shape.end());
   job["num_classes"] = spec.num_classes;
-  job["label_shape"] = std::vector<int64_t>(spec.label_shape.begin(),
-                                            spec.label_shape.end());
-  job["input_dtype"] =
-      spec.input_type == InputType::kInt64 ? "int64" : "float32";
   py::list params;
   for (const ParamInfo& p : spec.layout.params) {
     params.append(py::make_tuple(

@@ -354,10 +354,10 @@ def read_vocabulary(path):
                 continue
             e = line[i + 1:i + 2].decode("latin-1")
             if e == "x":
-                try:
-                    out, i = out + bytes([int(line[i + 2:i + 4], 16)]), i + 4
-                except ValueError:
+                digits = line[i + 2:i + 4]
+                if len(digits) != 2 or any(d not in b"0123456789abcdefABCDEF" for d in digits):
                     raise SubmitError(f"{path}:{n}: \\x needs two hex digits")
+                out, i = out + bytes([int(digits, 16)]), i + 4
                 continue
             if e not in ESCAPES:
                 raise SubmitError(f"{path}:{n}: unknown escape \\{e}")

@@ -184,6 +184,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "loss: mse}\ndataset: {name: text, train: c.txt, "
                 "train_size: 10}\n",
                 "model.loss: mse takes one class a sample"},
+        BadCase{"batch_too_large",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: text, train: c.txt, seq_len: 65536, "
+                "train_size: 10}\ntraining: {batch_size: 1048576}\n",
+                "training.batch_size: batches of 1048576 samples of [65536] "
+                "are over the limit of 268435456 values (max_batch_values)"},
         BadCase{"dataset_threads",
                 "model: {preset: mlp}\ndataset: {name: synthetic, threads: "
                 "0}\n",
