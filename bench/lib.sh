@@ -11,6 +11,35 @@ iperf_gbps() {
   python3 -c "import json; print(json.load(open('$1'))['end']['sum_received']['bits_per_second'] / 8e9)"
 }
 
+# Network hosts on one bridge: namespace HUB holds the bridge br0, and each
+# HOST gets a veth to it named eth0 with the address 10.233.0.N/24, N its
+# position from 1 (the namespaces must not exist yet; the caller deletes
+# them). With RATE, each host's link is held to it by a token-bucket filter
+# on both ends. Needs root and iproute2.
+bridged_hosts() {  # TAG HUB RATE|"" HOST...
+  local tag=$1 hub=$2 rate=$3 i=0 h
+  shift 3
+  ip netns add "$hub"
+  ip -n "$hub" link add br0 type bridge
+  ip -n "$hub" link set br0 up
+  for h in "$@"; do
+    ip netns add "$h"
+    ip link add "veth$i-$tag" type veth peer name "eth$i-$tag"
+    ip link set "veth$i-$tag" netns "$hub"
+    ip link set "eth$i-$tag" netns "$h"
+    ip -n "$hub" link set "veth$i-$tag" master br0 up
+    ip -n "$h" link set "eth$i-$tag" name eth0
+    ip -n "$h" addr add "10.233.0.$((i + 1))/24" dev eth0
+    ip -n "$h" link set eth0 up
+    ip -n "$h" link set lo up
+    if [[ $rate ]]; then
+      tc -n "$h" qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
+      tc -n "$hub" qdisc add dev "veth$i-$tag" root tbf rate "$rate" burst 256kb latency 50ms
+    fi
+    i=$((i + 1))
+  done
+}
+
 # Two network hosts joined by one link held to RATE: namespaces HOST_A and
 # HOST_B (which must not exist yet; the caller deletes them), a veth pair
 # named vs-TAG/vc-TAG, addresses ADDR_A and ADDR_B (/24), and a token-bucket

@@ -34,21 +34,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-ip netns add "$hub"
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-for i in 0 1 2; do
-  h=${hosts[$i]}
-  ip netns add "$h"
-  ip link add "veth$i-$tag" type veth peer name "eth$i-$tag"
-  ip link set "veth$i-$tag" netns "$hub"
-  ip link set "eth$i-$tag" netns "$h"
-  ip -n "$hub" link set "veth$i-$tag" master br0 up
-  ip -n "$h" link set "eth$i-$tag" name eth0
-  ip -n "$h" addr add "${addrs[$i]}/24" dev eth0
-  ip -n "$h" link set eth0 up
-  ip -n "$h" link set lo up
-done
+bridged_hosts "$tag" "$hub" "" "${hosts[@]}"
 on() { local h=$1; shift; ip netns exec "$h" "$@"; }
 export PYTHONPATH=$B/python
 PY=/usr/bin/python3

@@ -5,7 +5,9 @@ one epoch of normalised Fashion-MNIST split across the processes. Prints a
 JSON summary with the training loop's samples/s (all processes together).
 With --steps N: N steps of random data instead (--optimizer adam, the
 74M-parameter --model mlp-large: bench/memory.sh), and every process's
-peak resident memory.
+peak resident memory. With --rank, this process is that one rank of
+--procs, its peers started elsewhere (one per network namespace: --master
+is rank 0's address, GLOO_SOCKET_IFNAME the interface); rank 0 prints.
 """
 import argparse
 import json
@@ -22,7 +24,7 @@ from pytorch_train import load_idx, model_for, normalize
 
 
 def run(rank, args, port, queue):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = args.master
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.procs)
@@ -91,9 +93,18 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--compress", choices=["none", "fp16"], default="none")
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--rank", type=int, default=-1, help="run this rank alone")
+    ap.add_argument("--master", default="127.0.0.1", help="rank 0's address")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    if args.rank >= 0:
+        if args.steps:
+            raise SystemExit("--rank trains one epoch of Fashion-MNIST (no --steps)")
+        run(args.rank, args, args.port, queue)
+        if args.rank == 0:
+            print(json.dumps(queue.get()))
+        return
     mp.spawn(run, args=(args, args.port, queue), nprocs=args.procs, join=True)
     if args.steps:
         ranks = sorted((queue.get() for _ in range(args.procs)), key=lambda r: r["rank"])
