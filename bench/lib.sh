@@ -40,6 +40,27 @@ bridged_hosts() {  # TAG HUB RATE|"" HOST...
   done
 }
 
+# Three network hosts for a server and two workers, on one bridge: sets
+# hub, hosts (srv, w1, w2), addrs, tmp and pids, and a trap that stops the
+# processes in pids and deletes the namespaces and tmp on exit. stop_pids kills
+# what pids holds; on HOST CMD... runs a command on a host.
+three_hosts() {  # TAG RATE|""
+  hub=tally-hub-$1
+  hosts=(tally-srv-$1 tally-w1-$1 tally-w2-$1)
+  addrs=(10.233.0.1 10.233.0.2 10.233.0.3)
+  tmp=$(mktemp -d)
+  pids=()
+  trap three_hosts_cleanup EXIT
+  bridged_hosts "$1" "$hub" "$2" "${hosts[@]}"
+}
+stop_pids() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+three_hosts_cleanup() {
+  stop_pids
+  for h in "${hosts[@]}" "$hub"; do ip netns del "$h" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+on() { local h=$1; shift; ip netns exec "$h" "$@"; }
+
 # Two network hosts joined by one link held to RATE: namespaces HOST_A and
 # HOST_B (which must not exist yet; the caller deletes them), a veth pair
 # named vs-TAG/vc-TAG, addresses ADDR_A and ADDR_B (/24), and a token-bucket

@@ -26,21 +26,7 @@ PY=/usr/bin/python3
 [[ $(id -u) == 0 ]] || { echo "needs root (network namespaces)" >&2; exit 1; }
 . bench/lib.sh
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-tag=nc$$
-hub=tally-hub-$tag
-hosts=(tally-srv-$tag tally-w1-$tag tally-w2-$tag)
-addrs=(10.233.0.1 10.233.0.2 10.233.0.3)
-tmp=$(mktemp -d)
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
-cleanup() {
-  stop
-  for h in "${hosts[@]}" "$hub"; do ip netns del "$h" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-bridged_hosts "$tag" "$hub" "${RATE:-}" "${hosts[@]}"
-on() { local h=$1; shift; ip netns exec "$h" "$@"; }
+three_hosts nc$$ "${RATE:-}"
 
 tally_run() {  # spec -> samples/s test_accuracy
   local server=${addrs[0]}:7480 i out id
@@ -64,7 +50,7 @@ tally_run() {  # spec -> samples/s test_accuracy
   id=${out%%$'\n'*}
   on "${hosts[0]}" "$B/client/tally" --server="$server" status "$id" --json |
     $PY -c "import json,sys; m=json.load(sys.stdin)['metrics']; print(m['mean_samples_per_sec'], m['test_accuracy'])"
-  stop
+  stop_pids
 }
 
 ddp_run() {  # model -> samples/s test_accuracy
@@ -75,7 +61,7 @@ ddp_run() {  # model -> samples/s test_accuracy
   on "${hosts[1]}" env GLOO_SOCKET_IFNAME=eth0 $PY bench/pytorch_ddp.py --model="$1" \
     --procs=2 --rank=0 --master="${addrs[1]}" --port=$port 2> "$tmp/ddp0.log" |
     $PY -c "import json,sys; r=json.load(sys.stdin); print(r['samples_per_sec'], r['test_accuracy'])"
-  stop
+  stop_pids
 }
 
 printf "%-6s %12s %12s %8s %10s %10s   %s\n" model tally_sps ddp_sps ratio tally_acc ddp_acc runs

@@ -21,21 +21,7 @@ B=$PWD/build
 [[ -f $B/python/tally/engine.py ]] || { echo "build first: deploy/build.sh --with-torch" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || { echo "needs root (network namespaces)" >&2; exit 1; }
 . bench/lib.sh
-tag=pn$$
-hub=tally-hub-$tag
-hosts=(tally-srv-$tag tally-w1-$tag tally-w2-$tag)
-addrs=(10.233.0.1 10.233.0.2 10.233.0.3)
-tmp=$(mktemp -d)
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
-cleanup() {
-  stop
-  for h in "${hosts[@]}" "$hub"; do ip netns del "$h" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-bridged_hosts "$tag" "$hub" "" "${hosts[@]}"
-on() { local h=$1; shift; ip netns exec "$h" "$@"; }
+three_hosts pn$$ ""
 export PYTHONPATH=$B/python
 PY=/usr/bin/python3
 cp examples/resnet/model.py "$tmp/model.py"
@@ -64,7 +50,7 @@ job = c.wait(sys.argv[2], timeout=1800)
 assert job.state == pb.SUCCEEDED, (pb.JobState.Name(job.state), job.message)
 print(job.metrics.samples / job.metrics.train_seconds)
 PYEOF
-  stop
+  stop_pids
 }
 
 ddp_run() {  # -> samples/s
@@ -75,7 +61,7 @@ ddp_run() {  # -> samples/s
   on "${hosts[1]}" env GLOO_SOCKET_IFNAME=eth0 $PY bench/pytorch_resnet.py --procs=2 --rank=0 \
     --master="${addrs[1]}" --port=$port --steps="$steps" 2> "$tmp/ddp0.log" |
     $PY -c "import json, sys; print(json.load(sys.stdin)['samples_per_sec'])"
-  stop
+  stop_pids
 }
 
 : > "$tmp/tally"
