@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
@@ -386,7 +387,8 @@ class WorkerDaemon::Impl {
       absl::StrAppend(&files, "|");
     }
     absl::StrAppend(&files, text.vocab, "@", Stamp(text.vocab), "|",
-                    text.seq_len, "|", text.test_fraction, "|",
+                    text.seq_len, "|",
+                    absl::StrFormat("%.17g", text.test_fraction), "|",
                     text.vocab_size, "|", text.train_size);
     absl::StrAppend(&files, "|", absl::StrJoin(img.shape, "x"), "|",
                     static_cast<int>(img.fit), "|", absl::StrJoin(img.mean, ","),

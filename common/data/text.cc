@@ -95,6 +95,10 @@ absl::StatusOr<Vocabulary> Vocabulary::Parse(absl::string_view text,
       v.tokens_.push_back(std::move(token));
       continue;  // stands for bytes; never matched as text
     }
+    if (v.token_at_.size() + token.size() > size_t{1} << 30) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the vocabulary's tokens pass 2^30 bytes"));
+    }
     int32_t node = 0;
     for (const char c : token) {
       const int64_t key = (int64_t{node} << 8) | static_cast<uint8_t>(c);

@@ -182,7 +182,9 @@ class PyEngine : public ModelEngine {
   // A test split that stays in its files (text): gathered and evaluated
   // kEvalPiece samples at a time, so its memory is one piece's.
   absl::StatusOr<StepStats> EvaluateGathered(const Dataset& data) {
-    static constexpr int64_t kEvalPiece = 1024;
+    // At most 1024 samples and 2^20 values a piece.
+    const int64_t kEvalPiece = std::clamp<int64_t>(
+        (int64_t{1} << 20) / (data.sample_numel() + data.label_numel()), 1, 1024);
     const bool ids = data.input_type == InputType::kInt64;
     std::vector<int64_t> index, id_rows;
     std::vector<float> x;

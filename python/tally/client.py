@@ -426,8 +426,13 @@ def _fill_text(dataset):
         else:
             with open(f, "rb") as text:
                 total += count_tokens(text.read(), f, vocabulary)
-    fraction = 0.0 if dataset.get("test") else float(dataset.get("test_fraction", 0.1))
-    windows = math.floor((1.0 - fraction) * total) // (int(dataset.get("seq_len", 128)) + 1)
+    fraction = 0.0 if dataset.get("test") else dataset.get("test_fraction", 0.1)
+    seq_len = dataset.get("seq_len", 128)
+    if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise SubmitError(f"dataset.test_fraction: must be in [0, 1), got {fraction!r}")
+    if not isinstance(seq_len, int) or not 1 <= seq_len <= 65536:
+        raise SubmitError(f"dataset.seq_len: must be an integer in [1, 65536], got {seq_len!r}")
+    windows = math.floor((1.0 - fraction) * total) // (seq_len + 1)
     if dataset.setdefault("train_size", windows) != windows:
         raise SubmitError(f"dataset.train_size is {dataset['train_size']}; the training "
                           f"files hold {windows} windows")
