@@ -92,6 +92,11 @@ ABSL_FLAG(int64_t, streamed_sums_min_bytes,
           "With --streamed_sums: ranges smaller than this stage their pushes "
           "(at most this much memory per worker; small pushes summed as they "
           "arrive were slower)");
+ABSL_FLAG(int64_t, max_table_bytes, 0,
+          "The bytes the rows of every job's embedding tables held by this "
+          "shard may take together (values and optimizer slots); a pull "
+          "that would make rows past it is refused (RESOURCE_EXHAUSTED). "
+          "0: unbounded");
 ABSL_FLAG(int64_t, shared_memory_max_bytes,
           tally::ServerOptions().shared_memory_max_bytes,
           "A worker on this host pushes and pulls ranges of at most this "
@@ -133,6 +138,7 @@ absl::Status DataPlaneFromFlags(tally::ServerOptions& o) {
   o.streamed_sums = absl::GetFlag(FLAGS_streamed_sums);
   o.streamed_sums_min_bytes = absl::GetFlag(FLAGS_streamed_sums_min_bytes);
   o.shared_memory_max_bytes = absl::GetFlag(FLAGS_shared_memory_max_bytes);
+  o.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
   o.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
   if (o.stream_window_bytes < 65535 || o.stream_window_bytes > (1 << 30)) {
     return Bad(

@@ -45,6 +45,21 @@ struct PushMeta {
   std::shared_ptr<const std::string> buffers;
 };
 
+// A job's embedding table on one shard (server/data/sparse_table.h).
+struct TableMetrics {
+  std::string name;
+  int64_t rows = 0;           // held here now
+  int64_t bytes = 0;          // their values and optimizer slots
+  int64_t rows_pulled = 0;    // rows sent to workers
+  int64_t rows_created = 0;   // of those, made at that pull (misses)
+  int64_t rows_pushed = 0;    // row gradients received
+  int64_t rows_applied = 0;   // rows the optimizer stepped
+  int64_t pulled_bytes = 0;   // of row values sent (rows * dim * 4)
+  int64_t pushed_bytes = 0;   // of row gradients received
+  int64_t pull_wire_bytes = 0;  // whole PullRows answers (with row numbers)
+  int64_t push_wire_bytes = 0;  // whole PushRows requests
+};
+
 struct ShardMetrics {
   int64_t version = 0;
   int64_t total_steps = 0;
@@ -59,6 +74,7 @@ struct ShardMetrics {
   int64_t sum_resets = 0;    // streamed sums dropped (PUSH_AGAIN)
   int members = 0;
   double train_seconds = 0.0;  // first schedule (pull) to last close, or now
+  std::vector<TableMetrics> tables;  // the job's tables' rows held here
 };
 
 // One member as the coordinator decides it.

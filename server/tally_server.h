@@ -61,6 +61,9 @@ struct ServerOptions {
   // pulls, in ranges of at most this many bytes (0: never; ShardHost::
   // set_shared_memory).
   int64_t shared_memory_max_bytes = int64_t{16} << 20;
+  // The bytes every job's embedding tables on this shard may take (0:
+  // unbounded; ShardHost::set_max_table_bytes).
+  int64_t max_table_bytes = 0;
   // Each stream's receive window (proto/transport.h): a push waiting for
   // lower ranks holds up to this much (and 1 MiB more) of shard memory.
   int stream_window_bytes = kServerStreamWindowBytes;

@@ -22,6 +22,7 @@ JobRunner::JobRunner(const v1::Assignment& assignment,
 JobRunner::~JobRunner() {
   // A pull sent with the last push may still be writing the parameters.
   if (next_pull_ != nullptr) Abandon(next_pull_);
+  if (engine_ != nullptr && rows_ != nullptr) engine_->SetTableRows(nullptr);
 }
 
 absl::Status JobRunner::Run() {
@@ -429,6 +430,18 @@ absl::Status JobRunner::MakeClient() {
   // push could get older weights than one sent after it.
   pipelined_ = client_->num_shards() == 1 &&
                spec_.training.consistency.mode == ConsistencyMode::kBsp;
+  if (!spec_.embeddings.empty()) {
+    RowClientOptions ro;
+    ro.job_id = po.job_id;
+    ro.worker_id = po.worker_id;
+    ro.incarnation = po.incarnation;
+    ro.pull_wait = po.pull_wait;
+    ro.rpc_timeout = po.rpc_timeout;
+    ro.transport = po.transport;
+    TALLY_ASSIGN_OR_RETURN(rows_, RowClient::Create(map, spec_.embeddings,
+                                                    context_.coordinator, ro));
+    engine_->SetTableRows(rows_.get());
+  }
   return absl::OkStatus();
 }
 
@@ -492,6 +505,8 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   const absl::Time began = absl::Now();
   work.pull_deadline = began + options_.pull_wait + options_.rpc_timeout;
   StepHooks hooks = HooksFor(step, work);
+  // bsp: the step's rows are of the version its weights are (the step's).
+  if (rows_ != nullptr) rows_->BeginStep(step, step);
   absl::StatusOr<StepStats> stats =
       engine_->Step(view, spec_.training.seed + step, {}, &hooks);
   // Everything was offered if the step succeeded; otherwise the parts not
@@ -645,6 +660,7 @@ absl::Status JobRunner::Finish(int64_t version) {
     if (absl::Status s = engine_->LoadBuffers(*pulled_buffers_); !s.ok())
       return Refuse(s);
   }
+  if (rows_ != nullptr) rows_->BeginStep(-1, version);
   absl::StatusOr<StepStats> test = engine_->Evaluate(data_->test);
   if (!test.ok()) return Refuse(test.status());
   const double accuracy =

@@ -39,6 +39,7 @@
 #include "worker/daemon.h"
 #include "worker/engine.h"
 #include "worker/param_client.h"
+#include "worker/row_client.h"
 
 namespace tally {
 
@@ -192,6 +193,8 @@ class JobRunner {
   int64_t rank_batches_ = 0;  // batches this rank has per epoch
   std::unique_ptr<ModelEngine> engine_;
   std::unique_ptr<ParameterClient> client_;
+  // The job's tables (model.embeddings), which the engine reaches.
+  std::unique_ptr<RowClient> rows_;
   std::unique_ptr<BatchLoader> loader_;
   int64_t loader_next_ = -1;  // the step the loader's next batch is for
   // bsp on one shard (fixed by Prepare): each push is its own commit, and

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/data/dataset.h"
@@ -68,6 +69,33 @@ struct StepHooks {
   const std::string* buffers = nullptr;
 };
 
+// A job's sparse embedding tables (model.embeddings), as an engine's step
+// reaches them: rows pulled as the step's forward pass needs them, and the
+// step's row gradients pushed before its dense gradient is (worker/
+// row_client.h implements it over the job's shards). The job runner says
+// which step and version come next (BeginStep); Pull and Push block.
+class TableRows {
+ public:
+  virtual ~TableRows() = default;
+  // A step's (or, with step -1, the evaluation's) rows are those of
+  // version >= min_version.
+  virtual void BeginStep(int64_t step, int64_t min_version) = 0;
+  // The values of `n` rows of `table` (its dim floats each, into out).
+  virtual absl::Status Pull(int table, const int64_t* rows, int64_t n,
+                            float* out) = 0;
+  // One table's row gradients of the step: each row once.
+  struct Grads {
+    int table = 0;
+    const int64_t* rows = nullptr;
+    int64_t n = 0;
+    const float* grads = nullptr;  // n * dim
+  };
+  // The step's row gradients, of a batch of `samples`, to every shard
+  // that owns some (answered before this returns).
+  virtual absl::Status Push(int64_t samples,
+                            const std::vector<Grads>& grads) = 0;
+};
+
 class ModelEngine {
  public:
   // Runs on slice number `slice`, [begin, end) of the flat vector, once
@@ -106,6 +134,10 @@ class ModelEngine {
   virtual absl::Status LoadBuffers(const std::string& /*bytes*/) {
     return absl::OkStatus();
   }
+
+  // The job's tables, for a model that has some (borrowed until set again;
+  // null: none). Models without tables ignore it.
+  virtual void SetTableRows(TableRows* /*rows*/) {}
 };
 
 }  // namespace tally

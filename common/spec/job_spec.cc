@@ -924,6 +924,136 @@ absl::Status ParsePythonModel(const YAML::Node& n, const SpecLimits& limits,
   return ParsePythonAliases(n["aliases"], spec->layout, &py);
 }
 
+// model.embeddings: [{name, dim, num_embeddings, ids, combiner, init,
+// init_scale, optimizer: {type, lr, weight_decay, eps,
+// initial_accumulator_value}}], for a Python model (the tables are its
+// nn.Embedding / nn.EmbeddingBag modules of those names).
+constexpr int64_t kMaxTables = 256;
+constexpr int64_t kMaxTableDim = 4096;
+constexpr int64_t kMaxTableRows = int64_t{1} << 40;
+
+absl::Status ParseTableOptimizer(const YAML::Node& n, const std::string& p,
+                                 double job_lr, TableOptimizer* o) {
+  o->lr = job_lr;
+  if (!n) return absl::OkStatus();
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"type", "lr", "weight_decay", "eps",
+                                   "initial_accumulator_value"}));
+  std::string type = "sgd";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "type", &type));
+  if (type == "sgd") {
+    o->type = TableOptimizer::Type::kSgd;
+  } else if (type == "adagrad") {
+    o->type = TableOptimizer::Type::kAdagrad;
+  } else {
+    return FieldError(p + ".type", absl::StrCat("unknown table optimizer '",
+                                                type, "' (known: sgd, adagrad)"));
+  }
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "lr", &o->lr));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "weight_decay", &o->weight_decay));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "eps", &o->eps));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "initial_accumulator_value",
+                                   &o->initial_accumulator_value));
+  if (o->lr <= 0) return FieldError(p + ".lr", "must be positive");
+  if (o->weight_decay < 0)
+    return FieldError(p + ".weight_decay", "must be >= 0");
+  if (o->eps <= 0) return FieldError(p + ".eps", "must be positive");
+  if (o->initial_accumulator_value < 0)
+    return FieldError(p + ".initial_accumulator_value", "must be >= 0");
+  return absl::OkStatus();
+}
+
+absl::Status ParseTable(const YAML::Node& n, const std::string& p,
+                        double job_lr, EmbeddingTableSpec* t) {
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"name", "dim", "num_embeddings", "dynamic",
+                                   "ids", "combiner", "init", "init_scale",
+                                   "optimizer"}));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &t->name));
+  if (t->name.empty() || t->name.size() > 256) {
+    return FieldError(p + ".name",
+                      "must name the model's nn.Embedding or nn.EmbeddingBag "
+                      "(its module path, e.g. emb or tables.3)");
+  }
+  bool dynamic = false;
+  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "dynamic", &dynamic));
+  if (dynamic) {
+    return FieldError(p + ".dynamic",
+                      "dynamic tables (rows made on first touch, keyed by "
+                      "the id itself) are not supported yet: give "
+                      "num_embeddings, with ids: hashed for unbounded ids");
+  }
+  if (!n["dim"]) return FieldError(p + ".dim", "is required");
+  if (!n["num_embeddings"])
+    return FieldError(p + ".num_embeddings", "is required");
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "dim", 1, kMaxTableDim, &t->dim));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "num_embeddings", 1, kMaxTableRows,
+                                &t->num_embeddings));
+  std::string ids = "hashed";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "ids", &ids));
+  if (ids == "hashed") {
+    t->ids = TableIds::kHashed;
+  } else if (ids == "direct") {
+    t->ids = TableIds::kDirect;
+  } else {
+    return FieldError(p + ".ids", absl::StrCat("must be hashed or direct, got '",
+                                               ids, "'"));
+  }
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "combiner", &t->combiner));
+  if (!t->combiner.empty() && t->combiner != "sum" && t->combiner != "mean") {
+    return FieldError(p + ".combiner",
+                      absl::StrCat("must be sum or mean (nn.EmbeddingBag's "
+                                   "mode), got '", t->combiner, "'"));
+  }
+  std::string init = "normal";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "init", &init));
+  if (init == "normal") {
+    t->init = TableInit::kNormal;
+    t->init_scale = 1.0;
+  } else if (init == "uniform") {
+    t->init = TableInit::kUniform;
+    t->init_scale = std::sqrt(1.0 / static_cast<double>(t->num_embeddings));
+  } else if (init == "zeros") {
+    t->init = TableInit::kZeros;
+  } else {
+    return FieldError(p + ".init", absl::StrCat("must be normal, uniform or "
+                                                "zeros, got '", init, "'"));
+  }
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "init_scale", &t->init_scale));
+  if (t->init_scale < 0) return FieldError(p + ".init_scale", "must be >= 0");
+  TALLY_RETURN_IF_ERROR(
+      ParseTableOptimizer(n["optimizer"], p + ".optimizer", job_lr,
+                          &t->optimizer));
+  t->salt = TableSalt(t->name);
+  return absl::OkStatus();
+}
+
+absl::Status ParseEmbeddings(const YAML::Node& n, JobSpec* spec) {
+  if (!n) return absl::OkStatus();
+  const std::string p = "model.embeddings";
+  if (!n.IsSequence()) return FieldError(p, "must be a list of tables");
+  if (!spec->is_python) {
+    return FieldError(p, "tables are a Python model's nn.Embedding and "
+                         "nn.EmbeddingBag modules: they need model.python");
+  }
+  if (static_cast<int64_t>(n.size()) > kMaxTables) {
+    return FieldError(p, absl::StrCat(n.size(), " tables, over the limit of ",
+                                      kMaxTables));
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < n.size(); ++i) {
+    EmbeddingTableSpec t;
+    TALLY_RETURN_IF_ERROR(ParseTable(n[i], absl::StrCat(p, "[", i, "]"),
+                                     spec->optimizer.lr, &t));
+    if (!names.insert(t.name).second) {
+      return FieldError(absl::StrCat(p, "[", i, "].name"),
+                        absl::StrCat("table '", t.name, "' is listed twice"));
+    }
+    spec->embeddings.push_back(std::move(t));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseLoss(const YAML::Node& model, JobSpec* spec) {
   std::string loss = "cross_entropy";
   TALLY_RETURN_IF_ERROR(ReadString(model, "model", "loss", &loss));
@@ -951,15 +1081,18 @@ absl::Status ParseModel(const YAML::Node& model, const SpecLimits& limits,
                         JobSpec* spec) {
   if (!model) return FieldError("model", "is required");
   TALLY_RETURN_IF_ERROR(
-      CheckKeys(model, "model", {"preset", "layers", "python", "loss"}));
+      CheckKeys(model, "model",
+                {"preset", "layers", "python", "loss", "embeddings"}));
   if (int(bool(model["preset"])) + int(bool(model["layers"])) +
           int(bool(model["python"])) > 1) {
     return FieldError("model", "give one of preset, layers and python");
   }
   if (model["python"]) {
     TALLY_RETURN_IF_ERROR(ParsePythonModel(model["python"], limits, spec));
+    TALLY_RETURN_IF_ERROR(ParseEmbeddings(model["embeddings"], spec));
     return ParseLoss(model, spec);
   }
+  TALLY_RETURN_IF_ERROR(ParseEmbeddings(model["embeddings"], spec));
   TALLY_RETURN_IF_ERROR(ParseLoss(model, spec));
   if (model["preset"]) {
     TALLY_RETURN_IF_ERROR(
@@ -1111,6 +1244,12 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
     return FieldError("optimizer.clip_grad_norm",
                       "is for a Python model (model.python); the native "
                       "engine does not clip");
+  }
+  if (!spec.embeddings.empty() &&
+      spec.training.consistency.mode != ConsistencyMode::kBsp) {
+    // The rows a step pushes are applied when the step closes.
+    return FieldError("model.embeddings",
+                      "tables train under bsp consistency only (for now)");
   }
   TALLY_RETURN_IF_ERROR(CheckModelFits(limits, &spec));
   TALLY_RETURN_IF_ERROR(CheckBatchFits(limits, spec));

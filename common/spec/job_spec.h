@@ -33,6 +33,7 @@
 #include "common/nn/layer_config.h"
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
+#include "common/spec/embedding.h"
 #include "common/tensor.h"
 
 namespace tally {
@@ -171,6 +172,9 @@ struct JobSpec {
   std::vector<LayerConfig> layers;
   bool is_python = false;    // model.python instead of layers
   PythonModelSpec python;
+  // model.embeddings: the Python model's tables whose rows live on the
+  // shards, not in the flat vector (common/spec/embedding.h).
+  std::vector<EmbeddingTableSpec> embeddings;
   LossKind loss = LossKind::kCrossEntropy;
   DatasetSpec dataset;
   TrainingSpec training;

@@ -71,6 +71,78 @@ py::array_t<T> View(const T* data, int64_t count, const Shape& sample) {
   return py::array_t<T>(shape, data, none);
 }
 
+// The job's tables as the Python engine reaches them (engine.py's
+// ShardedEmbedding): pull(table, rows) -> float32 [n, dim], and
+// push(samples, [(table, rows, grads)]), each blocking without the GIL.
+// Detached (null) once the job runner is done with them.
+class Rows {
+ public:
+  Rows(TableRows* rows, std::vector<int64_t> dims)
+      : rows_(rows), dims_(std::move(dims)) {}
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    rows_ = nullptr;
+  }
+
+  py::array_t<float> Pull(int table, py::array_t<int64_t, py::array::c_style |
+                                                          py::array::forcecast>
+                                         rows) {
+    if (table < 0 || table >= static_cast<int>(dims_.size()))
+      throw std::invalid_argument(absl::StrCat("no table ", table));
+    const int64_t n = rows.size();
+    py::array_t<float> out({static_cast<py::ssize_t>(n),
+                            static_cast<py::ssize_t>(dims_[table])});
+    const int64_t* r = rows.data();
+    float* o = out.mutable_data();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      absl::ReaderMutexLock lock(&mu_);
+      s = rows_ == nullptr ? absl::FailedPreconditionError("the job is over")
+                           : rows_->Pull(table, r, n, o);
+    }
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+    return out;
+  }
+
+  void Push(int64_t samples, py::list blocks) {
+    using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+    using Values = py::array_t<float, py::array::c_style | py::array::forcecast>;
+    std::vector<Ids> ids;
+    std::vector<Values> values;
+    std::vector<TableRows::Grads> grads;
+    for (py::handle b : blocks) {
+      py::tuple t = py::reinterpret_borrow<py::tuple>(b);
+      const int table = t[0].cast<int>();
+      if (table < 0 || table >= static_cast<int>(dims_.size()))
+        throw std::invalid_argument(absl::StrCat("no table ", table));
+      ids.push_back(t[1].cast<Ids>());
+      values.push_back(t[2].cast<Values>());
+      if (values.back().size() != ids.back().size() * dims_[table]) {
+        throw std::invalid_argument(absl::StrCat(
+            "table ", table, ": ", values.back().size(), " gradient values for ",
+            ids.back().size(), " rows of ", dims_[table]));
+      }
+      grads.push_back({table, ids.back().data(), ids.back().size(),
+                       values.back().data()});
+    }
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      absl::ReaderMutexLock lock(&mu_);
+      s = rows_ == nullptr ? absl::FailedPreconditionError("the job is over")
+                           : rows_->Push(samples, grads);
+    }
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+  }
+
+ private:
+  // Held across a call (shared: replicas pull at once), so Detach waits.
+  absl::Mutex mu_;
+  TableRows* rows_ ABSL_GUARDED_BY(mu_);
+  const std::vector<int64_t> dims_;
+};
+
 class PyEngine : public ModelEngine {
  public:
   // `impl` is the Python engine: num_params, replicas, params_ptr,
@@ -86,10 +158,24 @@ class PyEngine : public ModelEngine {
         reinterpret_cast<float*>(impl_.attr("params_ptr").cast<uintptr_t>());
     grads_ =
         reinterpret_cast<float*>(impl_.attr("grads_ptr").cast<uintptr_t>());
+    for (const EmbeddingTableSpec& t : spec.embeddings) dims_.push_back(t.dim);
   }
   ~PyEngine() override {
+    SetTableRows(nullptr);
     py::gil_scoped_acquire gil;
     impl_ = py::object();
+  }
+
+  void SetTableRows(TableRows* rows) override {
+    if (dims_.empty()) return;
+    py::gil_scoped_acquire gil;
+    if (rows_ != nullptr) rows_->Detach();
+    rows_ = rows == nullptr ? nullptr : std::make_shared<Rows>(rows, dims_);
+    try {
+      impl_.attr("attach_rows")(rows_ == nullptr ? py::none() : py::cast(rows_));
+    } catch (const std::exception&) {
+      // An engine without tables' support cannot have been built for them.
+    }
   }
 
   int num_replicas() const override { return replicas_; }
@@ -226,6 +312,8 @@ class PyEngine : public ModelEngine {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::string note_;
+  std::vector<int64_t> dims_;   // each table's dim
+  std::shared_ptr<Rows> rows_;  // while the runner lends its tables
 };
 
 // What the Python factory gets: the parsed job, as plain Python values.
@@ -257,6 +345,18 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
         b.name, b.dtype, std::vector<int64_t>(b.shape.begin(), b.shape.end())));
   }
   job["buffers"] = buffers;
+  py::list tables;
+  for (const EmbeddingTableSpec& t : spec.embeddings) {
+    py::dict d;
+    d["name"] = t.name;
+    d["dim"] = t.dim;
+    d["num_embeddings"] = t.num_embeddings;
+    d["ids"] = t.ids == TableIds::kHashed ? "hashed" : "direct";
+    d["combiner"] = t.combiner;
+    d["salt"] = t.salt;
+    tables.append(d);
+  }
+  job["embeddings"] = tables;
   py::list devices;
   for (const DeviceId& d : options.devices) {
     devices.append(d.type == DeviceType::kCpu ? std::string("cpu")
@@ -350,8 +450,69 @@ class Worker {
 }  // namespace
 }  // namespace tally
 
+namespace {
+
+tally::EmbeddingTableSpec TableOf(const std::string& name, int64_t dim,
+                                  int64_t num_embeddings,
+                                  const std::string& init, double scale) {
+  tally::EmbeddingTableSpec t;
+  t.name = name;
+  t.dim = dim;
+  t.num_embeddings = num_embeddings;
+  t.salt = tally::TableSalt(name);
+  if (init == "normal") {
+    t.init = tally::TableInit::kNormal;
+  } else if (init == "uniform") {
+    t.init = tally::TableInit::kUniform;
+  } else if (init == "zeros") {
+    t.init = tally::TableInit::kZeros;
+  } else {
+    throw std::invalid_argument("init must be normal, uniform or zeros");
+  }
+  t.init_scale = scale;
+  return t;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Tally's native worker core (worker daemon, parameter client)";
+  py::class_<tally::Rows, std::shared_ptr<tally::Rows>>(m, "Rows")
+      .def("pull", &tally::Rows::Pull, py::arg("table"), py::arg("rows"))
+      .def("push", &tally::Rows::Push, py::arg("samples"), py::arg("blocks"));
+  m.def(
+      "hash_rows",
+      [](py::array_t<int64_t, py::array::c_style | py::array::forcecast> ids,
+         uint64_t salt, int64_t n) {
+        if (n <= 0) throw std::invalid_argument("a table has rows");
+        py::array_t<int64_t> out(ids.request().shape);
+        const int64_t* in = ids.data();
+        int64_t* o = out.mutable_data();
+        for (py::ssize_t i = 0; i < ids.size(); ++i)
+          o[i] = tally::HashedRow(in[i], salt, n);
+        return out;
+      },
+      py::arg("ids"), py::arg("salt"), py::arg("num_embeddings"),
+      "The rows of a hashed table (ids: hashed) that `ids` map to.");
+  m.def("table_salt", [](const std::string& name) { return tally::TableSalt(name); },
+        py::arg("name"));
+  m.def(
+      "init_table",
+      [](const std::string& name, int64_t num_embeddings, int64_t dim,
+         uint64_t seed, const std::string& init, double scale) {
+        tally::EmbeddingTableSpec t =
+            TableOf(name, dim, num_embeddings, init, scale);
+        py::array_t<float> out({static_cast<py::ssize_t>(num_embeddings),
+                                static_cast<py::ssize_t>(dim)});
+        float* o = out.mutable_data();
+        for (int64_t r = 0; r < num_embeddings; ++r)
+          tally::InitRow(t, seed, r, o + r * dim);
+        return out;
+      },
+      py::arg("name"), py::arg("num_embeddings"), py::arg("dim"),
+      py::arg("seed"), py::arg("init") = "normal", py::arg("scale") = 1.0,
+      "A whole table's initial rows, as the shards make them: the dense "
+      "equivalent of a sparse table.");
   py::class_<tally::Worker>(m, "Worker")
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     const std::string&, py::object, const std::string&,

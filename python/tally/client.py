@@ -478,13 +478,20 @@ def prepare_spec(path):
     finally:
         if packed is not None:
             packed.close()
+    shape, classes = _sample_shape(spec.get("dataset") or {})
+    _check_forward(module, model.get("loss", "cross_entropy"), shape, classes,
+                   tokens=named == "text")
+    tables = model.get("embeddings")
+    if tables is not None:
+        if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+            raise SubmitError("model.embeddings: a list of tables, each a mapping")
+        from tally.engine import swap_tables
+        # Their weights live on the shards, not in the flat vector.
+        swap_tables(module, tables)
     layout = layout_of(module)
     if not layout:
         from tally.engine import ModelError
         raise ModelError("the module has no parameters to train")
-    shape, classes = _sample_shape(spec.get("dataset") or {})
-    _check_forward(module, model.get("loss", "cross_entropy"), shape, classes,
-                   tokens=named == "text")
     if files:
         py["files"] = files
     else:

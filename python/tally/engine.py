@@ -195,6 +195,118 @@ def check_layout(module, expected):
     raise LayoutError(f"the module has {len(got)} parameters, the job {len(want)}")
 
 
+
+class _TableHub:
+    """What a job's ShardedEmbedding modules share: the native Rows (the
+    job runner's tables, tally._native.Rows) and each replica's record of
+    the rows a step pulled. Not copied with a replica (deepcopy)."""
+
+    def __init__(self):
+        self.rows = None
+        self.records = []
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def pull(self, table, rows):
+        if self.rows is None:
+            raise ModelError("the job's tables are not reachable (no shard map yet)")
+        return torch.from_numpy(self.rows.pull(table, rows))
+
+
+class ShardedEmbedding(torch.nn.Module):
+    """A table of model.embeddings, in place of the model's nn.Embedding or
+    nn.EmbeddingBag of that name. Its forward takes what the module's
+    takes; it maps the ids to rows (ids: hashed, with the table's salt; or
+    direct), pulls the unique rows the batch touches from the shards that
+    hold them, and looks them up as the module would in its own weight, so
+    the step computes what the dense module computes. In training, the
+    pulled rows are a leaf whose gradient the engine pushes after the
+    backward pass."""
+
+    def __init__(self, index, table, original, hub):
+        super().__init__()
+        self.index, self.name = index, table["name"]
+        self.dim, self.num = int(table["dim"]), int(table["num_embeddings"])
+        self.hashed = table.get("ids", "hashed") == "hashed"
+        self.salt = int(table["salt"]) if "salt" in table else None
+        self.bag = isinstance(original, torch.nn.EmbeddingBag)
+        self.mode = original.mode if self.bag else None
+        self.include_last_offset = getattr(original, "include_last_offset", False)
+        self.hub = hub
+        self.replica = 0
+
+    def rows_of(self, ids):
+        ids = ids.detach().cpu().long()
+        if self.hashed:
+            from tally import _native
+            return torch.from_numpy(_native.hash_rows(ids.numpy(), self.salt, self.num))
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise ModelError(f"table {self.name}: id {bad} is outside its {self.num} rows "
+                             f"(ids: direct)")
+        return ids
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        rows = self.rows_of(input)
+        unique, inverse = torch.unique(rows.reshape(-1), sorted=True, return_inverse=True)
+        device = input.device
+        weight = self.hub.pull(self.index, unique.numpy()).to(device)
+        if self.training and torch.is_grad_enabled():
+            weight.requires_grad_(True)
+            self.hub.records[self.replica].append((self.index, unique, weight))
+        local = inverse.reshape(input.shape).to(device)
+        if not self.bag:
+            return F.embedding(local, weight)
+        return F.embedding_bag(local, weight, offsets, mode=self.mode,
+                               per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset)
+
+    def extra_repr(self):
+        return f"{self.name}: {self.num} x {self.dim} on the shards"
+
+
+def swap_tables(module, tables, hub=None):
+    """Replaces each table's module (named by model.embeddings) with a
+    ShardedEmbedding; fills in the table's dim, num_embeddings and combiner
+    from the module where the spec left them out, and checks them where it
+    gave them. The modules' weights leave the module's parameters (they
+    live on the shards)."""
+    swapped = []
+    for i, t in enumerate(tables):
+        name = t.get("name")
+        try:
+            original = module.get_submodule(name)
+        except (AttributeError, TypeError):
+            raise ModelError(f"model.embeddings[{i}]: the model has no module '{name}'")
+        if not isinstance(original, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+            raise ModelError(f"model.embeddings[{i}]: '{name}' is a "
+                             f"{type(original).__name__}, not an nn.Embedding or "
+                             f"nn.EmbeddingBag")
+        unsupported = [a for a in ("padding_idx", "max_norm") if getattr(original, a) is not None]
+        if getattr(original, "scale_grad_by_freq", False):
+            unsupported.append("scale_grad_by_freq")
+        if unsupported:
+            raise ModelError(f"model.embeddings[{i}]: '{name}' has {', '.join(unsupported)}, "
+                             f"which a table on the shards does not support")
+        rows, dim = original.weight.shape
+        mode = original.mode if isinstance(original, torch.nn.EmbeddingBag) else ""
+        if mode not in ("", "sum", "mean"):
+            raise ModelError(f"model.embeddings[{i}]: '{name}' pools by {mode}; a table "
+                             f"pools by sum or mean")
+        for key, have in (("dim", dim), ("num_embeddings", rows), ("combiner", mode)):
+            if t.get(key) in (None, ""):
+                t[key] = have
+            elif t[key] != have:
+                raise ModelError(f"model.embeddings[{i}].{key} is {t[key]}, the module "
+                                 f"'{name}' has {have!r}")
+        parent_name, _, leaf = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, leaf, ShardedEmbedding(i, t, original, hub or _TableHub()))
+        swapped.append(name)
+    return swapped
+
+
 class _Step(torch.nn.Module):
     """One replica's part of a step: forward, loss, backward; returns the
     summed loss and the correct predictions of its micro-batch."""
@@ -268,6 +380,9 @@ class TorchEngine:
     def _build(self, job, files):
         """The module and its replicas, checked against the job's layout."""
         module = load_module(job["code"], job["file"], job["build"], job["seed"], files)
+        self.hub = _TableHub()
+        self.tables = job.get("embeddings") or []
+        swap_tables(module, self.tables, self.hub)
         check_layout(module, job["params"])
         buffers, _ = state_of(module)
         want = [(n, d, list(s)) for n, d, s in job.get("buffers", [])]
@@ -289,6 +404,10 @@ class TorchEngine:
             self.flats.append(flat)
             self.grad_flats.append(grad)
         self.models = models
+        for r, model in enumerate(models):
+            for m in model.modules():
+                if isinstance(m, ShardedEmbedding):
+                    m.replica = r
         self.buffer_bytes = sum(t.numel() * t.element_size() for t in self._buffers_of(0))
         # What the native side reads and writes: host memory.
         if self.devices[0].type == "cpu":
@@ -323,6 +442,41 @@ class TorchEngine:
             if e is not None:
                 raise e
         return results
+
+    def attach_rows(self, rows):
+        """The job runner's tables (tally._native.Rows), or None once it is
+        done with them."""
+        self.hub.rows = rows
+
+    def _push_rows(self, used, batch):
+        """The step's row gradients, summed per row over every lookup and
+        replica (in rank order), to the shards; a non-finite one makes the
+        dense gradient non-finite too, so the shards refuse the whole step."""
+        blocks = []
+        for t, table in enumerate(self.tables):
+            rows, grads = [], []
+            for r in range(used):
+                for index, unique, weight in self.hub.records[r]:
+                    if index != t:
+                        continue
+                    rows.append(unique)
+                    grads.append(weight.grad.cpu() if weight.grad is not None
+                                 else torch.zeros(weight.shape))
+            if not rows:
+                continue
+            if len(rows) == 1:
+                u, g = rows[0], grads[0]
+            else:
+                u, inverse = torch.unique(torch.cat(rows), sorted=True, return_inverse=True)
+                g = torch.zeros(len(u), int(table["dim"])).index_add_(0, inverse, torch.cat(grads))
+            if not bool(torch.isfinite(g).all()):
+                self.grads[0] = float("nan")
+                return
+            blocks.append((t, u.numpy(), g.contiguous().numpy()))
+        if blocks:
+            if self.hub.rows is None:
+                raise ModelError("the job's tables are not reachable (no shard map yet)")
+            self.hub.rows.push(batch, blocks)
 
     def _buffers_of(self, r):
         """Replica r's buffer tensors, in the job's order, as the module
@@ -371,6 +525,7 @@ class TorchEngine:
                     for mine, first in zip(self._buffers_of(r), self._buffers_of(0)):
                         mine.copy_(first, non_blocking=True)
         steps = [_Step(self.models[r], self.loss, batch) for r in range(len(sizes))]
+        self.hub.records = [[] for _ in range(len(sizes))]
         inputs = [(xs.to(d, non_blocking=True), ys.to(d, non_blocking=True))
                   for xs, ys, d in zip(torch.split(x, sizes), torch.split(y, sizes),
                                        self.devices)]
@@ -389,6 +544,11 @@ class TorchEngine:
             torch.nn.utils.clip_grad_norm_(self.models[0].parameters(), self.clip)
         if self.devices[0].type != "cpu":
             self.grads.copy_(self.grad_flats[0])
+        if self.tables:
+            try:
+                self._push_rows(len(sizes), batch)
+            finally:
+                self.hub.records = []
         return (sum(r[0] for r in results), sum(r[1] for r in results))
 
     def buffers(self):

@@ -383,6 +383,25 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   out->set_stale_pushes(stale);
   out->set_late_pushes(late);
   out->set_sum_resets(resets);
+  // Each table's figures, summed over the ranges that hold its rows.
+  out->clear_tables();
+  for (const v1::RangeStatus& r : ranges) {
+    for (int i = 0; i < r.tables_size(); ++i) {
+      const v1::TableStats& t = r.tables(i);
+      while (out->tables_size() <= i) out->add_tables()->set_name(t.name());
+      v1::TableStats* sum = out->mutable_tables(i);
+      sum->set_rows(sum->rows() + t.rows());
+      sum->set_bytes(sum->bytes() + t.bytes());
+      sum->set_rows_pulled(sum->rows_pulled() + t.rows_pulled());
+      sum->set_rows_created(sum->rows_created() + t.rows_created());
+      sum->set_rows_pushed(sum->rows_pushed() + t.rows_pushed());
+      sum->set_rows_applied(sum->rows_applied() + t.rows_applied());
+      sum->set_pulled_bytes(sum->pulled_bytes() + t.pulled_bytes());
+      sum->set_pushed_bytes(sum->pushed_bytes() + t.pushed_bytes());
+      sum->set_pull_wire_bytes(sum->pull_wire_bytes() + t.pull_wire_bytes());
+      sum->set_push_wire_bytes(sum->push_wire_bytes() + t.push_wire_bytes());
+    }
+  }
   RenderProgressLocked(job, version, ranges, out);
   out->set_loss(first.loss());
   out->set_accuracy(first.accuracy());
@@ -1314,7 +1333,16 @@ bool Coordinator::PlaceLocked(JobEntry& job) {
   const int wanted = job.spec.training.consistency.backup_workers > 0
                          ? 1
                          : static_cast<int>(job.spec.training.shards);
-  const int k = ShardCount(n, wanted, static_cast<int>(order.size()));
+  // Tables spread over shards too: their values count with the vector's
+  // when the spec leaves the number of shards to us (saturating).
+  int64_t values = n;
+  for (const EmbeddingTableSpec& t : job.spec.embeddings) {
+    const int64_t table =
+        t.num_embeddings > INT64_MAX / t.dim ? INT64_MAX : t.num_embeddings * t.dim;
+    values = table > INT64_MAX - values ? INT64_MAX : values + table;
+  }
+  int k = ShardCount(values, wanted, static_cast<int>(order.size()));
+  k = std::min<int64_t>(k, n);  // every shard holds some of the vector
   if (k == 0) return false;
   job.ranges.clear();
   const auto parts = PartitionRanges(n, k);
@@ -1611,8 +1639,11 @@ void Coordinator::RetireRanges(ControlTask& t) {
 
 // Every range installed (members come next), from the job's start.
 void Coordinator::InstallRanges(ControlTask& t) {
+  int slot = 0;
   for (const ControlTask::Range& r : t.ranges) {
     v1::InstallRangeRequest req;
+    req.set_slot(slot++);
+    req.set_slots(static_cast<int>(t.ranges.size()));
     req.set_job_id(t.job_id);
     req.set_spec(t.spec);
     req.set_map_version(t.map_version);

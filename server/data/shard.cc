@@ -5,11 +5,13 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/bfloat16.h"
 #include "common/status_macros.h"
 #include "common/vectorize.h"
 #include "proto/errors.h"
+#include "server/data/internal/finite.h"
 
 namespace tally {
 
@@ -846,6 +848,7 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
     samples = 0;
     for (Member* m : required) m->buffers.erase(version_);  // nor its buffers
   }
+  if (tables_ != nullptr) ApplyRowsLocked(required, samples);
   TakeBuffersLocked(required);
   AdvanceLocked(samples, loss, correct, samples > 0 ? sum : nullptr);
   ReleaseLocked(std::move(staged_sum));  // sum_ stays for the next step
@@ -945,6 +948,200 @@ bool ParameterShard::TallyStreamedLocked(const std::vector<Member*>& required,
     ++staging_out_;
   }
   return true;
+}
+
+void ParameterShard::SetTables(std::unique_ptr<SparseTables> tables) {
+  absl::MutexLock lock(&mu_);
+  tables_ = std::move(tables);
+}
+
+absl::Status ParameterShard::ReadRows(const v1::PullRowsRequest& req,
+                                      v1::PullRowsResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  TALLY_RETURN_IF_ERROR(CheckMemberLocked(req.worker_id(), req.incarnation()));
+  if (tables_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", Quoted(req.job_id()),
+                     " has no embedding tables (model.embeddings)"));
+  }
+  int64_t values = 0;
+  for (const v1::TableRows& t : req.tables()) {
+    TALLY_RETURN_IF_ERROR(
+        tables_->CheckRows(t.table(), t.rows().data(), t.rows_size()));
+    values += t.rows_size() * tables_->spec(t.table()).dim;
+  }
+  if (values > SparseTables::kMaxValuesPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a pull of ", values, " row values; at most ",
+        SparseTables::kMaxValuesPerMessage, " a request"));
+  }
+  resp->set_version(version_);
+  for (const v1::TableRows& t : req.tables()) {
+    v1::TableRows* out = resp->add_tables();
+    out->set_table(t.table());
+    *out->mutable_rows() = t.rows();
+    std::string* bytes = out->mutable_values();
+    bytes->resize(t.rows_size() * tables_->spec(t.table()).dim * 4);
+    TALLY_RETURN_IF_ERROR(tables_->Read(t.table(), t.rows().data(),
+                                        t.rows_size(),
+                                        reinterpret_cast<float*>(bytes->data())));
+  }
+  // The answer's bytes on the wire, counted by its tables' share of them.
+  const int64_t wire = static_cast<int64_t>(resp->ByteSizeLong());
+  for (const v1::TableRows& t : resp->tables()) {
+    tables_->CountPull(t.table(), t.rows_size(),
+                       wire * static_cast<int64_t>(t.ByteSizeLong()) /
+                           std::max<int64_t>(1, wire));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
+                                       bool* replaced) {
+  *replaced = false;
+  absl::MutexLock lock(&mu_);
+  TALLY_RETURN_IF_ERROR(CheckMemberLocked(req.worker_id(), req.incarnation()));
+  if (tables_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", Quoted(req.job_id()),
+                     " has no embedding tables (model.embeddings)"));
+  }
+  Member& m = members_.at(req.worker_id());
+  const int64_t step = req.step();
+  if (EndedLocked() || step < version_) {
+    return WithReason(absl::AbortedError(absl::StrCat(
+                          "step ", step, " closed; the weights are at version ",
+                          version_)),
+                      v1::STEP_CLOSED, version_);
+  }
+  if (step > version_) {
+    return WithReason(absl::AbortedError(absl::StrCat(
+                          "step ", step, " is not open; the weights are at ",
+                          "version ", version_)),
+                      v1::STEP_NOT_OPEN, version_);
+  }
+  if (m.spec.join_step > step) {
+    return WithReason(
+        absl::AbortedError(absl::StrCat("a member from step ",
+                                        m.spec.join_step, " on")),
+        v1::JOIN_LATER, m.spec.join_step);
+  }
+  if (m.committed_step >= step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rows of step ", step, " after its commit: send them before the push"));
+  }
+  if (req.samples() < 0 || (max_samples_ > 0 && req.samples() > max_samples_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "samples ", req.samples(), " outside [0, ", max_samples_, "]"));
+  }
+  std::vector<RowGrads> blocks;
+  int64_t values = 0;
+  for (const v1::TableRows& t : req.tables()) {
+    TALLY_RETURN_IF_ERROR(
+        tables_->CheckRows(t.table(), t.rows().data(), t.rows_size()));
+    const int64_t dim = tables_->spec(t.table()).dim;
+    const int64_t n = t.rows_size() * dim;
+    values += n;
+    if (values > SparseTables::kMaxValuesPerMessage) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a push of more than ", SparseTables::kMaxValuesPerMessage,
+          " row values in one request"));
+    }
+    if (static_cast<int64_t>(t.values().size()) != n * 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", Quoted(tables_->spec(t.table()).name), ": ",
+          t.values().size(), " bytes of gradients for ", t.rows_size(),
+          " rows of ", dim, " values (", n * 4, " bytes)"));
+    }
+    RowGrads g;
+    g.table = t.table();
+    g.rows.assign(t.rows().begin(), t.rows().end());
+    g.grads.resize(n);
+    const int64_t bad =
+        internal::CopyAndFindNonFinite(g.grads.data(), t.values().data(), n);
+    if (bad >= 0) {
+      ++rejected_;
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat(
+              "table ", Quoted(tables_->spec(t.table()).name), ": row ",
+              g.rows[bad / dim], " has a non-finite gradient")),
+          v1::NON_FINITE);
+    }
+    blocks.push_back(std::move(g));
+  }
+  const int64_t wire = static_cast<int64_t>(req.ByteSizeLong());
+  for (const v1::TableRows& t : req.tables()) {
+    tables_->CountPush(t.table(), t.rows_size(),
+                       wire * static_cast<int64_t>(t.ByteSizeLong()) /
+                           std::max<int64_t>(1, wire));
+  }
+  if (req.piece() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("piece ", req.piece(), " of a push of rows"));
+  }
+  StagedRows& staged = m.rows[step];
+  if (req.piece() == 0) {
+    *replaced = !staged.pieces.empty();
+    staged.pieces.clear();
+    staged.samples = req.samples();
+  }
+  staged.pieces[req.piece()] = std::move(blocks);
+  return absl::OkStatus();
+}
+
+void ParameterShard::ApplyRowsLocked(const std::vector<Member*>& required,
+                                     int64_t samples) {
+  // Per table: each row's place in the sum, the rows in order of first
+  // contribution, and the sum (dim a row).
+  struct Sum {
+    absl::flat_hash_map<int64_t, int64_t> at;
+    std::vector<int64_t> rows;
+    std::vector<float> values;
+  };
+  std::vector<Sum> sums(tables_->size());
+  for (Member* m : required) {
+    if (samples <= 0) break;  // the step contributes nothing
+    // A push that counted: committed as contributing (a backup's late or
+    // missing one, or one refused on some range, does not).
+    if (m->committed_step < version_ ||
+        (m->committed_step == version_ && m->last_refused)) {
+      continue;
+    }
+    auto it = m->rows.find(version_);
+    if (it == m->rows.end()) continue;
+    const float w = static_cast<float>(it->second.samples);
+    for (const auto& [piece, blocks] : it->second.pieces)
+    for (const RowGrads& g : blocks) {
+      Sum& sum = sums[g.table];
+      const int64_t dim = tables_->spec(g.table).dim;
+      for (size_t i = 0; i < g.rows.size(); ++i) {
+        auto [place, fresh] = sum.at.try_emplace(g.rows[i], sum.rows.size());
+        const float* src = g.grads.data() + i * dim;
+        if (fresh) {
+          sum.rows.push_back(g.rows[i]);
+          sum.values.resize(sum.values.size() + dim);
+          PutScaled(sum.values.data() + place->second * dim, src, w, dim);
+        } else {
+          AddScaled(sum.values.data() + place->second * dim, src, w, dim);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < tables_->size(); ++t) {
+    Sum& sum = sums[t];
+    if (sum.rows.empty()) continue;
+    if (!ScaleFinite(sum.values.data(), 1.0f / samples,
+                     static_cast<int64_t>(sum.values.size()))) {
+      ++rejected_;  // the table's mean overflowed: its rows stay
+      continue;
+    }
+    tables_->Apply(t, sum.rows.data(), static_cast<int64_t>(sum.rows.size()),
+                   sum.values.data());
+  }
+  for (auto& [id, m] : members_) {
+    for (auto it = m.rows.begin(); it != m.rows.end() && it->first <= version_;)
+      it = m.rows.erase(it);
+  }
 }
 
 void ParameterShard::AdvanceLocked(int64_t samples, double loss,
@@ -1071,6 +1268,7 @@ ShardMetrics ParameterShard::Metrics() const {
 
 ShardMetrics ParameterShard::MetricsLocked() const {
   ShardMetrics m;
+  if (tables_ != nullptr) m.tables = tables_->Metrics();
   m.version = version_;
   m.total_steps = total_steps_;
   m.steps_per_epoch = steps_per_epoch_;

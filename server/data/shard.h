@@ -89,6 +89,7 @@
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
 #include "server/data/internal/intervals.h"
+#include "server/data/sparse_table.h"
 #include "server/shard_control.h"
 
 namespace tally {
@@ -244,6 +245,29 @@ class ParameterShard {
   // required member of the open step, its push is settled as nothing here.
   void Reject(const PushMeta& meta);
 
+  // The job's embedding tables (model.embeddings): the rows this range's
+  // slot owns. Set once, before the first member joins.
+  void SetTables(std::unique_ptr<SparseTables> tables);
+  // A member's pull of rows (call once WhenVersion saw the version it
+  // wants): the rows as of the current version, made where missing.
+  // CheckMember's codes; kInvalidArgument for a job without tables here,
+  // rows SparseTables::CheckRows refuses, or more than
+  // SparseTables::kMaxValuesPerMessage values; kResourceExhausted past
+  // the table budget.
+  absl::Status ReadRows(const v1::PullRowsRequest& req,
+                        v1::PullRowsResponse* resp);
+  // A member's row gradients of a step, staged until the step closes; when
+  // it does, those of the members whose push of it counted are summed in
+  // rank order, weighted by samples and divided by the step's samples, as
+  // the dense gradient is, and each table's optimizer steps the rows.
+  // Piece 0 replaces what the member staged for the step (*replaced),
+  // later pieces add to it (piece k again replaces piece k). Codes: CheckMember's; kAborted + STEP_CLOSED,
+  // STEP_NOT_OPEN or JOIN_LATER as for a push; kFailedPrecondition when
+  // the member committed the step already; kInvalidArgument for rows
+  // CheckRows refuses, values of another size, samples outside [0, the
+  // batch size], and + NON_FINITE for a NaN or infinity.
+  absl::Status StageRows(const v1::PushRowsRequest& req, bool* replaced);
+
   int64_t version() const;
   // The current weights and their version (an immutable snapshot), the
   // job's step count (0 until a worker set the schedule) and the buffer
@@ -308,8 +332,19 @@ class ParameterShard {
     std::shared_ptr<const std::string> buffers;
     int rank = 0;
   };
+  // A member's row gradients of one step (StageRows).
+  struct RowGrads {
+    int table = 0;
+    std::vector<int64_t> rows;
+    std::vector<float> grads;  // rows.size() * dim
+  };
+  struct StagedRows {
+    int64_t samples = 0;
+    std::map<int, std::vector<RowGrads>> pieces;  // by PushRowsRequest.piece
+  };
   struct Member {
     MemberSpec spec;
+    std::map<int64_t, StagedRows> rows;  // by step
     int64_t pushed_step = -1;          // last step pushed (staged or rejected)
     int64_t committed_step = -1;       // last step committed
     std::map<int64_t, Staged> staged;  // by step: at most staleness + 1
@@ -411,6 +446,11 @@ class ParameterShard {
   // member's buffers of the step and before go.
   void TakeBuffersLocked(const std::vector<Member*>& required)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The closing step's row gradients of `required` (rank order) that
+  // count, summed, divided by `samples` and applied; every member's staged
+  // rows of the step and before go.
+  void ApplyRowsLocked(const std::vector<Member*>& required, int64_t samples)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Steps the optimizer with `mean` (if `samples` > 0) and publishes the
   // weights as version + 1.
   void AdvanceLocked(int64_t samples, double loss, int64_t correct,
@@ -465,6 +505,7 @@ class ParameterShard {
 
   mutable absl::Mutex mu_;
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SparseTables> tables_ ABSL_GUARDED_BY(mu_);
   // The current weights, which Snapshot() hands out: stepped in place when
   // no reader holds them, else copied first (AdvanceLocked).
   std::shared_ptr<std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);

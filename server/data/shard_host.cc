@@ -83,6 +83,18 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
   shard->SetMaxSamples(spec.training.batch_size);
+  if (!spec.embeddings.empty()) {
+    if (req.slots() < 1 || req.slot() < 0 || req.slot() >= req.slots()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a job with tables is installed with its range's slot: got ",
+          req.slot(), " of ", req.slots()));
+    }
+    // Rows restart from their initial values when a range is placed
+    // again: tables are not checkpointed yet (docs/cluster.md).
+    shard->SetTables(std::make_unique<SparseTables>(
+        spec.embeddings, spec.training.seed, req.slot(), req.slots(),
+        table_budget_));
+  }
   // The buffer region rides with the range that starts the vector.
   if (spec.is_python && req.offset() == 0)
     shard->SetBufferBytes(spec.python.buffer_bytes);
@@ -226,6 +238,20 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
     s.set_stale_pushes(m.stale_pushes);
     s.set_late_pushes(m.late_pushes);
     s.set_sum_resets(m.sum_resets);
+    for (const TableMetrics& t : m.tables) {
+      v1::TableStats* ts = s.add_tables();
+      ts->set_name(t.name);
+      ts->set_rows(t.rows);
+      ts->set_bytes(t.bytes);
+      ts->set_rows_pulled(t.rows_pulled);
+      ts->set_rows_created(t.rows_created);
+      ts->set_rows_pushed(t.rows_pushed);
+      ts->set_rows_applied(t.rows_applied);
+      ts->set_pulled_bytes(t.pulled_bytes);
+      ts->set_pushed_bytes(t.pushed_bytes);
+      ts->set_pull_wire_bytes(t.pull_wire_bytes);
+      ts->set_push_wire_bytes(t.push_wire_bytes);
+    }
     for (const MemberProgress& p : r.shard->Progress()) {
       v1::MemberProgress* mp = s.add_member_progress();
       mp->set_worker_id(p.worker_id);

@@ -64,6 +64,13 @@ class ShardHost {
     streamed_sums_min_elements_ = min_elements;
   }
 
+  // The bytes every job's embedding tables here may take together
+  // (--max_table_bytes; 0: unbounded), for ranges installed from now on.
+  void set_max_table_bytes(int64_t bytes) {
+    table_budget_ =
+        bytes > 0 ? std::make_shared<std::atomic<int64_t>>(bytes) : nullptr;
+  }
+
   // Whether an Exchange stream may share memory with its worker
   // (proto/shared_memory.h): for ranges of at most `max_range_bytes` (4
   // bytes a value; 0: never), at most kMaxSharedRegions and
@@ -138,6 +145,7 @@ class ShardHost {
       const v1::InstallRangeRequest& req, const JobSpec& spec) const;
   const Clock* clock_;
   bool streamed_sums_ = true;
+  std::shared_ptr<std::atomic<int64_t>> table_budget_;
   int64_t streamed_sums_min_elements_ = 0;
   std::atomic<int64_t> shared_memory_max_bytes_{0};
   std::atomic<int64_t> shared_pushed_{0}, shared_pulled_{0};

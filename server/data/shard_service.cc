@@ -1019,6 +1019,41 @@ ParameterServiceImpl::Exchange(grpc::CallbackServerContext* ctx) {
   return new ExchangeReactor(host_, metrics_, LoopbackPeer(ctx->peer()));
 }
 
+grpc::ServerUnaryReactor* ParameterServiceImpl::PullRows(
+    grpc::CallbackServerContext* ctx, const v1::PullRowsRequest* req,
+    v1::PullRowsResponse* resp) {
+  absl::StatusOr<Range> range = host_->Find(req->job_id());
+  if (!range.ok()) return Reply(ctx, range.status());
+  std::shared_ptr<ParameterShard> shard = range->shard;
+  if (absl::Status s = shard->CheckMember(req->worker_id(), req->incarnation());
+      !s.ok()) {
+    return Reply(ctx, s);
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const int64_t wait_ms = req->max_wait_ms() > 0
+                              ? std::min<int64_t>(req->max_wait_ms(), 600000)
+                              : 30000;
+  // Answered once the version is there (perhaps at once, on this thread).
+  shard->WhenVersion(
+      req->min_version(), absl::Now() + absl::Milliseconds(wait_ms),
+      [reactor, shard, req, resp](absl::Status s) {
+        if (s.ok()) s = shard->ReadRows(*req, resp);
+        reactor->Finish(ToGrpc(s));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::PushRows(
+    grpc::CallbackServerContext* ctx, const v1::PushRowsRequest* req,
+    v1::PushRowsResponse* resp) {
+  absl::StatusOr<Range> range = host_->Find(req->job_id());
+  if (!range.ok()) return Reply(ctx, range.status());
+  bool replaced = false;
+  absl::Status s = range->shard->StageRows(*req, &replaced);
+  resp->set_replaced(replaced);
+  return Reply(ctx, s);
+}
+
 grpc::ServerReadReactor<v1::InstallRangeChunk>* ShardServiceImpl::InstallRange(
     grpc::CallbackServerContext*, v1::InstallRangeResponse*) {
   return new InstallReactor(host_);

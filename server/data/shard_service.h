@@ -16,11 +16,15 @@ namespace tally {
 // are read from gRPC's slices straight into the staging buffer, pulls are
 // written as slices of the weights snapshot (proto/tensor_chunk.h); the
 // bytes on the wire are the .proto's.
+//
+// PullRows and PushRows (a job's sparse table rows) are plain messages.
 class ParameterServiceImpl final
     : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
           v1::ParameterService::WithRawCallbackMethod_PullWeights<
               v1::ParameterService::WithRawCallbackMethod_Exchange<
-                  v1::ParameterService::Service>>> {
+                  v1::ParameterService::WithCallbackMethod_PullRows<
+                      v1::ParameterService::WithCallbackMethod_PushRows<
+                          v1::ParameterService::Service>>>>> {
  public:
   // `metrics` (borrowed) may be null: nothing is counted.
   ParameterServiceImpl(ShardHost* host, DataPlaneMetrics* metrics)
@@ -33,6 +37,12 @@ class ParameterServiceImpl final
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* PullRows(grpc::CallbackServerContext* ctx,
+                                     const v1::PullRowsRequest* req,
+                                     v1::PullRowsResponse* resp) override;
+  grpc::ServerUnaryReactor* PushRows(grpc::CallbackServerContext* ctx,
+                                     const v1::PushRowsRequest* req,
+                                     v1::PushRowsResponse* resp) override;
 
  private:
   ShardHost* host_;            // borrowed

@@ -1,0 +1,87 @@
+// One job's embedding tables on one shard (model.embeddings): the rows
+// whose virtual buckets this range's slot owns, their optimizer slots, and
+// their counters. Rows are made on first touch with their initial values
+// (common/spec/embedding.h's InitRow), so a table costs memory for the rows
+// its batches touched, and a row's first value is the same on whichever
+// shard makes it.
+//
+// The optimizers are PyTorch's rules on the rows a step touched:
+//   sgd      p -= lr * (g + weight_decay * p)     (torch.optim.SGD, plain)
+//   adagrad  s += g*g; p -= lr * g / (sqrt(s) + eps)
+//            (torch.optim.Adagrad, lr_decay 0, on the touched rows, as its
+//            sparse-gradient path does)
+//
+// Not thread-safe: the ParameterShard that owns it guards it with its lock.
+#ifndef TALLY_SERVER_DATA_SPARSE_TABLE_H_
+#define TALLY_SERVER_DATA_SPARSE_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/spec/embedding.h"
+#include "server/shard_control.h"
+
+namespace tally {
+
+class SparseTables {
+ public:
+  // The most values one PullRows answer or PushRows request may carry
+  // (within the 4 MiB message limit, with its row numbers).
+  static constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 19;
+
+  // `budget` (shared by every job's tables on this server) is the bytes
+  // the tables may still take; null: unbounded.
+  SparseTables(std::vector<EmbeddingTableSpec> specs, uint64_t seed, int slot,
+               int slots, std::shared_ptr<std::atomic<int64_t>> budget);
+  SparseTables(const SparseTables&) = delete;
+  SparseTables& operator=(const SparseTables&) = delete;
+  ~SparseTables();  // gives its bytes back to the budget
+
+  int size() const { return static_cast<int>(tables_.size()); }
+  const EmbeddingTableSpec& spec(int t) const { return tables_[t].spec; }
+
+  // kInvalidArgument unless `table` is one of the job's and every row is
+  // inside it, owned by this slot and listed once.
+  absl::Status CheckRows(int table, const int64_t* rows, int64_t n) const;
+  // The rows' values into out (n * dim floats), making missing rows;
+  // kResourceExhausted (nothing made) when the new rows would pass the
+  // budget. Rows checked by CheckRows.
+  absl::Status Read(int table, const int64_t* rows, int64_t n, float* out);
+  // Steps the optimizer on each row with its mean gradient (g: n * dim).
+  // A row not held yet starts from its initial values (and its budget is
+  // not checked: it was pulled before, unless the table was emptied).
+  void Apply(int table, const int64_t* rows, int64_t n, const float* g);
+
+  void CountPull(int table, int64_t rows, int64_t wire_bytes);
+  void CountPush(int table, int64_t rows, int64_t wire_bytes);
+  // The bytes every table here holds.
+  int64_t bytes() const { return bytes_; }
+  std::vector<TableMetrics> Metrics() const;
+
+ private:
+  struct Table {
+    EmbeddingTableSpec spec;
+    absl::flat_hash_map<int64_t, int64_t> index;  // row -> its place
+    std::vector<float> values;  // dim a row, in order of making
+    std::vector<float> accum;   // adagrad's sums, as values
+    TableMetrics metrics;
+  };
+  int64_t RowBytes(const Table& t) const;
+  // The place of `row`, made with its initial values if missing.
+  int64_t Make(Table& t, int64_t row);
+
+  std::vector<Table> tables_;
+  const uint64_t seed_;
+  const int slot_, slots_;
+  std::shared_ptr<std::atomic<int64_t>> budget_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_DATA_SPARSE_TABLE_H_

@@ -1,0 +1,340 @@
+// Sparse embedding tables on a parameter shard: where rows live, their
+// initial values, the rows a step applies, and every refusal.
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "common/spec/embedding.h"
+#include "gtest/gtest.h"
+#include "server/data/shard.h"
+#include "server/data/sparse_table.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::HasReason;
+using ::tally::testing::StatusIs;
+using ::testing::HasSubstr;
+
+EmbeddingTableSpec Table(const std::string& name, int64_t rows, int64_t dim,
+                         TableOptimizer::Type type = TableOptimizer::Type::kSgd) {
+  EmbeddingTableSpec t;
+  t.name = name;
+  t.num_embeddings = rows;
+  t.dim = dim;
+  t.salt = TableSalt(name);
+  t.optimizer.type = type;
+  t.optimizer.lr = 0.5;
+  return t;
+}
+
+TEST(EmbeddingTest, RowsBucketsAndSlotsAreStableAndSpread) {
+  const uint64_t salt = TableSalt("user");
+  EXPECT_NE(salt, TableSalt("item"));
+  std::set<int64_t> rows;
+  std::vector<int> per_slot(3, 0);
+  for (int64_t id = 0; id < 30000; ++id) {
+    const int64_t r = HashedRow(id * 7919 + (int64_t{1} << 40), salt, 1000);
+    ASSERT_GE(r, 0);
+    ASSERT_LT(r, 1000);
+    rows.insert(r);
+    EXPECT_EQ(r, HashedRow(id * 7919 + (int64_t{1} << 40), salt, 1000));
+    ++per_slot[SlotOfRow(id, salt, 3)];
+  }
+  EXPECT_EQ(rows.size(), 1000u);  // every row is some id's
+  for (int n : per_slot) EXPECT_NEAR(n, 10000, 600);
+  // Slots own contiguous runs of buckets, all of them, once.
+  EXPECT_EQ(SlotOfBucket(0, 3), 0);
+  EXPECT_EQ(SlotOfBucket(kTableBuckets - 1, 3), 2);
+  for (int b = 1; b < kTableBuckets; ++b)
+    EXPECT_LE(SlotOfBucket(b - 1, 3), SlotOfBucket(b, 3));
+}
+
+TEST(EmbeddingTest, InitialRowsDependOnSeedTableAndRowOnly) {
+  EmbeddingTableSpec t = Table("emb", 1 << 20, 64);
+  std::vector<float> a(64), b(64), c(64);
+  InitRow(t, 7, 12345, a.data());
+  InitRow(t, 7, 12345, b.data());
+  EXPECT_EQ(a, b);
+  InitRow(t, 8, 12345, c.data());
+  EXPECT_NE(a, c);
+  // N(0, 1), as nn.Embedding's: over 64k values the mean and variance.
+  double sum = 0, sq = 0;
+  std::vector<float> row(64);
+  for (int64_t r = 0; r < 1024; ++r) {
+    InitRow(t, 7, r, row.data());
+    for (float v : row) {
+      ASSERT_TRUE(std::isfinite(v));
+      sum += v;
+      sq += double(v) * v;
+    }
+  }
+  const double n = 1024.0 * 64;
+  EXPECT_NEAR(sum / n, 0.0, 0.02);
+  EXPECT_NEAR(sq / n, 1.0, 0.03);
+  t.init = TableInit::kUniform;
+  t.init_scale = 0.25;
+  for (int64_t r = 0; r < 256; ++r) {
+    InitRow(t, 7, r, row.data());
+    for (float v : row) {
+      EXPECT_GE(v, -0.25f);
+      EXPECT_LT(v, 0.25f);
+    }
+  }
+}
+
+class TableShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Make(1, 0); }
+  void Make(int slots, int slot, int64_t budget = 0,
+            TableOptimizer::Type type = TableOptimizer::Type::kSgd) {
+    OptimizerConfig c;
+    c.lr = 1.0;
+    shard_ = std::make_unique<ParameterShard>(
+        std::vector<float>{10, 20, 30}, *Optimizer::Create(c, 3), &clock_);
+    tables_ = {Table("emb", 100, 4, type), Table("bag", 50, 2, type)};
+    shard_->SetTables(std::make_unique<SparseTables>(
+        tables_, /*seed=*/3, slot, slots,
+        budget > 0 ? std::make_shared<std::atomic<int64_t>>(budget) : nullptr));
+    shard_->SetMaxSamples(64);
+    shard_->AddMember("a", 1);
+    shard_->AddMember("b", 1);
+  }
+  v1::PullRowsRequest PullReq(const std::string& w, int table,
+                              std::vector<int64_t> rows) {
+    v1::PullRowsRequest r;
+    r.set_job_id("j");
+    r.set_worker_id(w);
+    r.set_incarnation(1);
+    v1::TableRows* t = r.add_tables();
+    t->set_table(table);
+    for (int64_t x : rows) t->add_rows(x);
+    return r;
+  }
+  v1::PushRowsRequest PushReq(const std::string& w, int64_t step,
+                              int64_t samples, int table,
+                              std::vector<int64_t> rows,
+                              std::vector<float> grads) {
+    v1::PushRowsRequest r;
+    r.set_job_id("j");
+    r.set_worker_id(w);
+    r.set_incarnation(1);
+    r.set_step(step);
+    r.set_samples(samples);
+    v1::TableRows* t = r.add_tables();
+    t->set_table(table);
+    for (int64_t x : rows) t->add_rows(x);
+    t->set_values(std::string(reinterpret_cast<const char*>(grads.data()),
+                              grads.size() * 4));
+    return r;
+  }
+  std::vector<float> Rows(int table, std::vector<int64_t> rows) {
+    v1::PullRowsResponse resp;
+    TALLY_EXPECT_OK(shard_->ReadRows(PullReq("a", table, rows), &resp));
+    const std::string& v = resp.tables(0).values();
+    std::vector<float> out(v.size() / 4);
+    std::memcpy(out.data(), v.data(), v.size());
+    return out;
+  }
+  void Close(int64_t step, int64_t sa, int64_t sb, bool b_counts = true) {
+    bool dup = false;
+    std::vector<float> g = {0, 0, 0};
+    PushMeta m;
+    m.worker_id = "a";
+    m.incarnation = 1;
+    m.step = step;
+    m.base_version = step;
+    m.samples = sa;
+    TALLY_ASSERT_OK(shard_->Accept(m, g.data(), &dup));
+    shard_->Commit("a", 1, step, true);
+    m.worker_id = "b";
+    m.samples = sb;
+    TALLY_ASSERT_OK(shard_->Accept(m, g.data(), &dup));
+    shard_->Commit("b", 1, step, b_counts);
+  }
+  std::vector<float> Init(int table, int64_t row) {
+    std::vector<float> v(tables_[table].dim);
+    InitRow(tables_[table], 3, row, v.data());
+    return v;
+  }
+
+  FakeClock clock_;
+  std::vector<EmbeddingTableSpec> tables_;
+  std::unique_ptr<ParameterShard> shard_;
+};
+
+TEST_F(TableShardTest, RowsStartFromTheirInitialValuesAndTakeTheWeightedMean) {
+  std::vector<float> start = Init(0, 5), nine_start = Init(0, 9);
+  start.insert(start.end(), nine_start.begin(), nine_start.end());
+  EXPECT_EQ(Rows(0, {5, 9}), start);
+  bool replaced = true;
+  // a (1 sample) touches rows 5 and 9; b (3 samples) touches 9 only.
+  TALLY_ASSERT_OK(shard_->StageRows(
+      PushReq("a", 0, 1, 0, {5, 9}, {1, 1, 1, 1, 2, 2, 2, 2}), &replaced));
+  EXPECT_FALSE(replaced);
+  TALLY_ASSERT_OK(
+      shard_->StageRows(PushReq("b", 0, 3, 0, {9}, {6, 6, 6, 6}), &replaced));
+  Close(0, 1, 3);
+  EXPECT_EQ(shard_->version(), 1);
+  std::vector<float> five = Init(0, 5), nine = Init(0, 9);
+  for (int j = 0; j < 4; ++j) {
+    // mean over the step's 4 samples; sgd lr 0.5
+    five[j] = std::fma(0.25f, -0.5f, five[j]);
+    nine[j] = std::fma((2.0f + 3 * 6.0f) / 4, -0.5f, nine[j]);
+  }
+  std::vector<float> want = five;
+  want.insert(want.end(), nine.begin(), nine.end());
+  EXPECT_EQ(Rows(0, {5, 9}), want);
+  ShardMetrics m = shard_->Metrics();
+  ASSERT_EQ(m.tables.size(), 2u);
+  EXPECT_EQ(m.tables[0].name, "emb");
+  EXPECT_EQ(m.tables[0].rows, 2);
+  EXPECT_EQ(m.tables[0].rows_pushed, 3);
+  EXPECT_EQ(m.tables[0].rows_applied, 2);
+  EXPECT_EQ(m.tables[0].rows_pulled, 4);
+  EXPECT_EQ(m.tables[0].rows_created, 2);
+  EXPECT_EQ(m.tables[0].pulled_bytes, 4 * 4 * 4);
+  EXPECT_EQ(m.tables[0].pushed_bytes, 3 * 4 * 4);
+  // Only the rows' values move, and a bounded header (ids, tags, sizes).
+  EXPECT_GE(m.tables[0].pull_wire_bytes, m.tables[0].pulled_bytes);
+  EXPECT_LE(m.tables[0].pull_wire_bytes, m.tables[0].pulled_bytes + 2 * 32);
+  EXPECT_EQ(m.tables[1].rows, 0);  // never touched: holds nothing
+}
+
+TEST_F(TableShardTest, RowsOfAPushThatDidNotCountAreNotApplied) {
+  // Staged pushes: a streamed sum holding b's push would be dropped whole.
+  shard_->SetStreamedSums(false);
+  bool replaced = false;
+  TALLY_ASSERT_OK(
+      shard_->StageRows(PushReq("a", 0, 1, 1, {7}, {4, 4}), &replaced));
+  TALLY_ASSERT_OK(
+      shard_->StageRows(PushReq("b", 0, 1, 1, {7}, {100, 100}), &replaced));
+  Close(0, 1, 1, /*b_counts=*/false);  // b's push was refused somewhere
+  std::vector<float> seven = Init(1, 7);
+  for (float& v : seven) v = std::fma(4.0f, -0.5f, v);  // a's alone, of 1
+  EXPECT_EQ(Rows(1, {7}), seven);
+  // The next step goes on from there, staged rows of step 0 gone.
+  Close(1, 1, 1);
+  EXPECT_EQ(Rows(1, {7}), seven);
+}
+
+TEST_F(TableShardTest, APieceAgainReplacesItselfAndPieceZeroStartsOver) {
+  bool replaced = false;
+  v1::PushRowsRequest p0 = PushReq("a", 0, 2, 0, {1}, {1, 1, 1, 1});
+  v1::PushRowsRequest p1 = PushReq("a", 0, 2, 0, {2}, {2, 2, 2, 2});
+  p1.set_piece(1);
+  TALLY_ASSERT_OK(shard_->StageRows(p0, &replaced));
+  TALLY_ASSERT_OK(shard_->StageRows(p1, &replaced));
+  TALLY_ASSERT_OK(shard_->StageRows(p1, &replaced));  // a retried piece
+  TALLY_ASSERT_OK(shard_->StageRows(p0, &replaced));  // the push again
+  EXPECT_TRUE(replaced);
+  TALLY_ASSERT_OK(shard_->StageRows(p1, &replaced));
+  Close(0, 2, 2);
+  std::vector<float> two = Init(0, 2);
+  for (float& v : two) v = std::fma(2.0f * 2 / 4, -0.5f, v);  // once, not twice
+  EXPECT_EQ(Rows(0, {2}), two);
+}
+
+TEST_F(TableShardTest, BadRowsAndGradientsAreRefusedAndChangeNothing) {
+  v1::PullRowsResponse resp;
+  EXPECT_THAT(shard_->ReadRows(PullReq("a", 5, {1}), &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the job has 2 tables")));
+  EXPECT_THAT(shard_->ReadRows(PullReq("a", 0, {100}), &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row 100 is outside its 100 rows")));
+  EXPECT_THAT(shard_->ReadRows(PullReq("a", 0, {-1}), &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row -1")));
+  EXPECT_THAT(shard_->ReadRows(PullReq("a", 0, {3, 3}), &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("listed twice")));
+  EXPECT_THAT(shard_->ReadRows(PullReq("stranger", 0, {3}), &resp),
+              HasReason(absl::StatusCode::kPermissionDenied, v1::NOT_A_MEMBER));
+  bool replaced = false;
+  EXPECT_THAT(shard_->StageRows(PushReq("a", 0, 1, 0, {1}, {1, 1, 1}), &replaced),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("12 bytes of gradients for 1 rows of 4")));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(
+      shard_->StageRows(PushReq("a", 0, 1, 0, {1, 2}, {0, 0, 0, 0, 0, nan, 0, 0}),
+                        &replaced),
+      HasReason(absl::StatusCode::kInvalidArgument, v1::NON_FINITE));
+  EXPECT_THAT(shard_->StageRows(PushReq("a", 1, 1, 0, {1}, {1, 1, 1, 1}), &replaced),
+              HasReason(absl::StatusCode::kAborted, v1::STEP_NOT_OPEN));
+  EXPECT_THAT(shard_->StageRows(PushReq("a", 0, 65, 0, {1}, {1, 1, 1, 1}), &replaced),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("samples")));
+  // None of it was staged: the step applies nothing to row 1 or 2.
+  Close(0, 1, 1);
+  EXPECT_EQ(Rows(0, {1}), Init(0, 1));
+  EXPECT_EQ(Rows(0, {2}), Init(0, 2));
+  EXPECT_THAT(shard_->StageRows(PushReq("a", 0, 1, 0, {1}, {1, 1, 1, 1}), &replaced),
+              HasReason(absl::StatusCode::kAborted, v1::STEP_CLOSED));
+  // A member that committed the step sends its rows too late.
+  bool dup = false;
+  std::vector<float> g = {0, 0, 0};
+  PushMeta m;
+  m.worker_id = "a";
+  m.incarnation = 1;
+  m.step = 1;
+  m.base_version = 1;
+  m.samples = 1;
+  TALLY_ASSERT_OK(shard_->Accept(m, g.data(), &dup));
+  shard_->Commit("a", 1, 1, true);
+  EXPECT_THAT(shard_->StageRows(PushReq("a", 1, 1, 0, {1}, {1, 1, 1, 1}), &replaced),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("after its commit")));
+  EXPECT_EQ(shard_->Metrics().tables[0].rows_applied, 0);
+}
+
+TEST_F(TableShardTest, RowsOfAnotherShardAreRefused) {
+  Make(/*slots=*/2, /*slot=*/0);
+  const uint64_t salt = TableSalt("emb");
+  int64_t mine = -1, theirs = -1;
+  for (int64_t r = 0; r < 100 && (mine < 0 || theirs < 0); ++r)
+    (SlotOfRow(r, salt, 2) == 0 ? mine : theirs) = r;
+  ASSERT_GE(mine, 0);
+  ASSERT_GE(theirs, 0);
+  v1::PullRowsResponse resp;
+  TALLY_EXPECT_OK(shard_->ReadRows(PullReq("a", 0, {mine}), &resp));
+  EXPECT_THAT(shard_->ReadRows(PullReq("a", 0, {theirs}), &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("belongs to shard 1 of 2")));
+}
+
+TEST_F(TableShardTest, TheTableBudgetBoundsTheRowsMade) {
+  // A row of emb: 4 values, one slot, and its index entry: 32 bytes.
+  Make(1, 0, /*budget=*/32 * 3);
+  v1::PullRowsResponse resp;
+  TALLY_EXPECT_OK(shard_->ReadRows(PullReq("a", 0, {1, 2}), &resp));
+  v1::PullRowsResponse more;
+  EXPECT_THAT(shard_->ReadRows(PullReq("a", 0, {3, 4}), &more),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max_table_bytes")));
+  EXPECT_EQ(shard_->Metrics().tables[0].rows, 2);  // nothing made
+  TALLY_EXPECT_OK(shard_->ReadRows(PullReq("a", 0, {1, 3}), &more));
+  EXPECT_EQ(shard_->Metrics().tables[0].rows, 3);
+}
+
+TEST_F(TableShardTest, AdagradStepsTouchedRowsAsTorchAdagradDoes) {
+  Make(1, 0, 0, TableOptimizer::Type::kAdagrad);
+  std::vector<double> p(4), s(4, 0.0);
+  std::vector<float> init = Init(0, 4);
+  for (int j = 0; j < 4; ++j) p[j] = init[j];
+  bool replaced = false;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<float> g = {0.5f * (step + 1), -1.0f, 0.25f, 3.0f};
+    TALLY_ASSERT_OK(shard_->StageRows(PushReq("a", step, 1, 0, {4}, g), &replaced));
+    Close(step, 1, 1);
+    for (int j = 0; j < 4; ++j) {
+      const double mean = g[j] / 2.0;  // a's gradient over the step's 2 samples
+      s[j] += mean * mean;
+      p[j] -= 0.5 * mean / (std::sqrt(s[j]) + 1e-10);
+    }
+  }
+  std::vector<float> got = Rows(0, {4});
+  for (int j = 0; j < 4; ++j) EXPECT_NEAR(got[j], p[j], 1e-6) << j;
+}
+
+}  // namespace
+}  // namespace tally

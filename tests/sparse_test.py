@@ -1,0 +1,302 @@
+#!/usr/bin/python3
+"""Sparse embedding tables (model.embeddings) trained by a Python worker
+over three shard processes.
+
+  equal      a byte-level model with an nn.Embedding (ids: direct) and an
+             nn.EmbeddingBag (ids: hashed into 97 rows), its tables on the
+             shards, trains bit for bit as its dense twin does (the same
+             module with both tables as ordinary parameters, started from
+             the rows the shards make, looking the hashed ids up itself):
+             plain SGD, over 1, 2 and 3 shards; every dense parameter and
+             the test loss are equal. The job's table figures: only rows
+             the batches touch move (at most the 97 and 256 rows exist),
+             row bytes are rows * dim * 4, and the messages carry little
+             more than them.
+  adagrad    the same with both tables on Adagrad, over 2 shards, against a
+             plain PyTorch loop on the batches the worker trained: SGD on
+             the dense parameters, torch.optim.Adagrad on the tables.
+  errors     an id outside a direct table FAILS the job naming the table
+             and the id; a table that is not the model's, or whose dim
+             differs, is refused at submit; dynamic tables are refused
+             naming the field; the worker and shards train the next job.
+
+  sparse_test.py BUILD_DIR [PHASE...]   (all phases when none named)
+"""
+import glob
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+try:
+    from cluster_util import Cluster, fail
+    import torch
+    import torch.nn.functional as F
+    import tally
+    from tally import _native
+    from tally import tally_pb2 as pb
+    from tally.client import SubmitError
+    from tally.engine import ModelError
+except ImportError as e:
+    print(f"SKIP: {e}")
+    sys.exit(77)
+
+CORPUS = "/usr/share/common-licenses/GPL-3"
+SEED, STEPS, BATCH, SEQ, LR = 5, 30, 8, 16, 0.1
+TABLE_LR = 0.05
+
+MODEL = '''
+import math
+import os
+import numpy as np
+import torch
+from torch import nn
+from tally import _native
+
+SEED = %d
+RECORD = os.environ.get("TALLY_RECORD")
+
+
+class LM(nn.Module):
+    """Bytes -> an embedding per byte, a bag (mean) of the window's hashed
+    bytes, a hidden layer, the next byte's logits."""
+
+    def __init__(self, dense=False, record=False):
+        super().__init__()
+        self.emb = nn.Embedding(256, 16)
+        self.bag = nn.EmbeddingBag(97, 8, mode="mean")
+        self.mix = nn.Linear(24, 32)
+        self.out = nn.Linear(32, 256)
+        self.dense, self.record, self.seen = dense, record, 0
+        if dense:
+            # The rows the shards would make.
+            with torch.no_grad():
+                self.emb.weight.copy_(torch.from_numpy(
+                    _native.init_table("emb", 256, 16, SEED, "normal", 1.0)))
+                self.bag.weight.copy_(torch.from_numpy(
+                    _native.init_table("bag", 97, 8, SEED, "uniform", math.sqrt(1 / 97))))
+
+    def forward(self, x):
+        if self.record and RECORD and self.training:
+            np.save(f"{RECORD}/{self.seen:04d}.npy", x.numpy())
+            self.seen += 1
+        ids = x
+        if self.dense:  # what a hashed table does with ids
+            ids = torch.from_numpy(_native.hash_rows(x.numpy(), _native.table_salt("bag"), 97))
+        e = self.emb(x)
+        b = self.bag(ids).unsqueeze(1).expand(-1, x.shape[1], -1)
+        return self.out(torch.tanh(self.mix(torch.cat([e, b], dim=2))))
+
+
+def make_dense():
+    return LM(dense=True)
+
+
+def make_sparse():
+    return LM()
+
+
+def make_recorded():
+    return LM(record=True)
+
+
+def make_small():
+    m = LM()
+    m.emb = nn.Embedding(100, 16)  # ids are bytes: up to 255
+    return m
+''' % SEED
+
+
+def spec(tmp, build, shards=1, tables=None, steps=STEPS, name=None):
+    name = name or f"{build}-{shards}"
+    lines = [f"name: {name}",
+             "model:",
+             f"  python: {{file: model.py, build: {build}}}",
+             "  loss: cross_entropy"]
+    if tables:
+        lines.append("  embeddings:")
+        for t in tables:
+            lines.append("    - {" + ", ".join(f"{k}: {v}" for k, v in t.items()) + "}")
+    lines += [f"dataset: {{name: text, train: {CORPUS}, seq_len: {SEQ}}}",
+              f"training: {{epochs: 1, batch_size: {BATCH}, max_steps: {steps}, "
+              f"seed: {SEED}, workers: 1, shards: {shards}}}",
+              f"optimizer: {{type: sgd, lr: {LR}}}"]
+    path = f"{tmp}/{name}.yaml"
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+SGD_TABLES = [{"name": "emb", "ids": "direct"},
+              {"name": "bag", "ids": "hashed", "init": "uniform"}]
+
+
+def run(cluster, path, worker="pyworker"):
+    job = cluster.client.submit(path)
+    job = cluster.client.wait(job.id, timeout=300)
+    if job.state != pb.SUCCEEDED:
+        fail(f"{job.id} {pb.JobState.Name(job.state)}: {job.message}\n" + cluster.log(worker))
+    return job
+
+
+def weights(cluster, tmp, job):
+    out = f"{tmp}/{job.id}.safetensors"
+    cluster.client.fetch(job.id, out)
+    return tally.load_state_dict(out)
+
+
+def check_tables(job):
+    """The job's table figures: only touched rows, and their bytes."""
+    dims = {"emb": 16, "bag": 8}
+    limit = {"emb": 256, "bag": 97}
+    tables = {t.name: t for t in job.metrics.tables}
+    if sorted(tables) != ["bag", "emb"]:
+        fail(f"the job reports tables {sorted(tables)}")
+    for name, t in tables.items():
+        if not 0 < t.rows <= limit[name]:
+            fail(f"{name}: {t.rows} rows held")
+        if t.rows_pulled == 0 or t.pulled_bytes != t.rows_pulled * dims[name] * 4:
+            fail(f"{name}: {t.rows_pulled} rows pulled, {t.pulled_bytes} bytes")
+        if t.pushed_bytes != t.rows_pushed * dims[name] * 4:
+            fail(f"{name}: {t.rows_pushed} rows pushed, {t.pushed_bytes} bytes")
+        # A row's number (at most 10 bytes) and a few bytes a message.
+        over = t.pull_wire_bytes - t.pulled_bytes
+        if not 0 < over <= t.rows_pulled * 10 + (STEPS + 2) * 3 * 64:
+            fail(f"{name}: pull messages {t.pull_wire_bytes} bytes for "
+                 f"{t.pulled_bytes} of rows")
+        # Each step pulls a table's unique rows once, pushes them once.
+        if t.rows_pushed > t.rows_pulled or t.rows_applied != t.rows_pushed:
+            fail(f"{name}: pulled {t.rows_pulled}, pushed {t.rows_pushed}, "
+                 f"applied {t.rows_applied}")
+    return tables
+
+
+def equal(cluster, tmp):
+    dense = run(cluster, spec(tmp, "make_dense"))
+    want = weights(cluster, tmp, dense)
+    for shards in (1, 2, 3):
+        job = run(cluster, spec(tmp, "make_sparse", shards, SGD_TABLES))
+        got = weights(cluster, tmp, job)
+        if sorted(got) != sorted(k for k in want if not k.startswith(("emb.", "bag."))):
+            fail(f"the sparse job exports {sorted(got)}")
+        for name, t in got.items():
+            if not torch.equal(t, want[name]):
+                diff = float((t - want[name]).abs().max())
+                fail(f"{shards} shards: {name} differs from the dense twin by {diff:.3e}")
+        if job.metrics.test_loss != dense.metrics.test_loss:
+            fail(f"{shards} shards: test loss {job.metrics.test_loss!r}, dense "
+                 f"{dense.metrics.test_loss!r}")
+        tables = check_tables(job)
+        print(f"equal: {shards} shards: {len(got)} dense tensors bit-identical, test loss "
+              f"{job.metrics.test_loss:.6f}; rows held emb {tables['emb'].rows} bag "
+              f"{tables['bag'].rows}, pulled {tables['emb'].rows_pulled + tables['bag'].rows_pulled}"
+              f" rows, {tables['emb'].pull_wire_bytes + tables['bag'].pull_wire_bytes} bytes "
+              f"of messages for {tables['emb'].pulled_bytes + tables['bag'].pulled_bytes} of rows")
+
+
+def windows():
+    """The training windows' inputs -> their labels (the stream's next
+    bytes), as the text dataset cuts them."""
+    data = np.frombuffer(open(CORPUS, "rb").read(), np.uint8)
+    n = len(data) // (SEQ + 1)
+    table = {}
+    for k in range(n):
+        w = data[k * (SEQ + 1):(k + 1) * (SEQ + 1)].astype(np.int64)
+        table[w[:SEQ].tobytes()] = w[1:]
+    return table
+
+
+def adagrad(cluster, tmp):
+    record = f"{tmp}/batches"
+    tables = [dict(t, optimizer=f"{{type: adagrad, lr: {TABLE_LR}}}") for t in SGD_TABLES]
+    job = run(cluster, spec(tmp, "make_recorded", 2, tables, name="adagrad"))
+    got = weights(cluster, tmp, job)
+    batches = [np.load(p) for p in sorted(glob.glob(f"{record}/*.npy"))]
+    if len(batches) != STEPS:
+        fail(f"the worker trained {len(batches)} batches, not {STEPS}")
+    labels = windows()
+    ns = {}
+    exec(compile(MODEL, "model.py", "exec"), ns)
+    torch.manual_seed(SEED)
+    model = ns["make_dense"]()
+    model.train()
+    tables_params = [model.emb.weight, model.bag.weight]
+    dense_params = [p for n, p in model.named_parameters() if not n.startswith(("emb.", "bag."))]
+    opt = torch.optim.SGD(dense_params, lr=LR)
+    table_opt = torch.optim.Adagrad(tables_params, lr=TABLE_LR)
+    for x in batches:
+        y = torch.from_numpy(np.stack([labels[row.tobytes()] for row in x]))
+        opt.zero_grad()
+        table_opt.zero_grad()
+        out = model(torch.from_numpy(x))
+        F.cross_entropy(out.reshape(-1, 256), y.reshape(-1)).backward()
+        opt.step()
+        table_opt.step()
+    worst = 0.0
+    for name, t in model.state_dict().items():
+        if name.startswith(("emb.", "bag.")):
+            continue
+        worst = max(worst, float((got[name].double() - t.double()).abs().max()))
+    print(f"adagrad: 2 shards against the plain loop (SGD + torch.optim.Adagrad): "
+          f"dense parameters within {worst:.2e} after {STEPS} steps")
+    if worst > 1e-5:
+        fail(f"the dense parameters differ from the plain loop by {worst:.2e}")
+
+
+def errors(cluster, tmp):
+    job = cluster.client.submit(spec(tmp, "make_small", 1, [{"name": "emb", "ids": "direct"}],
+                                     name="outside"))
+    job = cluster.client.wait(job.id, timeout=120)
+    if job.state != pb.FAILED or "table emb: id" not in job.message \
+            or "is outside its 100 rows" not in job.message:
+        fail(f"an id outside a direct table: {pb.JobState.Name(job.state)} {job.message!r}")
+    print(f"errors: outside the table: FAILED {job.message[-120:]!r}")
+    for tables, want in (([{"name": "nope"}], "the model has no module 'nope'"),
+                         ([{"name": "mix"}], "not an nn.Embedding"),
+                         ([{"name": "emb", "dim": 8}], "dim is 8, the module 'emb' has 16")):
+        try:
+            cluster.client.submit(spec(tmp, "make_sparse", 1, tables, name="bad"))
+            fail(f"{tables} was accepted")
+        except (ModelError, SubmitError) as e:
+            if want not in str(e):
+                fail(f"{tables}: {e}")
+    try:
+        cluster.client.submit(spec(tmp, "make_sparse", 1,
+                                   [{"name": "emb", "dynamic": "true"}], name="dynamic"))
+        fail("a dynamic table was accepted")
+    except Exception as e:  # noqa: BLE001 - the coordinator's INVALID_ARGUMENT
+        if "model.embeddings[0].dynamic" not in str(e):
+            fail(f"dynamic: {e}")
+    run(cluster, spec(tmp, "make_sparse", 2, SGD_TABLES, steps=5, name="after"))
+    print("errors: bad tables refused at submit; the next job SUCCEEDED")
+
+
+PHASES = {"equal": equal, "adagrad": adagrad, "errors": errors}
+
+
+def main():
+    if not os.path.exists(CORPUS):
+        print(f"SKIP: no {CORPUS}")
+        sys.exit(77)
+    wanted = sys.argv[2:] or list(PHASES)
+    tmp = tempfile.mkdtemp(prefix="tally-sparse-")
+    with open(f"{tmp}/model.py", "w") as f:
+        f.write(MODEL)
+    os.makedirs(f"{tmp}/batches")
+    cluster = Cluster(tmp, shards=3)
+    try:
+        # It records the batches of make_recorded's job (adagrad).
+        cluster.python_worker("pyworker", record=f"{tmp}/batches")
+        for name in wanted:
+            PHASES[name](cluster, tmp)
+    finally:
+        cluster.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+// The worker's side of a job's sparse embedding tables: TableRows over the
+// job's shards. A table's row lives on the shard whose slot owns its
+// virtual bucket (common/spec/embedding.h), so a pull or push sends each
+// shard only its rows, every shard in parallel, in pieces of at most
+// SparseTables' per-message bound. PullRows and PushRows are unary calls on
+// a channel of their own per shard (gRPC shares the connection with the
+// parameter client's when their settings match).
+//
+// A failed call is tried again (UNAVAILABLE, a shard restarting or moving)
+// within the RPC timeout; any other error is the step's.
+//
+// Thread-safe: replicas may pull from their own threads at once.
+#ifndef TALLY_WORKER_ROW_CLIENT_H_
+#define TALLY_WORKER_ROW_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/spec/embedding.h"
+#include "proto/tally.grpc.pb.h"
+#include "proto/transport.h"
+#include "worker/model_engine.h"
+
+namespace tally {
+
+struct RowClientOptions {
+  std::string job_id;
+  std::string worker_id;
+  int64_t incarnation = 0;
+  absl::Duration pull_wait = absl::Seconds(5);  // the shard's bound
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  TransportOptions transport;
+};
+
+class RowClient final : public TableRows {
+ public:
+  // kInvalidArgument for a map with no shards.
+  static absl::StatusOr<std::unique_ptr<RowClient>> Create(
+      const v1::ShardMap& map, std::vector<EmbeddingTableSpec> tables,
+      const std::string& coordinator, const RowClientOptions& options);
+
+  void BeginStep(int64_t step, int64_t min_version) override;
+  absl::Status Pull(int table, const int64_t* rows, int64_t n,
+                    float* out) override;
+  absl::Status Push(int64_t samples, const std::vector<Grads>& grads) override;
+
+ private:
+  RowClient(std::vector<EmbeddingTableSpec> tables,
+            const RowClientOptions& options)
+      : tables_(std::move(tables)), options_(options) {}
+  // Runs every (shard, request) call in parallel, each tried again while
+  // its shard answers UNAVAILABLE (within the RPC timeout); the first
+  // error, if any. `pull`: PullRows, else PushRows.
+  absl::Status PullAll(const std::vector<std::pair<int, v1::PullRowsRequest>>& calls,
+                       std::vector<v1::PullRowsResponse>* resps);
+  absl::Status PushAll(const std::vector<std::pair<int, v1::PushRowsRequest>>& calls);
+
+  const std::vector<EmbeddingTableSpec> tables_;
+  const RowClientOptions options_;
+  std::vector<std::unique_ptr<v1::ParameterService::Stub>> stubs_;
+  std::atomic<int64_t> step_{0};
+  std::atomic<int64_t> min_version_{0};
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_ROW_CLIENT_H_
