@@ -207,7 +207,16 @@ class PyEngine : public ModelEngine {
             View(batch.y, batch.size, label_shape_), seed);
         stats.loss_sum = r[0].cast<double>();
         stats.correct = r[1].cast<int64_t>();
-      } catch (const std::exception& e) {  // Python's, or a bad result
+      } catch (py::error_already_set& e) {
+        // A ModelError names what is wrong (a bad id, a bad loss): its
+        // message alone; anything else with its traceback.
+        if (e.matches(py::module_::import("tally.engine").attr("ModelError"))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the model's step: ",
+              std::string(py::str(e.value())).substr(0, kMaxTraceback)));
+        }
+        return FromPython(e, "the model's step");
+      } catch (const std::exception& e) {  // a bad result
         return FromPython(e, "the model's step");
       }
     }
