@@ -15,6 +15,11 @@ over three shard processes.
   adagrad    the same with both tables on Adagrad, over 2 shards, against a
              plain PyTorch loop on the batches the worker trained: SGD on
              the dense parameters, torch.optim.Adagrad on the tables.
+  dlrm       the example's DLRM (examples/dlrm: 26 hashed tables on Adagrad)
+             on synthetic clicks, one worker, 50 steps over 2 shards,
+             against PyTorch with nn.EmbeddingBag(sparse=True) and the same
+             optimizers (SGD on the towers, torch.optim.Adagrad on the
+             tables), on the batches the worker trained.
   errors     an id outside a direct table FAILS the job naming the table
              and the id; a table that is not the model's, or whose dim
              differs, is refused at submit; dynamic tables are refused
@@ -44,6 +49,7 @@ except ImportError as e:
     print(f"SKIP: {e}")
     sys.exit(77)
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = "/usr/share/common-licenses/GPL-3"
 SEED, STEPS, BATCH, SEQ, LR = 5, 30, 8, 24, 0.1
 TABLE_LR = 0.05
@@ -256,6 +262,108 @@ def adagrad(cluster, tmp):
         fail(f"the dense parameters differ from the plain loop by {worst:.2e}")
 
 
+DLRM_RECORDER = """
+
+import os as _os
+import numpy as _np
+
+
+class Recorded(DLRM):
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+
+    def forward(self, x, y):
+        where = _os.environ.get("TALLY_RECORD")
+        if where and self.training:
+            _np.save(f"{where}/dlrm-x-{self.seen:04d}.npy", x.numpy())
+            _np.save(f"{where}/dlrm-y-{self.seen:04d}.npy", y.numpy())
+            self.seen += 1
+        return super().forward(x, y)
+
+
+def make_recorded():
+    return Recorded()
+"""
+
+
+class HashedBag(torch.nn.Module):
+    """What a hashed table does, in plain PyTorch: the ids' rows, then a
+    sparse nn.EmbeddingBag started from the rows the shards make."""
+
+    def __init__(self, name, rows, dim, seed):
+        super().__init__()
+        self.salt, self.rows = _native.table_salt(name), rows
+        self.bag = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
+        with torch.no_grad():
+            self.bag.weight.copy_(torch.from_numpy(_native.init_table(
+                name, rows, dim, seed, "uniform", math.sqrt(1 / rows))))
+
+    def forward(self, ids):
+        return self.bag(torch.from_numpy(_native.hash_rows(ids.numpy(), self.salt, self.rows)))
+
+
+def dlrm(cluster, tmp):
+    steps, batch = 50, 64
+    with open(f"{ROOT}/examples/dlrm/model.py") as f:
+        code = f.read() + DLRM_RECORDER
+    os.makedirs(f"{tmp}/dlrm", exist_ok=True)
+    with open(f"{tmp}/dlrm/model.py", "w") as f:
+        f.write(code)
+    tables = "\n".join(f"    - {{name: tables.{k}, ids: hashed, init: uniform, "
+                        f"optimizer: {{type: adagrad, lr: {TABLE_LR}}}}}" for k in range(26))
+    path = f"{tmp}/dlrm/job.yaml"
+    with open(path, "w") as f:
+        f.write(f"""name: dlrm-test
+model:
+  python: {{file: model.py, build: make_recorded}}
+  loss: model
+  embeddings:
+{tables}
+dataset: {{name: clicks, train_size: 4096, test_size: 1024, cardinality: 5000}}
+training: {{epochs: 1, batch_size: {batch}, max_steps: {steps}, seed: {SEED}, workers: 1, shards: 2}}
+optimizer: {{type: sgd, lr: {LR}}}
+""")
+    job = run(cluster, path)
+    got = weights(cluster, tmp, job)
+    xs = sorted(glob.glob(f"{tmp}/batches/dlrm-x-*.npy"))
+    if len(xs) != steps:
+        fail(f"the worker trained {len(xs)} batches, not {steps}")
+    ns = {}
+    exec(compile(code, "model.py", "exec"), ns)
+    torch.manual_seed(SEED)
+    model = ns["make_model"]()
+    for k in range(26):
+        model.tables[k] = HashedBag(f"tables.{k}", ns["ROWS"], ns["DIM"], SEED)
+    model.train()
+    sparse = [p for n, p in model.named_parameters() if n.startswith("tables.")]
+    dense = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
+    opt = torch.optim.SGD(dense, lr=LR)
+    table_opt = torch.optim.Adagrad(sparse, lr=TABLE_LR)
+    for xf in xs:
+        x = torch.from_numpy(np.load(xf))
+        y = torch.from_numpy(np.load(xf.replace("-x-", "-y-")))
+        opt.zero_grad()
+        table_opt.zero_grad()
+        model(x, y).backward()
+        opt.step()
+        table_opt.step()
+    worst = 0.0
+    for name, t in model.state_dict().items():
+        if name.startswith("tables."):
+            continue
+        worst = max(worst, float((got[name].double() - t.double()).abs().max()))
+    touched = {t.name: t.rows for t in job.metrics.tables}
+    print(f"dlrm: 26 tables over 2 shards against PyTorch's sparse EmbeddingBag + Adagrad: "
+          f"dense parameters within {worst:.2e} after {steps} steps; "
+          f"{sum(touched.values())} rows held of {26 * ns['ROWS']}; "
+          f"test log-loss {job.metrics.test_loss:.4f}")
+    if worst > 1e-5:
+        fail(f"the DLRM's dense parameters differ from PyTorch's by {worst:.2e}")
+    if len(touched) != 26 or not 0 < sum(touched.values()) < 26 * ns["ROWS"]:
+        fail(f"the tables report {touched}")
+
+
 def errors(cluster, tmp):
     job = cluster.client.submit(spec(tmp, "make_small", 1, [{"name": "emb", "ids": "direct"}],
                                      name="outside"))
@@ -284,7 +392,7 @@ def errors(cluster, tmp):
     print("errors: bad tables refused at submit; the next job SUCCEEDED")
 
 
-PHASES = {"equal": equal, "adagrad": adagrad, "errors": errors}
+PHASES = {"equal": equal, "adagrad": adagrad, "dlrm": dlrm, "errors": errors}
 
 
 def main():

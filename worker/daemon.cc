@@ -366,6 +366,12 @@ class WorkerDaemon::Impl {
                         st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
   }
 
+  static std::string ClicksKey(const ClicksOptions& c) {
+    return absl::StrCat(c.train_size, "|", c.test_size, "|", c.integer_features,
+                        "|", c.categorical_features, "|", c.cardinality, "|",
+                        absl::StrFormat("%.17g", c.zipf), "|", c.seed);
+  }
+
   // What a dataset read from a spec depends on: a spec with the same key
   // (and files not changed since) reads the same samples.
   static std::string DataKey(const JobSpec& spec) {
@@ -403,7 +409,7 @@ class WorkerDaemon::Impl {
         spec.dataset.synthetic.seed, "|", arr.train_size, "|", arr.num_classes,
         "|", absl::StrJoin(arr.shape, "x"), "|", csv.label, "|",
         absl::StrJoin(csv.features, ","), "|", csv.num_features, "|",
-        csv.train_size, "|", csv.num_classes);
+        csv.train_size, "|", csv.num_classes, "|", ClicksKey(spec.dataset.clicks));
   }
 
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {

@@ -454,6 +454,35 @@ absl::Status ParseText(const YAML::Node& n, TextSpec* t) {
   return absl::OkStatus();
 }
 
+// dataset: {name: clicks, train_size, test_size, integer_features,
+// categorical_features, cardinality, zipf, seed}.
+absl::Status ParseClicks(const YAML::Node& n, ClicksOptions* c) {
+  const std::string p = "dataset";
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"name", "train_size", "test_size",
+                                   "integer_features", "categorical_features",
+                                   "cardinality", "zipf", "seed"}));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "train_size", 1, int64_t{1} << 28, &c->train_size));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "test_size", 0, int64_t{1} << 28, &c->test_size));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "integer_features", 0, 1024, &c->integer_features));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "categorical_features", 1, 1024, &c->categorical_features));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "cardinality", 1, int64_t{1} << 24, &c->cardinality));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "zipf", &c->zipf));
+  if (c->zipf <= 0 || c->zipf > 4) {
+    return FieldError("dataset.zipf", "must be in (0, 4]");
+  }
+  int64_t seed = static_cast<int64_t>(c->seed);
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+  c->seed = static_cast<uint64_t>(seed);
+  return absl::OkStatus();
+}
+
 absl::Status ParseDatasetThreads(YAML::Node n, DatasetSpec* d) {
   int64_t threads = d->threads;
   TALLY_RETURN_IF_ERROR(ReadInt(n, "dataset", "threads", 1, 64, &threads));
@@ -506,15 +535,17 @@ absl::Status ParseDataset(const YAML::Node& node, DatasetSpec* d) {
     return ParseImageFolder(n, &d->images);
   } else if (d->name == "text") {
     return ParseText(n, &d->text);
+  } else if (d->name == "clicks") {
+    return ParseClicks(n, &d->clicks);
   } else if (d->name.empty()) {
     return FieldError("dataset.name",
                       "is required (fashion-mnist, synthetic, arrays, csv, "
-                      "image_folder or text)");
+                      "image_folder, text or clicks)");
   } else {
     return FieldError("dataset.name",
                       absl::StrCat("unknown dataset '", d->name,
                                    "' (known: fashion-mnist, synthetic, "
-                                   "arrays, csv, image_folder, text)"));
+                                   "arrays, csv, image_folder, text, clicks)"));
   }
   return absl::OkStatus();
 }
@@ -1128,6 +1159,20 @@ absl::Status ParseModel(const YAML::Node& model, const SpecLimits& limits,
 // A generated dataset is made on every worker: its values and its teacher
 // network's.
 absl::Status CheckSyntheticFits(const SpecLimits& limits, const JobSpec& spec) {
+  if (spec.dataset.name == "clicks") {
+    const ClicksOptions& c = spec.dataset.clicks;
+    const int64_t values = (c.integer_features + c.categorical_features) *
+                               (c.train_size + c.test_size) +
+                           c.cardinality;
+    if (values > limits.max_dataset_values) {
+      return FieldError("dataset",
+                        absl::StrCat("a clicks dataset of ", values,
+                                     " values, over the limit of ",
+                                     limits.max_dataset_values,
+                                     " (max_dataset_values)"));
+    }
+    return absl::OkStatus();
+  }
   if (spec.dataset.name != "synthetic") return absl::OkStatus();
   const SyntheticOptions& s = spec.dataset.synthetic;
   const int64_t values = s.features * (s.train_size + s.test_size) +
@@ -1211,11 +1256,12 @@ absl::Status CheckTokenModel(const JobSpec& spec) {
   if (spec.input_type != InputType::kInt64) return absl::OkStatus();
   if (!spec.is_python) {
     return FieldError("model",
-                      "a text dataset's samples are token ids (int64); train "
-                      "it with a Python model (model.python), whose "
-                      "embedding takes them");
+                      absl::StrCat("a ", spec.dataset.name,
+                                   " dataset's samples are int64 ids; train "
+                                   "it with a Python model (model.python), "
+                                   "whose embeddings take them"));
   }
-  if (spec.loss == LossKind::kMse) {
+  if (spec.loss == LossKind::kMse && !spec.label_shape.empty()) {
     return FieldError("model.loss",
                       "mse takes one class a sample; a text dataset's targets "
                       "are next tokens (cross_entropy or model)");
@@ -1309,6 +1355,7 @@ int64_t TrainSize(const DatasetSpec& spec) {
   if (spec.name == "csv") return spec.csv.train_size;
   if (spec.name == "image_folder") return spec.images.train_size;
   if (spec.name == "text") return spec.text.train_size;
+  if (spec.name == "clicks") return spec.clicks.train_size;
   return 60000;  // fashion-mnist
 }
 
@@ -1331,6 +1378,12 @@ absl::Status DescribeSamples(const DatasetSpec& spec, Shape* input_shape,
   if (spec.name == "synthetic") {
     *input_shape = {spec.synthetic.features};
     *num_classes = spec.synthetic.num_classes;
+    return absl::OkStatus();
+  }
+  if (spec.name == "clicks") {
+    *input_shape = {spec.clicks.integer_features +
+                    spec.clicks.categorical_features};
+    *num_classes = 2;
     return absl::OkStatus();
   }
   if (spec.name == "arrays") {
@@ -1366,6 +1419,7 @@ absl::Status DescribeDataset(JobSpec* spec) {
     spec->input_type = InputType::kInt64;
     spec->label_shape = {spec->dataset.text.seq_len};
   }
+  if (spec->dataset.name == "clicks") spec->input_type = InputType::kInt64;
   return absl::OkStatus();
 }
 
@@ -1561,6 +1615,7 @@ absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
   if (spec.name == "csv") return OpenCsv(spec.csv);
   if (spec.name == "image_folder") return OpenImageFolder(spec.images);
   if (spec.name == "text") return OpenText(spec.text);
+  if (spec.name == "clicks") return MakeClicks(spec.clicks);
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
 }

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/data/clicks.h"
 #include "common/data/dataset.h"
 #include "common/data/image.h"
 #include "common/data/npy.h"
@@ -93,7 +94,8 @@ struct TextSpec {
 };
 
 struct DatasetSpec {
-  // "fashion-mnist", "synthetic", "arrays", "csv", "image_folder" or "text"
+  // "fashion-mnist", "synthetic", "arrays", "csv", "image_folder", "text"
+  // or "clicks"
   std::string name;
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
   bool normalize = false;      // fashion-mnist: (x - 0.2860) / 0.3530
@@ -102,6 +104,7 @@ struct DatasetSpec {
   CsvSpec csv;                 // csv
   ImageFolderSpec images;      // image_folder
   TextSpec text;               // text
+  ClicksOptions clicks;        // clicks
   // Threads that gather a batch (dataset.threads): decoding images is the
   // work worth sharing; the loader's own thread is one.
   int threads = 1;

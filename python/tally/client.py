@@ -48,19 +48,24 @@ def _sample_shape(dataset):
         return tuple(int(d) for d in dataset.get("shape") or ()), int(dataset.get("classes", 0))
     if name == "text":
         return (int(dataset.get("seq_len", 128)),), int(dataset.get("vocab_size", 256))
+    if name == "clicks":  # int64 counts, then ids; a click or not
+        return (int(dataset.get("integer_features", 13))
+                + int(dataset.get("categorical_features", 26)),), 2
     if name in INPUT_SHAPES:
         return INPUT_SHAPES[name], 10
     raise SubmitError(f"dataset.name: unknown dataset '{name}'")
 
 
-def _check_forward(module, loss, shape, classes, tokens=False):
+def _check_forward(module, loss, shape, classes, tokens=False, ids=False):
     """A forward pass on two zero samples: the output the loss needs. With
     `tokens` (text), the samples are int64 ids and the labels one a token,
-    and cross_entropy needs logits [2, seq_len, vocabulary]."""
+    and cross_entropy needs logits [2, seq_len, vocabulary]; with `ids`
+    (clicks), the samples are int64 and the labels one a sample."""
     import torch
     from tally.engine import ModelError, _cut
     import traceback
-    x = torch.zeros((2,) + tuple(shape), dtype=torch.long if tokens else torch.float32)
+    x = torch.zeros((2,) + tuple(shape),
+                    dtype=torch.long if tokens or ids else torch.float32)
     y = torch.zeros((2,) + (tuple(shape) if tokens else ()), dtype=torch.long)
     want = [2] + (list(shape) if tokens else []) + [classes]
     module.eval()  # BatchNorm's running statistics, untouched
@@ -480,7 +485,7 @@ def prepare_spec(path):
             packed.close()
     shape, classes = _sample_shape(spec.get("dataset") or {})
     _check_forward(module, model.get("loss", "cross_entropy"), shape, classes,
-                   tokens=named == "text")
+                   tokens=named == "text", ids=named == "clicks")
     tables = model.get("embeddings")
     if tables is not None:
         if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):

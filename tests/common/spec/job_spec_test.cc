@@ -177,8 +177,39 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"text_for_layers",
                 "model: {preset: mlp}\ndataset: {name: text, train: c.txt, "
                 "train_size: 10}\n",
-                "model: a text dataset's samples are token ids (int64); train "
-                "it with a Python model"},
+                "model: a text dataset's samples are int64 ids; train it "
+                "with a Python model"},
+        BadCase{"clicks_for_layers",
+                "model: {preset: mlp}\ndataset: {name: clicks}\n",
+                "model: a clicks dataset's samples are int64 ids"},
+        BadCase{"clicks_zipf",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: clicks, zipf: 0}\n",
+                "dataset.zipf: must be in (0, 4]"},
+        BadCase{"table_dynamic",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8, dynamic: "
+                "true}]}\ndataset: {name: clicks}\n",
+                "model.embeddings[0].dynamic: dynamic tables"},
+        BadCase{"table_for_layers",
+                "model: {preset: mlp, embeddings: [{name: e, dim: 4, "
+                "num_embeddings: 8}]}\ndataset: {name: synthetic}\n",
+                "model.embeddings: tables are a Python model's"},
+        BadCase{"table_twice",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8}, {name: e, "
+                "dim: 4, num_embeddings: 8}]}\ndataset: {name: clicks}\n",
+                "model.embeddings[1].name: table 'e' is listed twice"},
+        BadCase{"table_optimizer",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8, optimizer: "
+                "{type: adam}}]}\ndataset: {name: clicks}\n",
+                "model.embeddings[0].optimizer.type: unknown table optimizer"},
+        BadCase{"table_async",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
+                "dataset: {name: clicks}\ntraining: {consistency: {mode: async}}\n",
+                "model.embeddings: tables train under bsp"},
         BadCase{"text_mse",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "loss: mse}\ndataset: {name: text, train: c.txt, "
