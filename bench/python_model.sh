@@ -8,6 +8,11 @@
 #             batch 32 windows of 128 bytes per worker, Adam(lr 0.002), the
 #             fortunes corpus as a text dataset (bench/pytorch_lm.py reads
 #             the same windows), with each side's final test loss;
+#   dlrm      the DLRM example (examples/dlrm: 26 hashed tables of 20,000 x
+#             16 on the shards, Adagrad; SGD on the towers), batch 256 per
+#             worker, synthetic clicks (bench/pytorch_dlrm.py: the same
+#             samples, nn.EmbeddingBag(sparse=True), DDP-gloo all-reducing
+#             the sparse gradients), with each side's test log-loss;
 # STEPS steps per worker (default 150), one thread per process,
 # alternating runs, REPEATS of each (default 3), medians:
 #   standalone   one Python worker (cpu:1) and tally-server on this machine,
@@ -26,7 +31,8 @@ example=${3:-resnet}
 case $example in
   resnet) reference=pytorch_resnet.py; batch=64 ;;
   text-lm) reference=pytorch_lm.py; batch=32 ;;
-  *) echo "unknown example $example (resnet, text-lm)" >&2; exit 2 ;;
+  dlrm) reference=pytorch_dlrm.py; batch=256 ;;
+  *) echo "unknown example $example (resnet, text-lm, dlrm)" >&2; exit 2 ;;
 esac
 B=build
 [[ -f $B/python/tally/engine.py ]] || { echo "build first: deploy/build.sh --with-torch" >&2; exit 1; }
@@ -87,7 +93,7 @@ printf "%-36s %12s %12s %8s\n" "$example, $steps steps/worker, batch $batch" "Ta
 t1=$(col tally1 1); p1=$(col torch1 1); t2=$(col tally2 1); p2=$(col torch2 1)
 printf "%-36s %12.1f %12.1f %8.3f\n" "standalone vs plain loop, sps" "$t1" "$p1" "$(ratio "$t1" "$p1")"
 printf "%-36s %12.1f %12.1f %8.3f\n" "2 workers vs DDP-gloo 2 procs, sps" "$t2" "$p2" "$(ratio "$t2" "$p2")"
-if [[ $example == text-lm ]]; then
+if [[ $example == text-lm || $example == dlrm ]]; then
   printf "%-36s %12.4f %12.4f\n" "standalone vs plain loop, test loss" "$(col tally1 2)" "$(col torch1 2)"
   printf "%-36s %12.4f %12.4f\n" "2 workers vs DDP-gloo, test loss" "$(col tally2 2)" "$(col torch2 2)"
 fi

@@ -503,6 +503,45 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("ids"), py::arg("salt"), py::arg("num_embeddings"),
       "The rows of a hashed table (ids: hashed) that `ids` map to.");
+  m.def(
+      "make_clicks",
+      [](int64_t train_size, int64_t test_size, int64_t integer_features,
+         int64_t categorical_features, int64_t cardinality, double zipf,
+         uint64_t seed) {
+        tally::ClicksOptions o;
+        o.train_size = train_size;
+        o.test_size = test_size;
+        o.integer_features = integer_features;
+        o.categorical_features = categorical_features;
+        o.cardinality = cardinality;
+        o.zipf = zipf;
+        o.seed = seed;
+        std::vector<double> teacher;
+        absl::StatusOr<tally::TrainTest> d = tally::MakeClicks(o, &teacher);
+        if (!d.ok()) throw std::invalid_argument(std::string(d.status().message()));
+        const int64_t w = integer_features + categorical_features;
+        auto ids = [w](const tally::Dataset& s) {
+          py::array_t<int64_t> x({static_cast<py::ssize_t>(s.size()),
+                                  static_cast<py::ssize_t>(w)});
+          std::copy(s.ids.begin(), s.ids.end(), x.mutable_data());
+          py::array_t<int32_t> y(static_cast<py::ssize_t>(s.size()));
+          std::copy(s.labels.begin(), s.labels.end(), y.mutable_data());
+          return py::make_tuple(x, y);
+        };
+        py::array_t<double> p(static_cast<py::ssize_t>(teacher.size()));
+        std::copy(teacher.begin(), teacher.end(), p.mutable_data());
+        return py::make_tuple(ids(d->train), ids(d->test), p);
+      },
+      py::arg("train_size"), py::arg("test_size"), py::arg("integer_features") = 13,
+      py::arg("categorical_features") = 26, py::arg("cardinality") = 10000,
+      py::arg("zipf") = 1.05, py::arg("seed") = 1,
+      "dataset.name: clicks as the workers make it: ((train_x, train_y), "
+      "(test_x, test_y), the teacher's click probability of each test "
+      "sample).");
+  m.def("auc", [](std::vector<double> scores, std::vector<int> labels) {
+        return tally::Auc(scores, labels);
+      }, py::arg("scores"), py::arg("labels"),
+      "The ROC AUC of scores for 0/1 labels, over all of them at once.");
   m.def("table_salt", [](const std::string& name) { return tally::TableSalt(name); },
         py::arg("name"));
   m.def(
