@@ -15,7 +15,9 @@ over three shard processes.
   adagrad    the same with both tables on Adagrad, over 2 shards, against a
              plain PyTorch loop on the batches the worker trained: SGD on
              the dense parameters, torch.optim.Adagrad on the tables.
-  dlrm       the example's DLRM (examples/dlrm: 26 hashed tables on Adagrad)
+  dlrm       the example's DLRM (examples/dlrm: 26 hashed tables on Adagrad,
+             each naming its input column, so that a step pulls every
+             table's rows before the forward pass, one message per shard)
              on synthetic clicks, one worker, 50 steps over 2 shards,
              against PyTorch with nn.EmbeddingBag(sparse=True) and the same
              optimizers (SGD on the towers, torch.optim.Adagrad on the
@@ -310,8 +312,11 @@ def dlrm(cluster, tmp):
     os.makedirs(f"{tmp}/dlrm", exist_ok=True)
     with open(f"{tmp}/dlrm/model.py", "w") as f:
         f.write(code)
-    tables = "\n".join(f"    - {{name: tables.{k}, ids: hashed, init: uniform, "
-                        f"optimizer: {{type: adagrad, lr: {TABLE_LR}}}}}" for k in range(26))
+    # As the example: each table names its column, so a step pulls every
+    # table's rows at once.
+    tables = "\n".join(f"    - {{name: tables.{k}, features: [{13 + k}], ids: hashed, "
+                        f"init: uniform, optimizer: {{type: adagrad, lr: {TABLE_LR}}}}}"
+                        for k in range(26))
     path = f"{tmp}/dlrm/job.yaml"
     with open(path, "w") as f:
         f.write(f"""name: dlrm-test

@@ -83,6 +83,15 @@ class TableRows {
   // The values of `n` rows of `table` (its dim floats each, into out).
   virtual absl::Status Pull(int table, const int64_t* rows, int64_t n,
                             float* out) = 0;
+  // Rows of several tables at once: one message per shard (in pieces of
+  // at most the shards' bound).
+  struct Rows {
+    int table = 0;
+    const int64_t* rows = nullptr;
+    int64_t n = 0;
+    float* out = nullptr;  // n * dim
+  };
+  virtual absl::Status PullTables(const std::vector<Rows>& pulls) = 0;
   // One table's row gradients of the step: each row once.
   struct Grads {
     int table = 0;

@@ -101,50 +101,75 @@ absl::Status RowClient::PushAll(
 
 absl::Status RowClient::Pull(int table, const int64_t* rows, int64_t n,
                              float* out) {
-  if (table < 0 || table >= static_cast<int>(tables_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("no table ", table));
-  }
-  const EmbeddingTableSpec& t = tables_[table];
+  return PullTables({Rows{table, rows, n, out}});
+}
+
+absl::Status RowClient::PullTables(const std::vector<Rows>& pulls) {
   const int slots = static_cast<int>(stubs_.size());
-  // Each shard's rows, and where each goes in `out`.
-  std::vector<std::vector<int64_t>> where(slots);
-  for (int64_t i = 0; i < n; ++i)
-    where[SlotOfRow(rows[i], t.salt, slots)].push_back(i);
-  const int64_t per_piece = std::max<int64_t>(1, kMaxValuesPerMessage / t.dim);
+  // A request's row: which pull, and which of its rows.
+  struct Place {
+    int pull;
+    int64_t index;
+  };
   std::vector<std::pair<int, v1::PullRowsRequest>> calls;
-  std::vector<std::pair<int, int64_t>> piece_of;  // (slot, first index)
-  for (int s = 0; s < slots; ++s) {
-    for (size_t at = 0; at < where[s].size(); at += per_piece) {
-      v1::PullRowsRequest req;
-      req.set_job_id(options_.job_id);
-      req.set_worker_id(options_.worker_id);
-      req.set_incarnation(options_.incarnation);
-      req.set_min_version(min_version_);
-      req.set_max_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
-      v1::TableRows* block = req.add_tables();
-      block->set_table(table);
-      const size_t end = std::min(where[s].size(), at + per_piece);
-      for (size_t k = at; k < end; ++k) block->add_rows(rows[where[s][k]]);
-      calls.emplace_back(s, std::move(req));
-      piece_of.emplace_back(s, static_cast<int64_t>(at));
+  std::vector<std::vector<Place>> places;  // per call, in its rows' order
+  std::vector<int> open(slots, -1);        // each shard's call being filled
+  std::vector<int64_t> filled(slots, 0);
+  for (size_t p = 0; p < pulls.size(); ++p) {
+    const Rows& r = pulls[p];
+    if (r.table < 0 || r.table >= static_cast<int>(tables_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("no table ", r.table));
+    }
+    const EmbeddingTableSpec& t = tables_[r.table];
+    for (int64_t i = 0; i < r.n; ++i) {
+      const int s = SlotOfRow(r.rows[i], t.salt, slots);
+      if (open[s] < 0 || filled[s] + t.dim > kMaxValuesPerMessage) {
+        v1::PullRowsRequest req;
+        req.set_job_id(options_.job_id);
+        req.set_worker_id(options_.worker_id);
+        req.set_incarnation(options_.incarnation);
+        req.set_min_version(min_version_);
+        req.set_max_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
+        open[s] = static_cast<int>(calls.size());
+        calls.emplace_back(s, std::move(req));
+        places.emplace_back();
+        filled[s] = 0;
+      }
+      v1::PullRowsRequest& req = calls[open[s]].second;
+      if (req.tables_size() == 0 ||
+          req.tables(req.tables_size() - 1).table() != r.table) {
+        req.add_tables()->set_table(r.table);
+      }
+      req.mutable_tables(req.tables_size() - 1)->add_rows(r.rows[i]);
+      places[open[s]].push_back({static_cast<int>(p), i});
+      filled[s] += t.dim;
     }
   }
   std::vector<v1::PullRowsResponse> resps;
   if (absl::Status s = PullAll(calls, &resps); !s.ok()) return s;
   for (size_t c = 0; c < calls.size(); ++c) {
-    const auto [slot, first] = piece_of[c];
-    const v1::TableRows& asked = calls[c].second.tables(0);
-    if (resps[c].tables_size() != 1 ||
-        resps[c].tables(0).values().size() !=
-            static_cast<size_t>(asked.rows_size() * t.dim * 4)) {
-      return absl::InternalError(absl::StrCat(
-          "shard ", slot, " answered a pull of ", asked.rows_size(),
-          " rows of table ", Quoted(t.name), " with other rows"));
+    const v1::PullRowsRequest& asked = calls[c].second;
+    const v1::PullRowsResponse& got = resps[c];
+    bool same = got.tables_size() == asked.tables_size();
+    for (int b = 0; same && b < asked.tables_size(); ++b) {
+      const int64_t dim = tables_[asked.tables(b).table()].dim;
+      same = got.tables(b).table() == asked.tables(b).table() &&
+             got.tables(b).values().size() ==
+                 static_cast<size_t>(asked.tables(b).rows_size() * dim * 4);
     }
-    const char* values = resps[c].tables(0).values().data();
-    for (int k = 0; k < asked.rows_size(); ++k) {
-      std::memcpy(out + where[slot][first + k] * t.dim,
-                  values + static_cast<size_t>(k) * t.dim * 4, t.dim * 4);
+    if (!same) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", calls[c].first, " answered a pull of rows with other rows"));
+    }
+    size_t k = 0;  // the call's row, over its blocks
+    for (int b = 0; b < got.tables_size(); ++b) {
+      const int64_t dim = tables_[got.tables(b).table()].dim;
+      const char* values = got.tables(b).values().data();
+      for (int i = 0; i < got.tables(b).rows_size(); ++i, ++k) {
+        const Place& at = places[c][k];
+        std::memcpy(pulls[at.pull].out + at.index * dim,
+                    values + static_cast<size_t>(i) * dim * 4, dim * 4);
+      }
     }
   }
   return absl::OkStatus();

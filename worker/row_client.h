@@ -47,6 +47,7 @@ class RowClient final : public TableRows {
   void BeginStep(int64_t step, int64_t min_version) override;
   absl::Status Pull(int table, const int64_t* rows, int64_t n,
                     float* out) override;
+  absl::Status PullTables(const std::vector<Rows>& pulls) override;
   absl::Status Push(int64_t samples, const std::vector<Grads>& grads) override;
 
  private:

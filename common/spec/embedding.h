@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -58,6 +59,11 @@ struct EmbeddingTableSpec {
   TableInit init = TableInit::kNormal;
   double init_scale = 1.0;
   TableOptimizer optimizer;
+  // The input columns (of a 1-D int64 sample: clicks) whose ids the table
+  // looks up: the worker then pulls the step's rows of every such table
+  // before the forward pass, in one message per shard. Empty: each lookup
+  // pulls its rows as it runs.
+  std::vector<int64_t> features;
   uint64_t salt = 0;  // TableSalt(name)
 };
 

@@ -999,7 +999,7 @@ absl::Status ParseTable(const YAML::Node& n, const std::string& p,
   TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
                                   {"name", "dim", "num_embeddings", "dynamic",
                                    "ids", "combiner", "init", "init_scale",
-                                   "optimizer"}));
+                                   "optimizer", "features"}));
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &t->name));
   if (t->name.empty() || t->name.size() > 256) {
     return FieldError(p + ".name",
@@ -1055,6 +1055,20 @@ absl::Status ParseTable(const YAML::Node& n, const std::string& p,
   TALLY_RETURN_IF_ERROR(
       ParseTableOptimizer(n["optimizer"], p + ".optimizer", job_lr,
                           &t->optimizer));
+  if (const YAML::Node f = n["features"]) {
+    if (!f.IsSequence() || f.size() == 0 || f.size() > 4096) {
+      return FieldError(p + ".features",
+                        "must list the input columns the table looks up");
+    }
+    for (size_t i = 0; i < f.size(); ++i) {
+      YAML::Node one(YAML::NodeType::Map);
+      one["c"] = f[i];
+      int64_t c = 0;
+      TALLY_RETURN_IF_ERROR(ReadInt(one, absl::StrCat(p, ".features[", i, "]"),
+                                    "c", 0, kMaxDim - 1, &c));
+      t->features.push_back(c);
+    }
+  }
   t->salt = TableSalt(t->name);
   return absl::OkStatus();
 }
@@ -1290,6 +1304,21 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
     return FieldError("optimizer.clip_grad_norm",
                       "is for a Python model (model.python); the native "
                       "engine does not clip");
+  }
+  for (size_t i = 0; i < spec.embeddings.size(); ++i) {
+    for (int64_t c : spec.embeddings[i].features) {
+      if (spec.input_type != InputType::kInt64 || spec.input_shape.size() != 1 ||
+          c >= spec.input_shape[0]) {
+        return FieldError(
+            absl::StrCat("model.embeddings[", i, "].features"),
+            absl::StrCat("column ", c, " is not one of the samples' ",
+                         spec.input_type == InputType::kInt64 &&
+                                 spec.input_shape.size() == 1
+                             ? absl::StrCat(spec.input_shape[0], " int64 ids")
+                             : std::string("inputs (features need 1-D int64 "
+                                           "samples, as clicks')")));
+      }
+    }
   }
   if (!spec.embeddings.empty() &&
       spec.training.consistency.mode != ConsistencyMode::kBsp) {

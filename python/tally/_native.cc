@@ -105,6 +105,40 @@ class Rows {
     return out;
   }
 
+  // Rows of several tables in one message per shard: [(table, rows)] ->
+  // [float32 [n, dim]].
+  py::list PullTables(py::list asks) {
+    using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+    std::vector<Ids> ids;
+    std::vector<py::array_t<float>> outs;
+    std::vector<TableRows::Rows> pulls;
+    for (py::handle a : asks) {
+      py::tuple t = py::reinterpret_borrow<py::tuple>(a);
+      const int table = t[0].cast<int>();
+      if (table < 0 || table >= static_cast<int>(dims_.size()))
+        throw std::invalid_argument(absl::StrCat("no table ", table));
+      ids.push_back(t[1].cast<Ids>());
+      outs.emplace_back(std::vector<py::ssize_t>{
+          static_cast<py::ssize_t>(ids.back().size()),
+          static_cast<py::ssize_t>(dims_[table])});
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      pulls.push_back({py::reinterpret_borrow<py::tuple>(asks[i])[0].cast<int>(),
+                       ids[i].data(), ids[i].size(), outs[i].mutable_data()});
+    }
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      absl::ReaderMutexLock lock(&mu_);
+      s = rows_ == nullptr ? absl::FailedPreconditionError("the job is over")
+                           : rows_->PullTables(pulls);
+    }
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+    py::list out;
+    for (auto& o : outs) out.append(o);
+    return out;
+  }
+
   void Push(int64_t samples, py::list blocks) {
     using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
     using Values = py::array_t<float, py::array::c_style | py::array::forcecast>;
@@ -363,6 +397,7 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
     d["ids"] = t.ids == TableIds::kHashed ? "hashed" : "direct";
     d["combiner"] = t.combiner;
     d["salt"] = t.salt;
+    d["features"] = t.features;
     tables.append(d);
   }
   job["embeddings"] = tables;
@@ -488,6 +523,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "Tally's native worker core (worker daemon, parameter client)";
   py::class_<tally::Rows, std::shared_ptr<tally::Rows>>(m, "Rows")
       .def("pull", &tally::Rows::Pull, py::arg("table"), py::arg("rows"))
+      .def("pull_tables", &tally::Rows::PullTables, py::arg("asks"))
       .def("push", &tally::Rows::Push, py::arg("samples"), py::arg("blocks"));
   m.def(
       "hash_rows",

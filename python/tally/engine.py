@@ -204,14 +204,44 @@ class _TableHub:
     def __init__(self):
         self.rows = None
         self.records = []
+        # The step's rows pulled before its forward pass (tables with
+        # features): table -> (its sorted rows, their values).
+        self.prefetched = {}
 
     def __deepcopy__(self, memo):
         return self
 
     def pull(self, table, rows):
+        """The values of `rows` (sorted, unique) of `table`: from the
+        step's prefetched rows where they are all there, else from the
+        shards."""
+        have = self.prefetched.get(table)
+        if have is not None and len(rows):
+            known, values = have
+            at = torch.searchsorted(known, torch.from_numpy(rows)).clamp(max=len(known) - 1)
+            if bool((known[at] == torch.from_numpy(rows)).all()):
+                return values[at]
         if self.rows is None:
             raise ModelError("the job's tables are not reachable (no shard map yet)")
         return torch.from_numpy(self.rows.pull(table, rows))
+
+    def prefetch(self, modules, x):
+        """Every table with features: the unique rows of its columns of the
+        batch `x` (int64 [batch, width]), pulled at once."""
+        asks, tables = [], []
+        for m in modules:
+            cols = m.features
+            if not cols or m.index in tables:
+                continue
+            rows = m.rows_of(torch.from_numpy(x[:, cols]))
+            asks.append((m.index, torch.unique(rows.reshape(-1), sorted=True).numpy()))
+            tables.append(m.index)
+        if not asks:
+            return
+        if self.rows is None:
+            raise ModelError("the job's tables are not reachable (no shard map yet)")
+        for (t, rows), values in zip(asks, self.rows.pull_tables(asks)):
+            self.prefetched[t] = (torch.from_numpy(rows), torch.from_numpy(values))
 
 
 class ShardedEmbedding(torch.nn.Module):
@@ -233,6 +263,7 @@ class ShardedEmbedding(torch.nn.Module):
         self.bag = isinstance(original, torch.nn.EmbeddingBag)
         self.mode = original.mode if self.bag else None
         self.include_last_offset = getattr(original, "include_last_offset", False)
+        self.features = list(table.get("features") or [])
         self.hub = hub
         self.replica = 0
 
@@ -253,7 +284,7 @@ class ShardedEmbedding(torch.nn.Module):
         device = input.device
         weight = self.hub.pull(self.index, unique.numpy()).to(device)
         if self.training and torch.is_grad_enabled():
-            weight.requires_grad_(True)
+            weight.requires_grad_(True)  # a fresh tensor: the pull's own
             self.hub.records[self.replica].append((self.index, unique, weight))
         local = inverse.reshape(input.shape).to(device)
         if not self.bag:
@@ -526,6 +557,10 @@ class TorchEngine:
                         mine.copy_(first, non_blocking=True)
         steps = [_Step(self.models[r], self.loss, batch) for r in range(len(sizes))]
         self.hub.records = [[] for _ in range(len(sizes))]
+        self.hub.prefetched = {}  # never an earlier step's rows
+        if self.tables and x.dim() == 2 and x.dtype == torch.int64:
+            self.hub.prefetch([m for m in self.models[0].modules()
+                               if isinstance(m, ShardedEmbedding)], x.numpy())
         inputs = [(xs.to(d, non_blocking=True), ys.to(d, non_blocking=True))
                   for xs, ys, d in zip(torch.split(x, sizes), torch.split(y, sizes),
                                        self.devices)]
@@ -549,6 +584,7 @@ class TorchEngine:
                 self._push_rows(len(sizes), batch)
             finally:
                 self.hub.records = []
+                self.hub.prefetched = {}
         return (sum(r[0] for r in results), sum(r[1] for r in results))
 
     def buffers(self):
