@@ -48,7 +48,7 @@ class HashedBag(nn.Module):
 @torch.no_grad()
 def evaluate(model, x, y):
     model.eval()
-    logits = torch.cat([model.logit(x[i:i + 1024]) for i in range(0, len(x), 1024)])
+    logits = torch.cat([model(x[i:i + 1024]) for i in range(0, len(x), 1024)])
     loss = float(F.binary_cross_entropy_with_logits(logits, y.float()))
     return loss, _native.auc(logits.double().tolist(), y.int().tolist())
 
@@ -83,7 +83,7 @@ def train(rank, args, queue):
         if s % per_epoch == 0:
             perm = torch.randperm(len(tx), generator=g)[rank::args.procs]
         idx = perm[(s % per_epoch) * args.batch_size:][:args.batch_size]
-        loss = net(tx[idx], ty[idx])
+        loss = F.binary_cross_entropy_with_logits(net(tx[idx]), ty[idx].float())
         opt.zero_grad()
         table_opt.zero_grad()
         loss.backward()

@@ -88,7 +88,8 @@ std::string StateName(tally::v1::JobState s) {
 // Whether the job's figures include an accuracy: a classifier's
 // (cross_entropy; a server that does not say is taken to be one).
 bool Classifies(const Job& j) {
-  return j.loss().empty() || j.loss() == "cross_entropy";
+  return j.loss().empty() || j.loss() == "cross_entropy" ||
+         j.loss() == "binary_cross_entropy";
 }
 
 std::string Line(const Job& j) {
@@ -107,6 +108,7 @@ std::string Line(const Job& j) {
     } else {
       absl::StrAppendFormat(&s, "  test loss %.4f", m.test_loss());
     }
+    if (m.test_auc() > 0) absl::StrAppendFormat(&s, "  test AUC %.4f", m.test_auc());
   }
   if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
   return s;
@@ -192,6 +194,8 @@ int Watch(tally::v1::JobService::Stub& stub, const std::string& id) {
     } else {
       std::printf("final test loss: %.4f\n", last.metrics().test_loss());
     }
+    if (last.metrics().test_auc() > 0)
+      std::printf("final test AUC: %.4f\n", last.metrics().test_auc());
     return 0;
   }
   return 1;

@@ -275,13 +275,12 @@ class Recorded(DLRM):
         super().__init__()
         self.seen = 0
 
-    def forward(self, x, y):
+    def forward(self, x):
         where = _os.environ.get("TALLY_RECORD")
         if where and self.training:
             _np.save(f"{where}/dlrm-x-{self.seen:04d}.npy", x.numpy())
-            _np.save(f"{where}/dlrm-y-{self.seen:04d}.npy", y.numpy())
             self.seen += 1
-        return super().forward(x, y)
+        return super().forward(x)
 
 
 def make_recorded():
@@ -322,7 +321,7 @@ def dlrm(cluster, tmp):
         f.write(f"""name: dlrm-test
 model:
   python: {{file: model.py, build: make_recorded}}
-  loss: model
+  loss: binary_cross_entropy
   embeddings:
 {tables}
 dataset: {{name: clicks, train_size: 4096, test_size: 1024, cardinality: 5000}}
@@ -345,12 +344,15 @@ optimizer: {{type: sgd, lr: {LR}}}
     dense = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
     opt = torch.optim.SGD(dense, lr=LR)
     table_opt = torch.optim.Adagrad(sparse, lr=TABLE_LR)
+    (train_x, train_y), (test_x, test_y), teacher = _native.make_clicks(
+        4096, 1024, cardinality=5000, seed=1)
+    label = {row.tobytes(): int(y) for row, y in zip(train_x, train_y)}
     for xf in xs:
-        x = torch.from_numpy(np.load(xf))
-        y = torch.from_numpy(np.load(xf.replace("-x-", "-y-")))
+        x = np.load(xf)
+        y = torch.tensor([label[row.tobytes()] for row in x], dtype=torch.float32)
         opt.zero_grad()
         table_opt.zero_grad()
-        model(x, y).backward()
+        F.binary_cross_entropy_with_logits(model(torch.from_numpy(x)), y).backward()
         opt.step()
         table_opt.step()
     worst = 0.0
@@ -359,10 +361,21 @@ optimizer: {{type: sgd, lr: {LR}}}
             continue
         worst = max(worst, float((got[name].double() - t.double()).abs().max()))
     touched = {t.name: t.rows for t in job.metrics.tables}
+    # The job's AUC is the test split's, all of it at once: the final
+    # weights' scores, as PyTorch's metric of the same scores would be.
+    model.eval()
+    with torch.no_grad():
+        scores = model(torch.from_numpy(test_x)).double()
+    want_auc = _native.auc(scores.tolist(), test_y.astype(np.int64).tolist())
+    best = _native.auc(list(teacher), test_y.astype(np.int64).tolist())
+    if abs(job.metrics.test_auc - want_auc) > 1e-4 or not 0.5 < job.metrics.test_auc < best:
+        fail(f"the job's test AUC {job.metrics.test_auc:.6f}; the weights' {want_auc:.6f}, "
+             f"the teacher's {best:.4f}")
     print(f"dlrm: 26 tables over 2 shards against PyTorch's sparse EmbeddingBag + Adagrad: "
           f"dense parameters within {worst:.2e} after {steps} steps; "
           f"{sum(touched.values())} rows held of {26 * ns['ROWS']}; "
-          f"test log-loss {job.metrics.test_loss:.4f}")
+          f"test log-loss {job.metrics.test_loss:.4f}, AUC {job.metrics.test_auc:.4f} "
+          f"(the teacher's {best:.4f})")
     if worst > 1e-5:
         fail(f"the DLRM's dense parameters differ from PyTorch's by {worst:.2e}")
     if len(touched) != 26 or not 0 < sum(touched.values()) < 26 * ns["ROWS"]:

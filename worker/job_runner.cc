@@ -670,13 +670,15 @@ absl::Status JobRunner::Finish(int64_t version) {
   if (!buffers.ok()) return Refuse(buffers.status());
   // A classifier's accuracy; other losses (mse, a model's, tokens') have
   // none to show.
+  const absl::string_view loss_name = MetricLossName(spec_);
   const bool classifies =
-      absl::string_view(MetricLossName(spec_)) == "cross_entropy";
+      loss_name == "cross_entropy" || loss_name == "binary_cross_entropy";
   context_.log(absl::StrCat(
       assignment_.job_id(), " finished at step ", version,
       absl::StrFormat(": test loss %.4f",
                       test->samples > 0 ? test->loss_sum / test->samples : 0.0),
-      classifies ? absl::StrFormat(", accuracy %.4f", accuracy) : ""));
+      classifies ? absl::StrFormat(", accuracy %.4f", accuracy) : "",
+      test->auc >= 0 ? absl::StrFormat(", AUC %.4f", test->auc) : ""));
   v1::ReportResultRequest req;
   req.set_buffers(*std::move(buffers));
   req.set_worker_id(context_.worker_id);
@@ -686,6 +688,7 @@ absl::Status JobRunner::Finish(int64_t version) {
   if (test->samples > 0) {
     req.set_test_accuracy(accuracy);
     req.set_test_loss(test->loss_sum / test->samples);
+    if (test->auc >= 0) req.set_test_auc(test->auc);
   }
   req.set_steps(version);
   // The coordinator may not have seen the last step close yet

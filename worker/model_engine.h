@@ -35,6 +35,9 @@ struct StepStats {
   double loss_sum = 0.0;  // summed over the batch's samples
   int64_t correct = 0;
   int64_t samples = 0;
+  // Evaluate with binary_cross_entropy: the ROC AUC over all the samples;
+  // -1: none.
+  double auc = -1.0;
 };
 
 // Lets the caller overlap its own work with a step: the job runner pushes

@@ -1108,15 +1108,18 @@ absl::Status ParseLoss(const YAML::Node& model, JobSpec* spec) {
     spec->loss = LossKind::kMse;
   } else if (loss == "model") {
     spec->loss = LossKind::kModel;
+  } else if (loss == "binary_cross_entropy") {
+    spec->loss = LossKind::kBinaryCrossEntropy;
   } else {
     return FieldError("model.loss",
                       absl::StrCat("unknown loss '", loss,
-                                   "' (known: cross_entropy, mse, model)"));
+                                   "' (known: cross_entropy, mse, model, "
+                                   "binary_cross_entropy)"));
   }
   if (!spec->is_python && spec->loss != LossKind::kCrossEntropy) {
     return FieldError("model.loss",
-                      "a model of layers trains with cross_entropy; mse and "
-                      "model need model.python");
+                      "a model of layers trains with cross_entropy; mse, "
+                      "model and binary_cross_entropy need model.python");
   }
   return absl::OkStatus();
 }
@@ -1320,6 +1323,13 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
       }
     }
   }
+  if (spec.loss == LossKind::kBinaryCrossEntropy &&
+      (spec.num_classes != 2 || !spec.label_shape.empty())) {
+    return FieldError("model.loss",
+                      absl::StrCat("binary_cross_entropy takes 0/1 labels, "
+                                   "one a sample; the dataset has ",
+                                   spec.num_classes, " classes"));
+  }
   if (!spec.embeddings.empty() &&
       spec.training.consistency.mode != ConsistencyMode::kBsp) {
     // The rows a step pushes are applied when the step closes.
@@ -1341,6 +1351,8 @@ const char* LossName(LossKind loss) {
       return "mse";
     case LossKind::kModel:
       return "model";
+    case LossKind::kBinaryCrossEntropy:
+      return "binary_cross_entropy";
   }
   return "cross_entropy";
 }

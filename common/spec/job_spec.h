@@ -166,6 +166,9 @@ enum class LossKind {
   kCrossEntropy,  // the module returns logits [batch, classes]
   kMse,           // squared error against the one-hot label
   kModel,         // forward(x, y) returns the batch's mean loss itself
+  // The module returns one logit a sample ([batch] or [batch, 1]) for 0/1
+  // labels: log-loss, click accuracy, and the test split's ROC AUC.
+  kBinaryCrossEntropy,
 };
 const char* LossName(LossKind loss);
 

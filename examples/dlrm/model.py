@@ -8,7 +8,6 @@ the rows its batch touches. The same file trains in a plain PyTorch loop.
 """
 import torch
 from torch import nn
-import torch.nn.functional as F
 
 INTEGER, CATEGORICAL, ROWS, DIM = 13, 26, 20000, 16
 
@@ -32,18 +31,15 @@ class DLRM(nn.Module):
         self.register_buffer("pair_i", i, persistent=False)
         self.register_buffer("pair_j", j, persistent=False)
 
-    def logit(self, x):
-        """x: int64 [batch, 13 + 26], the counts then the ids."""
+    def forward(self, x):
+        """x: int64 [batch, 13 + 26], the counts then the ids; the click
+        logit of each sample (loss: binary_cross_entropy)."""
         dense = self.bottom(torch.log1p(x[:, :INTEGER].clamp(min=0).float()))
         pooled = [t(x[:, INTEGER + k:INTEGER + k + 1]) for k, t in enumerate(self.tables)]
         vectors = torch.stack([dense] + pooled, dim=1)       # [B, 27, dim]
         dots = torch.bmm(vectors, vectors.transpose(1, 2))  # [B, 27, 27]
         interaction = dots[:, self.pair_i, self.pair_j]      # [B, 351]
         return self.top(torch.cat([dense, interaction], dim=1)).squeeze(1)
-
-    def forward(self, x, y):
-        """The batch's mean binary cross-entropy (loss: model)."""
-        return F.binary_cross_entropy_with_logits(self.logit(x), y.float())
 
 
 def make_model():

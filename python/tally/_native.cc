@@ -276,6 +276,7 @@ class PyEngine : public ModelEngine {
           View(data.labels.data(), data.size(), label_shape_));
       stats.loss_sum = r[0].cast<double>();
       stats.correct = r[1].cast<int64_t>();
+      if (r.size() > 2) stats.auc = r[2].cast<double>();
     } catch (const std::exception& e) {
       return FromPython(e, "the model's evaluation");
     }

@@ -78,6 +78,11 @@ def _check_forward(module, loss, shape, classes, tokens=False, ids=False):
     if loss == "model":
         if not isinstance(out, torch.Tensor) or out.dim() != 0:
             raise ModelError("with loss: model, forward(x, y) must return the scalar loss")
+    elif loss == "binary_cross_entropy":
+        if not isinstance(out, torch.Tensor) or list(out.shape) not in ([2], [2, 1]):
+            got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ModelError(f"the module returns {got} for 2 samples; binary_cross_entropy "
+                             f"needs one logit a sample, [2] or [2, 1]")
     elif not isinstance(out, torch.Tensor) or list(out.shape) != want:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         what = "the vocabulary's tokens" if tokens else "classes"

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import parallel_apply
 
-LOSSES = ("cross_entropy", "mse", "model")
+LOSSES = ("cross_entropy", "mse", "model", "binary_cross_entropy")
 EVAL_BATCH = 1024
 
 
@@ -373,9 +373,24 @@ def _loss_sum(kind, out, y, batch=1):
     if kind == "cross_entropy":
         loss = F.cross_entropy(out, y, reduction="sum") / batch
         return loss, int((out.argmax(1) == y).sum())
+    if kind == "binary_cross_entropy":
+        logit = _one_logit(out)
+        loss = F.binary_cross_entropy_with_logits(logit, y.to(logit.dtype),
+                                                  reduction="sum") / batch
+        return loss, int(((logit > 0).long() == y).sum())
     # mse against the one-hot label, mean over the outputs
     target = F.one_hot(y, out.shape[1]).to(out.dtype)
     return F.mse_loss(out, target, reduction="sum") / (batch * out.shape[1]), 0
+
+
+def _one_logit(out):
+    """binary_cross_entropy's output: one logit a sample ([n] or [n, 1])."""
+    if out.dim() == 2 and out.shape[1] == 1:
+        out = out[:, 0]
+    if out.dim() != 1:
+        raise ModelError(f"binary_cross_entropy takes one logit a sample, [batch] or "
+                         f"[batch, 1]; the module returned {list(out.shape)}")
+    return out
 
 
 def _flat_views(module, flat, grads):
@@ -622,7 +637,7 @@ class TorchEngine:
         if device.type != "cpu":
             self.flats[0].copy_(self.params)
         model.eval()
-        loss_sum, correct = 0.0, 0
+        loss_sum, correct, scores = 0.0, 0, []
         try:
             for i in range(0, x.shape[0], EVAL_BATCH):
                 # A copy: the worker keeps its test set across jobs, and a
@@ -633,11 +648,19 @@ class TorchEngine:
                 if self.loss == "model":
                     loss_sum += float(model(xb, yb)) * n
                     continue
-                loss, right = _loss_sum(self.loss, model(xb), yb)
+                out = model(xb)
+                loss, right = _loss_sum(self.loss, out, yb)
                 loss_sum += float(loss)
                 correct += right
+                if self.loss == "binary_cross_entropy":
+                    scores.append(_one_logit(out).double().cpu())
         finally:
             model.train()
+        if self.loss == "binary_cross_entropy":
+            # Over the whole split at once: AUCs of parts cannot be averaged.
+            from tally import _native
+            return loss_sum, correct, _native.auc(torch.cat(scores).tolist(),
+                                                  y.astype("int64").tolist())
         return loss_sum, correct
 
 

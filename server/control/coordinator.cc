@@ -1153,6 +1153,7 @@ absl::Status Coordinator::SucceedLocked(JobEntry& job,
   job.final_buffers = req.buffers();
   job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
   job.proto.mutable_metrics()->set_test_loss(req.test_loss());
+  job.proto.mutable_metrics()->set_test_auc(req.test_auc());
   FinishLocked(job, v1::SUCCEEDED, "", notes);
   job.awaiting_reports.erase(req.worker_id());
   return absl::OkStatus();

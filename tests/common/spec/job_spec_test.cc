@@ -205,6 +205,22 @@ INSTANTIATE_TEST_SUITE_P(
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8, optimizer: "
                 "{type: adam}}]}\ndataset: {name: clicks}\n",
                 "model.embeddings[0].optimizer.type: unknown table optimizer"},
+        BadCase{"table_features_on_text",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8, features: "
+                "[0]}]}\ndataset: {name: synthetic}\n",
+                "model.embeddings[0].features: column 0 is not one of the "
+                "samples' inputs"},
+        BadCase{"table_features_past",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8, features: "
+                "[39]}]}\ndataset: {name: clicks}\n",
+                "column 39 is not one of the samples' 39 int64 ids"},
+        BadCase{"bce_classes",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "loss: binary_cross_entropy}\ndataset: {name: synthetic}\n",
+                "model.loss: binary_cross_entropy takes 0/1 labels, one a "
+                "sample; the dataset has 4 classes"},
         BadCase{"table_async",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
