@@ -4,7 +4,7 @@
 clicks (tally._native.make_clicks: the samples Tally's workers make), its
 26 tables as nn.EmbeddingBag(sparse=True) looked up by the ids' hashed rows
 (as Tally's hashed tables, started from the same rows), SGD(lr 0.1) on the
-towers and torch.optim.Adagrad(lr 0.05) on the tables; one thread per
+towers and torch.optim.Adagrad(lr 0.02) on the tables; one thread per
 process, batch 256 per process, STEPS steps per process: --procs 1 is a
 plain loop, --procs 2 DistributedDataParallel (gloo, which all-reduces the
 tables' sparse gradients) with the samples split across the processes.
@@ -72,7 +72,7 @@ def train(rank, args, queue):
     towers = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
     net = nn.parallel.DistributedDataParallel(model) if args.procs > 1 else model
     opt = torch.optim.SGD(towers, lr=0.1)
-    table_opt = torch.optim.Adagrad(tables, lr=0.05)
+    table_opt = torch.optim.Adagrad(tables, lr=0.02)
     g = torch.Generator()
     g.manual_seed(args.seed)
     per_epoch = len(tx) // args.procs // args.batch_size
@@ -105,7 +105,7 @@ def main():
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch_size", type=int, default=256)
-    ap.add_argument("--train_size", type=int, default=65536)
+    ap.add_argument("--train_size", type=int, default=262144)
     ap.add_argument("--test_size", type=int, default=8192)
     ap.add_argument("--cardinality", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=1)
