@@ -54,6 +54,46 @@ absl::Status RunAll(int n, absl::Time deadline, const Start& start) {
   return absl::OkStatus();
 }
 
+// A pull's request row: which pull, and which of its rows.
+struct Place {
+  int pull;
+  int64_t index;
+};
+
+// Each answer's rows into the pulls that asked for them.
+absl::Status Scatter(const std::vector<EmbeddingTableSpec>& tables_,
+                     const std::vector<std::pair<int, v1::PullRowsRequest>>& calls,
+                     const std::vector<v1::PullRowsResponse>& resps,
+                     const std::vector<std::vector<Place>>& places,
+                     const std::vector<TableRows::Rows>& pulls) {
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const v1::PullRowsRequest& asked = calls[c].second;
+    const v1::PullRowsResponse& got = resps[c];
+    bool same = got.tables_size() == asked.tables_size();
+    for (int b = 0; same && b < asked.tables_size(); ++b) {
+      const int64_t dim = tables_[asked.tables(b).table()].dim;
+      same = got.tables(b).table() == asked.tables(b).table() &&
+             got.tables(b).values().size() ==
+                 static_cast<size_t>(asked.tables(b).rows_size() * dim * 4);
+    }
+    if (!same) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", calls[c].first, " answered a pull of rows with other rows"));
+    }
+    size_t k = 0;  // the call's row, over its blocks
+    for (int b = 0; b < got.tables_size(); ++b) {
+      const int64_t dim = tables_[got.tables(b).table()].dim;
+      const char* values = got.tables(b).values().data();
+      for (int i = 0; i < got.tables(b).rows_size(); ++i, ++k) {
+        const Place& at = places[c][k];
+        std::memcpy(pulls[at.pull].out + at.index * dim,
+                    values + static_cast<size_t>(i) * dim * 4, dim * 4);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RowClient>> RowClient::Create(
@@ -106,11 +146,6 @@ absl::Status RowClient::Pull(int table, const int64_t* rows, int64_t n,
 
 absl::Status RowClient::PullTables(const std::vector<Rows>& pulls) {
   const int slots = static_cast<int>(stubs_.size());
-  // A request's row: which pull, and which of its rows.
-  struct Place {
-    int pull;
-    int64_t index;
-  };
   std::vector<std::pair<int, v1::PullRowsRequest>> calls;
   std::vector<std::vector<Place>> places;  // per call, in its rows' order
   std::vector<int> open(slots, -1);        // each shard's call being filled
@@ -147,32 +182,7 @@ absl::Status RowClient::PullTables(const std::vector<Rows>& pulls) {
   }
   std::vector<v1::PullRowsResponse> resps;
   if (absl::Status s = PullAll(calls, &resps); !s.ok()) return s;
-  for (size_t c = 0; c < calls.size(); ++c) {
-    const v1::PullRowsRequest& asked = calls[c].second;
-    const v1::PullRowsResponse& got = resps[c];
-    bool same = got.tables_size() == asked.tables_size();
-    for (int b = 0; same && b < asked.tables_size(); ++b) {
-      const int64_t dim = tables_[asked.tables(b).table()].dim;
-      same = got.tables(b).table() == asked.tables(b).table() &&
-             got.tables(b).values().size() ==
-                 static_cast<size_t>(asked.tables(b).rows_size() * dim * 4);
-    }
-    if (!same) {
-      return absl::InternalError(absl::StrCat(
-          "shard ", calls[c].first, " answered a pull of rows with other rows"));
-    }
-    size_t k = 0;  // the call's row, over its blocks
-    for (int b = 0; b < got.tables_size(); ++b) {
-      const int64_t dim = tables_[got.tables(b).table()].dim;
-      const char* values = got.tables(b).values().data();
-      for (int i = 0; i < got.tables(b).rows_size(); ++i, ++k) {
-        const Place& at = places[c][k];
-        std::memcpy(pulls[at.pull].out + at.index * dim,
-                    values + static_cast<size_t>(i) * dim * 4, dim * 4);
-      }
-    }
-  }
-  return absl::OkStatus();
+  return Scatter(tables_, calls, resps, places, pulls);
 }
 
 absl::Status RowClient::Push(int64_t samples, const std::vector<Grads>& grads) {

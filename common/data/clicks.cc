@@ -24,6 +24,39 @@ double Uniform53(uint64_t seed, uint64_t key) {
          (1.0 / 9007199254740992.0);
 }
 
+// Sample `at` (over both splits) into x; its teacher logit.
+double Sample(const ClicksOptions& o, const std::vector<double>& cdf,
+              int64_t at, int64_t* x) {
+  const int64_t width = o.integer_features + o.categorical_features;
+  const uint64_t ids_seed = SplitMix64(o.seed ^ 0x1d5);
+  const uint64_t teacher_seed = SplitMix64(o.seed ^ 0x7eac);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(width));
+  double logit = -1.2;
+  for (int64_t j = 0; j < o.integer_features; ++j) {
+    // A count of geometric-like spread, its scale by feature.
+    const double u = Uniform53(o.seed, static_cast<uint64_t>(at * width + j));
+    const double mean = 1.0 + 40.0 * HashUniform(teacher_seed, 1000003 + j);
+    x[j] = static_cast<int64_t>(-std::log(1.0 - u) * mean);
+    logit += 0.5 * scale * HashNormal(teacher_seed, 7 * j + 3) *
+             std::log1p(static_cast<double>(x[j]));
+  }
+  for (int64_t j = 0; j < o.categorical_features; ++j) {
+    const uint64_t key = static_cast<uint64_t>(at * width + o.integer_features + j);
+    const double u = Uniform53(o.seed, key);
+    const int64_t rank = std::min<int64_t>(
+        std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin(),
+        o.cardinality - 1);
+    // The id as a log's 32-bit hash of the category.
+    const uint64_t raw = SplitMix64(ids_seed ^ (static_cast<uint64_t>(j) << 40) ^
+                                    static_cast<uint64_t>(rank));
+    x[o.integer_features + j] = static_cast<int64_t>(raw & 0xffffffffu);
+    logit += 2.0 * scale *
+             HashNormal(teacher_seed, (static_cast<uint64_t>(j) << 40) ^
+                                          static_cast<uint64_t>(rank));
+  }
+  return logit;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainTest> MakeClicks(const ClicksOptions& o,
@@ -43,9 +76,6 @@ absl::StatusOr<TrainTest> MakeClicks(const ClicksOptions& o,
     cdf[r] = total;
   }
   for (double& c : cdf) c /= total;
-  const uint64_t ids_seed = SplitMix64(o.seed ^ 0x1d5);
-  const uint64_t teacher_seed = SplitMix64(o.seed ^ 0x7eac);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(width));
   TrainTest out;
   int64_t at = 0;  // sample number over both splits
   for (Dataset* d : {&out.train, &out.test}) {
@@ -57,29 +87,7 @@ absl::StatusOr<TrainTest> MakeClicks(const ClicksOptions& o,
     d->labels.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i, ++at) {
       int64_t* x = d->ids.data() + i * width;
-      double logit = -1.2;
-      for (int64_t j = 0; j < o.integer_features; ++j) {
-        // A count of geometric-like spread, its scale by feature.
-        const double u = Uniform53(o.seed, static_cast<uint64_t>(at * width + j));
-        const double mean = 1.0 + 40.0 * HashUniform(teacher_seed, 1000003 + j);
-        x[j] = static_cast<int64_t>(-std::log(1.0 - u) * mean);
-        logit += 0.5 * scale * HashNormal(teacher_seed, 7 * j + 3) *
-                 std::log1p(static_cast<double>(x[j]));
-      }
-      for (int64_t j = 0; j < o.categorical_features; ++j) {
-        const uint64_t key = static_cast<uint64_t>(at * width + o.integer_features + j);
-        const double u = Uniform53(o.seed, key);
-        const int64_t rank = std::min<int64_t>(
-            std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin(),
-            o.cardinality - 1);
-        // The id as a log's 32-bit hash of the category.
-        const uint64_t raw = SplitMix64(ids_seed ^ (static_cast<uint64_t>(j) << 40) ^
-                                        static_cast<uint64_t>(rank));
-        x[o.integer_features + j] = static_cast<int64_t>(raw & 0xffffffffu);
-        logit += 2.0 * scale *
-                 HashNormal(teacher_seed, (static_cast<uint64_t>(j) << 40) ^
-                                              static_cast<uint64_t>(rank));
-      }
+      const double logit = Sample(o, cdf, at, x);
       const double p = 1.0 / (1.0 + std::exp(-logit));
       d->labels[i] = Uniform53(o.seed ^ 0xc11c, static_cast<uint64_t>(at)) < p;
       if (teacher != nullptr && d == &out.test) teacher->push_back(p);

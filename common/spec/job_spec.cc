@@ -994,32 +994,9 @@ absl::Status ParseTableOptimizer(const YAML::Node& n, const std::string& p,
   return absl::OkStatus();
 }
 
-absl::Status ParseTable(const YAML::Node& n, const std::string& p,
-                        double job_lr, EmbeddingTableSpec* t) {
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
-                                  {"name", "dim", "num_embeddings", "dynamic",
-                                   "ids", "combiner", "init", "init_scale",
-                                   "optimizer", "features"}));
-  TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &t->name));
-  if (t->name.empty() || t->name.size() > 256) {
-    return FieldError(p + ".name",
-                      "must name the model's nn.Embedding or nn.EmbeddingBag "
-                      "(its module path, e.g. emb or tables.3)");
-  }
-  bool dynamic = false;
-  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "dynamic", &dynamic));
-  if (dynamic) {
-    return FieldError(p + ".dynamic",
-                      "dynamic tables (rows made on first touch, keyed by "
-                      "the id itself) are not supported yet: give "
-                      "num_embeddings, with ids: hashed for unbounded ids");
-  }
-  if (!n["dim"]) return FieldError(p + ".dim", "is required");
-  if (!n["num_embeddings"])
-    return FieldError(p + ".num_embeddings", "is required");
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "dim", 1, kMaxTableDim, &t->dim));
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "num_embeddings", 1, kMaxTableRows,
-                                &t->num_embeddings));
+// A table's ids, combiner and initialiser.
+absl::Status ParseTableLookup(const YAML::Node& n, const std::string& p,
+                              EmbeddingTableSpec* t) {
   std::string ids = "hashed";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "ids", &ids));
   if (ids == "hashed") {
@@ -1052,23 +1029,61 @@ absl::Status ParseTable(const YAML::Node& n, const std::string& p,
   }
   TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "init_scale", &t->init_scale));
   if (t->init_scale < 0) return FieldError(p + ".init_scale", "must be >= 0");
-  TALLY_RETURN_IF_ERROR(
-      ParseTableOptimizer(n["optimizer"], p + ".optimizer", job_lr,
-                          &t->optimizer));
-  if (const YAML::Node f = n["features"]) {
+  return absl::OkStatus();
+}
+
+// The input columns a table looks up (features).
+absl::Status ParseTableFeatures(const YAML::Node& f, const std::string& p,
+                                EmbeddingTableSpec* t) {
+  if (f) {
     if (!f.IsSequence() || f.size() == 0 || f.size() > 4096) {
-      return FieldError(p + ".features",
+      return FieldError(p,
                         "must list the input columns the table looks up");
     }
     for (size_t i = 0; i < f.size(); ++i) {
       YAML::Node one(YAML::NodeType::Map);
       one["c"] = f[i];
       int64_t c = 0;
-      TALLY_RETURN_IF_ERROR(ReadInt(one, absl::StrCat(p, ".features[", i, "]"),
+      TALLY_RETURN_IF_ERROR(ReadInt(one, absl::StrCat(p, "[", i, "]"),
                                     "c", 0, kMaxDim - 1, &c));
       t->features.push_back(c);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTable(const YAML::Node& n, const std::string& p,
+                        double job_lr, EmbeddingTableSpec* t) {
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"name", "dim", "num_embeddings", "dynamic",
+                                   "ids", "combiner", "init", "init_scale",
+                                   "optimizer", "features"}));
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &t->name));
+  if (t->name.empty() || t->name.size() > 256) {
+    return FieldError(p + ".name",
+                      "must name the model's nn.Embedding or nn.EmbeddingBag "
+                      "(its module path, e.g. emb or tables.3)");
+  }
+  bool dynamic = false;
+  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "dynamic", &dynamic));
+  if (dynamic) {
+    return FieldError(p + ".dynamic",
+                      "dynamic tables (rows made on first touch, keyed by "
+                      "the id itself) are not supported yet: give "
+                      "num_embeddings, with ids: hashed for unbounded ids");
+  }
+  if (!n["dim"]) return FieldError(p + ".dim", "is required");
+  if (!n["num_embeddings"])
+    return FieldError(p + ".num_embeddings", "is required");
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "dim", 1, kMaxTableDim, &t->dim));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "num_embeddings", 1, kMaxTableRows,
+                                &t->num_embeddings));
+  TALLY_RETURN_IF_ERROR(ParseTableLookup(n, p, t));
+  TALLY_RETURN_IF_ERROR(
+      ParseTableOptimizer(n["optimizer"], p + ".optimizer", job_lr,
+                          &t->optimizer));
+  TALLY_RETURN_IF_ERROR(
+      ParseTableFeatures(n["features"], p + ".features", t));
   t->salt = TableSalt(t->name);
   return absl::OkStatus();
 }

@@ -518,6 +518,50 @@ tally::EmbeddingTableSpec TableOf(const std::string& name, int64_t dim,
   return t;
 }
 
+// tally._native.make_clicks: the samples dataset.name: clicks makes.
+py::tuple MakeClicksArrays(int64_t train_size, int64_t test_size,
+                           int64_t integer_features,
+                           int64_t categorical_features, int64_t cardinality,
+                           double zipf, uint64_t seed) {
+  tally::ClicksOptions o;
+  o.train_size = train_size;
+  o.test_size = test_size;
+  o.integer_features = integer_features;
+  o.categorical_features = categorical_features;
+  o.cardinality = cardinality;
+  o.zipf = zipf;
+  o.seed = seed;
+  std::vector<double> teacher;
+  absl::StatusOr<tally::TrainTest> d = tally::MakeClicks(o, &teacher);
+  if (!d.ok()) throw std::invalid_argument(std::string(d.status().message()));
+  const int64_t w = integer_features + categorical_features;
+  auto ids = [w](const tally::Dataset& s) {
+    py::array_t<int64_t> x({static_cast<py::ssize_t>(s.size()),
+                            static_cast<py::ssize_t>(w)});
+    std::copy(s.ids.begin(), s.ids.end(), x.mutable_data());
+    py::array_t<int32_t> y(static_cast<py::ssize_t>(s.size()));
+    std::copy(s.labels.begin(), s.labels.end(), y.mutable_data());
+    return py::make_tuple(x, y);
+  };
+  py::array_t<double> p(static_cast<py::ssize_t>(teacher.size()));
+  std::copy(teacher.begin(), teacher.end(), p.mutable_data());
+  return py::make_tuple(ids(d->train), ids(d->test), p);
+}
+
+// tally._native.init_table: a whole table's initial rows.
+py::array_t<float> InitTable(const std::string& name, int64_t num_embeddings,
+                             int64_t dim, uint64_t seed,
+                             const std::string& init, double scale) {
+  tally::EmbeddingTableSpec t =
+      TableOf(name, dim, num_embeddings, init, scale);
+  py::array_t<float> out({static_cast<py::ssize_t>(num_embeddings),
+                          static_cast<py::ssize_t>(dim)});
+  float* o = out.mutable_data();
+  for (int64_t r = 0; r < num_embeddings; ++r)
+    tally::InitRow(t, seed, r, o + r * dim);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -541,34 +585,7 @@ PYBIND11_MODULE(_native, m) {
       py::arg("ids"), py::arg("salt"), py::arg("num_embeddings"),
       "The rows of a hashed table (ids: hashed) that `ids` map to.");
   m.def(
-      "make_clicks",
-      [](int64_t train_size, int64_t test_size, int64_t integer_features,
-         int64_t categorical_features, int64_t cardinality, double zipf,
-         uint64_t seed) {
-        tally::ClicksOptions o;
-        o.train_size = train_size;
-        o.test_size = test_size;
-        o.integer_features = integer_features;
-        o.categorical_features = categorical_features;
-        o.cardinality = cardinality;
-        o.zipf = zipf;
-        o.seed = seed;
-        std::vector<double> teacher;
-        absl::StatusOr<tally::TrainTest> d = tally::MakeClicks(o, &teacher);
-        if (!d.ok()) throw std::invalid_argument(std::string(d.status().message()));
-        const int64_t w = integer_features + categorical_features;
-        auto ids = [w](const tally::Dataset& s) {
-          py::array_t<int64_t> x({static_cast<py::ssize_t>(s.size()),
-                                  static_cast<py::ssize_t>(w)});
-          std::copy(s.ids.begin(), s.ids.end(), x.mutable_data());
-          py::array_t<int32_t> y(static_cast<py::ssize_t>(s.size()));
-          std::copy(s.labels.begin(), s.labels.end(), y.mutable_data());
-          return py::make_tuple(x, y);
-        };
-        py::array_t<double> p(static_cast<py::ssize_t>(teacher.size()));
-        std::copy(teacher.begin(), teacher.end(), p.mutable_data());
-        return py::make_tuple(ids(d->train), ids(d->test), p);
-      },
+      "make_clicks", &MakeClicksArrays,
       py::arg("train_size"), py::arg("test_size"), py::arg("integer_features") = 13,
       py::arg("categorical_features") = 26, py::arg("cardinality") = 10000,
       py::arg("zipf") = 1.05, py::arg("seed") = 1,
@@ -582,18 +599,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("table_salt", [](const std::string& name) { return tally::TableSalt(name); },
         py::arg("name"));
   m.def(
-      "init_table",
-      [](const std::string& name, int64_t num_embeddings, int64_t dim,
-         uint64_t seed, const std::string& init, double scale) {
-        tally::EmbeddingTableSpec t =
-            TableOf(name, dim, num_embeddings, init, scale);
-        py::array_t<float> out({static_cast<py::ssize_t>(num_embeddings),
-                                static_cast<py::ssize_t>(dim)});
-        float* o = out.mutable_data();
-        for (int64_t r = 0; r < num_embeddings; ++r)
-          tally::InitRow(t, seed, r, o + r * dim);
-        return out;
-      },
+      "init_table", &InitTable,
       py::arg("name"), py::arg("num_embeddings"), py::arg("dim"),
       py::arg("seed"), py::arg("init") = "normal", py::arg("scale") = 1.0,
       "A whole table's initial rows, as the shards make them: the dense "

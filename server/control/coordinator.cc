@@ -337,6 +337,32 @@ int64_t Coordinator::VersionLocked(const JobEntry& job) const {
   return v;
 }
 
+namespace {
+
+// Each table's figures, summed over the ranges that hold its rows.
+void SumTables(const std::vector<v1::RangeStatus>& ranges, v1::JobMetrics* out) {
+  out->clear_tables();
+  for (const v1::RangeStatus& r : ranges) {
+    for (int i = 0; i < r.tables_size(); ++i) {
+      const v1::TableStats& t = r.tables(i);
+      while (out->tables_size() <= i) out->add_tables()->set_name(t.name());
+      v1::TableStats* sum = out->mutable_tables(i);
+      sum->set_rows(sum->rows() + t.rows());
+      sum->set_bytes(sum->bytes() + t.bytes());
+      sum->set_rows_pulled(sum->rows_pulled() + t.rows_pulled());
+      sum->set_rows_created(sum->rows_created() + t.rows_created());
+      sum->set_rows_pushed(sum->rows_pushed() + t.rows_pushed());
+      sum->set_rows_applied(sum->rows_applied() + t.rows_applied());
+      sum->set_pulled_bytes(sum->pulled_bytes() + t.pulled_bytes());
+      sum->set_pushed_bytes(sum->pushed_bytes() + t.pushed_bytes());
+      sum->set_pull_wire_bytes(sum->pull_wire_bytes() + t.pull_wire_bytes());
+      sum->set_push_wire_bytes(sum->push_wire_bytes() + t.push_wire_bytes());
+    }
+  }
+}
+
+}  // namespace
+
 v1::Job Coordinator::Render(const JobEntry& job) const {
   v1::Job j = job.proto;
   j.set_loss(MetricLossName(job.spec));
@@ -383,25 +409,7 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   out->set_stale_pushes(stale);
   out->set_late_pushes(late);
   out->set_sum_resets(resets);
-  // Each table's figures, summed over the ranges that hold its rows.
-  out->clear_tables();
-  for (const v1::RangeStatus& r : ranges) {
-    for (int i = 0; i < r.tables_size(); ++i) {
-      const v1::TableStats& t = r.tables(i);
-      while (out->tables_size() <= i) out->add_tables()->set_name(t.name());
-      v1::TableStats* sum = out->mutable_tables(i);
-      sum->set_rows(sum->rows() + t.rows());
-      sum->set_bytes(sum->bytes() + t.bytes());
-      sum->set_rows_pulled(sum->rows_pulled() + t.rows_pulled());
-      sum->set_rows_created(sum->rows_created() + t.rows_created());
-      sum->set_rows_pushed(sum->rows_pushed() + t.rows_pushed());
-      sum->set_rows_applied(sum->rows_applied() + t.rows_applied());
-      sum->set_pulled_bytes(sum->pulled_bytes() + t.pulled_bytes());
-      sum->set_pushed_bytes(sum->pushed_bytes() + t.pushed_bytes());
-      sum->set_pull_wire_bytes(sum->pull_wire_bytes() + t.pull_wire_bytes());
-      sum->set_push_wire_bytes(sum->push_wire_bytes() + t.push_wire_bytes());
-    }
-  }
+  SumTables(ranges, out);
   RenderProgressLocked(job, version, ranges, out);
   out->set_loss(first.loss());
   out->set_accuracy(first.accuracy());

@@ -1007,7 +1007,29 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
                      " has no embedding tables (model.embeddings)"));
   }
   Member& m = members_.at(req.worker_id());
-  const int64_t step = req.step();
+  TALLY_RETURN_IF_ERROR(CheckRowsStepLocked(m, req.step()));
+  if (req.samples() < 0 || (max_samples_ > 0 && req.samples() > max_samples_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "samples ", req.samples(), " outside [0, ", max_samples_, "]"));
+  }
+  if (req.piece() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("piece ", req.piece(), " of a push of rows"));
+  }
+  std::vector<RowGrads> blocks;
+  TALLY_RETURN_IF_ERROR(DecodeRowGradsLocked(req, &blocks));
+  StagedRows& staged = m.rows[req.step()];
+  if (req.piece() == 0) {
+    *replaced = !staged.pieces.empty();
+    staged.pieces.clear();
+    staged.samples = req.samples();
+  }
+  staged.pieces[req.piece()] = std::move(blocks);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckRowsStepLocked(const Member& m,
+                                                 int64_t step) const {
   if (EndedLocked() || step < version_) {
     return WithReason(absl::AbortedError(absl::StrCat(
                           "step ", step, " closed; the weights are at version ",
@@ -1030,17 +1052,17 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
     return absl::FailedPreconditionError(absl::StrCat(
         "rows of step ", step, " after its commit: send them before the push"));
   }
-  if (req.samples() < 0 || (max_samples_ > 0 && req.samples() > max_samples_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "samples ", req.samples(), " outside [0, ", max_samples_, "]"));
-  }
-  std::vector<RowGrads> blocks;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::DecodeRowGradsLocked(
+    const v1::PushRowsRequest& req, std::vector<RowGrads>* blocks) {
   int64_t values = 0;
   for (const v1::TableRows& t : req.tables()) {
     TALLY_RETURN_IF_ERROR(
         tables_->CheckRows(t.table(), t.rows().data(), t.rows_size()));
-    const int64_t dim = tables_->spec(t.table()).dim;
-    const int64_t n = t.rows_size() * dim;
+    const EmbeddingTableSpec& spec = tables_->spec(t.table());
+    const int64_t n = t.rows_size() * spec.dim;
     values += n;
     if (values > SparseTables::kMaxValuesPerMessage) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1049,9 +1071,9 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
     }
     if (static_cast<int64_t>(t.values().size()) != n * 4) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "table ", Quoted(tables_->spec(t.table()).name), ": ",
-          t.values().size(), " bytes of gradients for ", t.rows_size(),
-          " rows of ", dim, " values (", n * 4, " bytes)"));
+          "table ", Quoted(spec.name), ": ", t.values().size(),
+          " bytes of gradients for ", t.rows_size(), " rows of ", spec.dim,
+          " values (", n * 4, " bytes)"));
     }
     RowGrads g;
     g.table = t.table();
@@ -1061,13 +1083,12 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
         internal::CopyAndFindNonFinite(g.grads.data(), t.values().data(), n);
     if (bad >= 0) {
       ++rejected_;
-      return WithReason(
-          absl::InvalidArgumentError(absl::StrCat(
-              "table ", Quoted(tables_->spec(t.table()).name), ": row ",
-              g.rows[bad / dim], " has a non-finite gradient")),
-          v1::NON_FINITE);
+      return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                            "table ", Quoted(spec.name), ": row ",
+                            g.rows[bad / spec.dim], " has a non-finite gradient")),
+                        v1::NON_FINITE);
     }
-    blocks.push_back(std::move(g));
+    blocks->push_back(std::move(g));
   }
   const int64_t wire = static_cast<int64_t>(req.ByteSizeLong());
   for (const v1::TableRows& t : req.tables()) {
@@ -1075,17 +1096,6 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
                        wire * static_cast<int64_t>(t.ByteSizeLong()) /
                            std::max<int64_t>(1, wire));
   }
-  if (req.piece() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("piece ", req.piece(), " of a push of rows"));
-  }
-  StagedRows& staged = m.rows[step];
-  if (req.piece() == 0) {
-    *replaced = !staged.pieces.empty();
-    staged.pieces.clear();
-    staged.samples = req.samples();
-  }
-  staged.pieces[req.piece()] = std::move(blocks);
   return absl::OkStatus();
 }
 

@@ -446,6 +446,13 @@ class ParameterShard {
   // member's buffers of the step and before go.
   void TakeBuffersLocked(const std::vector<Member*>& required)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // StageRows' parts: the step's rules for member m's rows of `step`; the
+  // request's row gradients, checked, copied and counted.
+  absl::Status CheckRowsStepLocked(const Member& m, int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DecodeRowGradsLocked(const v1::PushRowsRequest& req,
+                                    std::vector<RowGrads>* blocks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The closing step's row gradients of `required` (rank order) that
   // count, summed, divided by `samples` and applied; every member's staged
   // rows of the step and before go.

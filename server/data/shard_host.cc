@@ -59,6 +59,23 @@ absl::StatusOr<std::shared_ptr<ParameterShard>> ShardHost::MakeShard(
   return std::shared_ptr<ParameterShard>(std::move(restored));
 }
 
+absl::Status ShardHost::AttachTables(const v1::InstallRangeRequest& req,
+                                     const JobSpec& spec,
+                                     ParameterShard& shard) const {
+  if (spec.embeddings.empty()) return absl::OkStatus();
+  if (req.slots() < 1 || req.slot() < 0 || req.slot() >= req.slots()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a job with tables is installed with its range's slot: got ",
+        req.slot(), " of ", req.slots()));
+  }
+  // Rows restart from their initial values when a range is placed again:
+  // tables are not checkpointed yet (docs/cluster.md).
+  shard.SetTables(std::make_unique<SparseTables>(
+      spec.embeddings, spec.training.seed, req.slot(), req.slots(),
+      table_budget_));
+  return absl::OkStatus();
+}
+
 absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   {
     absl::MutexLock lock(&mu_);
@@ -83,21 +100,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
   shard->SetMaxSamples(spec.training.batch_size);
-  if (!spec.embeddings.empty()) {
-    if (req.slots() < 1 || req.slot() < 0 || req.slot() >= req.slots()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a job with tables is installed with its range's slot: got ",
-          req.slot(), " of ", req.slots()));
-    }
-    // Rows restart from their initial values when a range is placed
-    // again: tables are not checkpointed yet (docs/cluster.md).
-    shard->SetTables(std::make_unique<SparseTables>(
-        spec.embeddings, spec.training.seed, req.slot(), req.slots(),
-        table_budget_));
-  }
-  // The buffer region rides with the range that starts the vector.
-  if (spec.is_python && req.offset() == 0)
-    shard->SetBufferBytes(spec.python.buffer_bytes);
+  TALLY_RETURN_IF_ERROR(AttachTables(req, spec, *shard));
   std::vector<MemberSpec> members;
   for (const v1::MemberSpec& m : req.members()) members.push_back(FromProto(m));
   TALLY_RETURN_IF_ERROR(shard->SetMembers(members));

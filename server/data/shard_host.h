@@ -143,6 +143,9 @@ class ShardHost {
   // the request carries (a Python model's always), checked against it.
   absl::StatusOr<std::shared_ptr<ParameterShard>> MakeShard(
       const v1::InstallRangeRequest& req, const JobSpec& spec) const;
+  // The job's tables (model.embeddings), on the range's slot.
+  absl::Status AttachTables(const v1::InstallRangeRequest& req,
+                            const JobSpec& spec, ParameterShard& shard) const;
   const Clock* clock_;
   bool streamed_sums_ = true;
   std::shared_ptr<std::atomic<int64_t>> table_budget_;
