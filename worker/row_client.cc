@@ -17,7 +17,7 @@ namespace {
 
 // The most values in one request or answer (SparseTables::
 // kMaxValuesPerMessage on the shards: within the 4 MiB message limit).
-constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 19;
+constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 18;
 
 // Calls start(i, ctx, done) for every i in [0, n) at once, each again
 // (after a short backoff) while it fails with UNAVAILABLE, until

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -100,13 +101,18 @@ double Auc(const std::vector<double>& scores, const std::vector<int>& labels) {
   const size_t n = std::min(scores.size(), labels.size());
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
+  // A NaN score ranks lowest (a strict order even then).
+  auto key = [&](size_t i) {
+    return std::isnan(scores[i]) ? -std::numeric_limits<double>::infinity()
+                                 : scores[i];
+  };
   std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return scores[a] < scores[b]; });
+            [&](size_t a, size_t b) { return key(a) < key(b); });
   // Mann-Whitney: the positives' mean rank, ties given their mean rank.
   double positives = 0, rank_sum = 0;
   for (size_t i = 0; i < n;) {
     size_t j = i;
-    while (j < n && scores[order[j]] == scores[order[i]]) ++j;
+    while (j < n && key(order[j]) == key(order[i])) ++j;
     const double mean_rank = (static_cast<double>(i + j - 1) / 2.0) + 1.0;
     for (size_t k = i; k < j; ++k) {
       if (labels[order[k]] != 0) {

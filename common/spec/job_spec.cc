@@ -1346,6 +1346,13 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
                                    spec.num_classes, " classes"));
   }
   if (!spec.embeddings.empty() &&
+      spec.training.consistency.backup_workers > 0) {
+    // A backup's late rows would be refused as of a closed step, failing
+    // its step instead of being dropped as a late dense push is.
+    return FieldError("model.embeddings",
+                      "tables do not train with backup_workers (for now)");
+  }
+  if (!spec.embeddings.empty() &&
       spec.training.consistency.mode != ConsistencyMode::kBsp) {
     // The rows a step pushes are applied when the step closes.
     return FieldError("model.embeddings",

@@ -488,6 +488,9 @@ def prepare_spec(path):
     finally:
         if packed is not None:
             packed.close()
+    if not layout_of(module):
+        from tally.engine import ModelError
+        raise ModelError("the module has no parameters to train")
     shape, classes = _sample_shape(spec.get("dataset") or {})
     _check_forward(module, model.get("loss", "cross_entropy"), shape, classes,
                    tokens=named == "text", ids=named == "clicks")
@@ -501,7 +504,7 @@ def prepare_spec(path):
     layout = layout_of(module)
     if not layout:
         from tally.engine import ModelError
-        raise ModelError("the module has no parameters to train")
+        raise ModelError("the module has no parameters to train besides its tables")
     if files:
         py["files"] = files
     else:

@@ -656,7 +656,7 @@ class TorchEngine:
                     scores.append(_one_logit(out).double().cpu())
         finally:
             model.train()
-        if self.loss == "binary_cross_entropy":
+        if self.loss == "binary_cross_entropy" and scores:
             # Over the whole split at once: AUCs of parts cannot be averaged.
             from tally import _native
             return loss_sum, correct, _native.auc(torch.cat(scores).tolist(),

@@ -1012,9 +1012,16 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
     return absl::InvalidArgumentError(absl::StrCat(
         "samples ", req.samples(), " outside [0, ", max_samples_, "]"));
   }
-  if (req.piece() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("piece ", req.piece(), " of a push of rows"));
+  // Pieces in order (a retried one again), at most kMaxRowPieces: the
+  // rows a member stages for a step stay bounded.
+  auto has = m.rows.find(req.step());
+  const int64_t next =
+      has == m.rows.end() ? 0 : static_cast<int64_t>(has->second.pieces.size());
+  if (req.piece() < 0 || req.piece() >= kMaxRowPieces ||
+      (req.piece() > 0 && req.piece() > next)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "piece ", req.piece(), " of a push of rows (pieces go 0, 1, ... in "
+        "order, at most ", kMaxRowPieces, "; ", next, " staged)"));
   }
   std::vector<RowGrads> blocks;
   TALLY_RETURN_IF_ERROR(DecodeRowGradsLocked(req, &blocks));

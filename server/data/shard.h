@@ -332,6 +332,9 @@ class ParameterShard {
     std::shared_ptr<const std::string> buffers;
     int rank = 0;
   };
+  // The pieces of one member's rows of a step (PushRowsRequest.piece):
+  // with SparseTables::kMaxValuesPerMessage values each, 64 MiB at most.
+  static constexpr int kMaxRowPieces = 64;
   // A member's row gradients of one step (StageRows).
   struct RowGrads {
     int table = 0;

@@ -100,6 +100,9 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
   shard->SetMaxSamples(spec.training.batch_size);
+  // The buffer region rides with the range that starts the vector.
+  if (spec.is_python && req.offset() == 0)
+    shard->SetBufferBytes(spec.python.buffer_bytes);
   TALLY_RETURN_IF_ERROR(AttachTables(req, spec, *shard));
   std::vector<MemberSpec> members;
   for (const v1::MemberSpec& m : req.members()) members.push_back(FromProto(m));

@@ -1030,8 +1030,9 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PullRows(
     return Reply(ctx, s);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // At most a minute: a waiting pull holds its request.
   const int64_t wait_ms = req->max_wait_ms() > 0
-                              ? std::min<int64_t>(req->max_wait_ms(), 600000)
+                              ? std::min<int64_t>(req->max_wait_ms(), 60000)
                               : 30000;
   // Answered once the version is there (perhaps at once, on this thread).
   shard->WhenVersion(

@@ -30,9 +30,10 @@ namespace tally {
 
 class SparseTables {
  public:
-  // The most values one PullRows answer or PushRows request may carry
-  // (within the 4 MiB message limit, with its row numbers).
-  static constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 19;
+  // The most values one PullRows answer or PushRows request may carry:
+  // 1 MiB of them, and at most as many row numbers (10 bytes each at
+  // worst), within the 4 MiB message limit.
+  static constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 18;
 
   // `budget` (shared by every job's tables on this server) is the bytes
   // the tables may still take; null: unbounded.

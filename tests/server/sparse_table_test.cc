@@ -224,7 +224,16 @@ TEST_F(TableShardTest, APieceAgainReplacesItselfAndPieceZeroStartsOver) {
   v1::PushRowsRequest p0 = PushReq("a", 0, 2, 0, {1}, {1, 1, 1, 1});
   v1::PushRowsRequest p1 = PushReq("a", 0, 2, 0, {2}, {2, 2, 2, 2});
   p1.set_piece(1);
+  // Pieces come in order: 1 before 0, or 2 before 1, is refused.
+  EXPECT_THAT(shard_->StageRows(p1, &replaced),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("in order")));
+  v1::PushRowsRequest p2 = p1;
+  p2.set_piece(2);
   TALLY_ASSERT_OK(shard_->StageRows(p0, &replaced));
+  EXPECT_THAT(shard_->StageRows(p2, &replaced),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("in order")));
   TALLY_ASSERT_OK(shard_->StageRows(p1, &replaced));
   TALLY_ASSERT_OK(shard_->StageRows(p1, &replaced));  // a retried piece
   TALLY_ASSERT_OK(shard_->StageRows(p0, &replaced));  // the push again

@@ -221,6 +221,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "loss: binary_cross_entropy}\ndataset: {name: synthetic}\n",
                 "model.loss: binary_cross_entropy takes 0/1 labels, one a "
                 "sample; the dataset has 4 classes"},
+        BadCase{"table_backups",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
+                "dataset: {name: clicks}\ntraining: {workers: 3, consistency: "
+                "{mode: bsp, backup_workers: 1}}\n",
+                "model.embeddings: tables do not train with backup_workers"},
         BadCase{"table_async",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
