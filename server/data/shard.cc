@@ -45,6 +45,22 @@ TALLY_VECTORIZE bool ScaleFinite(float* __restrict x, float inv, int64_t n) {
   return bad == 0;
 }
 
+// A message's bytes on the wire, by its table blocks: each block's own,
+// and the rest of the message (its other fields, the blocks' tags and
+// lengths) with the first, so that they add up to the whole message.
+std::vector<int64_t> WireShares(
+    const google::protobuf::MessageLite& message,
+    const google::protobuf::RepeatedPtrField<v1::TableRows>& blocks) {
+  std::vector<int64_t> out;
+  int64_t rest = static_cast<int64_t>(message.ByteSizeLong());
+  for (const v1::TableRows& t : blocks) {
+    out.push_back(static_cast<int64_t>(t.ByteSizeLong()));
+    rest -= out.back();
+  }
+  if (!out.empty()) out[0] += rest;
+  return out;
+}
+
 }  // namespace
 
 ParameterShard::ParameterShard(std::vector<float> weights,
@@ -986,12 +1002,10 @@ absl::Status ParameterShard::ReadRows(const v1::PullRowsRequest& req,
                                         t.rows_size(),
                                         reinterpret_cast<float*>(bytes->data())));
   }
-  // The answer's bytes on the wire, counted by its tables' share of them.
-  const int64_t wire = static_cast<int64_t>(resp->ByteSizeLong());
-  for (const v1::TableRows& t : resp->tables()) {
-    tables_->CountPull(t.table(), t.rows_size(),
-                       wire * static_cast<int64_t>(t.ByteSizeLong()) /
-                           std::max<int64_t>(1, wire));
+  const std::vector<int64_t> wire = WireShares(*resp, resp->tables());
+  for (int i = 0; i < resp->tables_size(); ++i) {
+    tables_->CountPull(resp->tables(i).table(), resp->tables(i).rows_size(),
+                       wire[i]);
   }
   return absl::OkStatus();
 }
@@ -1097,11 +1111,10 @@ absl::Status ParameterShard::DecodeRowGradsLocked(
     }
     blocks->push_back(std::move(g));
   }
-  const int64_t wire = static_cast<int64_t>(req.ByteSizeLong());
-  for (const v1::TableRows& t : req.tables()) {
-    tables_->CountPush(t.table(), t.rows_size(),
-                       wire * static_cast<int64_t>(t.ByteSizeLong()) /
-                           std::max<int64_t>(1, wire));
+  const std::vector<int64_t> wire = WireShares(req, req.tables());
+  for (int i = 0; i < req.tables_size(); ++i) {
+    tables_->CountPush(req.tables(i).table(), req.tables(i).rows_size(),
+                       wire[i]);
   }
   return absl::OkStatus();
 }
