@@ -372,6 +372,12 @@ class WorkerDaemon::Impl {
                         absl::StrFormat("%.17g", c.zipf), "|", c.seed);
   }
 
+  static std::string CriteoKey(const CriteoSpec& c) {
+    return absl::StrCat(absl::StrFormat("%.17g", c.test_fraction), "|",
+                        c.integer_features, "|", c.categorical_features, "|",
+                        c.train_size);
+  }
+
   // What a dataset read from a spec depends on: a spec with the same key
   // (and files not changed since) reads the same samples.
   static std::string DataKey(const JobSpec& spec) {
@@ -386,7 +392,9 @@ class WorkerDaemon::Impl {
       absl::StrAppend(&files, "|", *p, "@", Stamp(*p));
     }
     const TextSpec& text = spec.dataset.text;
-    for (const std::vector<std::string>* list : {&text.train, &text.test}) {
+    const CriteoSpec& criteo = spec.dataset.criteo;
+    for (const std::vector<std::string>* list :
+         {&text.train, &text.test, &criteo.train, &criteo.test}) {
       for (const std::string& p : *list) {
         absl::StrAppend(&files, "|", p, "@", Stamp(p));
       }
@@ -409,7 +417,8 @@ class WorkerDaemon::Impl {
         spec.dataset.synthetic.seed, "|", arr.train_size, "|", arr.num_classes,
         "|", absl::StrJoin(arr.shape, "x"), "|", csv.label, "|",
         absl::StrJoin(csv.features, ","), "|", csv.num_features, "|",
-        csv.train_size, "|", csv.num_classes, "|", ClicksKey(spec.dataset.clicks));
+        csv.train_size, "|", csv.num_classes, "|", ClicksKey(spec.dataset.clicks), "|",
+        CriteoKey(criteo));
   }
 
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {

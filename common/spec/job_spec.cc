@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data/criteo.h"
 #include "common/data/csv.h"
 #include "common/data/image_folder.h"
 #include "common/data/npy.h"
@@ -483,6 +484,44 @@ absl::Status ParseClicks(const YAML::Node& n, ClicksOptions* c) {
   return absl::OkStatus();
 }
 
+// dataset: {name: criteo, train, test, test_fraction, integer_features,
+// categorical_features, train_size}.
+absl::Status ParseCriteo(const YAML::Node& n, CriteoSpec* c) {
+  const std::string p = "dataset";
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p, {"name", "train", "test", "test_fraction", "integer_features",
+             "categorical_features", "train_size"}));
+  TALLY_RETURN_IF_ERROR(ReadPaths(n["train"], "dataset.train", &c->train));
+  TALLY_RETURN_IF_ERROR(ReadPaths(n["test"], "dataset.test", &c->test));
+  if (c->train.empty()) {
+    return FieldError("dataset.train",
+                      "is required (Criteo TSV files or globs)");
+  }
+  if (n["test_fraction"]) {
+    if (!c->test.empty()) {
+      return FieldError("dataset.test_fraction",
+                        "is for logs without test files (dataset.test)");
+    }
+    TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "test_fraction", &c->test_fraction));
+    if (!(c->test_fraction >= 0 && c->test_fraction < 1)) {
+      return FieldError("dataset.test_fraction", "must be in [0, 1)");
+    }
+  }
+  if (!c->test.empty()) c->test_fraction = 0;
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "integer_features", 0, 1024, &c->integer_features));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "categorical_features", 1, 1024, &c->categorical_features));
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "train_size", 1, int64_t{1} << 40, &c->train_size));
+  if (c->train_size == 0) {
+    return FieldError("dataset.train_size",
+                      "is required: the training lines (the schedule is "
+                      "fixed at submission; the Python client fills it in)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseDatasetThreads(YAML::Node n, DatasetSpec* d) {
   int64_t threads = d->threads;
   TALLY_RETURN_IF_ERROR(ReadInt(n, "dataset", "threads", 1, 64, &threads));
@@ -537,15 +576,18 @@ absl::Status ParseDataset(const YAML::Node& node, DatasetSpec* d) {
     return ParseText(n, &d->text);
   } else if (d->name == "clicks") {
     return ParseClicks(n, &d->clicks);
+  } else if (d->name == "criteo") {
+    return ParseCriteo(n, &d->criteo);
   } else if (d->name.empty()) {
     return FieldError("dataset.name",
                       "is required (fashion-mnist, synthetic, arrays, csv, "
-                      "image_folder, text or clicks)");
+                      "image_folder, text, clicks or criteo)");
   } else {
-    return FieldError("dataset.name",
-                      absl::StrCat("unknown dataset '", d->name,
-                                   "' (known: fashion-mnist, synthetic, "
-                                   "arrays, csv, image_folder, text, clicks)"));
+    return FieldError(
+        "dataset.name",
+        absl::StrCat("unknown dataset '", d->name,
+                     "' (known: fashion-mnist, synthetic, arrays, csv, "
+                     "image_folder, text, clicks, criteo)"));
   }
   return absl::OkStatus();
 }
@@ -1419,6 +1461,7 @@ int64_t TrainSize(const DatasetSpec& spec) {
   if (spec.name == "image_folder") return spec.images.train_size;
   if (spec.name == "text") return spec.text.train_size;
   if (spec.name == "clicks") return spec.clicks.train_size;
+  if (spec.name == "criteo") return spec.criteo.train_size;
   return 60000;  // fashion-mnist
 }
 
@@ -1446,6 +1489,12 @@ absl::Status DescribeSamples(const DatasetSpec& spec, Shape* input_shape,
   if (spec.name == "clicks") {
     *input_shape = {spec.clicks.integer_features +
                     spec.clicks.categorical_features};
+    *num_classes = 2;
+    return absl::OkStatus();
+  }
+  if (spec.name == "criteo") {
+    *input_shape = {spec.criteo.integer_features +
+                    spec.criteo.categorical_features};
     *num_classes = 2;
     return absl::OkStatus();
   }
@@ -1482,7 +1531,8 @@ absl::Status DescribeDataset(JobSpec* spec) {
     spec->input_type = InputType::kInt64;
     spec->label_shape = {spec->dataset.text.seq_len};
   }
-  if (spec->dataset.name == "clicks") spec->input_type = InputType::kInt64;
+  if (spec->dataset.name == "clicks" || spec->dataset.name == "criteo")
+    spec->input_type = InputType::kInt64;
   return absl::OkStatus();
 }
 
@@ -1618,6 +1668,48 @@ absl::StatusOr<std::vector<std::string>> ExpandAll(
   return out;
 }
 
+// Criteo logs' splits, both read as they are gathered (evaluation gathers
+// the test split in pieces). A worker whose files
+// hold another count of lines than the job was submitted with says so.
+absl::StatusOr<TrainTest> OpenCriteo(const CriteoSpec& c) {
+  CriteoOptions o;
+  o.integer_features = c.integer_features;
+  o.categorical_features = c.categorical_features;
+  TALLY_ASSIGN_OR_RETURN(o.files, ExpandAll(c.train));
+  o.end = 1.0 - c.test_fraction;
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const CriteoLines> train,
+                         CriteoLines::Open(o));
+  if (train->size() != c.train_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        absl::StrJoin(c.train, ", "), " hold ", train->size(),
+        " training lines (", train->lines(),
+        " in all); the job was submitted with dataset.train_size ",
+        c.train_size));
+  }
+  if (!c.test.empty()) {
+    TALLY_ASSIGN_OR_RETURN(o.files, ExpandAll(c.test));
+    o.end = 1.0;
+  } else {
+    o.begin = 1.0 - c.test_fraction;
+    o.end = 1.0;
+  }
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const CriteoLines> test,
+                         CriteoLines::Open(o));
+  TrainTest out;
+  Fingerprint print;
+  train->Describe(&print);
+  test->Describe(&print);
+  out.fingerprint = print.Text();
+  for (Dataset* d : {&out.train, &out.test}) {
+    d->sample_shape = {c.integer_features + c.categorical_features};
+    d->input_type = InputType::kInt64;
+    d->num_classes = 2;
+  }
+  out.train.source = std::move(train);
+  if (test->size() > 0) out.test.source = std::move(test);
+  return out;
+}
+
 // A corpus's splits, both read as they are gathered (evaluation gathers
 // the test split in pieces). A worker whose files give another vocabulary
 // or another count of windows than the job was submitted with says so.
@@ -1679,6 +1771,7 @@ absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
   if (spec.name == "image_folder") return OpenImageFolder(spec.images);
   if (spec.name == "text") return OpenText(spec.text);
   if (spec.name == "clicks") return MakeClicks(spec.clicks);
+  if (spec.name == "criteo") return OpenCriteo(spec.criteo);
   return absl::InvalidArgumentError(
       absl::StrCat("dataset.name: unknown dataset '", spec.name, "'"));
 }

@@ -93,9 +93,22 @@ struct TextSpec {
   int64_t train_size = 0;    // windows, as arrays' train_size
 };
 
+// dataset.name criteo: click logs in Criteo's tab-separated format on the
+// workers (common/data/criteo.h).
+struct CriteoSpec {
+  // Paths or globs, read in the order given as one stream; test optional.
+  std::vector<std::string> train, test;
+  // Without test files: the share of the training stream's lines, at its
+  // end, held out as the test split.
+  double test_fraction = 0.1;
+  int64_t integer_features = 13;
+  int64_t categorical_features = 26;
+  int64_t train_size = 0;  // lines of the training split (the client's)
+};
+
 struct DatasetSpec {
-  // "fashion-mnist", "synthetic", "arrays", "csv", "image_folder", "text"
-  // or "clicks"
+  // "fashion-mnist", "synthetic", "arrays", "csv", "image_folder", "text",
+  // "clicks" or "criteo"
   std::string name;
   std::string root = kDefaultFashionMnistRoot;  // fashion-mnist
   bool normalize = false;      // fashion-mnist: (x - 0.2860) / 0.3530
@@ -105,6 +118,7 @@ struct DatasetSpec {
   ImageFolderSpec images;      // image_folder
   TextSpec text;               // text
   ClicksOptions clicks;        // clicks
+  CriteoSpec criteo;           // criteo
   // Threads that gather a batch (dataset.threads): decoding images is the
   // work worth sharing; the loader's own thread is one.
   int threads = 1;

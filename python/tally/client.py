@@ -48,7 +48,7 @@ def _sample_shape(dataset):
         return tuple(int(d) for d in dataset.get("shape") or ()), int(dataset.get("classes", 0))
     if name == "text":
         return (int(dataset.get("seq_len", 128)),), int(dataset.get("vocab_size", 256))
-    if name == "clicks":  # int64 counts, then ids; a click or not
+    if name in ("clicks", "criteo"):  # int64 counts, then ids; a click or not
         return (int(dataset.get("integer_features", 13))
                 + int(dataset.get("categorical_features", 26)),), 2
     if name in INPUT_SHAPES:
@@ -451,6 +451,40 @@ def _fill_text(dataset):
                           f"not one window of seq_len + 1")
 
 
+def _count_lines(path):
+    """Lines of a file as the workers count them: its newlines, and one
+    more for a last line without one."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 24)
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def _fill_criteo(dataset):
+    """Criteo logs this machine can read: train_size (the training lines)
+    filled in and checked, counting lines as the workers do (they check
+    every line's fields)."""
+    import math
+    train = _paths(dataset.get("train"))
+    if not train or not all(any(c in p for c in "*?[") or os.path.exists(p) for p in train):
+        return
+    total = sum(_count_lines(f) for p in train for f in _expand(p))
+    fraction = 0.0 if dataset.get("test") else dataset.get("test_fraction", 0.1)
+    if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise SubmitError(f"dataset.test_fraction: must be in [0, 1), got {fraction!r}")
+    lines = math.floor((1.0 - fraction) * total)
+    if dataset.setdefault("train_size", lines) != lines:
+        raise SubmitError(f"dataset.train_size is {dataset['train_size']}; the training "
+                          f"files hold {lines} lines")
+    if lines == 0:
+        raise SubmitError(f"dataset.train: {', '.join(train)} hold no training line")
+
+
 def prepare_spec(path):
     """The spec at `path` as the coordinator takes it: a Python model's code
     and parameter layout filled in, and an arrays dataset's shape and size
@@ -466,10 +500,12 @@ def prepare_spec(path):
         _fill_image_folder(dataset)
     elif named == "text":
         _fill_text(dataset)
+    elif named == "criteo":
+        _fill_criteo(dataset)
     model = spec.get("model") if isinstance(spec, dict) else None
     py = model.get("python") if isinstance(model, dict) else None
     if not isinstance(py, dict):
-        if named in ("arrays", "csv", "image_folder", "text"):
+        if named in ("arrays", "csv", "image_folder", "text", "criteo"):
             return json.dumps(spec)
         with open(path) as f:
             return f.read()
@@ -493,7 +529,7 @@ def prepare_spec(path):
         raise ModelError("the module has no parameters to train")
     shape, classes = _sample_shape(spec.get("dataset") or {})
     _check_forward(module, model.get("loss", "cross_entropy"), shape, classes,
-                   tokens=named == "text", ids=named == "clicks")
+                   tokens=named == "text", ids=named in ("clicks", "criteo"))
     tables = model.get("embeddings")
     if tables is not None:
         if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
