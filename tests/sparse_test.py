@@ -25,6 +25,10 @@ over three shard processes.
              against PyTorch with nn.EmbeddingBag(sparse=True) and the same
              optimizers (SGD on the towers, torch.optim.Adagrad on the
              tables), on the batches the worker trained.
+  criteo     the dlrm's clicks samples written as Criteo TSV files (zero
+             counts left empty, the test file's lines ending in CRLF)
+             train the DLRM bit for bit as the clicks dataset does; a bad
+             line FAILS the job naming the file, line and field.
   errors     an id outside a direct table FAILS the job naming the table
              and the id; a table that is not the model's, or whose dim
              differs, is refused at submit; dynamic tables are refused
@@ -325,30 +329,43 @@ class HashedBag(torch.nn.Module):
         return self.bag(torch.from_numpy(_native.hash_rows(ids.numpy(), self.salt, self.rows)))
 
 
-def dlrm(cluster, tmp):
-    steps, batch = 50, 64
+def dlrm_job(tmp, name, dataset, steps, batch, build="make_recorded"):
+    """The example's DLRM as a job over 2 shards: each table names its
+    column, so a step pulls every table's rows at once."""
+    tables = "\n".join(f"    - {{name: tables.{k}, features: [{13 + k}], ids: hashed, "
+                        f"init: uniform, optimizer: {{type: adagrad, lr: {TABLE_LR}}}}}"
+                        for k in range(26))
+    path = f"{tmp}/dlrm/{name}.yaml"
+    with open(path, "w") as f:
+        f.write(f"""name: {name}
+model:
+  python: {{file: model.py, build: {build}}}
+  loss: binary_cross_entropy
+  embeddings:
+{tables}
+dataset: {dataset}
+training: {{epochs: 1, batch_size: {batch}, max_steps: {steps}, seed: {SEED}, workers: 1, shards: 2}}
+optimizer: {{type: sgd, lr: {LR}}}
+""")
+    return path
+
+
+def write_dlrm(tmp):
     with open(f"{ROOT}/examples/dlrm/model.py") as f:
         code = f.read() + DLRM_RECORDER
     os.makedirs(f"{tmp}/dlrm", exist_ok=True)
     with open(f"{tmp}/dlrm/model.py", "w") as f:
         f.write(code)
-    # As the example: each table names its column, so a step pulls every
-    # table's rows at once.
-    tables = "\n".join(f"    - {{name: tables.{k}, features: [{13 + k}], ids: hashed, "
-                        f"init: uniform, optimizer: {{type: adagrad, lr: {TABLE_LR}}}}}"
-                        for k in range(26))
-    path = f"{tmp}/dlrm/job.yaml"
-    with open(path, "w") as f:
-        f.write(f"""name: dlrm-test
-model:
-  python: {{file: model.py, build: make_recorded}}
-  loss: binary_cross_entropy
-  embeddings:
-{tables}
-dataset: {{name: clicks, train_size: 4096, test_size: 1024, cardinality: 5000}}
-training: {{epochs: 1, batch_size: {batch}, max_steps: {steps}, seed: {SEED}, workers: 1, shards: 2}}
-optimizer: {{type: sgd, lr: {LR}}}
-""")
+    return code
+
+
+CLICKS = "{name: clicks, train_size: 4096, test_size: 1024, cardinality: 5000}"
+
+
+def dlrm(cluster, tmp):
+    steps, batch = 50, 64
+    code = write_dlrm(tmp)
+    path = dlrm_job(tmp, "dlrm-test", CLICKS, steps, batch)
     job = run(cluster, path)
     got = weights(cluster, tmp, job)
     xs = sorted(glob.glob(f"{tmp}/batches/dlrm-x-*.npy"))
@@ -403,6 +420,53 @@ optimizer: {{type: sgd, lr: {LR}}}
         fail(f"the tables report {touched}")
 
 
+def criteo_lines(x, y, crlf):
+    """Samples as Criteo's TSV: the label, the counts in decimal (a zero
+    left empty, as Criteo's missing values), the ids in 8-digit hex."""
+    out = []
+    for row, label in zip(x, y):
+        ints = ["" if v == 0 else str(v) for v in row[:13]]
+        ids = [f"{v:08x}" for v in row[13:]]
+        out.append("\t".join([str(int(label))] + ints + ids) + ("\r\n" if crlf else "\n"))
+    return "".join(out)
+
+
+def criteo(cluster, tmp):
+    """The clicks samples written as Criteo's TSV files train the DLRM bit
+    for bit as the clicks dataset does: the reader gives the same samples,
+    missing counts as 0, CRLF lines as LF ones."""
+    write_dlrm(tmp)
+    (train_x, train_y), (test_x, test_y), _ = _native.make_clicks(
+        4096, 1024, cardinality=5000, seed=1)
+    if not (train_x[:, 13:] < 2 ** 32).all() or not (train_x[:, :13] == 0).any():
+        fail("the clicks ids are not 32-bit, or no count is 0")
+    with open(f"{tmp}/dlrm/train.tsv", "w") as f:
+        f.write(criteo_lines(train_x, train_y, crlf=False))
+    with open(f"{tmp}/dlrm/test.tsv", "w") as f:
+        f.write(criteo_lines(test_x, test_y, crlf=True))
+    data = (f"{{name: criteo, train: {tmp}/dlrm/train.tsv, test: {tmp}/dlrm/test.tsv}}")
+    a = run(cluster, dlrm_job(tmp, "dlrm-clicks", CLICKS, 20, 64, "make_model"))
+    b = run(cluster, dlrm_job(tmp, "dlrm-criteo", data, 20, 64, "make_model"))
+    wa, wb = weights(cluster, tmp, a), weights(cluster, tmp, b)
+    differ = [n for n in wa if not torch.equal(wa[n], wb[n])]
+    if differ or a.metrics.test_auc != b.metrics.test_auc:
+        fail(f"criteo against clicks: {differ} differ; AUC {b.metrics.test_auc} "
+             f"against {a.metrics.test_auc}")
+    # A bad line fails the job naming the file, the line and the field.
+    with open(f"{tmp}/dlrm/bad.tsv", "w") as f:
+        f.write(criteo_lines(train_x[:9], train_y[:9], crlf=False))
+        f.write("1\t" + "\t".join(["2"] * 13) + "\t" + "\t".join(["zz"] * 26) + "\n")
+    bad = cluster.client.submit(dlrm_job(
+        tmp, "dlrm-bad", f"{{name: criteo, train: {tmp}/dlrm/bad.tsv}}", 2, 4, "make_model"))
+    bad = cluster.client.wait(bad.id, timeout=120)
+    want = f"{tmp}/dlrm/bad.tsv:10: field 15 (C1) is 'zz'"
+    if bad.state != pb.FAILED or want not in bad.message:
+        fail(f"a bad Criteo line: {pb.JobState.Name(bad.state)} {bad.message!r}")
+    print(f"criteo: the clicks samples as TSV files train bit for bit as clicks "
+          f"({len(wa)} tensors, AUC {b.metrics.test_auc:.4f}); a bad line FAILED: "
+          f"{bad.message[-80:]!r}")
+
+
 def errors(cluster, tmp):
     job = cluster.client.submit(spec(tmp, "make_small", 1, [{"name": "emb", "ids": "direct"}],
                                      name="outside"))
@@ -431,7 +495,8 @@ def errors(cluster, tmp):
     print("errors: bad tables refused at submit; the next job SUCCEEDED")
 
 
-PHASES = {"equal": equal, "two": two, "adagrad": adagrad, "dlrm": dlrm, "errors": errors}
+PHASES = {"equal": equal, "two": two, "adagrad": adagrad, "dlrm": dlrm, "criteo": criteo,
+          "errors": errors}
 
 
 def main():

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/data/clicks.h"
 #include "common/device.h"
 #include "common/malloc_tuning.h"
 #include "common/spec/job_spec.h"
@@ -309,8 +310,10 @@ class PyEngine : public ModelEngine {
     return View(x, count, input_shape_);
   }
 
-  // A test split that stays in its files (text): gathered and evaluated
-  // kEvalPiece samples at a time, so its memory is one piece's.
+  // A test split that stays in its files (text, criteo): gathered and
+  // evaluated kEvalPiece samples at a time, so its memory is one piece's
+  // (and, for binary cross-entropy, every sample's score and label: the
+  // AUC is the whole split's at once).
   absl::StatusOr<StepStats> EvaluateGathered(const Dataset& data) {
     // At most 1024 samples and 2^20 values a piece.
     const int64_t kEvalPiece = std::clamp<int64_t>(
@@ -319,6 +322,8 @@ class PyEngine : public ModelEngine {
     std::vector<int64_t> index, id_rows;
     std::vector<float> x;
     std::vector<int32_t> y;
+    std::vector<double> scores;
+    std::vector<int> labels;
     StepStats stats;
     stats.samples = data.size();
     for (int64_t at = 0; at < data.size(); at += kEvalPiece) {
@@ -338,13 +343,25 @@ class PyEngine : public ModelEngine {
       try {
         py::tuple r = impl_.attr("evaluate")(
             Inputs(x.data(), ids ? id_rows.data() : nullptr, n),
-            View(y.data(), n, label_shape_));
+            View(y.data(), n, label_shape_), py::arg("scores_out") = true);
         stats.loss_sum += r[0].cast<double>();
         stats.correct += r[1].cast<int64_t>();
+        if (r.size() > 2) {
+          auto s = r[2].cast<py::array_t<double, py::array::c_style |
+                                                     py::array::forcecast>>();
+          if (s.size() != n) {
+            return absl::InternalError(absl::StrCat(
+                "the model's evaluation gave ", s.size(), " scores for ", n,
+                " samples"));
+          }
+          scores.insert(scores.end(), s.data(), s.data() + n);
+          labels.insert(labels.end(), y.begin(), y.begin() + n);
+        }
       } catch (const std::exception& e) {
         return FromPython(e, "the model's evaluation");
       }
     }
+    if (!scores.empty()) stats.auc = tally::Auc(scores, labels);
     return stats;
   }
 

@@ -631,7 +631,11 @@ class TorchEngine:
             at += n
 
     @torch.no_grad()
-    def evaluate(self, x, y):
+    def evaluate(self, x, y, scores_out=False):
+        """(loss sum, correct) over the samples, and for binary
+        cross-entropy the AUC of their scores, or with scores_out the
+        scores themselves (float64), for a caller that evaluates a split
+        in pieces and takes the AUC of all of them at once."""
         self._threads()
         model, device = self.models[0], self.devices[0]
         if device.type != "cpu":
@@ -656,6 +660,8 @@ class TorchEngine:
                     scores.append(_one_logit(out).double().cpu())
         finally:
             model.train()
+        if self.loss == "binary_cross_entropy" and scores and scores_out:
+            return loss_sum, correct, torch.cat(scores).numpy()
         if self.loss == "binary_cross_entropy" and scores:
             # Over the whole split at once: AUCs of parts cannot be averaged.
             from tally import _native

@@ -186,6 +186,28 @@ INSTANTIATE_TEST_SUITE_P(
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
                 "\ndataset: {name: clicks, zipf: 0}\n",
                 "dataset.zipf: must be in (0, 4]"},
+        BadCase{"criteo_no_train",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: criteo, train_size: 10}\n",
+                "dataset.train: is required (Criteo TSV files or globs)"},
+        BadCase{"criteo_no_size",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: criteo, train: day_0.tsv}\n",
+                "dataset.train_size: is required: the training lines"},
+        BadCase{"criteo_test_and_fraction",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: criteo, train: a.tsv, test: b.tsv, "
+                "test_fraction: 0.2, train_size: 10}\n",
+                "dataset.test_fraction: is for logs without test files"},
+        BadCase{"criteo_no_categories",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: criteo, train: a.tsv, categorical_features: "
+                "0, train_size: 10}\n",
+                "dataset.categorical_features"},
+        BadCase{"criteo_for_layers",
+                "model: {preset: mlp}\ndataset: {name: criteo, train: a.tsv, "
+                "train_size: 10}\n",
+                "model: a criteo dataset's samples are int64 ids"},
         BadCase{"table_dynamic",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8, dynamic: "
