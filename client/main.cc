@@ -15,7 +15,9 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -232,17 +234,45 @@ int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
   tally::v1::FetchWeightsRequest req;
   req.set_job_id(id);
   auto reader = stub.FetchWeights(&ctx, req);
-  tally::v1::FileChunk chunk;
-  std::string bytes;
-  while (reader->Read(&chunk)) bytes += chunk.data();
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) return Report(s);
-  absl::Status w = tally::WriteFileAtomic(out, bytes);
-  if (!w.ok()) {
-    std::cerr << "tally: " << w.message() << "\n";
+  // Straight to the file (a job's tables may be larger than this
+  // machine's memory), renamed into place once whole.
+  const std::string part = out + ".part";
+  std::FILE* f = std::fopen(part.c_str(), "wb");
+  if (f == nullptr) {
+    std::cerr << "tally: " << part << ": " << std::strerror(errno) << "\n";
     return 1;
   }
-  std::printf("wrote %s (%zu bytes)\n", out.c_str(), bytes.size());
+  tally::v1::FileChunk chunk;
+  int64_t bytes = 0;
+  std::string head;  // the header's start, for its "tables" note
+  bool written = true;
+  while (reader->Read(&chunk)) {
+    written = written && std::fwrite(chunk.data().data(), 1,
+                                     chunk.data().size(), f) ==
+                             chunk.data().size();
+    if (head.size() < 65536) head += chunk.data().substr(0, 65536);
+    bytes += static_cast<int64_t>(chunk.data().size());
+  }
+  grpc::Status s = reader->Finish();
+  written = written && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  written = std::fclose(f) == 0 && written;
+  if (!s.ok() || !written ||
+      std::rename(part.c_str(), out.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(part.c_str());
+    if (!s.ok()) return Report(s);
+    std::cerr << "tally: writing " << out << ": " << why << "\n";
+    return 1;
+  }
+  std::printf("wrote %s (%lld bytes)\n", out.c_str(),
+              static_cast<long long>(bytes));
+  // A job with tables whose file has none says why in its metadata.
+  const std::string key = "\"tables\":\"";
+  if (size_t at = head.find(key); at != std::string::npos) {
+    const size_t from = at + key.size();
+    std::printf("the file has no embedding tables: %s\n",
+                head.substr(from, head.find('"', from) - from).c_str());
+  }
   return 0;
 }
 

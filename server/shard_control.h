@@ -151,6 +151,12 @@ class ShardControl {
                                           int64_t map_version, int64_t version,
                                           int64_t count, absl::Duration wait,
                                           bool weights_only) = 0;
+  // An ended job's table rows held here (ShardHost::ReadTable): up to
+  // `max_rows` from `start` on, in order (the caller checks that they
+  // are: a shard process's answer is not trusted).
+  virtual absl::StatusOr<v1::ReadTableResponse> ReadTable(
+      const std::string& job_id, int64_t map_version, int table,
+      int64_t start, int64_t max_rows) = 0;
   // The shard's ranges and their progress.
   virtual absl::StatusOr<std::vector<v1::RangeStatus>> Status() = 0;
   // Whether Status is cheap and live (in process) rather than remote.

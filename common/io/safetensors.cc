@@ -24,7 +24,8 @@ static_assert(std::endian::native == std::endian::little,
 std::string EncodeSafetensors(
     const std::vector<ParamInfo>& layout, const float* params,
     const std::map<std::string, std::string>& metadata,
-    const std::vector<RawTensor>& extra) {
+    const std::vector<RawTensor>& extra,
+    const std::vector<LaterTensor>& later) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   int64_t offset = 0;
@@ -42,11 +43,18 @@ std::string EncodeSafetensors(
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
+  const int64_t here = offset;  // the bytes in the result
+  for (const LaterTensor& t : later) {
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
+  }
   std::string json = header.dump();
   // Pad the header with spaces so the data starts 8-byte aligned.
   while (json.size() % 8 != 0) json.push_back(' ');
   std::string out;
-  out.reserve(8 + json.size() + offset);
+  out.reserve(8 + json.size() + here);
   uint64_t n = json.size();
   out.append(reinterpret_cast<const char*>(&n), 8);
   out.append(json);

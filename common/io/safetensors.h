@@ -37,13 +37,25 @@ struct RawTensor {
   std::string bytes;
 };
 
+// A tensor whose bytes the caller writes after the encoded file (one too
+// large to hold at once: a job's embedding tables): its header entry.
+struct LaterTensor {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  int64_t bytes = 0;
+};
+
 // Encodes the flat vector `params` (layout.num_params floats) as named
 // tensors, then `extra` as they are. `metadata` goes to the header's
-// "__metadata__" (string values).
+// "__metadata__" (string values). The header also lists `later`, after
+// the rest, whose bytes are not in the result: the file is whole once the
+// caller has appended them, in order.
 std::string EncodeSafetensors(
     const std::vector<ParamInfo>& layout, const float* params,
     const std::map<std::string, std::string>& metadata = {},
-    const std::vector<RawTensor>& extra = {});
+    const std::vector<RawTensor>& extra = {},
+    const std::vector<LaterTensor>& later = {});
 
 // Decodes any float32 safetensors document. kInvalidArgument (with what is
 // wrong) for malformed input; other dtypes are rejected by name.

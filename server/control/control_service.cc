@@ -107,42 +107,87 @@ class WatchReactor final : public EventWriteReactor<WatchReactor, v1::Job> {
 
 // ---------------------------------------------------------------- fetch --
 
+// The file in pieces of 1 MiB. A job's tables are read from its shards as
+// the file goes out, on a thread of the reactor's own (their reads block),
+// one piece ahead of the client at most.
 class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
  public:
   FetchReactor(Coordinator* coord, const std::string& job_id) {
-    auto bytes = coord->WeightsFile(job_id);
-    if (!bytes.ok()) {
-      Finish(ToGrpc(bytes.status()));
+    auto file = coord->ExportWeights(job_id);
+    if (!file.ok()) {
+      Finish(ToGrpc(file.status()));
       return;
     }
-    bytes_ = *std::move(bytes);
-    Next();
+    head_ = std::move(file->head);
+    tables_ = std::move(file->tables);
+    total_ = static_cast<int64_t>(head_.size()) +
+             (tables_ != nullptr ? tables_->bytes() : 0);
+    producer_ = std::thread([this] { Produce(); });
   }
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
-      return;
-    }
-    Next();
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) cancelled_ = true;
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    // Finish may call this on the producer itself.
+    if (producer_.joinable()) {
+      if (producer_.get_id() == std::this_thread::get_id()) {
+        producer_.detach();
+      } else {
+        producer_.join();
+      }
+    }
+    delete this;
+  }
 
  private:
-  void Next() {
-    constexpr size_t kChunk = 1 << 20;
-    if (offset_ >= bytes_.size()) {
-      Finish(grpc::Status::OK);
-      return;
+  static constexpr size_t kChunk = 1 << 20;
+
+  void Produce() {
+    for (size_t at = 0; at < head_.size(); at += kChunk) {
+      if (!Write(head_.substr(at, kChunk))) return;
     }
-    const size_t n = std::min(kChunk, bytes_.size() - offset_);
-    chunk_.set_data(bytes_.data() + offset_, n);
-    chunk_.set_total_size(static_cast<int64_t>(bytes_.size()));
-    offset_ += n;
-    StartWrite(&chunk_);
+    grpc::Status status = grpc::Status::OK;
+    while (tables_ != nullptr) {
+      absl::StatusOr<std::string> piece = tables_->Next();
+      if (!piece.ok()) {
+        status = ToGrpc(piece.status());
+        break;
+      }
+      if (piece->empty()) break;
+      if (!Write(*std::move(piece))) return;
+    }
+    mu_.LockWhen(absl::Condition(this, &FetchReactor::Idle));
+    mu_.Unlock();
+    Finish(status);
   }
-  std::string bytes_;
-  size_t offset_ = 0;
+  // One piece once the last is written; false (and finished) when the
+  // client went away.
+  bool Write(std::string data) {
+    mu_.LockWhen(absl::Condition(this, &FetchReactor::Idle));
+    const bool cancelled = cancelled_;
+    writing_ = !cancelled;
+    mu_.Unlock();
+    if (cancelled) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      return false;
+    }
+    chunk_.set_data(std::move(data));
+    chunk_.set_total_size(total_);
+    StartWrite(&chunk_);
+    return true;
+  }
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; }
+
+  std::string head_;
+  std::unique_ptr<TableExport> tables_;
+  int64_t total_ = 0;
   v1::FileChunk chunk_;
+  std::thread producer_;
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

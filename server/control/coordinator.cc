@@ -237,6 +237,7 @@ struct Coordinator::ControlTask {
       new_leaves;
   bool retired_now = false;
   std::shared_ptr<const std::vector<float>> final_weights;
+  std::vector<std::shared_ptr<ShardControl>> table_homes;
 };
 
 Coordinator::Coordinator(const CoordinatorOptions& options)
@@ -660,12 +661,14 @@ std::string ExportFile(const std::vector<ParamInfo>& params,
                        const std::vector<float>& weights,
                        const PythonModelSpec& py, const std::string& buffers,
                        const std::string& job_id, const std::string& name,
-                       int64_t version) {
+                       int64_t version, const TableExport* tables = nullptr,
+                       const std::string& tables_note = "") {
   std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"job", job_id},
       {"name", name},
       {"version", absl::StrCat(version)}};
+  if (!tables_note.empty()) metadata["tables"] = tables_note;
   if (!py.aliases.empty())
     metadata["aliases"] = nlohmann::json(py.aliases).dump();
   std::vector<RawTensor> extra;
@@ -676,7 +679,9 @@ std::string ExportFile(const std::vector<ParamInfo>& params,
       at += b.bytes;
     }
   }
-  return EncodeSafetensors(params, weights.data(), metadata, extra);
+  return EncodeSafetensors(params, weights.data(), metadata, extra,
+                           tables != nullptr ? tables->Tensors()
+                                             : std::vector<LaterTensor>{});
 }
 
 }  // namespace
@@ -812,6 +817,46 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
 
 absl::StatusOr<std::string> Coordinator::WeightsFile(
     const std::string& job_id) {
+  TALLY_ASSIGN_OR_RETURN(WeightsExport file, ExportWeights(job_id));
+  if (file.tables == nullptr) return std::move(file.head);
+  while (true) {
+    TALLY_ASSIGN_OR_RETURN(std::string piece, file.tables->Next());
+    if (piece.empty()) return std::move(file.head);
+    file.head += piece;
+  }
+}
+
+namespace {
+
+// Where an ended job's tables are (its table homes), or why the file
+// has none.
+std::unique_ptr<TableExport> TablesOf(
+    const std::string& job_id, const JobSpec& spec, bool ended, bool retired,
+    int64_t map_version,
+    const std::vector<std::shared_ptr<ShardControl>>& homes,
+    std::string* note) {
+  if (spec.embeddings.empty()) return nullptr;
+  if (!retired) {
+    *note = ended ? "not included yet: the shards are still closing the "
+                    "job; fetch again in a moment"
+                  : "not included: the job is running (they are once it "
+                    "has ended)";
+    return nullptr;
+  }
+  if (homes.empty()) {
+    *note = "lost: a shard of the job was away when it ended";
+    return nullptr;
+  }
+  return std::make_unique<TableExport>(job_id, map_version, spec.embeddings,
+                                       spec.training.seed, homes);
+}
+
+}  // namespace
+
+absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
+    const std::string& job_id) {
+  WeightsExport out;
+  std::string tables_note;
   PythonModelSpec py;
   std::string buffers;
   ModelLayout layout;
@@ -825,6 +870,18 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     if (it == jobs_.end()) {
       return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
     }
+    // An ended job with tables: its ranges retire in a moment (the control
+    // round after the end), and the file then has the tables.
+    const auto retired = [this, &job_id] {
+      auto j = jobs_.find(job_id);
+      return j == jobs_.end() || !Terminal(j->second.proto.state()) ||
+             j->second.spec.embeddings.empty() || j->second.retired;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&retired), absl::Seconds(10));
+    it = jobs_.find(job_id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
+    }
     const JobEntry& job = it->second;
     layout = job.spec.layout;
     name = job.spec.name;
@@ -832,6 +889,9 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     buffers = job.final_buffers;
     total_steps = job.schedule.total_steps;
     map_version = job.map_version;
+    out.tables = TablesOf(job_id, job.spec, Terminal(job.proto.state()),
+                          job.retired, job.map_version, job.table_homes,
+                          &tables_note);
     if (job.final_weights != nullptr) {
       weights = job.final_weights;
       version = job.proto.metrics().step();
@@ -859,8 +919,9 @@ absl::StatusOr<std::string> Coordinator::WeightsFile(
     version = saved.version;
     buffers = saved.buffers;  // the buffer region, as the first range has it
   }
-  return ExportFile(layout.params, *weights, py, buffers, job_id, name,
-                    version);
+  out.head = ExportFile(layout.params, *weights, py, buffers, job_id, name,
+                        version, out.tables.get(), tables_note);
+  return out;
 }
 
 // --------------------------------------------------------------- workers --
@@ -1600,6 +1661,7 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
   if (t.retired_now) {
     job.retired = true;
     job.final_weights = t.final_weights;
+    job.table_homes = t.table_homes;
     job.ranges.clear();
     job.members.clear();
   }
@@ -1636,9 +1698,11 @@ void Coordinator::RetireRanges(ControlTask& t) {
     }
     refs.push_back({r.control, r.offset, r.count});
   }
-  if (!t.ranges.empty() && refs.size() == t.ranges.size())
+  if (!t.ranges.empty() && refs.size() == t.ranges.size()) {
     t.final_weights =
         RetiredWeights(t.job_id, t.map_version, t.hold_id, t.num_params, refs);
+    for (const RangeRef& r : refs) t.table_homes.push_back(r.control);
+  }
   if (t.final_weights == nullptr && t.start != nullptr)
     t.final_weights = t.start->weights;
   for (const ControlTask::Range& r : t.ranges)

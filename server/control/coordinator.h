@@ -66,6 +66,7 @@
 #include "proto/transport.h"
 #include "server/control/job_store.h"
 #include "server/control/leases.h"
+#include "server/control/table_export.h"
 #include "server/shard_control.h"
 
 namespace tally {
@@ -165,7 +166,16 @@ class Coordinator {
   absl::StatusOr<JobPage> ListPage(const JobQuery& query) const;
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // The job's current weights as a .safetensors file. For a running job,
-  // every range at one version (waits for it, bounded).
+  // every range at one version (waits for it, bounded). An ended job's
+  // tables follow the weights, read from its shards as the file is sent
+  // (`tables`, whose bytes complete `head`); a running job's file has
+  // none, and says so in its metadata ("tables").
+  struct WeightsExport {
+    std::string head;
+    std::unique_ptr<TableExport> tables;  // null: none
+  };
+  absl::StatusOr<WeightsExport> ExportWeights(const std::string& job_id);
+  // The same file whole, in memory.
   absl::StatusOr<std::string> WeightsFile(const std::string& job_id);
 
   // Workers. kResourceExhausted past max_workers; kInvalidArgument for a
@@ -260,6 +270,9 @@ class Coordinator {
     absl::Time weights_asked_at;
     // After the end: the final weights, kept here; the shards drop the job.
     std::shared_ptr<const std::vector<float>> final_weights;
+    // A job with tables: the shard of each slot when it ended, which keeps
+    // the tables (ShardHost::ReadTable); empty when one was away.
+    std::vector<std::shared_ptr<ShardControl>> table_homes;
     // A Python model's buffers, from the report that ended the job.
     std::string final_buffers;
     bool retired = false;  // the ranges were retired (and dropped)

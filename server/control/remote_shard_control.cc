@@ -150,6 +150,21 @@ class RemoteShardControl final : public ShardControl {
     }
     return st;
   }
+  absl::StatusOr<v1::ReadTableResponse> ReadTable(
+      const std::string& job_id, int64_t map_version, int table,
+      int64_t start, int64_t max_rows) override {
+    v1::ReadTableRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    req.set_table(table);
+    req.set_start_row(start);
+    req.set_max_rows(max_rows);
+    v1::ReadTableResponse resp;
+    auto ctx = Context(kControlTimeout + absl::Seconds(10));
+    absl::Status s = FromGrpc(stub_->ReadTable(ctx.get(), req, &resp));
+    if (!s.ok()) return Named(s);
+    return resp;
+  }
   absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
     return absl::UnimplementedError("remote shards report by heartbeat");
   }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/status_macros.h"
 #include "server/data/shard_host.h"
 
 namespace tally {
@@ -55,6 +56,17 @@ class LocalShardControl final : public ShardControl {
           absl::StrCat("version ", version, " not reached in time"));
     }
     return result->state;
+  }
+  absl::StatusOr<v1::ReadTableResponse> ReadTable(
+      const std::string& job_id, int64_t map_version, int table,
+      int64_t start, int64_t max_rows) override {
+    std::vector<int64_t> rows;
+    v1::ReadTableResponse out;
+    TALLY_RETURN_IF_ERROR(host_->ReadTable(job_id, map_version, table, start,
+                                           max_rows, &rows,
+                                           out.mutable_values()));
+    out.mutable_rows()->Assign(rows.begin(), rows.end());
+    return out;
   }
   absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
     return host_->Status();

@@ -966,9 +966,15 @@ bool ParameterShard::TallyStreamedLocked(const std::vector<Member*>& required,
   return true;
 }
 
-void ParameterShard::SetTables(std::unique_ptr<SparseTables> tables) {
+void ParameterShard::SetTables(std::shared_ptr<SparseTables> tables) {
   absl::MutexLock lock(&mu_);
   tables_ = std::move(tables);
+}
+
+std::shared_ptr<const SparseTables> ParameterShard::RetiredTables() const {
+  absl::MutexLock lock(&mu_);
+  if (!retired_) return nullptr;
+  return tables_;
 }
 
 absl::Status ParameterShard::ReadRows(const v1::PullRowsRequest& req,
@@ -1430,6 +1436,7 @@ void ParameterShard::RetireLocked() {
   for (Staged& st : apply_queue_) ReleaseLocked(std::move(st.grads));
   apply_queue_.clear();
   retired_ = true;
+  if (tables_ != nullptr) tables_->Freeze();
   members_.clear();
   optimizer_.reset();
   spare_weights_.clear();  // weights_ keeps the final weights

@@ -247,7 +247,10 @@ class ParameterShard {
 
   // The job's embedding tables (model.embeddings): the rows this range's
   // slot owns. Set once, before the first member joins.
-  void SetTables(std::unique_ptr<SparseTables> tables);
+  void SetTables(std::shared_ptr<SparseTables> tables);
+  // Once retired, the job's tables as they ended (frozen: SparseTables::
+  // Freeze), which outlive the range; null before, or without tables.
+  std::shared_ptr<const SparseTables> RetiredTables() const;
   // A member's pull of rows (call once WhenVersion saw the version it
   // wants): the rows as of the current version, made where missing.
   // CheckMember's codes; kInvalidArgument for a job without tables here,
@@ -515,7 +518,7 @@ class ParameterShard {
 
   mutable absl::Mutex mu_;
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<SparseTables> tables_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SparseTables> tables_ ABSL_GUARDED_BY(mu_);
   // The current weights, which Snapshot() hands out: stepped in place when
   // no reader holds them, else copied first (AdvanceLocked).
   std::shared_ptr<std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 #include "server/data/shard_host.h"
 
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "server/data/sparse_table.h"
 
 namespace tally {
 
@@ -61,7 +63,7 @@ absl::StatusOr<std::shared_ptr<ParameterShard>> ShardHost::MakeShard(
 
 absl::Status ShardHost::AttachTables(const v1::InstallRangeRequest& req,
                                      const JobSpec& spec,
-                                     ParameterShard& shard) const {
+                                     ParameterShard& shard) {
   if (spec.embeddings.empty()) return absl::OkStatus();
   if (req.slots() < 1 || req.slot() < 0 || req.slot() >= req.slots()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -70,9 +72,12 @@ absl::Status ShardHost::AttachTables(const v1::InstallRangeRequest& req,
   }
   // Rows restart from their initial values when a range is placed again:
   // tables are not checkpointed yet (docs/cluster.md).
-  shard.SetTables(std::make_unique<SparseTables>(
+  auto tables = std::make_shared<SparseTables>(
       spec.embeddings, spec.training.seed, req.slot(), req.slots(),
-      table_budget_));
+      table_budget_);
+  // The host outlives its ranges.
+  tables->set_reclaim([this](int64_t) { return ReclaimEndedTables(); });
+  shard.SetTables(std::move(tables));
   return absl::OkStatus();
 }
 
@@ -167,6 +172,68 @@ absl::Status ShardHost::Retire(const std::string& job_id, int64_t map_version) {
   TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
   r.shard->CancelWaiters();
   r.shard->Retire();
+  std::shared_ptr<const SparseTables> tables = r.shard->RetiredTables();
+  if (tables == nullptr) return absl::OkStatus();
+  std::shared_ptr<const SparseTables> older;  // freed without the lock
+  absl::MutexLock lock(&ended_tables_mu_);
+  for (const EndedTables& e : ended_tables_) {
+    if (e.job_id == job_id) return absl::OkStatus();  // a retried call
+  }
+  ended_tables_.push_back({job_id, r.map_version, std::move(tables)});
+  if (ended_tables_.size() > kKeptEndedTables) {
+    older = std::move(ended_tables_.front().tables);
+    ended_tables_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+bool ShardHost::ReclaimEndedTables() {
+  std::shared_ptr<const SparseTables> oldest;
+  {
+    absl::MutexLock lock(&ended_tables_mu_);
+    if (ended_tables_.empty()) return false;
+    oldest = std::move(ended_tables_.front().tables);
+    ended_tables_.pop_front();
+  }
+  std::fprintf(stderr,
+               "tally-server: dropped an ended job's tables to make room "
+               "(--max_table_bytes)\n");
+  return true;  // its bytes are back once a fetch reading it is done
+}
+
+absl::Status ShardHost::ReadTable(const std::string& job_id,
+                                  int64_t map_version, int table,
+                                  int64_t start, int64_t max_rows,
+                                  std::vector<int64_t>* rows,
+                                  std::string* values) const {
+  std::shared_ptr<const SparseTables> tables;
+  {
+    absl::MutexLock lock(&ended_tables_mu_);
+    for (const EndedTables& e : ended_tables_) {
+      if (e.job_id == job_id &&
+          (map_version == 0 || e.map_version == map_version))
+        tables = e.tables;
+    }
+  }
+  if (tables == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "this shard holds no tables of job ", Quoted(job_id),
+        " (it restarted since the job ended, or their room went to other "
+        "jobs' tables: --max_table_bytes, or ", kKeptEndedTables,
+        " later jobs')"));
+  }
+  if (table < 0 || table >= tables->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table, ": the job has ", tables->size(), " tables"));
+  }
+  if (max_rows < 0 || max_rows * tables->spec(table).dim >
+                          SparseTables::kMaxValuesPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "at most ", SparseTables::kMaxValuesPerMessage,
+        " values a read; asked for ", max_rows, " rows of ",
+        tables->spec(table).dim));
+  }
+  tables->ReadSorted(table, start, max_rows, rows, values);
   return absl::OkStatus();
 }
 

@@ -116,6 +116,20 @@ class ShardHost {
   // The job ended: waiters are released (JOB_ENDED), pushes refused; the
   // final weights stay for saving until Drop.
   absl::Status Retire(const std::string& job_id, int64_t map_version);
+  // An ended job's table rows, for export (tally fetch): up to `max_rows`
+  // of table `table`'s rows from `start` on, in order, as this range's
+  // slot held them when the job was retired (at placement `map_version`).
+  // Ended jobs' tables stay here, counted in --max_table_bytes, until the
+  // process exits, kKeptEndedTables later jobs' have ended, or a live
+  // job's new rows need their room (oldest first). kNotFound when they are
+  // gone or were never here; kInvalidArgument for a table the job does not
+  // have or more than SparseTables::kMaxValuesPerMessage values.
+  static constexpr int kKeptEndedTables = 16;
+  absl::Status ReadTable(const std::string& job_id, int64_t map_version,
+                         int table, int64_t start, int64_t max_rows,
+                         std::vector<int64_t>* rows,
+                         std::string* values) const;
+
   // Forgets the job's range. With `ended`, the job is over: pushes and
   // pulls of it are answered JOB_ENDED from now on (kNotFound otherwise,
   // as for a job never placed here).
@@ -145,15 +159,26 @@ class ShardHost {
       const v1::InstallRangeRequest& req, const JobSpec& spec) const;
   // The job's tables (model.embeddings), on the range's slot.
   absl::Status AttachTables(const v1::InstallRangeRequest& req,
-                            const JobSpec& spec, ParameterShard& shard) const;
+                            const JobSpec& spec, ParameterShard& shard);
   const Clock* clock_;
   bool streamed_sums_ = true;
   std::shared_ptr<std::atomic<int64_t>> table_budget_;
   int64_t streamed_sums_min_elements_ = 0;
   std::atomic<int64_t> shared_memory_max_bytes_{0};
   std::atomic<int64_t> shared_pushed_{0}, shared_pulled_{0};
+  // Drops the oldest ended job's tables; whether there was one
+  // (SparseTables::set_reclaim's hook: under a range's lock, and so never
+  // taking mu_).
+  bool ReclaimEndedTables();
   const SpecLimits limits_;
   RealClock real_clock_;
+  struct EndedTables {
+    std::string job_id;
+    int64_t map_version = 0;
+    std::shared_ptr<const SparseTables> tables;
+  };
+  mutable absl::Mutex ended_tables_mu_;  // after a range's, never before
+  std::deque<EndedTables> ended_tables_ ABSL_GUARDED_BY(ended_tables_mu_);
   mutable absl::Mutex mu_;
   std::map<std::string, Range> ranges_ ABSL_GUARDED_BY(mu_);
   // Jobs that ended here, the most recent 1024.

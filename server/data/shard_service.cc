@@ -1099,4 +1099,18 @@ grpc::ServerWriteReactor<v1::SaveRangeChunk>* ShardServiceImpl::SaveRange(
   return new SaveReactor(host_, req);
 }
 
+grpc::ServerUnaryReactor* ShardServiceImpl::ReadTable(
+    grpc::CallbackServerContext* ctx, const v1::ReadTableRequest* req,
+    v1::ReadTableResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
+  std::vector<int64_t> rows;
+  absl::Status s = host_->ReadTable(req->job_id(), req->map_version(),
+                                    req->table(), req->start_row(),
+                                    req->max_rows(), &rows,
+                                    resp->mutable_values());
+  resp->mutable_rows()->Assign(rows.begin(), rows.end());
+  return Reply(ctx, s);
+}
+
 }  // namespace tally

@@ -69,6 +69,9 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   grpc::ServerWriteReactor<v1::SaveRangeChunk>* SaveRange(
       grpc::CallbackServerContext* ctx,
       const v1::SaveRangeRequest* req) override;
+  grpc::ServerUnaryReactor* ReadTable(grpc::CallbackServerContext* ctx,
+                                      const v1::ReadTableRequest* req,
+                                      v1::ReadTableResponse* resp) override;
 
  private:
   ShardHost* host_;  // borrowed

@@ -1,10 +1,13 @@
 #include "server/data/sparse_table.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "proto/errors.h"
 
 namespace tally {
@@ -83,24 +86,35 @@ int64_t SparseTables::Make(Table& t, int64_t row) {
   return it->second;
 }
 
+absl::Status SparseTables::Reserve(const Table& t, int64_t missing,
+                                   int64_t more) {
+  if (more == 0 || budget_ == nullptr) return absl::OkStatus();
+  // Taken from the shared budget at once, or not at all; short, the
+  // ended jobs' tables make room first.
+  bool reclaimed = false;
+  int64_t left = budget_->load();
+  while (true) {
+    if (left >= more) {
+      if (budget_->compare_exchange_weak(left, left - more))
+        return absl::OkStatus();
+      continue;
+    }
+    if (reclaimed || !reclaim_ || !reclaim_(more - left)) break;
+    reclaimed = true;
+    left = budget_->load();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table ", Quoted(t.spec.name), ": ", missing,
+      " new rows would take this shard past its --max_table_bytes (", left,
+      " bytes left)"));
+}
+
 absl::Status SparseTables::Read(int table, const int64_t* rows, int64_t n,
                                 float* out) {
   Table& t = tables_[table];
   int64_t missing = 0;
   for (int64_t i = 0; i < n; ++i) missing += t.index.contains(rows[i]) ? 0 : 1;
-  const int64_t more = missing * RowBytes(t);
-  if (more > 0 && budget_ != nullptr) {
-    // Taken from the shared budget at once, or not at all.
-    int64_t left = budget_->load();
-    do {
-      if (left < more) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "table ", Quoted(t.spec.name), ": ", missing,
-            " new rows would take this shard past its --max_table_bytes (",
-            left, " bytes left)"));
-      }
-    } while (!budget_->compare_exchange_weak(left, left - more));
-  }
+  TALLY_RETURN_IF_ERROR(Reserve(t, missing, missing * RowBytes(t)));
   const int64_t dim = t.spec.dim;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t at = Make(t, rows[i]);
@@ -138,11 +152,38 @@ void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
         const float d = wd != 0.0f ? gi[j] + wd * p[j] : gi[j];
         s[j] = s[j] + d * d;                     // state_sum.addcmul_(g, g)
         const float std_dev = std::sqrt(s[j]) + eps;  // .sqrt().add_(eps)
-        p[j] = p[j] + (-lr) * (d / std_dev);     // addcdiv_(g, std, -clr)
+        // param.add_(g / std, alpha=-clr): a sparse add, fused (axpy).
+        p[j] = std::fma(-lr, d / std_dev, p[j]);
       }
     }
   }
   t.metrics.rows_applied += n;
+}
+
+void SparseTables::Freeze() {
+  if (frozen_) return;
+  frozen_ = true;
+  for (Table& t : tables_) {
+    t.sorted.reserve(t.index.size());
+    for (const auto& [row, at] : t.index) t.sorted.push_back(row);
+    std::sort(t.sorted.begin(), t.sorted.end());
+  }
+}
+
+void SparseTables::ReadSorted(int table, int64_t start, int64_t max_rows,
+                              std::vector<int64_t>* rows,
+                              std::string* values) const {
+  const Table& t = tables_[table];
+  const int64_t dim = t.spec.dim;
+  auto it = std::lower_bound(t.sorted.begin(), t.sorted.end(), start);
+  const int64_t n = std::min<int64_t>(max_rows, t.sorted.end() - it);
+  rows->assign(it, it + n);
+  values->resize(static_cast<size_t>(n * dim) * sizeof(float));
+  char* out = values->data();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* p = t.values.data() + t.index.at((*rows)[i]) * dim;
+    std::memcpy(out + i * dim * sizeof(float), p, dim * sizeof(float));
+  }
 }
 
 void SparseTables::CountPull(int table, int64_t rows, int64_t wire_bytes) {

@@ -7,9 +7,9 @@
 //
 // The optimizers are PyTorch's rules on the rows a step touched:
 //   sgd      p -= lr * (g + weight_decay * p)     (torch.optim.SGD, plain)
-//   adagrad  s += g*g; p -= lr * g / (sqrt(s) + eps)
-//            (torch.optim.Adagrad, lr_decay 0, on the touched rows, as its
-//            sparse-gradient path does)
+//   adagrad  s += g*g; p -= lr * g / (sqrt(s) + eps), the last step
+//            fused (torch.optim.Adagrad, lr_decay 0, on the touched rows,
+//            as its sparse-gradient path does: bit for bit)
 //
 // Not thread-safe: the ParameterShard that owns it guards it with its lock.
 #ifndef TALLY_SERVER_DATA_SPARSE_TABLE_H_
@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,22 @@ class SparseTables {
   // not checked: it was pulled before, unless the table was emptied).
   void Apply(int table, const int64_t* rows, int64_t n, const float* g);
 
+  // Called when new rows would pass the budget, with the bytes missing:
+  // frees what it can (an ended job's tables, ShardHost) and says whether
+  // it freed any, for Read to try once more. Set before the first Read.
+  void set_reclaim(std::function<bool(int64_t)> reclaim) {
+    reclaim_ = std::move(reclaim);
+  }
+
+  // The job ended: nothing changes the rows from now on. Orders each
+  // table's rows for ReadSorted. Idempotent.
+  void Freeze();
+  // Up to `max_rows` of the table's rows from row `start` on, in order:
+  // their numbers into *rows, their values (float32) into *values. After
+  // Freeze only; thread-safe then.
+  void ReadSorted(int table, int64_t start, int64_t max_rows,
+                  std::vector<int64_t>* rows, std::string* values) const;
+
   void CountPull(int table, int64_t rows, int64_t wire_bytes);
   void CountPush(int table, int64_t rows, int64_t wire_bytes);
   // The bytes every table here holds.
@@ -70,8 +87,11 @@ class SparseTables {
     absl::flat_hash_map<int64_t, int64_t> index;  // row -> its place
     std::vector<float> values;  // dim a row, in order of making
     std::vector<float> accum;   // adagrad's sums, as values
+    std::vector<int64_t> sorted;  // the rows in order, once frozen
     TableMetrics metrics;
   };
+  // Takes `more` bytes from the budget, or none (kResourceExhausted).
+  absl::Status Reserve(const Table& t, int64_t missing, int64_t more);
   int64_t RowBytes(const Table& t) const;
   // The place of `row`, made with its initial values if missing.
   int64_t Make(Table& t, int64_t row);
@@ -80,7 +100,9 @@ class SparseTables {
   const uint64_t seed_;
   const int slot_, slots_;
   std::shared_ptr<std::atomic<int64_t>> budget_;
+  std::function<bool(int64_t)> reclaim_;
   int64_t bytes_ = 0;
+  bool frozen_ = false;
 };
 
 }  // namespace tally

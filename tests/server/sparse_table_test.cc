@@ -1,6 +1,7 @@
 // Sparse embedding tables on a parameter shard: where rows live, their
 // initial values, the rows a step applies, and every refusal.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -323,6 +324,53 @@ TEST_F(TableShardTest, TheTableBudgetBoundsTheRowsMade) {
   EXPECT_EQ(shard_->Metrics().tables[0].rows, 2);  // nothing made
   TALLY_EXPECT_OK(shard_->ReadRows(PullReq("a", 0, {1, 3}), &more));
   EXPECT_EQ(shard_->Metrics().tables[0].rows, 3);
+}
+
+TEST_F(TableShardTest, ShortOfBudgetTheReclaimHookIsAskedOnceForRoom) {
+  auto budget = std::make_shared<std::atomic<int64_t>>(32);  // one emb row
+  SparseTables tables(tables_, 3, 0, 1, budget);
+  int asked = 0;
+  tables.set_reclaim([&](int64_t need) {
+    ++asked;
+    EXPECT_EQ(need, 32);  // the second row's bytes
+    budget->fetch_add(need);  // as dropping an ended job's tables does
+    return true;
+  });
+  std::vector<float> out(8);
+  const int64_t rows[] = {1, 2};
+  TALLY_EXPECT_OK(tables.Read(0, rows, 1, out.data()));
+  TALLY_EXPECT_OK(tables.Read(0, rows + 1, 1, out.data()));
+  EXPECT_EQ(asked, 1);
+  // With nothing to give back, the read is refused and makes nothing.
+  tables.set_reclaim([&](int64_t) { return ++asked, false; });
+  const int64_t three = 3;
+  EXPECT_THAT(tables.Read(0, &three, 1, out.data()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max_table_bytes")));
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(tables.Metrics()[0].rows, 2);
+}
+
+TEST_F(TableShardTest, RetiredTablesReadInRowOrderAsTheyEnded) {
+  EXPECT_EQ(shard_->RetiredTables(), nullptr);  // not before the end
+  std::vector<float> pulled = Rows(0, {9, 2, 7});
+  shard_->Retire();
+  std::shared_ptr<const SparseTables> t = shard_->RetiredTables();
+  ASSERT_NE(t, nullptr);
+  std::vector<int64_t> rows;
+  std::string values;
+  t->ReadSorted(0, 0, 2, &rows, &values);
+  EXPECT_EQ(rows, (std::vector<int64_t>{2, 7}));
+  ASSERT_EQ(values.size(), 2u * 4 * 4);
+  std::vector<float> v(8);
+  std::memcpy(v.data(), values.data(), values.size());
+  EXPECT_EQ(std::vector<float>(v.begin(), v.begin() + 4),
+            std::vector<float>(pulled.begin() + 4, pulled.begin() + 8));
+  t->ReadSorted(0, 8, 2, &rows, &values);  // from row 8 on: one left
+  EXPECT_EQ(rows, (std::vector<int64_t>{9}));
+  t->ReadSorted(1, 0, 10, &rows, &values);  // bag: never touched
+  EXPECT_TRUE(rows.empty());
+  EXPECT_TRUE(values.empty());
 }
 
 TEST_F(TableShardTest, AdagradStepsTouchedRowsAsTorchAdagradDoes) {
