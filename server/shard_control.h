@@ -54,6 +54,9 @@ struct TableMetrics {
   int64_t rows_created = 0;   // of those, made at that pull (misses)
   int64_t rows_pushed = 0;    // row gradients received
   int64_t rows_applied = 0;   // rows the optimizer stepped
+  int64_t rows_evicted = 0;   // dynamic: rows dropped, not stepped lately
+  int64_t rows_filtered = 0;  // dynamic: pulls of ids without a row yet
+                              // (min_count), read as initial values
   int64_t pulled_bytes = 0;   // of row values sent (rows * dim * 4)
   int64_t pushed_bytes = 0;   // of row gradients received
   int64_t pull_wire_bytes = 0;  // whole PullRows answers (with row numbers)

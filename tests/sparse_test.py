@@ -29,10 +29,14 @@ over three shard processes.
              counts left empty, the test file's lines ending in CRLF)
              train the DLRM bit for bit as the clicks dataset does; a bad
              line FAILS the job naming the file, line and field.
+  dynamic    a dynamic table keyed by the byte ids trains bit for bit as
+             the direct one; its export is the ids it holds and their rows;
+             with min_count and evict_after_steps ids are filtered and
+             stale rows dropped, as the metrics and the export say.
   errors     an id outside a direct table FAILS the job naming the table
              and the id; a table that is not the model's, or whose dim
-             differs, is refused at submit; dynamic tables are refused
-             naming the field; the worker and shards train the next job.
+             differs, is refused at submit; a dynamic table with
+             num_embeddings is refused naming the field; the worker and shards train the next job.
 
   sparse_test.py BUILD_DIR [PHASE...]   (all phases when none named)
 """
@@ -471,6 +475,41 @@ def criteo(cluster, tmp):
           f"{bad.message[-80:]!r}")
 
 
+def dynamic(cluster, tmp):
+    """A dynamic table keyed by the byte ids trains bit for bit as the
+    direct table of 256 rows (a row's initial values depend on the table
+    and the id alone); its export is the ids it holds and their rows,
+    which are the direct table's rows at those ids. With a frequency
+    filter and eviction, ids seen once get no row, stale rows go, and the
+    export holds what the metrics say is held."""
+    direct = run(cluster, spec(tmp, "make_sparse", 2, SGD_TABLES, name="direct"))
+    tables = [{"name": "emb", "dynamic": "true"}, SGD_TABLES[1]]
+    job = run(cluster, spec(tmp, "make_sparse", 2, tables, name="dynamic"))
+    want, got = weights(cluster, tmp, direct), weights(cluster, tmp, job)
+    ids, rows = got.pop("emb.ids"), got.pop("emb.rows")
+    if sorted(got) != sorted(k for k in want if k != "emb.weight"):
+        fail(f"the dynamic job exports {sorted(got)}")
+    for name, t in got.items():
+        if not torch.equal(t, want[name]):
+            fail(f"dynamic: {name} differs from the direct table's job")
+    held = {t.name: t for t in job.metrics.tables}["emb"]
+    if len(ids) != held.rows or len(set(ids.tolist())) != len(ids) or \
+            not torch.equal(rows, want["emb.weight"][ids]):
+        fail(f"dynamic: {len(ids)} ids exported, {held.rows} held, or their rows differ")
+    tables = [{"name": "emb", "dynamic": "true", "min_count": 3, "evict_after_steps": 4},
+              SGD_TABLES[1]]
+    bounded = run(cluster, spec(tmp, "make_sparse", 2, tables, name="bounded"))
+    out = weights(cluster, tmp, bounded)
+    b = {t.name: t for t in bounded.metrics.tables}["emb"]
+    if not (b.rows_filtered > 0 and b.rows_evicted > 0 and b.rows < held.rows
+            and len(out["emb.ids"]) == b.rows):
+        fail(f"bounded: filtered {b.rows_filtered}, evicted {b.rows_evicted}, "
+             f"{b.rows} rows held ({held.rows} unbounded), {len(out['emb.ids'])} exported")
+    print(f"dynamic: 2 shards, bit for bit as the direct table; {len(ids)} ids exported with "
+          f"their rows; min_count 3 + evict_after_steps 4: {b.rows_filtered} pulls filtered, "
+          f"{b.rows_evicted} rows evicted, {b.rows} held of {held.rows}")
+
+
 def errors(cluster, tmp):
     job = cluster.client.submit(spec(tmp, "make_small", 1, [{"name": "emb", "ids": "direct"}],
                                      name="outside"))
@@ -490,17 +529,18 @@ def errors(cluster, tmp):
                 fail(f"{tables}: {e}")
     try:
         cluster.client.submit(spec(tmp, "make_sparse", 1,
-                                   [{"name": "emb", "dynamic": "true"}], name="dynamic"))
-        fail("a dynamic table was accepted")
+                                   [{"name": "emb", "dynamic": "true", "num_embeddings": 256}],
+                                   name="dynamic"))
+        fail("a dynamic table with num_embeddings was accepted")
     except Exception as e:  # noqa: BLE001 - the coordinator's INVALID_ARGUMENT
-        if "model.embeddings[0].dynamic" not in str(e):
+        if "model.embeddings[0].num_embeddings: is for a fixed table" not in str(e):
             fail(f"dynamic: {e}")
     run(cluster, spec(tmp, "make_sparse", 2, SGD_TABLES, steps=5, name="after"))
     print("errors: bad tables refused at submit; the next job SUCCEEDED")
 
 
 PHASES = {"equal": equal, "two": two, "adagrad": adagrad, "dlrm": dlrm, "criteo": criteo,
-          "errors": errors}
+          "dynamic": dynamic, "errors": errors}
 
 
 def main():

@@ -28,8 +28,9 @@ inline constexpr int kTableBuckets = 4096;
 
 // How raw input ids become rows.
 enum class TableIds {
-  kHashed,  // row = hash(id, the table's salt) mod num_embeddings
-  kDirect,  // row = id, which must be in [0, num_embeddings)
+  kHashed,   // row = hash(id, the table's salt) mod num_embeddings
+  kDirect,   // row = id, which must be in [0, num_embeddings)
+  kDynamic,  // row = id, any int64 (dynamic: true; num_embeddings 0)
 };
 
 enum class TableInit {
@@ -65,6 +66,16 @@ struct EmbeddingTableSpec {
   // pulls its rows as it runs.
   std::vector<int64_t> features;
   uint64_t salt = 0;  // TableSalt(name)
+  // Dynamic tables only (ids kDynamic): the rows the table may hold over
+  // all its shards (each shard its share, ceil(max_rows / shards); 0:
+  // bounded by --max_table_bytes alone); rows not stepped for this many
+  // steps are dropped (0: never); an id gets a row once this many pulls
+  // asked for it (1: at once), before which it reads as its initial
+  // values and its gradients are dropped.
+  int64_t max_rows = 0;
+  int64_t evict_after_steps = 0;
+  int64_t min_count = 1;
+  bool dynamic() const { return ids == TableIds::kDynamic; }
 };
 
 // A table's salt: FNV-1a of its name.

@@ -1041,7 +1041,13 @@ absl::Status ParseTableLookup(const YAML::Node& n, const std::string& p,
                               EmbeddingTableSpec* t) {
   std::string ids = "hashed";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "ids", &ids));
-  if (ids == "hashed") {
+  if (t->dynamic()) {
+    if (n["ids"]) {
+      return FieldError(p + ".ids",
+                        "is for a fixed table; a dynamic table's rows are "
+                        "keyed by the ids themselves");
+    }
+  } else if (ids == "hashed") {
     t->ids = TableIds::kHashed;
   } else if (ids == "direct") {
     t->ids = TableIds::kDirect;
@@ -1062,7 +1068,13 @@ absl::Status ParseTableLookup(const YAML::Node& n, const std::string& p,
     t->init_scale = 1.0;
   } else if (init == "uniform") {
     t->init = TableInit::kUniform;
-    t->init_scale = std::sqrt(1.0 / static_cast<double>(t->num_embeddings));
+    if (t->dynamic() && !n["init_scale"]) {
+      return FieldError(p + ".init_scale",
+                        "is required with init: uniform on a dynamic table "
+                        "(there is no num_embeddings to take sqrt(1/n) of)");
+    }
+    if (!t->dynamic())
+      t->init_scale = std::sqrt(1.0 / static_cast<double>(t->num_embeddings));
   } else if (init == "zeros") {
     t->init = TableInit::kZeros;
   } else {
@@ -1094,32 +1106,52 @@ absl::Status ParseTableFeatures(const YAML::Node& f, const std::string& p,
   return absl::OkStatus();
 }
 
+// A fixed table's num_embeddings, or a dynamic one's bounds.
+absl::Status ParseTableRows(const YAML::Node& n, const std::string& p,
+                            EmbeddingTableSpec* t) {
+  bool dynamic = false;
+  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "dynamic", &dynamic));
+  if (!dynamic) {
+    for (const char* key : {"max_rows", "evict_after_steps", "min_count"}) {
+      if (n[key]) {
+        return FieldError(absl::StrCat(p, ".", key),
+                          "is for a dynamic table (dynamic: true)");
+      }
+    }
+    if (!n["num_embeddings"])
+      return FieldError(p + ".num_embeddings", "is required");
+    return ReadInt(n, p, "num_embeddings", 1, kMaxTableRows,
+                   &t->num_embeddings);
+  }
+  if (n["num_embeddings"]) {
+    return FieldError(p + ".num_embeddings",
+                      "is for a fixed table; a dynamic table makes a row for "
+                      "each id it is given (bound it with max_rows)");
+  }
+  t->ids = TableIds::kDynamic;
+  TALLY_RETURN_IF_ERROR(
+      ReadInt(n, p, "max_rows", 0, kMaxTableRows, &t->max_rows));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "evict_after_steps", 0,
+                                int64_t{1} << 40, &t->evict_after_steps));
+  return ReadInt(n, p, "min_count", 1, 255, &t->min_count);
+}
+
 absl::Status ParseTable(const YAML::Node& n, const std::string& p,
                         double job_lr, EmbeddingTableSpec* t) {
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
-                                  {"name", "dim", "num_embeddings", "dynamic",
-                                   "ids", "combiner", "init", "init_scale",
-                                   "optimizer", "features"}));
+  TALLY_RETURN_IF_ERROR(CheckKeys(
+      n, p,
+      {"name", "dim", "num_embeddings", "dynamic", "max_rows",
+       "evict_after_steps", "min_count", "ids", "combiner", "init",
+       "init_scale", "optimizer", "features"}));
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "name", &t->name));
   if (t->name.empty() || t->name.size() > 256) {
     return FieldError(p + ".name",
                       "must name the model's nn.Embedding or nn.EmbeddingBag "
                       "(its module path, e.g. emb or tables.3)");
   }
-  bool dynamic = false;
-  TALLY_RETURN_IF_ERROR(ReadBool(n, p, "dynamic", &dynamic));
-  if (dynamic) {
-    return FieldError(p + ".dynamic",
-                      "dynamic tables (rows made on first touch, keyed by "
-                      "the id itself) are not supported yet: give "
-                      "num_embeddings, with ids: hashed for unbounded ids");
-  }
   if (!n["dim"]) return FieldError(p + ".dim", "is required");
-  if (!n["num_embeddings"])
-    return FieldError(p + ".num_embeddings", "is required");
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "dim", 1, kMaxTableDim, &t->dim));
-  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "num_embeddings", 1, kMaxTableRows,
-                                &t->num_embeddings));
+  TALLY_RETURN_IF_ERROR(ParseTableRows(n, p, t));
   TALLY_RETURN_IF_ERROR(ParseTableLookup(n, p, t));
   TALLY_RETURN_IF_ERROR(
       ParseTableOptimizer(n["optimizer"], p + ".optimizer", job_lr,

@@ -412,7 +412,9 @@ py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
     d["name"] = t.name;
     d["dim"] = t.dim;
     d["num_embeddings"] = t.num_embeddings;
-    d["ids"] = t.ids == TableIds::kHashed ? "hashed" : "direct";
+    d["ids"] = t.ids == TableIds::kHashed   ? "hashed"
+               : t.ids == TableIds::kDirect ? "direct"
+                                            : "dynamic";
     d["combiner"] = t.combiner;
     d["salt"] = t.salt;
     d["features"] = t.features;

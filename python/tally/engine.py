@@ -257,8 +257,9 @@ class ShardedEmbedding(torch.nn.Module):
     def __init__(self, index, table, original, hub):
         super().__init__()
         self.index, self.name = index, table["name"]
-        self.dim, self.num = int(table["dim"]), int(table["num_embeddings"])
+        self.dim, self.num = int(table["dim"]), int(table.get("num_embeddings") or 0)
         self.hashed = table.get("ids", "hashed") == "hashed"
+        self.dynamic = table.get("ids") == "dynamic" or bool(table.get("dynamic"))
         self.salt = int(table["salt"]) if "salt" in table else None
         self.bag = isinstance(original, torch.nn.EmbeddingBag)
         self.mode = original.mode if self.bag else None
@@ -269,6 +270,8 @@ class ShardedEmbedding(torch.nn.Module):
 
     def rows_of(self, ids):
         ids = ids.detach().cpu().long()
+        if self.dynamic:  # a row for each id, keyed by the id itself
+            return ids
         if self.hashed:
             from tally import _native
             return torch.from_numpy(_native.hash_rows(ids.numpy(), self.salt, self.num))
@@ -294,7 +297,8 @@ class ShardedEmbedding(torch.nn.Module):
                                include_last_offset=self.include_last_offset)
 
     def extra_repr(self):
-        return f"{self.name}: {self.num} x {self.dim} on the shards"
+        rows = "dynamic" if self.dynamic else self.num
+        return f"{self.name}: {rows} x {self.dim} on the shards"
 
 
 def swap_tables(module, tables, hub=None):
@@ -325,7 +329,12 @@ def swap_tables(module, tables, hub=None):
         if mode not in ("", "sum", "mean"):
             raise ModelError(f"model.embeddings[{i}]: '{name}' pools by {mode}; a table "
                              f"pools by sum or mean")
-        for key, have in (("dim", dim), ("num_embeddings", rows), ("combiner", mode)):
+        # A dynamic table's rows are keyed by id: the module's row count
+        # is not the table's.
+        dynamic = t.get("ids") == "dynamic" or t.get("dynamic") in (True, "true")
+        checked = (("dim", dim), ("combiner", mode)) if dynamic else \
+            (("dim", dim), ("num_embeddings", rows), ("combiner", mode))
+        for key, have in checked:
             if t.get(key) in (None, ""):
                 t[key] = have
             elif t[key] != have:

@@ -358,6 +358,8 @@ void SumTables(const std::vector<v1::RangeStatus>& ranges, v1::JobMetrics* out) 
       sum->set_pushed_bytes(sum->pushed_bytes() + t.pushed_bytes());
       sum->set_pull_wire_bytes(sum->pull_wire_bytes() + t.pull_wire_bytes());
       sum->set_push_wire_bytes(sum->push_wire_bytes() + t.push_wire_bytes());
+      sum->set_rows_evicted(sum->rows_evicted() + t.rows_evicted());
+      sum->set_rows_filtered(sum->rows_filtered() + t.rows_filtered());
     }
   }
 }
@@ -919,6 +921,7 @@ absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
     version = saved.version;
     buffers = saved.buffers;  // the buffer region, as the first range has it
   }
+  if (out.tables != nullptr) TALLY_RETURN_IF_ERROR(out.tables->Prepare());
   out.head = ExportFile(layout.params, *weights, py, buffers, job_id, name,
                         version, out.tables.get(), tables_note);
   return out;

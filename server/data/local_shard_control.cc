@@ -62,10 +62,12 @@ class LocalShardControl final : public ShardControl {
       int64_t start, int64_t max_rows) override {
     std::vector<int64_t> rows;
     v1::ReadTableResponse out;
+    int64_t total = 0;
     TALLY_RETURN_IF_ERROR(host_->ReadTable(job_id, map_version, table, start,
                                            max_rows, &rows,
-                                           out.mutable_values()));
+                                           out.mutable_values(), &total));
     out.mutable_rows()->Assign(rows.begin(), rows.end());
+    out.set_total_rows(total);
     return out;
   }
   absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {

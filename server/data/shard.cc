@@ -1172,8 +1172,9 @@ void ParameterShard::ApplyRowsLocked(const std::vector<Member*>& required,
       continue;
     }
     tables_->Apply(t, sum.rows.data(), static_cast<int64_t>(sum.rows.size()),
-                   sum.values.data());
+                   sum.values.data(), version_);
   }
+  tables_->EndStep(version_);
   for (auto& [id, m] : members_) {
     for (auto it = m.rows.begin(); it != m.rows.end() && it->first <= version_;)
       it = m.rows.erase(it);

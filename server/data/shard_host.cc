@@ -205,7 +205,7 @@ absl::Status ShardHost::ReadTable(const std::string& job_id,
                                   int64_t map_version, int table,
                                   int64_t start, int64_t max_rows,
                                   std::vector<int64_t>* rows,
-                                  std::string* values) const {
+                                  std::string* values, int64_t* total) const {
   std::shared_ptr<const SparseTables> tables;
   {
     absl::MutexLock lock(&ended_tables_mu_);
@@ -234,6 +234,7 @@ absl::Status ShardHost::ReadTable(const std::string& job_id,
         tables->spec(table).dim));
   }
   tables->ReadSorted(table, start, max_rows, rows, values);
+  *total = tables->Metrics()[table].rows;
   return absl::OkStatus();
 }
 
@@ -324,6 +325,8 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
       ts->set_pushed_bytes(t.pushed_bytes);
       ts->set_pull_wire_bytes(t.pull_wire_bytes);
       ts->set_push_wire_bytes(t.push_wire_bytes);
+      ts->set_rows_evicted(t.rows_evicted);
+      ts->set_rows_filtered(t.rows_filtered);
     }
     for (const MemberProgress& p : r.shard->Progress()) {
       v1::MemberProgress* mp = s.add_member_progress();

@@ -125,10 +125,11 @@ class ShardHost {
   // gone or were never here; kInvalidArgument for a table the job does not
   // have or more than SparseTables::kMaxValuesPerMessage values.
   static constexpr int kKeptEndedTables = 16;
+  // *total: the rows of the table held here.
   absl::Status ReadTable(const std::string& job_id, int64_t map_version,
                          int table, int64_t start, int64_t max_rows,
-                         std::vector<int64_t>* rows,
-                         std::string* values) const;
+                         std::vector<int64_t>* rows, std::string* values,
+                         int64_t* total) const;
 
   // Forgets the job's range. With `ended`, the job is over: pushes and
   // pulls of it are answered JOB_ENDED from now on (kNotFound otherwise,

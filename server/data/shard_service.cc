@@ -1105,11 +1105,13 @@ grpc::ServerUnaryReactor* ShardServiceImpl::ReadTable(
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return Reply(ctx, st);
   std::vector<int64_t> rows;
+  int64_t total = 0;
   absl::Status s = host_->ReadTable(req->job_id(), req->map_version(),
                                     req->table(), req->start_row(),
                                     req->max_rows(), &rows,
-                                    resp->mutable_values());
+                                    resp->mutable_values(), &total);
   resp->mutable_rows()->Assign(rows.begin(), rows.end());
+  resp->set_total_rows(total);
   return Reply(ctx, s);
 }
 

@@ -7,10 +7,17 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
 
 namespace tally {
+
+namespace {
+
+constexpr int64_t kSeenCounters = int64_t{1} << 20;
+
+}  // namespace
 
 SparseTables::SparseTables(std::vector<EmbeddingTableSpec> specs,
                            uint64_t seed, int slot, int slots,
@@ -22,6 +29,8 @@ SparseTables::SparseTables(std::vector<EmbeddingTableSpec> specs,
   for (EmbeddingTableSpec& s : specs) {
     Table t;
     t.metrics.name = s.name;
+    if (s.min_count > 1) t.seen.assign(kSeenCounters, 0);
+    if (s.max_rows > 0) t.max_rows = (s.max_rows + slots_ - 1) / slots_;
     t.spec = std::move(s);
     tables_.push_back(std::move(t));
   }
@@ -35,8 +44,10 @@ int64_t SparseTables::RowBytes(const Table& t) const {
   const int slots = t.spec.optimizer.type == TableOptimizer::Type::kAdagrad
                         ? 2
                         : 1;
-  // Values and slots, and about 16 bytes of the index's entry.
-  return t.spec.dim * 4 * slots + 16;
+  // Values and slots, and about 16 bytes of the index's entry (and 16
+  // more for an evicting table's row and step).
+  return t.spec.dim * 4 * slots + 16 +
+         (t.spec.evict_after_steps > 0 ? 16 : 0);
 }
 
 absl::Status SparseTables::CheckRows(int table, const int64_t* rows,
@@ -50,7 +61,7 @@ absl::Status SparseTables::CheckRows(int table, const int64_t* rows,
   seen.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
-    if (r < 0 || r >= s.num_embeddings) {
+    if (!s.dynamic() && (r < 0 || r >= s.num_embeddings)) {
       return absl::InvalidArgumentError(
           absl::StrCat("table ", Quoted(s.name), ": row ", r,
                        " is outside its ", s.num_embeddings, " rows"));
@@ -78,6 +89,10 @@ int64_t SparseTables::Make(Table& t, int64_t row) {
   if (t.spec.optimizer.type == TableOptimizer::Type::kAdagrad) {
     t.accum.resize(t.accum.size() + dim,
                    static_cast<float>(t.spec.optimizer.initial_accumulator_value));
+  }
+  if (t.spec.evict_after_steps > 0) {
+    t.rows.push_back(row);
+    t.stepped.push_back(last_step_);  // a row made now is not stale
   }
   const int64_t b = RowBytes(t);
   ++t.metrics.rows;
@@ -109,32 +124,68 @@ absl::Status SparseTables::Reserve(const Table& t, int64_t missing,
       " bytes left)"));
 }
 
+bool SparseTables::Seen(Table& t, int64_t row) {
+  const uint64_t h = SplitMix64(static_cast<uint64_t>(row) ^ t.spec.salt);
+  uint8_t& a = t.seen[h & (kSeenCounters - 1)];
+  uint8_t& b = t.seen[(h >> 32) & (kSeenCounters - 1)];
+  if (a < 255) ++a;
+  if (b < 255) ++b;
+  return std::min(a, b) >= t.spec.min_count;
+}
+
 absl::Status SparseTables::Read(int table, const int64_t* rows, int64_t n,
                                 float* out) {
   Table& t = tables_[table];
-  int64_t missing = 0;
-  for (int64_t i = 0; i < n; ++i) missing += t.index.contains(rows[i]) ? 0 : 1;
+  // Which rows are made now; a filtered table's ids asked for too few
+  // times yet read as their initial values, without a row.
+  std::vector<char> make(n, 0);
+  int64_t missing = 0, filtered = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (t.index.contains(rows[i])) continue;
+    if (!t.seen.empty() && !Seen(t, rows[i])) {
+      ++filtered;
+      continue;
+    }
+    make[i] = 1;
+    ++missing;
+  }
+  if (t.max_rows > 0 && t.metrics.rows + missing > t.max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table ", Quoted(t.spec.name), ": ", missing,
+        " new rows would pass its max_rows (", t.max_rows,
+        " on this shard, which holds ", t.metrics.rows, ")"));
+  }
   TALLY_RETURN_IF_ERROR(Reserve(t, missing, missing * RowBytes(t)));
   const int64_t dim = t.spec.dim;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t at = Make(t, rows[i]);
+    auto it = t.index.find(rows[i]);
+    if (it == t.index.end() && !make[i]) {
+      InitRow(t.spec, seed_, rows[i], out + i * dim);
+      continue;
+    }
+    const int64_t at = it != t.index.end() ? it->second : Make(t, rows[i]);
     std::copy_n(t.values.data() + at * dim, dim, out + i * dim);
   }
   t.metrics.rows_created += missing;
+  t.metrics.rows_filtered += filtered;
   return absl::OkStatus();
 }
 
 void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
-                         const float* g) {
+                         const float* g, int64_t step) {
   Table& t = tables_[table];
   const int64_t dim = t.spec.dim;
   const TableOptimizer& o = t.spec.optimizer;
   const float lr = static_cast<float>(o.lr);
   const float wd = static_cast<float>(o.weight_decay);
   const float eps = static_cast<float>(o.eps);
+  int64_t applied = 0;
   for (int64_t i = 0; i < n; ++i) {
+    if (!t.seen.empty() && !t.index.contains(rows[i])) continue;
+    ++applied;
     const int64_t before = t.metrics.bytes;
     const int64_t at = Make(t, rows[i]);
+    if (!t.stepped.empty()) t.stepped[at] = step;
     if (budget_ != nullptr && t.metrics.bytes > before)
       budget_->fetch_sub(t.metrics.bytes - before);
     float* p = t.values.data() + at * dim;
@@ -157,7 +208,47 @@ void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
       }
     }
   }
-  t.metrics.rows_applied += n;
+  t.metrics.rows_applied += applied;
+}
+
+void SparseTables::Evict(Table& t, int64_t place) {
+  const int64_t dim = t.spec.dim;
+  const int64_t last = static_cast<int64_t>(t.rows.size()) - 1;
+  t.index.erase(t.rows[place]);
+  if (place != last) {
+    std::copy_n(t.values.data() + last * dim, dim,
+                t.values.data() + place * dim);
+    if (!t.accum.empty()) {
+      std::copy_n(t.accum.data() + last * dim, dim,
+                  t.accum.data() + place * dim);
+    }
+    t.rows[place] = t.rows[last];
+    t.stepped[place] = t.stepped[last];
+    t.index[t.rows[place]] = place;
+  }
+  t.values.resize(last * dim);
+  if (!t.accum.empty()) t.accum.resize(last * dim);
+  t.rows.pop_back();
+  t.stepped.pop_back();
+  const int64_t b = RowBytes(t);
+  --t.metrics.rows;
+  t.metrics.bytes -= b;
+  ++t.metrics.rows_evicted;
+  bytes_ -= b;
+  if (budget_ != nullptr) budget_->fetch_add(b);
+}
+
+void SparseTables::EndStep(int64_t step) {
+  last_step_ = step;
+  for (Table& t : tables_) {
+    const int64_t after = t.spec.evict_after_steps;
+    if (after <= 0 || step % std::max<int64_t>(1, after / 4) != 0) continue;
+    // From the end: a place moved into an evicted one was looked at.
+    for (int64_t place = static_cast<int64_t>(t.rows.size()) - 1; place >= 0;
+         --place) {
+      if (step - t.stepped[place] >= after) Evict(t, place);
+    }
+  }
 }
 
 void SparseTables::Freeze() {

@@ -5,6 +5,15 @@
 // its batches touched, and a row's first value is the same on whichever
 // shard makes it.
 //
+// A dynamic table (dynamic: true) keys its rows by the raw id (any int64)
+// and may bound itself: max_rows (this slot's share of it), eviction of
+// rows not stepped for evict_after_steps steps (swept every quarter of
+// that), and a frequency filter (min_count): an id gets its row once
+// min_count pulls have asked for it, counted in a counting Bloom filter
+// of 2^20 8-bit counters (1 MiB a table, two hashes, as Monolith's);
+// until then it reads as its initial values and its gradients are
+// dropped.
+//
 // The optimizers are PyTorch's rules on the rows a step touched:
 //   sgd      p -= lr * (g + weight_decay * p)     (torch.optim.SGD, plain)
 //   adagrad  s += g*g; p -= lr * g / (sqrt(s) + eps), the last step
@@ -57,7 +66,13 @@ class SparseTables {
   // Steps the optimizer on each row with its mean gradient (g: n * dim).
   // A row not held yet starts from its initial values (and its budget is
   // not checked: it was pulled before, unless the table was emptied).
-  void Apply(int table, const int64_t* rows, int64_t n, const float* g);
+  // In a filtered table (min_count > 1) a row not held is not made: its
+  // gradient is dropped (the id has no row yet). `step` is the step's.
+  void Apply(int table, const int64_t* rows, int64_t n, const float* g,
+             int64_t step = 0);
+  // Step `step` closed: evicts the rows of dynamic tables not stepped for
+  // evict_after_steps steps, when a sweep is due.
+  void EndStep(int64_t step);
 
   // Called when new rows would pass the budget, with the bytes missing:
   // frees what it can (an ended job's tables, ShardHost) and says whether
@@ -87,9 +102,18 @@ class SparseTables {
     absl::flat_hash_map<int64_t, int64_t> index;  // row -> its place
     std::vector<float> values;  // dim a row, in order of making
     std::vector<float> accum;   // adagrad's sums, as values
+    // Evicting tables: each place's row and the step it was last stepped.
+    std::vector<int64_t> rows, stepped;
+    std::vector<uint8_t> seen;  // filtered tables: the Bloom counters
+    int64_t max_rows = 0;       // this slot's share; 0: unbounded
     std::vector<int64_t> sorted;  // the rows in order, once frozen
     TableMetrics metrics;
   };
+  // Counts a pull of `row` in a filtered table; whether it has been asked
+  // for min_count times now.
+  bool Seen(Table& t, int64_t row);
+  // Drops the row at `place`, moving the last place into it.
+  void Evict(Table& t, int64_t place);
   // Takes `more` bytes from the budget, or none (kResourceExhausted).
   absl::Status Reserve(const Table& t, int64_t missing, int64_t more);
   int64_t RowBytes(const Table& t) const;
@@ -103,6 +127,7 @@ class SparseTables {
   std::function<bool(int64_t)> reclaim_;
   int64_t bytes_ = 0;
   bool frozen_ = false;
+  int64_t last_step_ = 0;  // the last step closed (EndStep)
 };
 
 }  // namespace tally

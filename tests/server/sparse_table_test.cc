@@ -373,6 +373,93 @@ TEST_F(TableShardTest, RetiredTablesReadInRowOrderAsTheyEnded) {
   EXPECT_TRUE(values.empty());
 }
 
+EmbeddingTableSpec Dynamic(int64_t dim) {
+  EmbeddingTableSpec t = Table("users", 0, dim);
+  t.ids = TableIds::kDynamic;
+  return t;
+}
+
+TEST(DynamicTableTest, RowsAreKeyedByAnyIdAndStartFromTheirInitialValues) {
+  SparseTables tables({Dynamic(3)}, 3, 0, 1, nullptr);
+  const int64_t ids[] = {-7, 0, int64_t{1} << 50, INT64_MAX};
+  TALLY_EXPECT_OK(tables.CheckRows(0, ids, 4));
+  std::vector<float> out(12), init(3);
+  TALLY_EXPECT_OK(tables.Read(0, ids, 4, out.data()));
+  for (int i = 0; i < 4; ++i) {
+    InitRow(tables.spec(0), 3, ids[i], init.data());
+    EXPECT_EQ(std::vector<float>(out.begin() + 3 * i, out.begin() + 3 * i + 3),
+              init);
+  }
+  EXPECT_EQ(tables.Metrics()[0].rows, 4);
+}
+
+TEST(DynamicTableTest, AnIdGetsARowOnlyOnceMinCountPullsAskedForIt) {
+  EmbeddingTableSpec t = Dynamic(2);
+  t.min_count = 3;
+  SparseTables tables({t}, 3, 0, 1, nullptr);
+  const int64_t id = 42;
+  std::vector<float> out(2), init(2), g = {1.0f, 1.0f};
+  InitRow(tables.spec(0), 3, id, init.data());
+  for (int pull = 0; pull < 2; ++pull) {
+    TALLY_EXPECT_OK(tables.Read(0, &id, 1, out.data()));
+    EXPECT_EQ(out, init);  // its initial values, no row
+    tables.Apply(0, &id, 1, g.data(), pull);  // dropped
+  }
+  EXPECT_EQ(tables.Metrics()[0].rows, 0);
+  EXPECT_EQ(tables.Metrics()[0].rows_filtered, 2);
+  EXPECT_EQ(tables.Metrics()[0].rows_applied, 0);
+  TALLY_EXPECT_OK(tables.Read(0, &id, 1, out.data()));  // the third: a row
+  EXPECT_EQ(out, init);  // nothing applied before it was made
+  tables.Apply(0, &id, 1, g.data(), 2);
+  EXPECT_EQ(tables.Metrics()[0].rows, 1);
+  EXPECT_EQ(tables.Metrics()[0].rows_created, 1);
+  EXPECT_EQ(tables.Metrics()[0].rows_applied, 1);
+}
+
+TEST(DynamicTableTest, RowsNotSteppedForEvictAfterStepsAreDropped) {
+  EmbeddingTableSpec t = Dynamic(4);
+  t.evict_after_steps = 4;
+  auto budget = std::make_shared<std::atomic<int64_t>>(1000);
+  SparseTables tables({t}, 3, 0, 1, budget);
+  const int64_t ids[] = {1, 2, 3};
+  std::vector<float> out(12), g(4, 1.0f);
+  TALLY_EXPECT_OK(tables.Read(0, ids, 3, out.data()));
+  const int64_t row_bytes = 4 * 4 + 16 + 16;
+  EXPECT_EQ(budget->load(), 1000 - 3 * row_bytes);
+  tables.Apply(0, &ids[0], 1, g.data(), 3);  // 1 stepped at step 3
+  for (int64_t step = 0; step < 4; ++step) tables.EndStep(step);
+  EXPECT_EQ(tables.Metrics()[0].rows, 3);
+  tables.EndStep(4);  // 2 and 3: not stepped since they were made
+  EXPECT_EQ(tables.Metrics()[0].rows, 1);
+  EXPECT_EQ(tables.Metrics()[0].rows_evicted, 2);
+  EXPECT_EQ(budget->load(), 1000 - row_bytes);  // their bytes given back
+  // The one kept is row 1, stepped once; 2 comes back from its start.
+  std::vector<float> one(4), init(4);
+  TALLY_EXPECT_OK(tables.Read(0, &ids[1], 1, one.data()));
+  InitRow(tables.spec(0), 3, 2, init.data());
+  EXPECT_EQ(one, init);
+  TALLY_EXPECT_OK(tables.Read(0, &ids[0], 1, one.data()));
+  EXPECT_NE(std::vector<float>(out.begin(), out.begin() + 4), one);
+  tables.EndStep(7);  // 1: stepped at 3, four steps ago
+  EXPECT_EQ(tables.Metrics()[0].rows_evicted, 3);
+}
+
+TEST(DynamicTableTest, AFloodOfNewIdsStopsAtMaxRows) {
+  EmbeddingTableSpec t = Dynamic(2);
+  t.max_rows = 4;  // over 2 shards: 2 on this one
+  SparseTables tables({t}, 3, 0, 2, nullptr);
+  std::vector<int64_t> mine;
+  for (int64_t id = 0; mine.size() < 3; ++id)
+    if (SlotOfRow(id, t.salt, 2) == 0) mine.push_back(id);
+  std::vector<float> out(6);
+  TALLY_EXPECT_OK(tables.Read(0, mine.data(), 2, out.data()));
+  EXPECT_THAT(tables.Read(0, mine.data() + 2, 1, out.data()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("would pass its max_rows (2 on this shard")));
+  EXPECT_EQ(tables.Metrics()[0].rows, 2);
+  TALLY_EXPECT_OK(tables.Read(0, mine.data(), 2, out.data()));  // held ones
+}
+
 TEST_F(TableShardTest, AdagradStepsTouchedRowsAsTorchAdagradDoes) {
   Make(1, 0, 0, TableOptimizer::Type::kAdagrad);
   std::vector<double> p(4), s(4, 0.0);

@@ -20,14 +20,18 @@ class RowsShard final : public ShardControl {
  public:
   std::map<int64_t, std::vector<float>> rows;
   bool reversed = false;  // answer out of order
+  int64_t claim_more = 0;  // say it holds this many rows more than it has
+  int table = 0;           // the table (index) its rows are of; others: none
   int reads = 0;
 
   absl::StatusOr<v1::ReadTableResponse> ReadTable(const std::string& job,
-                                                  int64_t, int, int64_t start,
+                                                  int64_t, int index,
+                                                  int64_t start,
                                                   int64_t max_rows) override {
     ++reads;
     EXPECT_EQ(job, "job-1");
     v1::ReadTableResponse out;
+    if (index != table) return out;
     for (auto it = rows.lower_bound(start);
          it != rows.end() && out.rows_size() < max_rows; ++it) {
       out.add_rows(it->first);
@@ -36,6 +40,7 @@ class RowsShard final : public ShardControl {
           it->second.size() * 4);
     }
     if (reversed && out.rows_size() > 1) out.mutable_rows()->SwapElements(0, 1);
+    out.set_total_rows(static_cast<int64_t>(rows.size()) + claim_more);
     return out;
   }
   absl::Status Install(const v1::InstallRangeRequest&) override {
@@ -134,6 +139,54 @@ TEST(TableExportTest, AShardsBadAnswerIsDataLoss) {
   TableExport g("job-1", 4, {t}, 11, {c});
   EXPECT_THAT(g.Next(), StatusIs(absl::StatusCode::kDataLoss,
                                  HasSubstr("12 bytes for 1 rows of 4")));
+}
+
+TEST(TableExportTest, ADynamicTableIsItsIdsThenItsRowsShardByShard) {
+  EmbeddingTableSpec t = Table(0, 2);
+  t.name = "users";
+  t.salt = TableSalt(t.name);
+  t.ids = TableIds::kDynamic;
+  auto a = std::make_shared<RowsShard>(), b = std::make_shared<RowsShard>();
+  std::vector<int64_t> ids = {-(int64_t{1} << 62), -5, 123456789012345,
+                              INT64_MAX};
+  for (int64_t id = 0; id < 12; ++id) ids.push_back(id);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  for (int64_t id : ids) {
+    (SlotOfRow(id, t.salt, 2) == 0 ? a : b)->rows[id] = {
+        static_cast<float>(id % 1000), 1.0f};
+  }
+  ASSERT_FALSE(a->rows.empty());
+  ASSERT_FALSE(b->rows.empty());
+  // A fixed table beside it, so that the tensors follow one another.
+  const EmbeddingTableSpec fixed = Table(10, 2);
+  TableExport e("job-1", 4, {t, fixed}, 11, {a, b});
+  TALLY_ASSERT_OK(e.Prepare());
+  const std::vector<LaterTensor> tensors = e.Tensors();
+  ASSERT_EQ(tensors.size(), 3u);
+  EXPECT_EQ(tensors[0].name, "users.ids");
+  EXPECT_EQ(tensors[0].dtype, "I64");
+  EXPECT_EQ(tensors[0].shape, (Shape{n}));
+  EXPECT_EQ(tensors[1].name, "users.rows");
+  EXPECT_EQ(tensors[1].shape, (Shape{n, 2}));
+  EXPECT_EQ(tensors[2].name, "tables.0.weight");
+  const std::string bytes = All(e);
+  ASSERT_EQ(static_cast<int64_t>(bytes.size()), e.bytes()) << bytes;
+  std::vector<int64_t> got(n);
+  std::memcpy(got.data(), bytes.data(), n * 8);
+  std::vector<int64_t> want;  // slot 0's in order, then slot 1's
+  for (auto* s : {a.get(), b.get()})
+    for (const auto& [id, v] : s->rows) want.push_back(id);
+  EXPECT_EQ(got, want);
+  for (int64_t i = 0; i < n; ++i) {
+    float v[2];
+    std::memcpy(v, bytes.data() + n * 8 + i * 8, 8);
+    EXPECT_EQ(v[0], static_cast<float>(want[i] % 1000));
+  }
+  // A shard that said it holds more than it sends.
+  b->claim_more = 1;
+  TableExport f("job-1", 4, {t}, 11, {a, b});
+  TALLY_ASSERT_OK(f.Prepare());
+  EXPECT_THAT(All(f), HasSubstr("said it holds"));
 }
 
 }  // namespace

@@ -208,11 +208,33 @@ INSTANTIATE_TEST_SUITE_P(
                 "model: {preset: mlp}\ndataset: {name: criteo, train: a.tsv, "
                 "train_size: 10}\n",
                 "model: a criteo dataset's samples are int64 ids"},
-        BadCase{"table_dynamic",
+        BadCase{"table_dynamic_rows",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8, dynamic: "
                 "true}]}\ndataset: {name: clicks}\n",
-                "model.embeddings[0].dynamic: dynamic tables"},
+                "model.embeddings[0].num_embeddings: is for a fixed table"},
+        BadCase{"table_dynamic_ids",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, dynamic: true, ids: direct}]}"
+                "\ndataset: {name: clicks}\n",
+                "model.embeddings[0].ids: is for a fixed table"},
+        BadCase{"table_dynamic_uniform",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, dynamic: true, init: uniform}]}"
+                "\ndataset: {name: clicks}\n",
+                "model.embeddings[0].init_scale: is required with init: "
+                "uniform on a dynamic table"},
+        BadCase{"table_fixed_evicts",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8, "
+                "evict_after_steps: 10}]}\ndataset: {name: clicks}\n",
+                "model.embeddings[0].evict_after_steps: is for a dynamic "
+                "table"},
+        BadCase{"table_min_count",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, dynamic: true, min_count: "
+                "0}]}\ndataset: {name: clicks}\n",
+                "model.embeddings[0].min_count"},
         BadCase{"table_for_layers",
                 "model: {preset: mlp, embeddings: [{name: e, dim: 4, "
                 "num_embeddings: 8}]}\ndataset: {name: synthetic}\n",
