@@ -18,6 +18,8 @@ over three shard processes.
   adagrad    the same with both tables on Adagrad, over 2 shards, against a
              plain PyTorch loop on the batches the worker trained: SGD on
              the dense parameters, torch.optim.Adagrad on the tables.
+  adam       the same with both tables on lazy Adam, against the loop with
+             sparse modules and torch.optim.SparseAdam.
   dlrm       the example's DLRM (examples/dlrm: 26 hashed tables on Adagrad,
              each naming its input column, so that a step pulls every
              table's rows before the forward pass, one message per shard)
@@ -261,9 +263,21 @@ def windows():
 
 
 def adagrad(cluster, tmp):
+    against_loop(cluster, tmp, "adagrad", lambda p: torch.optim.Adagrad(p, lr=TABLE_LR), 1e-6)
+
+
+def adam(cluster, tmp):
+    against_loop(cluster, tmp, "adam", lambda p: torch.optim.SparseAdam(p, lr=TABLE_LR), 1e-6,
+                 sparse=True)
+
+
+def against_loop(cluster, tmp, kind, make_opt, bound, sparse=False):
+    """Both tables on `kind` against a plain PyTorch loop on the batches
+    the worker trained: SGD on the dense parameters, make_opt on the
+    tables (as sparse nn.Embedding(Bag)s when `sparse`)."""
     record = f"{tmp}/batches"
-    tables = [dict(t, optimizer=f"{{type: adagrad, lr: {TABLE_LR}}}") for t in SGD_TABLES]
-    job = run(cluster, spec(tmp, "make_recorded", 2, tables, name="adagrad"))
+    tables = [dict(t, optimizer=f"{{type: {kind}, lr: {TABLE_LR}}}") for t in SGD_TABLES]
+    job = run(cluster, spec(tmp, "make_recorded", 2, tables, name=kind))
     got = weights(cluster, tmp, job)
     batches = [np.load(p) for p in sorted(glob.glob(f"{record}/*.npy"))]
     if len(batches) != STEPS:
@@ -273,11 +287,12 @@ def adagrad(cluster, tmp):
     exec(compile(MODEL, "model.py", "exec"), ns)
     torch.manual_seed(SEED)
     model = ns["make_dense"]()
+    model.emb.sparse = model.bag.sparse = sparse
     model.train()
     tables_params = [model.emb.weight, model.bag.weight]
     dense_params = [p for n, p in model.named_parameters() if not n.startswith(("emb.", "bag."))]
     opt = torch.optim.SGD(dense_params, lr=LR)
-    table_opt = torch.optim.Adagrad(tables_params, lr=TABLE_LR)
+    table_opt = make_opt(tables_params)
     for x in batches:
         y = torch.from_numpy(np.stack([labels[row.tobytes()] for row in x]))
         opt.zero_grad()
@@ -289,9 +304,10 @@ def adagrad(cluster, tmp):
     worst = 0.0
     for name, t in model.state_dict().items():
         worst = max(worst, float((got[name].double() - t.double()).abs().max()))
-    print(f"adagrad: 2 shards against the plain loop (SGD + torch.optim.Adagrad): "
-          f"parameters and tables within {worst:.2e} after {STEPS} steps")
-    if worst > 1e-6:
+    print(f"{kind}: 2 shards against the plain loop (SGD + torch.optim."
+          f"{type(table_opt).__name__}): parameters and tables within {worst:.2e} "
+          f"after {STEPS} steps")
+    if worst > bound:
         fail(f"the parameters or tables differ from the plain loop by {worst:.2e}")
 
 
@@ -539,7 +555,7 @@ def errors(cluster, tmp):
     print("errors: bad tables refused at submit; the next job SUCCEEDED")
 
 
-PHASES = {"equal": equal, "two": two, "adagrad": adagrad, "dlrm": dlrm, "criteo": criteo,
+PHASES = {"equal": equal, "two": two, "adagrad": adagrad, "adam": adam, "dlrm": dlrm, "criteo": criteo,
           "dynamic": dynamic, "errors": errors}
 
 

@@ -41,13 +41,20 @@ enum class TableInit {
 
 // A table's own optimizer, applied by the shards to the rows pushed.
 struct TableOptimizer {
-  enum class Type { kSgd, kAdagrad };
+  // kAdam: lazy Adam (torch.optim.SparseAdam): moments of the rows a step
+  // touched only, bias correction by the job's step.
+  enum class Type { kSgd, kAdagrad, kAdam };
   Type type = Type::kSgd;
   double lr = 0.01;  // the job's optimizer.lr unless given; constant
-  double weight_decay = 0.0;
-  // Adagrad (torch.optim.Adagrad: lr_decay 0)
+  double weight_decay = 0.0;  // sgd, adagrad
+  // Adagrad (torch.optim.Adagrad: lr_decay 0): eps 1e-10; Adam: 1e-8
   double eps = 1e-10;
   double initial_accumulator_value = 0.0;
+  double beta1 = 0.9, beta2 = 0.999;  // Adam
+  // Values kept a row besides its own: adagrad's sum, Adam's two moments.
+  int slots() const {
+    return type == Type::kSgd ? 0 : type == Type::kAdagrad ? 1 : 2;
+  }
 };
 
 struct EmbeddingTableSpec {

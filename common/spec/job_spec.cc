@@ -1005,23 +1005,52 @@ constexpr int64_t kMaxTables = 256;
 constexpr int64_t kMaxTableDim = 4096;
 constexpr int64_t kMaxTableRows = int64_t{1} << 40;
 
+// A table's lazy Adam (torch.optim.SparseAdam: lr, betas, eps; no
+// weight decay).
+absl::Status ParseTableAdam(const YAML::Node& n, const std::string& p,
+                            TableOptimizer* o) {
+  o->type = TableOptimizer::Type::kAdam;
+  o->eps = 1e-8;
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p, {"type", "lr", "betas", "eps"}));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "lr", &o->lr));
+  TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "eps", &o->eps));
+  if (const YAML::Node betas = n["betas"]) {
+    if (!betas.IsSequence() || betas.size() != 2) {
+      return FieldError(p + ".betas", "must be a list of two numbers");
+    }
+    YAML::Node pair(YAML::NodeType::Map);
+    pair["beta1"] = betas[0];
+    pair["beta2"] = betas[1];
+    TALLY_RETURN_IF_ERROR(ReadDouble(pair, p + ".betas", "beta1", &o->beta1));
+    TALLY_RETURN_IF_ERROR(ReadDouble(pair, p + ".betas", "beta2", &o->beta2));
+  }
+  if (o->lr <= 0) return FieldError(p + ".lr", "must be positive");
+  if (o->eps <= 0) return FieldError(p + ".eps", "must be positive");
+  if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
+    return FieldError(p + ".betas", "must each be in [0, 1)");
+  return absl::OkStatus();
+}
+
 absl::Status ParseTableOptimizer(const YAML::Node& n, const std::string& p,
                                  double job_lr, TableOptimizer* o) {
   o->lr = job_lr;
   if (!n) return absl::OkStatus();
-  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
-                                  {"type", "lr", "weight_decay", "eps",
-                                   "initial_accumulator_value"}));
   std::string type = "sgd";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "type", &type));
   if (type == "sgd") {
     o->type = TableOptimizer::Type::kSgd;
   } else if (type == "adagrad") {
     o->type = TableOptimizer::Type::kAdagrad;
+  } else if (type == "adam") {
+    return ParseTableAdam(n, p, o);
   } else {
-    return FieldError(p + ".type", absl::StrCat("unknown table optimizer '",
-                                                type, "' (known: sgd, adagrad)"));
+    return FieldError(p + ".type",
+                      absl::StrCat("unknown table optimizer '", type,
+                                   "' (known: sgd, adagrad, adam)"));
   }
+  TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
+                                  {"type", "lr", "weight_decay", "eps",
+                                   "initial_accumulator_value"}));
   TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "lr", &o->lr));
   TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "weight_decay", &o->weight_decay));
   TALLY_RETURN_IF_ERROR(ReadDouble(n, p, "eps", &o->eps));

@@ -41,9 +41,7 @@ SparseTables::~SparseTables() {
 }
 
 int64_t SparseTables::RowBytes(const Table& t) const {
-  const int slots = t.spec.optimizer.type == TableOptimizer::Type::kAdagrad
-                        ? 2
-                        : 1;
+  const int slots = 1 + t.spec.optimizer.slots();
   // Values and slots, and about 16 bytes of the index's entry (and 16
   // more for an evicting table's row and step).
   return t.spec.dim * 4 * slots + 16 +
@@ -89,6 +87,8 @@ int64_t SparseTables::Make(Table& t, int64_t row) {
   if (t.spec.optimizer.type == TableOptimizer::Type::kAdagrad) {
     t.accum.resize(t.accum.size() + dim,
                    static_cast<float>(t.spec.optimizer.initial_accumulator_value));
+  } else if (t.spec.optimizer.type == TableOptimizer::Type::kAdam) {
+    t.accum.resize(t.accum.size() + 2 * dim, 0.0f);  // m, then v
   }
   if (t.spec.evict_after_steps > 0) {
     t.rows.push_back(row);
@@ -171,6 +171,35 @@ absl::Status SparseTables::Read(int table, const int64_t* rows, int64_t n,
   return absl::OkStatus();
 }
 
+namespace {
+
+// torch.optim.SparseAdam on one row, op for op in float32 (its functional
+// sparse_adam), at step `step` (1-based): m and v are the row's moments.
+void AdamRow(const TableOptimizer& o, int64_t step, const float* g,
+             int64_t dim, float* p, float* mv) {
+  float* m = mv;
+  float* v = mv + dim;
+  const float one_b1 = static_cast<float>(1.0 - o.beta1);
+  const float one_b2 = static_cast<float>(1.0 - o.beta2);
+  const float eps = static_cast<float>(o.eps);
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  const float neg_step =
+      static_cast<float>(-(o.lr * std::sqrt(bc2) / bc1));
+  for (int64_t j = 0; j < dim; ++j) {
+    const float old_m = m[j], old_v = v[j];
+    const float dm = (g[j] - old_m) * one_b1;
+    const float dv = (g[j] * g[j] - old_v) * one_b2;
+    m[j] = old_m + dm;
+    v[j] = old_v + dv;
+    const float numer = dm + old_m;
+    const float denom = std::sqrt(dv + old_v) + eps;
+    p[j] = p[j] + neg_step * (numer / denom);
+  }
+}
+
+}  // namespace
+
 void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
                          const float* g, int64_t step) {
   Table& t = tables_[table];
@@ -190,7 +219,9 @@ void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
       budget_->fetch_sub(t.metrics.bytes - before);
     float* p = t.values.data() + at * dim;
     const float* gi = g + i * dim;
-    if (o.type == TableOptimizer::Type::kSgd) {
+    if (o.type == TableOptimizer::Type::kAdam) {
+      AdamRow(o, step + 1, gi, dim, p, t.accum.data() + at * 2 * dim);
+    } else if (o.type == TableOptimizer::Type::kSgd) {
       // As the dense SGD's kernel (common/optim): d = g + wd * p, then
       // p += -lr * d, each one rounding.
       for (int64_t j = 0; j < dim; ++j) {
@@ -218,16 +249,17 @@ void SparseTables::Evict(Table& t, int64_t place) {
   if (place != last) {
     std::copy_n(t.values.data() + last * dim, dim,
                 t.values.data() + place * dim);
-    if (!t.accum.empty()) {
-      std::copy_n(t.accum.data() + last * dim, dim,
-                  t.accum.data() + place * dim);
+    const int64_t slots = t.spec.optimizer.slots();
+    if (slots > 0) {
+      std::copy_n(t.accum.data() + last * slots * dim, slots * dim,
+                  t.accum.data() + place * slots * dim);
     }
     t.rows[place] = t.rows[last];
     t.stepped[place] = t.stepped[last];
     t.index[t.rows[place]] = place;
   }
   t.values.resize(last * dim);
-  if (!t.accum.empty()) t.accum.resize(last * dim);
+  t.accum.resize(last * t.spec.optimizer.slots() * dim);
   t.rows.pop_back();
   t.stepped.pop_back();
   const int64_t b = RowBytes(t);

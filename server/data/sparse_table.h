@@ -19,6 +19,9 @@
 //   adagrad  s += g*g; p -= lr * g / (sqrt(s) + eps), the last step
 //            fused (torch.optim.Adagrad, lr_decay 0, on the touched rows,
 //            as its sparse-gradient path does: bit for bit)
+//   adam     lazy Adam, torch.optim.SparseAdam op for op: the moments of
+//            the rows a step touched, bias correction by the job's step
+//            (the step closing, counted from 1)
 //
 // Not thread-safe: the ParameterShard that owns it guards it with its lock.
 #ifndef TALLY_SERVER_DATA_SPARSE_TABLE_H_
@@ -101,7 +104,7 @@ class SparseTables {
     EmbeddingTableSpec spec;
     absl::flat_hash_map<int64_t, int64_t> index;  // row -> its place
     std::vector<float> values;  // dim a row, in order of making
-    std::vector<float> accum;   // adagrad's sums, as values
+    std::vector<float> accum;   // adagrad's sums; adam's m and v a row
     // Evicting tables: each place's row and the step it was last stepped.
     std::vector<int64_t> rows, stepped;
     std::vector<uint8_t> seen;  // filtered tables: the Bloom counters

@@ -247,8 +247,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"table_optimizer",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8, optimizer: "
-                "{type: adam}}]}\ndataset: {name: clicks}\n",
-                "model.embeddings[0].optimizer.type: unknown table optimizer"},
+                "{type: rmsprop}}]}\ndataset: {name: clicks}\n",
+                "model.embeddings[0].optimizer.type: unknown table optimizer "
+                "'rmsprop' (known: sgd, adagrad, adam)"},
+        BadCase{"table_adam_decay",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8, optimizer: "
+                "{type: adam, weight_decay: 0.1}}]}\ndataset: {name: clicks}\n",
+                "model.embeddings[0].optimizer.weight_decay: unknown field"},
         BadCase{"table_features_on_text",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8, features: "
