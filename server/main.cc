@@ -97,6 +97,14 @@ ABSL_FLAG(int64_t, max_table_bytes, 0,
           "shard may take together (values and optimizer slots); a pull "
           "that would make rows past it is refused (RESOURCE_EXHAUSTED). "
           "0: unbounded");
+ABSL_FLAG(std::string, table_dir, "",
+          "Where this shard checkpoints the rows of the embedding tables it "
+          "holds, at each of the coordinator's checkpoints (a base, then "
+          "the rows changed since): a directory every shard reads at the "
+          "same path (one machine's disk, or a shared file system), so "
+          "that a range placed again after a shard is lost loads its rows. "
+          "Empty: tables are not checkpointed (a lost shard's rows restart "
+          "from their initial values)");
 ABSL_FLAG(int64_t, shared_memory_max_bytes,
           tally::ServerOptions().shared_memory_max_bytes,
           "A worker on this host pushes and pulls ranges of at most this "
@@ -139,6 +147,7 @@ absl::Status DataPlaneFromFlags(tally::ServerOptions& o) {
   o.streamed_sums_min_bytes = absl::GetFlag(FLAGS_streamed_sums_min_bytes);
   o.shared_memory_max_bytes = absl::GetFlag(FLAGS_shared_memory_max_bytes);
   o.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
+  o.table_dir = absl::GetFlag(FLAGS_table_dir);
   o.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
   if (o.stream_window_bytes < 65535 || o.stream_window_bytes > (1 << 30)) {
     return Bad(

@@ -68,6 +68,8 @@ void EncodeRangeRecord(const ShardState& state, v1::RangeState* out) {
   out->set_accuracy(state.metrics.accuracy);
   out->set_train_seconds(state.metrics.train_seconds);
   if (state.buffers != nullptr) out->set_buffers(*state.buffers);
+  out->mutable_table_files()->Assign(state.table_files.begin(),
+                                     state.table_files.end());
 }
 
 void DecodeRangeRecord(const v1::RangeState& in, ShardState* out) {
@@ -80,6 +82,7 @@ void DecodeRangeRecord(const v1::RangeState& in, ShardState* out) {
   out->metrics.train_seconds = in.train_seconds();
   if (!in.buffers().empty())
     out->buffers = std::make_shared<const std::string>(in.buffers());
+  out->table_files.assign(in.table_files().begin(), in.table_files().end());
 }
 
 void EncodeRangeState(const ShardState& state, v1::RangeState* out) {

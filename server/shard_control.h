@@ -124,6 +124,10 @@ struct ShardState {
   // The range at offset 0 of a Python model: its buffer region (empty:
   // not set yet).
   std::shared_ptr<const std::string> buffers;
+  // A job with tables checkpointed by its shards (--table_dir): the files
+  // that hold its rows at `version` (a range's save: its own chain; a
+  // job's checkpoint: every range's, in shard-map order).
+  std::vector<std::string> table_files;
 };
 
 class ShardControl {

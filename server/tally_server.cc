@@ -123,6 +123,7 @@ void TallyServer::MakeDataWing() {
   host_->set_streamed_sums(o.streamed_sums, o.streamed_sums_min_bytes / 4);
   host_->set_shared_memory(o.shared_memory_max_bytes);
   host_->set_max_table_bytes(o.max_table_bytes);
+  host_->set_table_dir(o.table_dir);
   if (o.metrics != nullptr)
     data_metrics_ = std::make_unique<DataPlaneMetrics>(o.metrics->registry());
   params_ =

@@ -64,6 +64,9 @@ struct ServerOptions {
   // The bytes every job's embedding tables on this shard may take (0:
   // unbounded; ShardHost::set_max_table_bytes).
   int64_t max_table_bytes = 0;
+  // Where the shard checkpoints its tables' rows (ShardHost::
+  // set_table_dir); empty: nowhere.
+  std::string table_dir;
   // Each stream's receive window (proto/transport.h): a push waiting for
   // lower ranks holds up to this much (and 1 MiB more) of shard memory.
   int stream_window_bytes = kServerStreamWindowBytes;

@@ -39,18 +39,20 @@ def free_port():
 
 
 class Cluster:
-    def __init__(self, tmp, shards=0):
+    def __init__(self, tmp, shards=0, server_args=(), shard_args=()):
         self.tmp, self.procs = tmp, []
         port = free_port()
         self.server = f"127.0.0.1:{port}"
         self.start("server", [f"{BUILD}/server/tally-server", f"--port={port}",
-                              "--lease_timeout_ms=2000"]
+                              "--lease_timeout_ms=2000", *server_args]
                    + (["--noshard"] if shards else []))
+        self.shards = []
         for i in range(shards):
             sp = free_port()
-            self.start(f"shard{i}", [f"{BUILD}/server/tally-server", f"--port={sp}",
-                                     f"--coordinator={self.server}",
-                                     f"--advertise=127.0.0.1:{sp}"])
+            self.shards.append(self.start(
+                f"shard{i}", [f"{BUILD}/server/tally-server", f"--port={sp}",
+                              f"--coordinator={self.server}",
+                              f"--advertise=127.0.0.1:{sp}", *shard_args]))
         self.client = tally.Client(self.server)
         for _ in range(100):
             try:

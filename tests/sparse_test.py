@@ -35,6 +35,10 @@ over three shard processes.
              the direct one; its export is the ids it holds and their rows;
              with min_count and evict_after_steps ids are filtered and
              stale rows dropped, as the metrics and the export say.
+  lost       a shard killed mid-job (coordinator --state_dir, shards
+             --table_dir): the job resumes from the checkpoint, tables
+             loaded from the shards' files, and ends bit for bit as the
+             job undisturbed, no worker restarted.
   errors     an id outside a direct table FAILS the job naming the table
              and the id; a table that is not the model's, or whose dim
              differs, is refused at submit; a dynamic table with
@@ -48,6 +52,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -131,7 +136,7 @@ def make_small():
 ''' % SEED
 
 
-def spec(tmp, build, shards=1, tables=None, steps=STEPS, name=None, workers=1):
+def spec(tmp, build, shards=1, tables=None, steps=STEPS, name=None, workers=1, epochs=1):
     name = name or f"{build}-{shards}"
     lines = [f"name: {name}",
              "model:",
@@ -142,7 +147,7 @@ def spec(tmp, build, shards=1, tables=None, steps=STEPS, name=None, workers=1):
         for t in tables:
             lines.append("    - {" + ", ".join(f"{k}: {v}" for k, v in t.items()) + "}")
     lines += [f"dataset: {{name: text, train: {CORPUS}, seq_len: {SEQ}}}",
-              f"training: {{epochs: 1, batch_size: {BATCH}, max_steps: {steps}, "
+              f"training: {{epochs: {epochs}, batch_size: {BATCH}, max_steps: {steps}, "
               f"seed: {SEED}, workers: {workers}, shards: {shards}}}",
               f"optimizer: {{type: sgd, lr: {LR}}}"]
     path = f"{tmp}/{name}.yaml"
@@ -526,6 +531,64 @@ def dynamic(cluster, tmp):
           f"{b.rows_evicted} rows evicted, {b.rows} held of {held.rows}")
 
 
+def lost(cluster, tmp):
+    """A shard killed mid-job: the job is placed again on the shards left
+    from the coordinator's last checkpoint, each range loading the rows
+    its slot now owns from the table files the shards wrote
+    (--table_dir); it SUCCEEDS with no worker restarted, bit for bit as
+    the same job undisturbed (dense parameters and tables)."""
+    base = f"{tmp}/lost"
+    os.makedirs(base)
+    c = Cluster(base, shards=3,
+                server_args=[f"--state_dir={base}/state", "--checkpoint_interval_s=0.2"],
+                shard_args=[f"--table_dir={base}/tables"])
+    try:
+        w = c.python_worker("w")
+        tables = [dict(t, optimizer=f"{{type: adagrad, lr: {TABLE_LR}}}") for t in SGD_TABLES]
+        steps = 400
+        calm = run(c, spec(tmp, "make_sparse", 2, tables, steps=steps, name="calm", epochs=3), "w")
+        want = weights(c, tmp, calm)  # its tables are on its shards: before the kill
+        job = c.client.submit(spec(tmp, "make_sparse", 2, tables, steps=steps, name="hit",
+                                   epochs=3))
+        victim = None
+        for _ in range(600):
+            j = c.client.status(job.id)
+            if j.metrics.step >= steps // 3 and glob.glob(f"{base}/tables/{job.id}/*.tbl"):
+                shards = c.client._call("ListShards", pb.ListShardsRequest,
+                                        pb.ListShardsResponse)(pb.ListShardsRequest(), timeout=10)
+                held = {s.address for s in shards.shards for r in s.ranges
+                        if r.job_id == job.id}
+                victim = next(i for i, p in enumerate(c.shards)
+                              if any(f"--advertise={a}" in p.args for a in held))
+                break
+            time.sleep(0.05)
+        if victim is None:
+            fail("the job did not reach a third of its steps with a table checkpoint")
+        killed_at = c.client.status(job.id).metrics.step
+        c.shards[victim].kill()
+        job = c.client.wait(job.id, timeout=300)
+        if job.state != pb.SUCCEEDED:
+            fail(f"after the kill: {pb.JobState.Name(job.state)}: {job.message}\n" + c.log("w"))
+        if w.poll() is not None:
+            fail("the worker process died")
+        history = c.client._call("GetJobHistory", pb.GetJobRequest, pb.JobHistory)(
+            pb.GetJobRequest(job_id=job.id), timeout=10)
+        events = [e.text for e in history.events]
+        resumed = [e for e in events if "starts again from the checkpoint of step" in e]
+        if not resumed:
+            fail(f"no resumption from a checkpoint in {events}")
+        got = weights(c, tmp, job)
+        differ = [n for n in want if not torch.equal(want[n], got[n])]
+        if differ:
+            fail(f"after the shard loss {differ} differ from the undisturbed job")
+        if os.path.exists(f"{base}/tables/{job.id}"):
+            fail("the ended job's table files are still there")
+        print(f"lost: shard killed at step {killed_at}; {resumed[0]!r}; SUCCEEDED with every "
+              f"tensor (tables too) bit for bit the undisturbed job's")
+    finally:
+        c.stop()
+
+
 def errors(cluster, tmp):
     job = cluster.client.submit(spec(tmp, "make_small", 1, [{"name": "emb", "ids": "direct"}],
                                      name="outside"))
@@ -556,7 +619,7 @@ def errors(cluster, tmp):
 
 
 PHASES = {"equal": equal, "two": two, "adagrad": adagrad, "adam": adam, "dlrm": dlrm, "criteo": criteo,
-          "dynamic": dynamic, "errors": errors}
+          "dynamic": dynamic, "lost": lost, "errors": errors}
 
 
 def main():

@@ -165,6 +165,14 @@ JobRunner::State JobRunner::PushAgain(const absl::Status& s) {
 JobRunner::State JobRunner::ComputeStep() {
   StepWork work;
   absl::StatusOr<StepStats> stats = Compute(step_, work);
+  if (!stats.ok() && work.pull_failed) {
+    // Its rows' shard is away: the step again from its pull.
+    context_.log(absl::StrCat("step ", step_, ": ", stats.status().message()));
+    loader_next_ = -1;
+    next_ = step_;
+    Backoff();
+    return State::kNextStep;
+  }
   if (!stats.ok()) return Stop(stats.status());
   stats_ = *stats;
   return State::kPush;
@@ -522,7 +530,15 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   // What the step waited for its weights counts as the pull's.
   CountStep(stats, work, absl::Now() - began - work.blocked);
   loader_->Recycle(std::move(batch));
-  // A step dropped for its pull is done again the plain way (Overlapped).
+  // A step dropped for its pull is done again the plain way (Overlapped);
+  // so is one whose table rows could not be pulled or pushed because a
+  // shard is away or the job is being placed again (its new map comes
+  // with the assignment).
+  if (!stats.ok() && rows_ != nullptr) {
+    const Reaction r = ReactTo(Call::kPull, stats.status());
+    if (r == Reaction::kRetry || r == Reaction::kStaleMap)
+      work.pull_failed = true;
+  }
   if (!stats.ok())
     return work.pull_failed ? stats.status() : Refuse(stats.status());
   loader_next_ = index + 1 < rank_batches_

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,14 @@ class Rows {
     absl::MutexLock lock(&mu_);
     rows_ = nullptr;
   }
+  // The status of the last call that failed since the last Take, code and
+  // reason kept (a Python exception carries only its text): the engine
+  // returns it for the step, so that a shard away is retried as a pull
+  // is, not taken for the model's error.
+  absl::Status TakeError() {
+    absl::MutexLock lock(&error_mu_);
+    return std::exchange(error_, absl::OkStatus());
+  }
 
   py::array_t<float> Pull(int table, py::array_t<int64_t, py::array::c_style |
                                                           py::array::forcecast>
@@ -102,7 +111,7 @@ class Rows {
       s = rows_ == nullptr ? absl::FailedPreconditionError("the job is over")
                            : rows_->Pull(table, r, n, o);
     }
-    if (!s.ok()) throw std::runtime_error(s.ToString());
+    if (!s.ok()) Fail(s);
     return out;
   }
 
@@ -134,7 +143,7 @@ class Rows {
       s = rows_ == nullptr ? absl::FailedPreconditionError("the job is over")
                            : rows_->PullTables(pulls);
     }
-    if (!s.ok()) throw std::runtime_error(s.ToString());
+    if (!s.ok()) Fail(s);
     py::list out;
     for (auto& o : outs) out.append(o);
     return out;
@@ -168,10 +177,19 @@ class Rows {
       s = rows_ == nullptr ? absl::FailedPreconditionError("the job is over")
                            : rows_->Push(samples, grads);
     }
-    if (!s.ok()) throw std::runtime_error(s.ToString());
+    if (!s.ok()) Fail(s);
   }
 
  private:
+  [[noreturn]] void Fail(const absl::Status& s) {
+    {
+      absl::MutexLock lock(&error_mu_);
+      if (error_.ok()) error_ = s;
+    }
+    throw std::runtime_error(s.ToString());
+  }
+  absl::Mutex error_mu_;
+  absl::Status error_ ABSL_GUARDED_BY(error_mu_);
   // Held across a call (shared: replicas pull at once), so Detach waits.
   absl::Mutex mu_;
   TableRows* rows_ ABSL_GUARDED_BY(mu_);
@@ -237,12 +255,17 @@ class PyEngine : public ModelEngine {
     {
       py::gil_scoped_acquire gil;
       try {
+        if (rows_ != nullptr) rows_->TakeError().IgnoreError();
         py::tuple r = impl_.attr("step")(
             Inputs(batch.x, batch.ids, batch.size),
             View(batch.y, batch.size, label_shape_), seed);
         stats.loss_sum = r[0].cast<double>();
         stats.correct = r[1].cast<int64_t>();
       } catch (py::error_already_set& e) {
+        // A row call that failed: its own status (a shard away is retried).
+        if (rows_ != nullptr) {
+          if (absl::Status rows = rows_->TakeError(); !rows.ok()) return rows;
+        }
         // A ModelError names what is wrong (a bad id, a bad loss): its
         // message alone; anything else with its traceback.
         if (e.matches(py::module_::import("tally.engine").attr("ModelError"))) {

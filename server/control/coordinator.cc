@@ -117,6 +117,8 @@ absl::StatusOr<StoredJob> GatherRanges(
     }
     out.rejected_pushes += st.metrics.rejected_pushes;
     if (weights_only) continue;
+    out.table_files.insert(out.table_files.end(), st.table_files.begin(),
+                           st.table_files.end());
     if (st.optimizer.slots.size() != out.optimizer_slots.size()) {
       return absl::DataLossError("ranges with different optimizers");
     }
@@ -1713,6 +1715,16 @@ void Coordinator::RetireRanges(ControlTask& t) {
   t.retired_now = true;
 }
 
+// Whether an install error of this placement is the first (logged).
+bool FirstInstallError(const std::string& job_id, int64_t map_version) {
+  static absl::Mutex mu;
+  static std::set<std::pair<std::string, int64_t>>* seen =
+      new std::set<std::pair<std::string, int64_t>>;
+  absl::MutexLock lock(&mu);
+  if (seen->size() > 10000) seen->clear();
+  return seen->insert({job_id, map_version}).second;
+}
+
 // Every range installed (members come next), from the job's start.
 void Coordinator::InstallRanges(ControlTask& t) {
   int slot = 0;
@@ -1732,7 +1744,13 @@ void Coordinator::InstallRanges(ControlTask& t) {
     if (t.start != nullptr) {
       t.start->EncodeRange(r.offset, r.count, req.mutable_state());
     }
-    if (!r.control->Install(req).ok()) {
+    if (absl::Status s = r.control->Install(req); !s.ok()) {
+      // Tried again at the next tick; said once a placement.
+      if (FirstInstallError(t.job_id, t.map_version)) {
+        std::fprintf(stderr, "tally-server: installing %s on %s: %s\n",
+                     t.job_id.c_str(), r.shard_id.c_str(),
+                     std::string(s.message()).c_str());
+      }
       t.failed = true;
       return;
     }

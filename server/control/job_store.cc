@@ -91,6 +91,7 @@ ShardState StoredJob::Record() const {
   record.metrics.accuracy = accuracy;
   record.metrics.train_seconds = train_seconds;
   record.optimizer.step = optimizer_step;
+  record.table_files = table_files;
   return record;
 }
 
@@ -232,6 +233,7 @@ absl::string_view JobStore::ReadTensors(const v1::JobCheckpoint& ck,
     return "the buffers do not match the model's";
   }
   out->buffers = ck.buffers();
+  out->table_files.assign(ck.table_files().begin(), ck.table_files().end());
   out->optimizer_step = ck.optimizer_step();
   for (const std::string& slot : ck.optimizer_slots()) {
     out->optimizer_slots.emplace_back();
@@ -311,6 +313,8 @@ absl::Status JobStore::Save(const StoredJob& job) const {
       crc = Crc32(crc, FloatBytes(slot));
     ck.set_data_crc32(Crc32(crc, job.buffers));
     ck.set_buffers(job.buffers);
+    ck.mutable_table_files()->Assign(job.table_files.begin(),
+                                     job.table_files.end());
     prefixes.push_back(BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
                                         data.back().size()));
     for (const auto& slot : job.optimizer_slots) {

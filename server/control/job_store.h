@@ -44,6 +44,9 @@ struct StoredJob {
   // buffer region, as its first range keeps it; an ended job's, as the
   // report that ended it gave them.
   std::string buffers;
+  // A job whose shards checkpoint its tables: the files of its rows at
+  // `version`, every range's chain in shard-map order.
+  std::vector<std::string> table_files;
 
   // The state of elements [offset, offset + count), as a range holds it,
   // on the wire (has_state must be set): what a shard is installed with.

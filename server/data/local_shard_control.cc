@@ -38,7 +38,7 @@ class LocalShardControl final : public ShardControl {
   absl::StatusOr<ShardState> Save(const std::string& job_id,
                                   int64_t map_version, int64_t version,
                                   int64_t /*count*/, absl::Duration wait,
-                                  bool) override {
+                                  bool weights_only) override {
     struct Result {
       absl::Notification done;
       absl::StatusOr<ShardState> state = absl::UnknownError("not saved");
@@ -48,7 +48,8 @@ class LocalShardControl final : public ShardControl {
                   [result](absl::StatusOr<ShardState> s) {
                     result->state = std::move(s);
                     result->done.Notify();
-                  });
+                  },
+                  weights_only);
     // The host releases the wait at its deadline (its Tick); a margin
     // covers the tick.
     if (!result->done.WaitForNotificationWithTimeout(wait + absl::Seconds(1))) {

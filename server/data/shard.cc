@@ -72,8 +72,13 @@ ParameterShard::ParameterShard(std::vector<float> weights,
   weights_ = std::make_shared<std::vector<float>>(std::move(weights));
 }
 
-ShardState ParameterShard::Save() const {
+ShardState ParameterShard::Save(TableCapture* capture) const {
   absl::MutexLock lock(&mu_);
+  if (capture != nullptr && tables_ != nullptr && !retired_) {
+    capture->file = tables_->TakeSave(capture->base);
+    capture->file.version = version_;
+    capture->taken = true;
+  }
   ShardState s;
   s.metrics = MetricsLocked();
   s.retired = retired_;
@@ -85,7 +90,8 @@ ShardState ParameterShard::Save() const {
 
 void ParameterShard::SaveAt(
     int64_t v, absl::Time deadline,
-    std::function<void(absl::StatusOr<ShardState>)> done) {
+    std::function<void(absl::StatusOr<ShardState>)> done,
+    std::shared_ptr<TableCapture> capture) {
   bool now = false;
   absl::Status closed;
   {
@@ -100,9 +106,10 @@ void ParameterShard::SaveAt(
       if (version_ < v) {
         // Released by the close that reaches v, or by its deadline.
         waiters_.push_back({v, deadline,
-                            [this, v, done](absl::Status s) {
+                            [this, v, done, capture](absl::Status s) {
                               absl::StatusOr<ShardState> state =
-                                  s.ok() ? absl::StatusOr<ShardState>(Save())
+                                  s.ok() ? absl::StatusOr<ShardState>(
+                                               Save(capture.get()))
                                          : absl::StatusOr<ShardState>(s);
                               Ready ready;
                               {
@@ -129,7 +136,7 @@ void ParameterShard::SaveAt(
     return;
   }
   // At v already: the state is taken before anything can close.
-  absl::StatusOr<ShardState> state = Save();
+  absl::StatusOr<ShardState> state = Save(capture.get());
   Ready ready;
   {
     absl::MutexLock lock(&mu_);

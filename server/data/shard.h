@@ -102,9 +102,18 @@ class ParameterShard {
   ParameterShard(const ParameterShard&) = delete;
   ParameterShard& operator=(const ParameterShard&) = delete;
 
+  // What a checkpoint takes of the job's tables with the range's state
+  // (SparseTables::TakeSave), filled in by Save under the same lock: the
+  // rows as of the state's version.
+  struct TableCapture {
+    bool base = false;  // every row, not a delta
+    bool taken = false;
+    TableRowsFile file;
+  };
   // A consistent copy for a checkpoint (the optimizer state is copied; the
-  // weights are the immutable snapshot).
-  ShardState Save() const;
+  // weights are the immutable snapshot), and the tables' rows into
+  // `capture` when given.
+  ShardState Save(TableCapture* capture = nullptr) const;
   // The state at exactly version `v`, for a checkpoint consistent across a
   // job's shards: if the shard is below v, it closes steps up to v and no
   // further until the state is taken. Calls done(state), or
@@ -112,7 +121,8 @@ class ParameterShard {
   // past v already, or done(kDeadlineExceeded) at `deadline` (checked by
   // ExpireWaiters).
   void SaveAt(int64_t v, absl::Time deadline,
-              std::function<void(absl::StatusOr<ShardState>)> done);
+              std::function<void(absl::StatusOr<ShardState>)> done,
+              std::shared_ptr<TableCapture> capture = nullptr);
   // A shard that goes on from `state`, with no members yet. `optimizer` is
   // a fresh one for the job; it takes state.optimizer (kInvalidArgument when
   // that does not fit), or stays fresh when that has no step and no slots
@@ -248,6 +258,10 @@ class ParameterShard {
   // The job's embedding tables (model.embeddings): the rows this range's
   // slot owns. Set once, before the first member joins.
   void SetTables(std::shared_ptr<SparseTables> tables);
+  bool has_tables() const {
+    absl::MutexLock lock(&mu_);
+    return tables_ != nullptr;
+  }
   // Once retired, the job's tables as they ended (frozen: SparseTables::
   // Freeze), which outlive the range; null before, or without tables.
   std::shared_ptr<const SparseTables> RetiredTables() const;

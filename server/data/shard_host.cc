@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -70,13 +71,21 @@ absl::Status ShardHost::AttachTables(const v1::InstallRangeRequest& req,
         "a job with tables is installed with its range's slot: got ",
         req.slot(), " of ", req.slots()));
   }
-  // Rows restart from their initial values when a range is placed again:
-  // tables are not checkpointed yet (docs/cluster.md).
+  // Rows start from their initial values, or from the checkpoint's table
+  // files (tally-server --table_dir on the shards, docs/cluster.md).
   auto tables = std::make_shared<SparseTables>(
       spec.embeddings, spec.training.seed, req.slot(), req.slots(),
       table_budget_);
   // The host outlives its ranges.
   tables->set_reclaim([this](int64_t) { return ReclaimEndedTables(); });
+  // A job placed again: the rows this slot owns, from every range's chain
+  // of the checkpoint it resumes from.
+  for (const std::string& path : req.state().table_files()) {
+    TALLY_ASSIGN_OR_RETURN(TableRowsFile file,
+                           ReadTableFile(path, req.job_id()));
+    TALLY_RETURN_IF_ERROR(tables->Load(file));
+  }
+  if (!table_dir_.empty()) tables->set_checkpointed();
   shard.SetTables(std::move(tables));
   return absl::OkStatus();
 }
@@ -267,6 +276,15 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
     dropped = std::move(it->second.shard);
     ranges_.erase(it);
   }
+  if (ended && !table_dir_.empty()) {
+    {
+      absl::MutexLock lock(&chains_mu_);
+      chains_.erase(job_id);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(std::filesystem::path(table_dir_) / job_id,
+                                ec);
+  }
   dropped->Close(
       ended ? WithReason(absl::FailedPreconditionError("the job ended"),
                          v1::JOB_ENDED)
@@ -275,7 +293,8 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
 
 void ShardHost::SaveAt(const std::string& job_id, int64_t map_version,
                        int64_t v, absl::Time deadline,
-                       std::function<void(absl::StatusOr<ShardState>)> done) {
+                       std::function<void(absl::StatusOr<ShardState>)> done,
+                       bool weights_only) {
   absl::StatusOr<Range> r = Find(job_id, map_version);
   if (!r.ok()) {
     done(r.status());
@@ -283,10 +302,78 @@ void ShardHost::SaveAt(const std::string& job_id, int64_t map_version,
   }
   // The callback keeps the shard alive until it has run.
   std::shared_ptr<ParameterShard> shard = r->shard;
-  shard->SaveAt(v, deadline,
-                [shard, done = std::move(done)](absl::StatusOr<ShardState> s) {
-                  done(std::move(s));
-                });
+  std::shared_ptr<ParameterShard::TableCapture> capture;
+  if (!weights_only && !table_dir_.empty() && shard->has_tables()) {
+    capture = std::make_shared<ParameterShard::TableCapture>();
+    capture->base = NextSaveIsBase(job_id, r->map_version);
+  }
+  const int64_t placed = r->map_version;
+  shard->SaveAt(
+      v, deadline,
+      [this, shard, capture, job_id, placed,
+       done = std::move(done)](absl::StatusOr<ShardState> s) {
+        if (s.ok() && capture != nullptr && capture->taken) {
+          capture->file.job_id = job_id;
+          absl::StatusOr<std::vector<std::string>> files =
+              WriteTables(job_id, placed, capture->file);
+          if (!files.ok()) {
+            done(files.status());
+            return;
+          }
+          s->table_files = *std::move(files);
+        }
+        done(std::move(s));
+      },
+      capture);
+}
+
+bool ShardHost::NextSaveIsBase(const std::string& job_id,
+                               int64_t map_version) {
+  absl::MutexLock lock(&chains_mu_);
+  auto it = chains_.find(job_id);
+  if (it == chains_.end() || it->second.map_version != map_version)
+    return true;
+  const TableChain& c = it->second;
+  // A new base once the deltas outgrow it: the files stay under twice
+  // the rows.
+  return c.needs_base || c.files.empty() || c.delta_bytes > c.base_bytes;
+}
+
+absl::StatusOr<std::vector<std::string>> ShardHost::WriteTables(
+    const std::string& job_id, int64_t map_version, const TableRowsFile& file) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(table_dir_) / job_id;
+  const std::string path =
+      (dir / absl::StrCat("m", map_version, "-s", file.slot, "-v",
+                          file.version, file.base ? "-base" : "", ".tbl"))
+          .string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  absl::Status written =
+      ec ? absl::FailedPreconditionError(absl::StrCat(
+               "--table_dir: ", dir.string(), ": ", ec.message()))
+         : WriteTableFile(path, file);
+  std::vector<std::string> gone;
+  absl::MutexLock lock(&chains_mu_);
+  TableChain& c = chains_[job_id];
+  if (c.map_version != map_version) c = TableChain{map_version};
+  if (!written.ok()) {
+    c.needs_base = true;  // this delta's rows are in no file
+    return written;
+  }
+  if (file.base) {
+    gone = std::move(c.older);  // two bases back: no checkpoint needs it
+    c.older = std::move(c.files);
+    c.files = {path};
+    c.base_bytes = file.bytes();
+    c.delta_bytes = 0;
+    c.needs_base = false;
+  } else {
+    c.files.push_back(path);
+    c.delta_bytes += file.bytes();
+  }
+  for (const std::string& f : gone) fs::remove(f, ec);
+  return c.files;
 }
 
 std::vector<v1::RangeStatus> ShardHost::Status() const {

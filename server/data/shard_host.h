@@ -71,6 +71,13 @@ class ShardHost {
         bytes > 0 ? std::make_shared<std::atomic<int64_t>>(bytes) : nullptr;
   }
 
+  // Where this shard checkpoints its ranges' tables (--table_dir; empty:
+  // they are not): a directory every shard of the cluster reads at the
+  // same path, since a range placed again elsewhere loads its rows from
+  // the files the lost one wrote. Under it, a directory a job, removed
+  // when the job ends.
+  void set_table_dir(std::string dir) { table_dir_ = std::move(dir); }
+
   // Whether an Exchange stream may share memory with its worker
   // (proto/shared_memory.h): for ranges of at most `max_range_bytes` (4
   // bytes a value; 0: never), at most kMaxSharedRegions and
@@ -139,10 +146,15 @@ class ShardHost {
             int64_t map_version = INT64_MAX);
   // Forgets every range (the coordinator will place its jobs again).
   void DropAll();
-  // The range's state at version `v` (ParameterShard::SaveAt).
+  // The range's state at version `v` (ParameterShard::SaveAt). Unless
+  // `weights_only`, a range with tables and a table_dir writes its rows
+  // there first (a base, or the rows changed since its last file) and
+  // the state names its chain of files (ShardState.table_files); a write
+  // that fails fails the save (the next one writes a base).
   void SaveAt(const std::string& job_id, int64_t map_version, int64_t v,
               absl::Time deadline,
-              std::function<void(absl::StatusOr<ShardState>)> done);
+              std::function<void(absl::StatusOr<ShardState>)> done,
+              bool weights_only = false);
 
   // For the data path: kNotFound when the job has no range here (or, with
   // a map_version, none placed at that version: the job moved since).
@@ -173,6 +185,22 @@ class ShardHost {
   bool ReclaimEndedTables();
   const SpecLimits limits_;
   RealClock real_clock_;
+  // A range's table files since its placement, base first.
+  struct TableChain {
+    int64_t map_version = 0;
+    std::vector<std::string> files;
+    std::vector<std::string> older;  // the chain before: removed at the next base
+    int64_t base_bytes = 0, delta_bytes = 0;
+    bool needs_base = true;  // a write failed: its rows are in no file
+  };
+  // Writes a save's rows and adds the file to the job's chain; the chain.
+  absl::StatusOr<std::vector<std::string>> WriteTables(
+      const std::string& job_id, int64_t map_version,
+      const TableRowsFile& file);
+  bool NextSaveIsBase(const std::string& job_id, int64_t map_version);
+  std::string table_dir_;
+  absl::Mutex chains_mu_;
+  std::map<std::string, TableChain> chains_ ABSL_GUARDED_BY(chains_mu_);
   struct EndedTables {
     std::string job_id;
     int64_t map_version = 0;

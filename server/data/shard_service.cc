@@ -868,7 +868,8 @@ class SaveReactor final
                  absl::Now() + absl::Milliseconds(wait_ms),
                  WhileLive([](SaveReactor* r, absl::StatusOr<ShardState> s) {
                    r->Ready(std::move(s));
-                 }));
+                 }),
+                 weights_only_);
   }
 
   void OnWriteDone(bool ok) override {

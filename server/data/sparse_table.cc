@@ -215,6 +215,7 @@ void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
     const int64_t before = t.metrics.bytes;
     const int64_t at = Make(t, rows[i]);
     if (!t.stepped.empty()) t.stepped[at] = step;
+    if (checkpointed_) t.dirty.insert(rows[i]);
     if (budget_ != nullptr && t.metrics.bytes > before)
       budget_->fetch_sub(t.metrics.bytes - before);
     float* p = t.values.data() + at * dim;
@@ -246,6 +247,10 @@ void SparseTables::Evict(Table& t, int64_t place) {
   const int64_t dim = t.spec.dim;
   const int64_t last = static_cast<int64_t>(t.rows.size()) - 1;
   t.index.erase(t.rows[place]);
+  if (checkpointed_) {
+    t.dirty.erase(t.rows[place]);
+    t.dropped.insert(t.rows[place]);
+  }
   if (place != last) {
     std::copy_n(t.values.data() + last * dim, dim,
                 t.values.data() + place * dim);
@@ -281,6 +286,73 @@ void SparseTables::EndStep(int64_t step) {
       if (step - t.stepped[place] >= after) Evict(t, place);
     }
   }
+}
+
+TableRowsFile SparseTables::TakeSave(bool base) {
+  TableRowsFile f;
+  f.base = base;
+  f.slot = slot_;
+  f.slots = slots_;
+  for (int i = 0; i < size(); ++i) {
+    Table& t = tables_[i];
+    TableRowsFile::Part p;
+    p.table = i;
+    p.dim = t.spec.dim;
+    p.slots = t.spec.optimizer.slots();
+    const int64_t dim = p.dim, k = p.slots;
+    const auto add = [&](int64_t row, int64_t at) {
+      p.rows.push_back(row);
+      p.values.insert(p.values.end(), t.values.begin() + at * dim,
+                      t.values.begin() + (at + 1) * dim);
+      p.state.insert(p.state.end(), t.accum.begin() + at * k * dim,
+                     t.accum.begin() + (at + 1) * k * dim);
+    };
+    if (base) {
+      for (const auto& [row, at] : t.index) add(row, at);
+    } else {
+      for (int64_t row : t.dirty) add(row, t.index.at(row));
+      p.dropped.assign(t.dropped.begin(), t.dropped.end());
+    }
+    t.dirty.clear();
+    t.dropped.clear();
+    f.parts.push_back(std::move(p));
+  }
+  return f;
+}
+
+absl::Status SparseTables::Load(const TableRowsFile& file) {
+  last_step_ = std::max(last_step_, file.version);  // loaded rows are fresh
+  for (const TableRowsFile::Part& p : file.parts) {
+    if (p.table < 0 || p.table >= size() ||
+        p.dim != tables_[p.table].spec.dim ||
+        p.slots != tables_[p.table].spec.optimizer.slots()) {
+      return absl::DataLossError(absl::StrCat(
+          "a table checkpoint's table ", p.table, " (dim ", p.dim, ", ",
+          p.slots, " slots) is not one of the job's"));
+    }
+    Table& t = tables_[p.table];
+    const int64_t dim = p.dim, k = p.slots;
+    for (int64_t row : p.dropped) {
+      auto it = t.index.find(row);
+      if (it != t.index.end() && !t.rows.empty()) Evict(t, it->second);
+    }
+    std::vector<int64_t> mine;
+    for (size_t i = 0; i < p.rows.size(); ++i) {
+      if (SlotOfRow(p.rows[i], t.spec.salt, slots_) == slot_)
+        mine.push_back(static_cast<int64_t>(i));
+    }
+    int64_t missing = 0;
+    for (int64_t i : mine) missing += t.index.contains(p.rows[i]) ? 0 : 1;
+    TALLY_RETURN_IF_ERROR(Reserve(t, missing, missing * RowBytes(t)));
+    for (int64_t i : mine) {
+      const int64_t at = Make(t, p.rows[i]);
+      std::copy_n(p.values.begin() + i * dim, dim, t.values.begin() + at * dim);
+      std::copy_n(p.state.begin() + i * k * dim, k * dim,
+                  t.accum.begin() + at * k * dim);
+    }
+    t.metrics.rows_evicted = 0;  // the evictions replayed are not new
+  }
+  return absl::OkStatus();
 }
 
 void SparseTables::Freeze() {

@@ -35,8 +35,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "common/spec/embedding.h"
+#include "server/data/table_checkpoint.h"
 #include "server/shard_control.h"
 
 namespace tally {
@@ -84,6 +86,19 @@ class SparseTables {
     reclaim_ = std::move(reclaim);
   }
 
+  // Tables checkpointed by this shard (--table_dir): the rows stepped and
+  // evicted are noted from now on, for TakeSave's deltas.
+  void set_checkpointed() { checkpointed_ = true; }
+  // The rows to write at a checkpoint: every row held (`base`), or those
+  // stepped since the last TakeSave and those evicted since. Clears the
+  // notes.
+  TableRowsFile TakeSave(bool base);
+  // A range placed again: the rows of `file` (a chain's, in order) that
+  // this slot owns, replacing what an earlier file gave; dropped rows go.
+  // kDataLoss for a part that does not fit the job's tables;
+  // kResourceExhausted past the budget.
+  absl::Status Load(const TableRowsFile& file);
+
   // The job ended: nothing changes the rows from now on. Orders each
   // table's rows for ReadSorted. Idempotent.
   void Freeze();
@@ -110,6 +125,8 @@ class SparseTables {
     std::vector<uint8_t> seen;  // filtered tables: the Bloom counters
     int64_t max_rows = 0;       // this slot's share; 0: unbounded
     std::vector<int64_t> sorted;  // the rows in order, once frozen
+    // Checkpointed: rows stepped and rows evicted since the last save.
+    absl::flat_hash_set<int64_t> dirty, dropped;
     TableMetrics metrics;
   };
   // Counts a pull of `row` in a filtered table; whether it has been asked
@@ -130,6 +147,7 @@ class SparseTables {
   std::function<bool(int64_t)> reclaim_;
   int64_t bytes_ = 0;
   bool frozen_ = false;
+  bool checkpointed_ = false;
   int64_t last_step_ = 0;  // the last step closed (EndStep)
 };
 
