@@ -5,10 +5,12 @@
 #include <limits>
 #include <set>
 
+#include "common/io/safetensors.h"
 #include "common/spec/embedding.h"
 #include "gtest/gtest.h"
 #include "server/data/shard.h"
 #include "server/data/sparse_table.h"
+#include "server/data/table_checkpoint.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -458,6 +460,55 @@ TEST(DynamicTableTest, AFloodOfNewIdsStopsAtMaxRows) {
                        HasSubstr("would pass its max_rows (2 on this shard")));
   EXPECT_EQ(tables.Metrics()[0].rows, 2);
   TALLY_EXPECT_OK(tables.Read(0, mine.data(), 2, out.data()));  // held ones
+}
+
+TEST(TableCheckpointTest, BaseAndDeltasRestoreTheRowsOfEachSlot) {
+  EmbeddingTableSpec t = Dynamic(2);
+  t.evict_after_steps = 2;
+  t.optimizer.type = TableOptimizer::Type::kAdagrad;
+  SparseTables a({t}, 3, 0, 1, nullptr);
+  a.set_checkpointed();
+  const int64_t ids[] = {1, 2, 3, 4, 5, 6};
+  std::vector<float> out(12), g(12, 0.5f);
+  TALLY_ASSERT_OK(a.Read(0, ids, 6, out.data()));
+  a.Apply(0, ids, 6, g.data(), 0);
+  const std::string dir = ::testing::TempDir();
+  TableRowsFile base = a.TakeSave(/*base=*/true);
+  base.job_id = "job-1";
+  TALLY_ASSERT_OK(WriteTableFile(dir + "/base.tbl", base));
+  a.Apply(0, ids, 1, g.data(), 1);  // 1 stepped again; the rest go stale
+  a.EndStep(2);                     // sweeps: 2 .. 6 evicted
+  TableRowsFile delta = a.TakeSave(/*base=*/false);
+  delta.job_id = "job-1";
+  ASSERT_EQ(delta.parts[0].rows, std::vector<int64_t>{1});
+  ASSERT_EQ(delta.parts[0].dropped.size(), 5u);
+  TALLY_ASSERT_OK(WriteTableFile(dir + "/delta.tbl", delta));
+  // Placed again over two slots: each loads its own rows of the chain.
+  std::vector<float> want(2), got(2);
+  TALLY_ASSERT_OK(a.Read(0, ids, 1, want.data()));
+  int64_t held = 0;
+  for (int slot = 0; slot < 2; ++slot) {
+    SparseTables b({t}, 3, slot, 2, nullptr);
+    for (const char* f : {"/base.tbl", "/delta.tbl"}) {
+      absl::StatusOr<TableRowsFile> file = ReadTableFile(dir + f, "job-1");
+      TALLY_ASSERT_OK(file.status());
+      TALLY_ASSERT_OK(b.Load(*file));
+    }
+    held += b.Metrics()[0].rows;
+    if (SlotOfRow(1, t.salt, 2) == slot) {
+      TALLY_ASSERT_OK(b.Read(0, ids, 1, got.data()));
+      EXPECT_EQ(got, want);
+    }
+  }
+  EXPECT_EQ(held, 1);  // the evicted rows stay evicted
+  // Another job's file, and a damaged one, are refused.
+  EXPECT_THAT(ReadTableFile(dir + "/base.tbl", "job-2"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job-1's")));
+  std::string bytes = *ReadFile(dir + "/base.tbl");
+  bytes[bytes.size() / 2] ^= 1;
+  TALLY_ASSERT_OK(WriteFileAtomic(dir + "/bad.tbl", bytes));
+  EXPECT_THAT(ReadTableFile(dir + "/bad.tbl", "job-1"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("CRC-32")));
 }
 
 TEST_F(TableShardTest, AdagradStepsTouchedRowsAsTorchAdagradDoes) {
