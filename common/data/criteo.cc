@@ -127,6 +127,25 @@ absl::Status ParseCriteoLine(absl::string_view line, int64_t integer_features,
   return absl::OkStatus();
 }
 
+namespace {
+
+// One log file, mapped: plain text of at most 2^48 bytes.
+absl::StatusOr<std::shared_ptr<const MappedFile>> MapLog(
+    const std::string& path) {
+  if (absl::EndsWith(path, ".gz")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": compressed; dataset.name: criteo reads plain text "
+              "(gunzip it first)"));
+  }
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f,
+                         MappedFile::Open(path));
+  if (f->size() >= (int64_t{1} << kFileBits))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": over 2^48 bytes"));
+  return f;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const CriteoLines>> CriteoLines::Open(
     const CriteoOptions& o) {
   if (static_cast<int64_t>(o.files.size()) > kMaxFiles) {
@@ -138,16 +157,7 @@ absl::StatusOr<std::shared_ptr<const CriteoLines>> CriteoLines::Open(
   c->categorical_ = o.categorical_features;
   std::vector<int64_t> counts;
   for (const std::string& path : o.files) {
-    if (absl::EndsWith(path, ".gz")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": compressed; dataset.name: criteo reads plain text "
-                "(gunzip it first)"));
-    }
-    TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f,
-                           MappedFile::Open(path));
-    if (f->size() >= (int64_t{1} << kFileBits)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": over 2^48 bytes"));
-    }
+    TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f, MapLog(path));
     counts.push_back(CountLines(*f));
     c->lines_ += counts.back();
     c->files_.push_back(std::move(f));

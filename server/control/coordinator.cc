@@ -857,6 +857,17 @@ std::unique_ptr<TableExport> TablesOf(
 
 }  // namespace
 
+// An ended job with tables: its ranges retire in a moment (the control
+// round after the end), and its file then has the tables.
+void Coordinator::AwaitRetiredLocked(const std::string& job_id) {
+  const auto retired = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto j = jobs_.find(job_id);
+    return j == jobs_.end() || !Terminal(j->second.proto.state()) ||
+           j->second.spec.embeddings.empty() || j->second.retired;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&retired), absl::Seconds(10));
+}
+
 absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
     const std::string& job_id) {
   WeightsExport out;
@@ -870,19 +881,8 @@ absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
   std::vector<RangeRef> ranges;
   {
     absl::MutexLock lock(&mu_);
+    AwaitRetiredLocked(job_id);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
-    }
-    // An ended job with tables: its ranges retire in a moment (the control
-    // round after the end), and the file then has the tables.
-    const auto retired = [this, &job_id] {
-      auto j = jobs_.find(job_id);
-      return j == jobs_.end() || !Terminal(j->second.proto.state()) ||
-             j->second.spec.embeddings.empty() || j->second.retired;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&retired), absl::Seconds(10));
-    it = jobs_.find(job_id);
     if (it == jobs_.end()) {
       return absl::NotFoundError(absl::StrCat("no job ", Quoted(job_id)));
     }

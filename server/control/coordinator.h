@@ -328,6 +328,10 @@ class Coordinator {
   using Notes = std::vector<std::function<void()>>;
 
   v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (10 s at most) until an ended job with tables has retired its
+  // ranges: ExportWeights' file then has the tables.
+  void AwaitRetiredLocked(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPythonWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReportResult's success: the job ends with the report's figures.
   absl::Status SucceedLocked(JobEntry& job, const v1::ReportResultRequest& req,
