@@ -535,8 +535,11 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   // shard is away or the job is being placed again (its new map comes
   // with the assignment).
   if (!stats.ok() && rows_ != nullptr) {
+    // A table past its bound (RESOURCE_EXHAUSTED) is not retried: the
+    // step would ask for the same rows again.
     const Reaction r = ReactTo(Call::kPull, stats.status());
-    if (r == Reaction::kRetry || r == Reaction::kStaleMap)
+    if ((r == Reaction::kRetry || r == Reaction::kStaleMap) &&
+        !absl::IsResourceExhausted(stats.status()))
       work.pull_failed = true;
   }
   if (!stats.ok())

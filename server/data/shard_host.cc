@@ -277,10 +277,8 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
     ranges_.erase(it);
   }
   if (ended && !table_dir_.empty()) {
-    {
-      absl::MutexLock lock(&chains_mu_);
-      chains_.erase(job_id);
-    }
+    absl::MutexLock lock(&chains_mu_);
+    chains_.erase(job_id);
     std::error_code ec;
     std::filesystem::remove_all(std::filesystem::path(table_dir_) / job_id,
                                 ec);
@@ -345,16 +343,23 @@ absl::StatusOr<std::vector<std::string>> ShardHost::WriteTables(
   const fs::path dir = fs::path(table_dir_) / job_id;
   const std::string path =
       (dir / absl::StrCat("m", map_version, "-s", file.slot, "-v",
-                          file.version, file.base ? "-base" : "", ".tbl"))
+                          file.version, "-n", table_files_written_++,
+                          file.base ? "-base" : "", ".tbl"))
           .string();
+  // Under chains_mu_, as Drop removes an ended job's directory: a save
+  // that finishes after the end writes nothing.
+  absl::MutexLock lock(&chains_mu_);
+  {
+    absl::MutexLock host(&mu_);
+    if (ended_.count(job_id))
+      return absl::FailedPreconditionError("the job ended");
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   absl::Status written =
       ec ? absl::FailedPreconditionError(absl::StrCat(
                "--table_dir: ", dir.string(), ": ", ec.message()))
          : WriteTableFile(path, file);
-  std::vector<std::string> gone;
-  absl::MutexLock lock(&chains_mu_);
   TableChain& c = chains_[job_id];
   if (c.map_version != map_version) c = TableChain{map_version};
   if (!written.ok()) {
@@ -362,8 +367,8 @@ absl::StatusOr<std::vector<std::string>> ShardHost::WriteTables(
     return written;
   }
   if (file.base) {
-    gone = std::move(c.older);  // two bases back: no checkpoint needs it
-    c.older = std::move(c.files);
+    // The chain before stays until the job ends: the coordinator's last
+    // checkpoint that was written may still name it.
     c.files = {path};
     c.base_bytes = file.bytes();
     c.delta_bytes = 0;
@@ -372,7 +377,6 @@ absl::StatusOr<std::vector<std::string>> ShardHost::WriteTables(
     c.files.push_back(path);
     c.delta_bytes += file.bytes();
   }
-  for (const std::string& f : gone) fs::remove(f, ec);
   return c.files;
 }
 

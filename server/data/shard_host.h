@@ -189,7 +189,6 @@ class ShardHost {
   struct TableChain {
     int64_t map_version = 0;
     std::vector<std::string> files;
-    std::vector<std::string> older;  // the chain before: removed at the next base
     int64_t base_bytes = 0, delta_bytes = 0;
     bool needs_base = true;  // a write failed: its rows are in no file
   };
@@ -199,6 +198,8 @@ class ShardHost {
       const TableRowsFile& file);
   bool NextSaveIsBase(const std::string& job_id, int64_t map_version);
   std::string table_dir_;
+  // Names each file once (two saves at one step must not overwrite).
+  std::atomic<int64_t> table_files_written_{0};
   absl::Mutex chains_mu_;
   std::map<std::string, TableChain> chains_ ABSL_GUARDED_BY(chains_mu_);
   struct EndedTables {
