@@ -25,6 +25,11 @@ struct ConsistencySpec {
   int64_t max_staleness = -1;
   // bsp: a step closes once all but this many members committed it.
   int64_t backup_workers = 0;
+  // training.consistency.tables: async: each member's row gradients of
+  // the open step are stepped as they come, alone (PERSIA's hybrid, the
+  // dense part keeping `mode`); sync (false): summed with the step's
+  // other members' and stepped when the step closes, as the dense part.
+  bool tables_async = false;
 
   // The versions a worker at `clock` may compute from start here.
   int64_t FirstUsableVersion(int64_t clock) const {

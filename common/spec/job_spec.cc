@@ -608,6 +608,15 @@ absl::Status ParseConsistencyNames(const YAML::Node& n, const std::string& p,
                       absl::StrCat("unknown mode '", mode,
                                    "' (bsp, ssp or async)"));
   }
+  std::string tables = "sync";
+  TALLY_RETURN_IF_ERROR(ReadString(n, p, "tables", &tables));
+  if (tables != "sync" && tables != "async") {
+    return FieldError(Join(p, "tables"),
+                      absl::StrCat("unknown rule '", tables,
+                                   "' (sync: as the mode; async: each "
+                                   "push's rows stepped as it comes)"));
+  }
+  c->tables_async = tables == "async";
   std::string scaling = "none";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "lr_scaling", &scaling));
   if (scaling == "none") {
@@ -629,7 +638,8 @@ absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
   if (!n.IsMap()) return FieldError(p, "must be a mapping");
   TALLY_RETURN_IF_ERROR(CheckKeys(
       n, p,
-      {"mode", "staleness", "lr_scaling", "max_staleness", "backup_workers"}));
+      {"mode", "staleness", "lr_scaling", "max_staleness", "backup_workers",
+       "tables"}));
   TALLY_RETURN_IF_ERROR(ParseConsistencyNames(n, p, c));
   const bool bsp = c->mode == ConsistencyMode::kBsp;
   const bool ssp = c->mode == ConsistencyMode::kSsp;
@@ -1404,6 +1414,31 @@ absl::Status CheckTokenModel(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// The tables' input columns are the samples', and the rows' own
+// consistency needs tables.
+absl::Status CheckEmbeddings(const JobSpec& spec) {
+  if (spec.training.consistency.tables_async && spec.embeddings.empty()) {
+    return FieldError("training.consistency.tables",
+                      "applies to a model with tables (model.embeddings)");
+  }
+  for (size_t i = 0; i < spec.embeddings.size(); ++i) {
+    for (int64_t c : spec.embeddings[i].features) {
+      if (spec.input_type != InputType::kInt64 || spec.input_shape.size() != 1 ||
+          c >= spec.input_shape[0]) {
+        return FieldError(
+            absl::StrCat("model.embeddings[", i, "].features"),
+            absl::StrCat("column ", c, " is not one of the samples' ",
+                         spec.input_type == InputType::kInt64 &&
+                                 spec.input_shape.size() == 1
+                             ? absl::StrCat(spec.input_shape[0], " int64 ids")
+                             : std::string("inputs (features need 1-D int64 "
+                                           "samples, as clicks')")));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
                                          const SpecLimits& limits) {
   TALLY_RETURN_IF_ERROR(CheckKeys(
@@ -1426,21 +1461,7 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
                       "is for a Python model (model.python); the native "
                       "engine does not clip");
   }
-  for (size_t i = 0; i < spec.embeddings.size(); ++i) {
-    for (int64_t c : spec.embeddings[i].features) {
-      if (spec.input_type != InputType::kInt64 || spec.input_shape.size() != 1 ||
-          c >= spec.input_shape[0]) {
-        return FieldError(
-            absl::StrCat("model.embeddings[", i, "].features"),
-            absl::StrCat("column ", c, " is not one of the samples' ",
-                         spec.input_type == InputType::kInt64 &&
-                                 spec.input_shape.size() == 1
-                             ? absl::StrCat(spec.input_shape[0], " int64 ids")
-                             : std::string("inputs (features need 1-D int64 "
-                                           "samples, as clicks')")));
-      }
-    }
-  }
+  TALLY_RETURN_IF_ERROR(CheckEmbeddings(spec));
   if (spec.loss == LossKind::kBinaryCrossEntropy &&
       (spec.num_classes != 2 || !spec.label_shape.empty())) {
     return FieldError("model.loss",

@@ -112,18 +112,11 @@ class WatchReactor final : public EventWriteReactor<WatchReactor, v1::Job> {
 // one piece ahead of the client at most.
 class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
  public:
-  FetchReactor(Coordinator* coord, const std::string& job_id) {
-    auto file = coord->ExportWeights(job_id);
-    if (!file.ok()) {
-      Finish(ToGrpc(file.status()));
-      return;
-    }
-    head_ = std::move(file->head);
-    tables_ = std::move(file->tables);
-    total_ = static_cast<int64_t>(head_.size()) +
-             (tables_ != nullptr ? tables_->bytes() : 0);
-    producer_ = std::thread([this] { Produce(); });
-  }
+  // The file is made on the producer thread: an ended job's export may
+  // wait for its retirement and read each shard's table sizes, which must
+  // not hold one of gRPC's callback threads.
+  FetchReactor(Coordinator* coord, const std::string& job_id)
+      : producer_([this, coord, job_id] { Produce(coord, job_id); }) {}
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     writing_ = false;
@@ -144,7 +137,16 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
  private:
   static constexpr size_t kChunk = 1 << 20;
 
-  void Produce() {
+  void Produce(Coordinator* coord, const std::string& job_id) {
+    auto file = coord->ExportWeights(job_id);
+    if (!file.ok()) {
+      Finish(ToGrpc(file.status()));
+      return;
+    }
+    head_ = std::move(file->head);
+    tables_ = std::move(file->tables);
+    total_ = static_cast<int64_t>(head_.size()) +
+             (tables_ != nullptr ? tables_->bytes() : 0);
     for (size_t at = 0; at < head_.size(); at += kChunk) {
       if (!Write(head_.substr(at, kChunk))) return;
     }
@@ -184,10 +186,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
   std::unique_ptr<TableExport> tables_;
   int64_t total_ = 0;
   v1::FileChunk chunk_;
-  std::thread producer_;
   absl::Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread producer_;  // last: it starts once the rest is made
 };
 
 }  // namespace

@@ -1695,18 +1695,24 @@ void Coordinator::Reconcile(ControlTask& t) {
 // The end: retire every range, keep the final weights, drop the ranges.
 void Coordinator::RetireRanges(ControlTask& t) {
   std::vector<RangeRef> refs;
+  bool all_retired = true;  // each range retired now (its tables kept)
   for (const ControlTask::Range& r : t.ranges) {
     absl::Status s = r.control->Retire(t.job_id, t.map_version);
     if (!s.ok() && !absl::IsNotFound(s)) {
       // Away: its weights went with it; the others' are kept below.
       continue;
     }
+    // NotFound: retired before (a round that did not finish) or never
+    // held; its weights may still be read, its tables are not counted on.
+    all_retired = all_retired && s.ok();
     refs.push_back({r.control, r.offset, r.count});
   }
   if (!t.ranges.empty() && refs.size() == t.ranges.size()) {
     t.final_weights =
         RetiredWeights(t.job_id, t.map_version, t.hold_id, t.num_params, refs);
-    for (const RangeRef& r : refs) t.table_homes.push_back(r.control);
+    if (all_retired && t.final_weights != nullptr) {
+      for (const RangeRef& r : refs) t.table_homes.push_back(r.control);
+    }
   }
   if (t.final_weights == nullptr && t.start != nullptr)
     t.final_weights = t.start->weights;

@@ -1050,6 +1050,7 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
         "piece ", req.piece(), " of a push of rows (pieces go 0, 1, ... in "
         "order, at most ", kMaxRowPieces, "; ", next, " staged)"));
   }
+  if (consistency_.tables_async) return StepRowsNowLocked(m, req);
   std::vector<RowGrads> blocks;
   TALLY_RETURN_IF_ERROR(DecodeRowGradsLocked(req, &blocks));
   StagedRows& staged = m.rows[req.step()];
@@ -1059,6 +1060,25 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
     staged.samples = req.samples();
   }
   staged.pieces[req.piece()] = std::move(blocks);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::StepRowsNowLocked(Member& m,
+                                               const v1::PushRowsRequest& req) {
+  // Each piece is stepped once: a retried one (its answer lost) is not
+  // stepped again. What is kept is the mark, not the gradients.
+  StagedRows& staged = m.rows[req.step()];
+  if (staged.pieces.count(req.piece())) return absl::OkStatus();
+  std::vector<RowGrads> blocks;
+  TALLY_RETURN_IF_ERROR(DecodeRowGradsLocked(req, &blocks));
+  staged.pieces[req.piece()];
+  if (req.samples() <= 0) return absl::OkStatus();  // nothing to step
+  // The member's rows are its batch's mean gradients already: each table
+  // steps them alone (a row listed once a table in a request).
+  for (const RowGrads& g : blocks) {
+    tables_->Apply(g.table, g.rows.data(), static_cast<int64_t>(g.rows.size()),
+                   g.grads.data(), version_);
+  }
   return absl::OkStatus();
 }
 
@@ -1143,7 +1163,9 @@ void ParameterShard::ApplyRowsLocked(const std::vector<Member*>& required,
   };
   std::vector<Sum> sums(tables_->size());
   for (Member* m : required) {
-    if (samples <= 0) break;  // the step contributes nothing
+    // Nothing to sum: the step contributes nothing, or its rows were
+    // stepped as they came (tables: async).
+    if (samples <= 0 || consistency_.tables_async) break;
     // A push that counted: committed as contributing (a backup's late or
     // missing one, or one refused on some range, does not).
     if (m->committed_step < version_ ||

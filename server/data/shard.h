@@ -278,7 +278,11 @@ class ParameterShard {
   // rank order, weighted by samples and divided by the step's samples, as
   // the dense gradient is, and each table's optimizer steps the rows.
   // Piece 0 replaces what the member staged for the step (*replaced),
-  // later pieces add to it (piece k again replaces piece k). Codes: CheckMember's; kAborted + STEP_CLOSED,
+  // later pieces add to it (piece k again replaces piece k). With
+  // tables: async (ConsistencySpec::tables_async) each piece is stepped
+  // as it comes instead, with the member's own mean gradients, once (a
+  // piece sent again is not stepped again). Codes: CheckMember's;
+  // kAborted + STEP_CLOSED,
   // STEP_NOT_OPEN or JOIN_LATER as for a push; kFailedPrecondition when
   // the member committed the step already; kInvalidArgument for rows
   // CheckRows refuses, values of another size, samples outside [0, the
@@ -466,8 +470,11 @@ class ParameterShard {
   // member's buffers of the step and before go.
   void TakeBuffersLocked(const std::vector<Member*>& required)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // StageRows' parts: the step's rules for member m's rows of `step`; the
+  // StageRows' parts: with tables: async, the rows of `req` stepped now,
+  // once a piece; the step's rules for member m's rows of `step`; the
   // request's row gradients, checked, copied and counted.
+  absl::Status StepRowsNowLocked(Member& m, const v1::PushRowsRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRowsStepLocked(const Member& m, int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DecodeRowGradsLocked(const v1::PushRowsRequest& req,

@@ -77,7 +77,8 @@ absl::Status ShardHost::AttachTables(const v1::InstallRangeRequest& req,
       spec.embeddings, spec.training.seed, req.slot(), req.slots(),
       table_budget_);
   // The host outlives its ranges.
-  tables->set_reclaim([this](int64_t) { return ReclaimEndedTables(); });
+  tables->set_reclaim(
+      [this](int64_t missing) { return ReclaimEndedTables(missing); });
   // A job placed again: the rows this slot owns, from every range's chain
   // of the checkpoint it resumes from.
   for (const std::string& path : req.state().table_files()) {
@@ -196,17 +197,22 @@ absl::Status ShardHost::Retire(const std::string& job_id, int64_t map_version) {
   return absl::OkStatus();
 }
 
-bool ShardHost::ReclaimEndedTables() {
-  std::shared_ptr<const SparseTables> oldest;
+bool ShardHost::ReclaimEndedTables(int64_t missing) {
+  std::vector<std::shared_ptr<const SparseTables>> freed;
   {
     absl::MutexLock lock(&ended_tables_mu_);
-    if (ended_tables_.empty()) return false;
-    oldest = std::move(ended_tables_.front().tables);
-    ended_tables_.pop_front();
+    int64_t bytes = 0;
+    while (!ended_tables_.empty() && bytes < missing) {
+      bytes += ended_tables_.front().tables->bytes();
+      freed.push_back(std::move(ended_tables_.front().tables));
+      ended_tables_.pop_front();
+    }
   }
+  if (freed.empty()) return false;
   std::fprintf(stderr,
-               "tally-server: dropped an ended job's tables to make room "
-               "(--max_table_bytes)\n");
+               "tally-server: dropped %zu ended job%s tables to make room "
+               "(--max_table_bytes)\n",
+               freed.size(), freed.size() == 1 ? "'s" : "s'");
   return true;  // its bytes are back once a fetch reading it is done
 }
 
@@ -235,8 +241,8 @@ absl::Status ShardHost::ReadTable(const std::string& job_id,
     return absl::InvalidArgumentError(absl::StrCat(
         "table ", table, ": the job has ", tables->size(), " tables"));
   }
-  if (max_rows < 0 || max_rows * tables->spec(table).dim >
-                          SparseTables::kMaxValuesPerMessage) {
+  if (max_rows < 0 || max_rows > SparseTables::kMaxValuesPerMessage /
+                                      tables->spec(table).dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "at most ", SparseTables::kMaxValuesPerMessage,
         " values a read; asked for ", max_rows, " rows of ",

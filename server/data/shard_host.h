@@ -179,10 +179,10 @@ class ShardHost {
   int64_t streamed_sums_min_elements_ = 0;
   std::atomic<int64_t> shared_memory_max_bytes_{0};
   std::atomic<int64_t> shared_pushed_{0}, shared_pulled_{0};
-  // Drops the oldest ended job's tables; whether there was one
-  // (SparseTables::set_reclaim's hook: under a range's lock, and so never
-  // taking mu_).
-  bool ReclaimEndedTables();
+  // Drops ended jobs' tables, oldest first, until they held `missing`
+  // bytes; whether there was one (SparseTables::set_reclaim's hook: under
+  // a range's lock, and so never taking mu_).
+  bool ReclaimEndedTables(int64_t missing);
   const SpecLimits limits_;
   RealClock real_clock_;
   // A range's table files since its placement, base first.

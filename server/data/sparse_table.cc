@@ -215,7 +215,7 @@ void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
     const int64_t before = t.metrics.bytes;
     const int64_t at = Make(t, rows[i]);
     if (!t.stepped.empty()) t.stepped[at] = step;
-    if (checkpointed_) t.dirty.insert(rows[i]);
+    if (checkpointed_ && !t.renote) t.dirty.insert(rows[i]);
     if (budget_ != nullptr && t.metrics.bytes > before)
       budget_->fetch_sub(t.metrics.bytes - before);
     float* p = t.values.data() + at * dim;
@@ -247,9 +247,17 @@ void SparseTables::Evict(Table& t, int64_t place) {
   const int64_t dim = t.spec.dim;
   const int64_t last = static_cast<int64_t>(t.rows.size()) - 1;
   t.index.erase(t.rows[place]);
-  if (checkpointed_) {
+  if (checkpointed_ && !t.renote) {
     t.dirty.erase(t.rows[place]);
     t.dropped.insert(t.rows[place]);
+    // Rows come and go with no save taking the notes (a coordinator
+    // without --state_dir): past the rows held, the notes go and the next
+    // save is a base.
+    if (t.dropped.size() > t.index.size() + kMaxDroppedNotes) {
+      t.dirty.clear();
+      t.dropped.clear();
+      t.renote = true;
+    }
   }
   if (place != last) {
     std::copy_n(t.values.data() + last * dim, dim,
@@ -290,6 +298,7 @@ void SparseTables::EndStep(int64_t step) {
 
 TableRowsFile SparseTables::TakeSave(bool base) {
   TableRowsFile f;
+  for (const Table& t : tables_) base = base || t.renote;
   f.base = base;
   f.slot = slot_;
   f.slots = slots_;
@@ -315,6 +324,7 @@ TableRowsFile SparseTables::TakeSave(bool base) {
     }
     t.dirty.clear();
     t.dropped.clear();
+    t.renote = false;
     f.parts.push_back(std::move(p));
   }
   return f;
@@ -341,8 +351,15 @@ absl::Status SparseTables::Load(const TableRowsFile& file) {
       if (SlotOfRow(p.rows[i], t.spec.salt, slots_) == slot_)
         mine.push_back(static_cast<int64_t>(i));
     }
-    int64_t missing = 0;
-    for (int64_t i : mine) missing += t.index.contains(p.rows[i]) ? 0 : 1;
+    // Each new row counted once (a part lists a row once; a later part
+    // replaces it). A slot may end past its max_rows here (its share of a
+    // table spread over other slots before): new rows are refused then
+    // until eviction brings it under.
+    absl::flat_hash_set<int64_t> fresh;
+    for (int64_t i : mine) {
+      if (!t.index.contains(p.rows[i])) fresh.insert(p.rows[i]);
+    }
+    const int64_t missing = static_cast<int64_t>(fresh.size());
     TALLY_RETURN_IF_ERROR(Reserve(t, missing, missing * RowBytes(t)));
     for (int64_t i : mine) {
       const int64_t at = Make(t, p.rows[i]);

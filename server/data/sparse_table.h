@@ -49,6 +49,9 @@ class SparseTables {
   // 1 MiB of them, and at most as many row numbers (10 bytes each at
   // worst), within the 4 MiB message limit.
   static constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 18;
+  // The evicted rows noted for a delta beyond the rows held before the
+  // next save is made a base instead.
+  static constexpr size_t kMaxDroppedNotes = size_t{1} << 16;
 
   // `budget` (shared by every job's tables on this server) is the bytes
   // the tables may still take; null: unbounded.
@@ -89,7 +92,8 @@ class SparseTables {
   // Tables checkpointed by this shard (--table_dir): the rows stepped and
   // evicted are noted from now on, for TakeSave's deltas.
   void set_checkpointed() { checkpointed_ = true; }
-  // The rows to write at a checkpoint: every row held (`base`), or those
+  // The rows to write at a checkpoint: every row held (`base`, or when
+  // the notes outgrew kMaxDroppedNotes; the file says which), or those
   // stepped since the last TakeSave and those evicted since. Clears the
   // notes.
   TableRowsFile TakeSave(bool base);
@@ -125,8 +129,10 @@ class SparseTables {
     std::vector<uint8_t> seen;  // filtered tables: the Bloom counters
     int64_t max_rows = 0;       // this slot's share; 0: unbounded
     std::vector<int64_t> sorted;  // the rows in order, once frozen
-    // Checkpointed: rows stepped and rows evicted since the last save.
+    // Checkpointed: rows stepped and rows evicted since the last save;
+    // renote: too many evicted, the notes went, the next save is a base.
     absl::flat_hash_set<int64_t> dirty, dropped;
+    bool renote = false;
     TableMetrics metrics;
   };
   // Counts a pull of `row` in a filtered table; whether it has been asked

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/io/safetensors.h"
@@ -40,7 +41,8 @@ class Writer {
 
 class Reader {
  public:
-  explicit Reader(const std::string& in) : in_(in) {}
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool done() const { return at_ == in_.size(); }
   bool Bytes(void* p, size_t n) {
     if (n > in_.size() - at_) return false;
     std::memcpy(p, in_.data() + at_, n);
@@ -62,7 +64,7 @@ class Reader {
   }
 
  private:
-  const std::string& in_;
+  std::string_view in_;
   size_t at_ = 0;
 };
 
@@ -98,8 +100,8 @@ absl::Status WriteTableFile(const std::string& path, const TableRowsFile& f) {
     w.Vector(p.state);
   }
   const uint32_t crc = static_cast<uint32_t>(
-      crc32(0, reinterpret_cast<const Bytef*>(w.out().data()),
-            static_cast<uInt>(w.out().size())));
+      crc32_z(0, reinterpret_cast<const Bytef*>(w.out().data()),
+              w.out().size()));
   w.Put<uint32_t>(crc);
   return WriteFileAtomic(path, w.out());
 }
@@ -119,11 +121,10 @@ absl::StatusOr<TableRowsFile> ReadTableFile(const std::string& path,
   if (in.size() < sizeof(kMagic) + 8) return bad("too short");
   uint32_t crc = 0;
   std::memcpy(&crc, in.data() + in.size() - 4, 4);
-  if (crc != static_cast<uint32_t>(crc32(
-                 0, reinterpret_cast<const Bytef*>(in.data()),
-                 static_cast<uInt>(in.size() - 4))))
+  if (crc != static_cast<uint32_t>(crc32_z(
+                 0, reinterpret_cast<const Bytef*>(in.data()), in.size() - 4)))
     return bad("its CRC-32 does not match (the file is damaged)");
-  Reader r(in);
+  Reader r(std::string_view(in).substr(0, in.size() - 4));
   char magic[8];
   uint32_t format = 0;
   int64_t n = 0;
@@ -153,6 +154,7 @@ absl::StatusOr<TableRowsFile> ReadTableFile(const std::string& path,
       return bad(absl::StrCat("table ", p.table, "'s sizes do not agree"));
     f.parts.push_back(std::move(p));
   }
+  if (!r.done()) return bad("bytes after its last table");
   return f;
 }
 

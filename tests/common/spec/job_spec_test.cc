@@ -282,6 +282,17 @@ INSTANTIATE_TEST_SUITE_P(
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
                 "dataset: {name: clicks}\ntraining: {consistency: {mode: async}}\n",
                 "model.embeddings: tables train under bsp"},
+        BadCase{"tables_rule",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+                "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
+                "dataset: {name: clicks}\ntraining: {consistency: {tables: "
+                "later}}\n",
+                "training.consistency.tables: unknown rule 'later'"},
+        BadCase{"tables_async_without_tables",
+                "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}}"
+                "\ndataset: {name: clicks}\ntraining: {consistency: {tables: "
+                "async}}\n",
+                "training.consistency.tables: applies to a model with tables"},
         BadCase{"text_mse",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "loss: mse}\ndataset: {name: text, train: c.txt, "
@@ -590,6 +601,15 @@ TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {
   EXPECT_EQ(a.versions_per_epoch, 10);
   EXPECT_EQ(a.total_steps, 20);
   EXPECT_EQ(b.versions_per_epoch, b.steps_per_epoch);
+  EXPECT_FALSE(bsp->training.consistency.tables_async);
+  // PERSIA's hybrid: the rows stepped as they come, the dense part bsp.
+  auto hybrid = ParseJobSpec(
+      "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
+      "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
+      "dataset: {name: clicks}\ntraining: {consistency: {tables: async}}\n");
+  TALLY_ASSERT_OK(hybrid);
+  EXPECT_TRUE(hybrid->training.consistency.tables_async);
+  EXPECT_EQ(hybrid->training.consistency.mode, ConsistencyMode::kBsp);
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {
