@@ -1039,16 +1039,17 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
     return absl::InvalidArgumentError(absl::StrCat(
         "samples ", req.samples(), " outside [0, ", max_samples_, "]"));
   }
-  // Pieces in order (a retried one again), at most kMaxRowPieces: the
-  // rows a member stages for a step stay bounded.
+  // Piece 0 first (it starts the member's rows of the step), then the
+  // others in any order (a worker sends them at once), at most
+  // kMaxRowPieces: the rows a member stages for a step stay bounded.
   auto has = m.rows.find(req.step());
-  const int64_t next =
-      has == m.rows.end() ? 0 : static_cast<int64_t>(has->second.pieces.size());
+  const bool started = has != m.rows.end() && has->second.pieces.count(0);
   if (req.piece() < 0 || req.piece() >= kMaxRowPieces ||
-      (req.piece() > 0 && req.piece() > next)) {
+      (req.piece() > 0 && !started)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "piece ", req.piece(), " of a push of rows (pieces go 0, 1, ... in "
-        "order, at most ", kMaxRowPieces, "; ", next, " staged)"));
+        "piece ", req.piece(), " of a push of rows (piece 0 first, then up "
+        "to ", kMaxRowPieces - 1, " more in any order; piece 0 ",
+        started ? "came" : "has not come", ")"));
   }
   if (consistency_.tables_async) return StepRowsNowLocked(m, req);
   std::vector<RowGrads> blocks;

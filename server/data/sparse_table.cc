@@ -32,8 +32,22 @@ SparseTables::SparseTables(std::vector<EmbeddingTableSpec> specs,
     if (s.min_count > 1) t.seen.assign(kSeenCounters, 0);
     if (s.max_rows > 0) t.max_rows = (s.max_rows + slots_ - 1) / slots_;
     t.spec = std::move(s);
+    ReserveShare(t);
     tables_.push_back(std::move(t));
   }
+}
+
+void SparseTables::ReserveShare(Table& t) const {
+  if (budget_ == nullptr || t.spec.dynamic()) return;
+  // This slot's share of the buckets, and a little more for the hash's
+  // spread (a few standard deviations of a binomial count).
+  const int64_t n = t.spec.num_embeddings;
+  const int64_t share = n / slots_ + n / (int64_t{32} * slots_) + 1024;
+  const int64_t values = share * t.spec.dim;
+  const int64_t slots = values * t.spec.optimizer.slots();
+  if ((values + slots) * int64_t{4} > budget_->load()) return;
+  t.values.reserve(static_cast<size_t>(values));
+  t.accum.reserve(static_cast<size_t>(slots));
 }
 
 SparseTables::~SparseTables() {

@@ -135,6 +135,11 @@ class SparseTables {
     bool renote = false;
     TableMetrics metrics;
   };
+  // A fixed table whose share of rows the budget holds: its values and
+  // slots reserved at once, so that growing never copies them (three
+  // times their bytes for a moment, which a 4 GiB table cannot spare).
+  // Untouched pages of the reservation cost no memory.
+  void ReserveShare(Table& t) const;
   // Counts a pull of `row` in a filtered table; whether it has been asked
   // for min_count times now.
   bool Seen(Table& t, int64_t row);

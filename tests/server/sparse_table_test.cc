@@ -227,16 +227,20 @@ TEST_F(TableShardTest, APieceAgainReplacesItselfAndPieceZeroStartsOver) {
   v1::PushRowsRequest p0 = PushReq("a", 0, 2, 0, {1}, {1, 1, 1, 1});
   v1::PushRowsRequest p1 = PushReq("a", 0, 2, 0, {2}, {2, 2, 2, 2});
   p1.set_piece(1);
-  // Pieces come in order: 1 before 0, or 2 before 1, is refused.
+  // Piece 0 comes first: 1 before it is refused.
   EXPECT_THAT(shard_->StageRows(p1, &replaced),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("in order")));
-  v1::PushRowsRequest p2 = p1;
+                       HasSubstr("piece 0 has not come")));
+  v1::PushRowsRequest p2 = PushReq("a", 0, 2, 0, {3}, {8, 8, 8, 8});
   p2.set_piece(2);
+  v1::PushRowsRequest p64 = p2;
+  p64.set_piece(64);
   TALLY_ASSERT_OK(shard_->StageRows(p0, &replaced));
-  EXPECT_THAT(shard_->StageRows(p2, &replaced),
+  // The rest in any order (a worker sends them at once), at most 64.
+  TALLY_ASSERT_OK(shard_->StageRows(p2, &replaced));
+  EXPECT_THAT(shard_->StageRows(p64, &replaced),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("in order")));
+                       HasSubstr("up to 63 more")));
   TALLY_ASSERT_OK(shard_->StageRows(p1, &replaced));
   TALLY_ASSERT_OK(shard_->StageRows(p1, &replaced));  // a retried piece
   TALLY_ASSERT_OK(shard_->StageRows(p0, &replaced));  // the push again
@@ -246,6 +250,8 @@ TEST_F(TableShardTest, APieceAgainReplacesItselfAndPieceZeroStartsOver) {
   std::vector<float> two = Init(0, 2);
   for (float& v : two) v = std::fma(2.0f * 2 / 4, -0.5f, v);  // once, not twice
   EXPECT_EQ(Rows(0, {2}), two);
+  // Piece 0 again started over: piece 2's row went with it.
+  EXPECT_EQ(Rows(0, {3}), Init(0, 3));
 }
 
 TEST_F(TableShardTest, BadRowsAndGradientsAreRefusedAndChangeNothing) {
