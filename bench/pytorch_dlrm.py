@@ -9,14 +9,18 @@ process, batch 256 per process, STEPS steps per process: --procs 1 is a
 plain loop, --procs 2 DistributedDataParallel (gloo, which all-reduces the
 tables' sparse gradients) with the samples split across the processes.
 The clock starts after the data is made and the model built (a barrier).
-Prints {"samples_per_sec", "train_seconds", "test_loss", "test_auc"}
-(rank 0's evaluation of the final weights: log-loss and AUC over the test
-split).
+--rows sets each table's rows (the example's 20,000 by default).
+Prints {"samples_per_sec", "train_seconds", "test_loss", "test_auc",
+"peak_rss", "wire_bytes_per_step"} (rank 0's evaluation of the final
+weights: log-loss and AUC over the test split; each rank's peak resident
+bytes, and the bytes each rank wrote in the training loop, its sockets'
+all-reduces, over its steps: lists in rank order).
 """
 import argparse
 import json
 import math
 import os
+import resource
 import sys
 import time
 
@@ -45,6 +49,12 @@ class HashedBag(nn.Module):
         return self.bag(torch.from_numpy(_native.hash_rows(ids.numpy(), self.salt, self.rows)))
 
 
+def written():
+    """The bytes this process has written (its sockets' too)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
 @torch.no_grad()
 def evaluate(model, x, y):
     model.eval()
@@ -67,7 +77,8 @@ def train(rank, args, queue):
     torch.manual_seed(args.seed)
     model = example.make_model()
     for k in range(example.CATEGORICAL):
-        model.tables[k] = HashedBag(f"tables.{k}", example.ROWS, example.DIM, args.seed)
+        model.tables[k] = HashedBag(f"tables.{k}", args.rows or example.ROWS, example.DIM,
+                                    args.seed)
     tables = [p for n, p in model.named_parameters() if n.startswith("tables.")]
     towers = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
     net = nn.parallel.DistributedDataParallel(model) if args.procs > 1 else model
@@ -78,6 +89,7 @@ def train(rank, args, queue):
     per_epoch = len(tx) // args.procs // args.batch_size
     if args.procs > 1:
         dist.barrier()
+    wrote = written()
     start = time.perf_counter()
     for s in range(args.steps):
         if s % per_epoch == 0:
@@ -92,10 +104,13 @@ def train(rank, args, queue):
     if args.procs > 1:
         dist.barrier()
     elapsed = time.perf_counter() - start
+    mine = {"rank": rank, "wire": (written() - wrote) / args.steps,
+            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     if rank == 0:
         loss, auc = evaluate(model, torch.from_numpy(vx), torch.from_numpy(vy))
-        queue.put({"samples_per_sec": args.steps * args.batch_size * args.procs / elapsed,
-                   "train_seconds": elapsed, "test_loss": loss, "test_auc": auc})
+        mine.update({"samples_per_sec": args.steps * args.batch_size * args.procs / elapsed,
+                     "train_seconds": elapsed, "test_loss": loss, "test_auc": auc})
+    queue.put(mine)
     if args.procs > 1:
         dist.destroy_process_group()
 
@@ -108,6 +123,7 @@ def main():
     ap.add_argument("--train_size", type=int, default=262144)
     ap.add_argument("--test_size", type=int, default=8192)
     ap.add_argument("--cardinality", type=int, default=10000)
+    ap.add_argument("--rows", type=int, default=0, help="each table's rows (0: the example's)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--port", type=int, default=29544)
     ap.add_argument("--master", default="127.0.0.1", help="rank 0's address")
@@ -118,7 +134,11 @@ def main():
         train(0, args, queue)
     else:
         mp.spawn(train, args=(args, queue), nprocs=args.procs, join=True)
-    print(json.dumps(queue.get()))
+    ranks = sorted((queue.get() for _ in range(args.procs)), key=lambda r: r["rank"])
+    out = {k: v for k, v in ranks[0].items() if k not in ("rank", "wire", "rss")}
+    out["peak_rss"] = [r["rss"] for r in ranks]
+    out["wire_bytes_per_step"] = [r["wire"] for r in ranks]
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
