@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """A table of 2^26 rows x 16 (4 GiB of float32, as much again in Adagrad's
-sums) trains over four shard processes, none of which holds it whole.
+sums) trains over four shard processes, none of which holds it whole (TALLY_LARGE_SHARDS and
+TALLY_LARGE_BOUND_GIB change the four shards and their 3 GiB).
 
 The model's nn.EmbeddingBag is built on the meta device (the worker never
 holds the table either), and its forward sweeps the ids: each step looks up
@@ -37,8 +38,11 @@ except ImportError as e:
 ROWS, DIM, STEPS, BATCH = 1 << 26, 16, 200, 64
 PER_SAMPLE = 5243                 # ids a sample pools
 PER_STEP = BATCH * PER_SAMPLE     # 335,552: 200 steps cover 2^26 rows
-BOUND = 3 << 30                   # --max_table_bytes of each shard
-SHARDS = 4
+# --max_table_bytes of each shard, and the shards: 3 GiB over 4 by
+# default; TALLY_LARGE_BOUND_GIB=2 TALLY_LARGE_SHARDS=6 trains the table
+# (8 GiB with its sums) at four times what one process may hold.
+BOUND = int(float(os.environ.get("TALLY_LARGE_BOUND_GIB", "3")) * (1 << 30))
+SHARDS = int(os.environ.get("TALLY_LARGE_SHARDS", "4"))
 
 MODEL = '''
 import torch
@@ -122,6 +126,7 @@ def main():
         # Each shard holds its quarter: its values and sums at least (2
         # GiB), under its bound and under the table's values alone.
         share = ROWS // SHARDS * DIM * 4 * 2
+        print(f"the table with its sums is {ROWS * DIM * 8 / BOUND:.1f} times a shard's bound")
         rss = [peak_rss(p) for p in cluster.shards]
         for i, b in enumerate(rss):
             if not 0.95 * share < b < min(BOUND, values):
