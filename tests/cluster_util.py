@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 BUILD = os.path.abspath(sys.argv[1])
 sys.path.insert(0, os.path.join(BUILD, "python"))
@@ -54,14 +53,14 @@ class Cluster:
                               f"--coordinator={self.server}",
                               f"--advertise=127.0.0.1:{sp}", *shard_args]))
         self.client = tally.Client(self.server)
-        for _ in range(100):
-            try:
-                self.client._call("ListJobs", pb.ListJobsRequest, pb.ListJobsResponse)(
-                    pb.ListJobsRequest(), timeout=1)
-                return
-            except Exception:  # noqa: BLE001 - not up yet
-                time.sleep(0.1)
-        fail("the server did not start: " + self.log("server"))
+        # wait_for_ready: a call made while the channel backs off after a
+        # refused connection (the server not listening yet) waits for it
+        # instead of failing at once.
+        try:
+            self.client._call("ListJobs", pb.ListJobsRequest, pb.ListJobsResponse)(
+                pb.ListJobsRequest(), timeout=30, wait_for_ready=True)
+        except Exception as e:  # noqa: BLE001 - not up in 30 s
+            fail(f"the server did not start ({e}): " + self.log("server"))
 
     def start(self, name, cmd, env=None):
         log = open(f"{self.tmp}/{name}.log", "w")

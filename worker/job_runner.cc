@@ -513,8 +513,11 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   const absl::Time began = absl::Now();
   work.pull_deadline = began + options_.pull_wait + options_.rpc_timeout;
   StepHooks hooks = HooksFor(step, work);
-  // bsp: the step's rows are of the version its weights are (the step's).
-  if (rows_ != nullptr) rows_->BeginStep(step, step);
+  // The step's rows are as fresh as its weights must be: the step's
+  // version (bsp), within the staleness (ssp), any (async).
+  if (rows_ != nullptr) {
+    rows_->BeginStep(step, spec_.training.consistency.FirstUsableVersion(step));
+  }
   absl::StatusOr<StepStats> stats =
       engine_->Step(view, spec_.training.seed + step, {}, &hooks);
   // Everything was offered if the step succeeded; otherwise the parts not

@@ -616,7 +616,13 @@ absl::Status ParseConsistencyNames(const YAML::Node& n, const std::string& p,
                                    "' (sync: as the mode; async: each "
                                    "push's rows stepped as it comes)"));
   }
-  c->tables_async = tables == "async";
+  // Async closes no steps: its rows are stepped as they come.
+  if (c->mode == ConsistencyMode::kAsync && tables == "sync" && n["tables"]) {
+    return FieldError(Join(p, "tables"),
+                      "sync needs steps that close (mode bsp or ssp); mode "
+                      "async steps the rows as they come");
+  }
+  c->tables_async = tables == "async" || c->mode == ConsistencyMode::kAsync;
   std::string scaling = "none";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "lr_scaling", &scaling));
   if (scaling == "none") {
@@ -1417,7 +1423,9 @@ absl::Status CheckTokenModel(const JobSpec& spec) {
 // The tables' input columns are the samples', and the rows' own
 // consistency needs tables.
 absl::Status CheckEmbeddings(const JobSpec& spec) {
-  if (spec.training.consistency.tables_async && spec.embeddings.empty()) {
+  const ConsistencySpec& c = spec.training.consistency;
+  if (c.tables_async && c.mode != ConsistencyMode::kAsync &&
+      spec.embeddings.empty()) {
     return FieldError("training.consistency.tables",
                       "applies to a model with tables (model.embeddings)");
   }
@@ -1475,12 +1483,6 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
     // its step instead of being dropped as a late dense push is.
     return FieldError("model.embeddings",
                       "tables do not train with backup_workers (for now)");
-  }
-  if (!spec.embeddings.empty() &&
-      spec.training.consistency.mode != ConsistencyMode::kBsp) {
-    // The rows a step pushes are applied when the step closes.
-    return FieldError("model.embeddings",
-                      "tables train under bsp consistency only (for now)");
   }
   TALLY_RETURN_IF_ERROR(CheckModelFits(limits, &spec));
   TALLY_RETURN_IF_ERROR(CheckBatchFits(limits, spec));

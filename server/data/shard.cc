@@ -821,6 +821,9 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
     AdvanceLocked(samples, st.loss_sum, st.correct,
                   samples > 0 ? st.grads->data() : nullptr);
     ReleaseLocked(std::move(st.grads));
+    // The rows were stepped as they came; a version is a step for the
+    // tables' eviction.
+    if (tables_ != nullptr) tables_->EndStep(version_);
   }
   if (EndedLocked()) {
     // Nothing more is applied: pushes still queued go.
@@ -1051,7 +1054,8 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
         "to ", kMaxRowPieces - 1, " more in any order; piece 0 ",
         started ? "came" : "has not come", ")"));
   }
-  if (consistency_.tables_async) return StepRowsNowLocked(m, req);
+  if (consistency_.tables_async || consistency_.mode == ConsistencyMode::kAsync)
+    return StepRowsNowLocked(m, req);
   std::vector<RowGrads> blocks;
   TALLY_RETURN_IF_ERROR(DecodeRowGradsLocked(req, &blocks));
   StagedRows& staged = m.rows[req.step()];
@@ -1073,6 +1077,9 @@ absl::Status ParameterShard::StepRowsNowLocked(Member& m,
   std::vector<RowGrads> blocks;
   TALLY_RETURN_IF_ERROR(DecodeRowGradsLocked(req, &blocks));
   staged.pieces[req.piece()];
+  // Async has no closing step to drop the marks: a member's earlier
+  // steps' go once it sends a later one's.
+  m.rows.erase(m.rows.begin(), m.rows.find(req.step()));
   if (req.samples() <= 0) return absl::OkStatus();  // nothing to step
   // The member's rows are its batch's mean gradients already: each table
   // steps them alone (a row listed once a table in a request).
@@ -1085,13 +1092,30 @@ absl::Status ParameterShard::StepRowsNowLocked(Member& m,
 
 absl::Status ParameterShard::CheckRowsStepLocked(const Member& m,
                                                  int64_t step) const {
+  if (consistency_.mode == ConsistencyMode::kAsync) {
+    // A member's steps are its own clock: rows of a step it has not
+    // pushed yet.
+    if (EndedLocked()) {
+      return WithReason(absl::AbortedError(absl::StrCat(
+                            "the training is over at version ", version_)),
+                        v1::STEP_CLOSED, version_);
+    }
+    if (step <= m.pushed_step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rows of step ", step, " after its push: send them before it"));
+    }
+    return absl::OkStatus();
+  }
+  // bsp: the open step; ssp: one of the open window's.
+  const int64_t window =
+      consistency_.mode == ConsistencyMode::kSsp ? consistency_.staleness : 0;
   if (EndedLocked() || step < version_) {
     return WithReason(absl::AbortedError(absl::StrCat(
                           "step ", step, " closed; the weights are at version ",
                           version_)),
                       v1::STEP_CLOSED, version_);
   }
-  if (step > version_) {
+  if (step > version_ + window) {
     return WithReason(absl::AbortedError(absl::StrCat(
                           "step ", step, " is not open; the weights are at ",
                           "version ", version_)),

@@ -277,11 +277,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "dataset: {name: clicks}\ntraining: {workers: 3, consistency: "
                 "{mode: bsp, backup_workers: 1}}\n",
                 "model.embeddings: tables do not train with backup_workers"},
-        BadCase{"table_async",
+        BadCase{"table_async_sync",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
-                "dataset: {name: clicks}\ntraining: {consistency: {mode: async}}\n",
-                "model.embeddings: tables train under bsp"},
+                "dataset: {name: clicks}\ntraining: {consistency: {mode: async, "
+                "tables: sync}}\n",
+                "training.consistency.tables: sync needs steps that close"},
         BadCase{"tables_rule",
                 "model: {python: {code: 'x', params: [{name: w, shape: [3]}]}, "
                 "embeddings: [{name: e, dim: 4, num_embeddings: 8}]}\n"
@@ -610,6 +611,8 @@ TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {
   TALLY_ASSERT_OK(hybrid);
   EXPECT_TRUE(hybrid->training.consistency.tables_async);
   EXPECT_EQ(hybrid->training.consistency.mode, ConsistencyMode::kBsp);
+  // Async closes no steps: its rows are stepped as they come.
+  EXPECT_TRUE(async->training.consistency.tables_async);
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {
