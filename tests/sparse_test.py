@@ -46,6 +46,9 @@ over three shard processes.
              --table_dir): the job resumes from the checkpoint, tables
              loaded from the shards' files, and ends bit for bit as the
              job undisturbed, no worker restarted.
+  restart    after a coordinator restart (--state_dir) an ended job's
+             tables still come with `tally fetch`, from the shards that
+             kept them, found by the addresses the job's file keeps.
   errors     an id outside a direct table FAILS the job naming the table
              and the id; a table that is not the model's, or whose dim
              differs, is refused at submit; a dynamic table with
@@ -65,6 +68,7 @@ import numpy as np
 
 try:
     from cluster_util import Cluster, fail
+    import grpc
     import torch
     import torch.nn.functional as F
     import tally
@@ -673,6 +677,47 @@ def lost(cluster, tmp):
         c.stop()
 
 
+def restart(cluster, tmp):
+    """An ended job's tables after a coordinator restart (--state_dir): the
+    restarted coordinator finds the shards that keep them by the addresses
+    the job's file names, and `tally fetch` gives the tables as before."""
+    base = f"{tmp}/restart"
+    os.makedirs(base)
+    c = Cluster(base, shards=2, server_args=[f"--state_dir={base}/state"])
+    try:
+        c.python_worker("w")
+        job = run(c, spec(tmp, "make_sparse", 2, SGD_TABLES, name="kept"), "w")
+        before = weights(c, tmp, job)
+        server = c.procs[0]
+        server.kill()
+        server.wait()
+        c.procs[0] = c.start("server-again", server.args)
+        again = tally.Client(c.server)
+        live = 0
+        for _ in range(200):  # the server up, the shards registered again
+            try:
+                shards = again._call("ListShards", pb.ListShardsRequest,
+                                     pb.ListShardsResponse)(pb.ListShardsRequest(), timeout=5)
+                live = sum(s.live for s in shards.shards)
+                if live == 2:
+                    break
+            except grpc.RpcError:  # the old connection closing, the new not up
+                pass
+            time.sleep(0.1)
+        if live != 2:
+            fail(f"{live} shards registered again after 20 s\n" + c.log("server-again"))
+        out = f"{tmp}/kept-again.safetensors"
+        again.fetch(job.id, out)
+        after = tally.load_state_dict(out)
+        if sorted(after) != sorted(before) or \
+                any(not torch.equal(after[n], before[n]) for n in before):
+            fail(f"after the restart the file has {sorted(after)}, before {sorted(before)}")
+        print(f"restart: after a coordinator restart {job.id}'s {len(after)} tensors (the "
+              f"tables' from the shards that kept them) are the same")
+    finally:
+        c.stop()
+
+
 def errors(cluster, tmp):
     job = cluster.client.submit(spec(tmp, "make_small", 1, [{"name": "emb", "ids": "direct"}],
                                      name="outside"))
@@ -703,7 +748,7 @@ def errors(cluster, tmp):
 
 
 PHASES = {"equal": equal, "two": two, "hybrid": hybrid, "modes": modes, "adagrad": adagrad, "adam": adam, "dlrm": dlrm, "criteo": criteo,
-          "dynamic": dynamic, "lost": lost, "errors": errors}
+          "dynamic": dynamic, "lost": lost, "restart": restart, "errors": errors}
 
 
 def main():

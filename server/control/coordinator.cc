@@ -240,6 +240,7 @@ struct Coordinator::ControlTask {
   bool retired_now = false;
   std::shared_ptr<const std::vector<float>> final_weights;
   std::vector<std::shared_ptr<ShardControl>> table_homes;
+  std::vector<std::string> table_home_ids;  // their shards, slot order
 };
 
 Coordinator::Coordinator(const CoordinatorOptions& options)
@@ -838,7 +839,7 @@ std::unique_ptr<TableExport> TablesOf(
     const std::string& job_id, const JobSpec& spec, bool ended, bool retired,
     int64_t map_version,
     const std::vector<std::shared_ptr<ShardControl>>& homes,
-    std::string* note) {
+    const std::string& away, std::string* note) {
   if (spec.embeddings.empty()) return nullptr;
   if (!retired) {
     *note = ended ? "not included yet: the shards are still closing the "
@@ -848,7 +849,11 @@ std::unique_ptr<TableExport> TablesOf(
     return nullptr;
   }
   if (homes.empty()) {
-    *note = "lost: a shard of the job was away when it ended";
+    *note = away.empty()
+                ? "lost: a shard of the job was away when it ended"
+                : absl::StrCat("not reachable: ", away,
+                               " kept them and has not registered since the "
+                               "coordinator restarted");
     return nullptr;
   }
   return std::make_unique<TableExport>(job_id, map_version, spec.embeddings,
@@ -856,6 +861,30 @@ std::unique_ptr<TableExport> TablesOf(
 }
 
 }  // namespace
+
+// After a restart the homes are the live shards at the addresses the job
+// kept, and the tables are read by job alone (map_version 0: the
+// placement's number is not kept).
+std::vector<std::shared_ptr<ShardControl>> Coordinator::TableHomesLocked(
+    const JobEntry& job, int64_t* map_version, std::string* away) const {
+  if (!job.table_homes.empty() || job.table_home_addresses.empty())
+    return job.table_homes;
+  std::vector<std::shared_ptr<ShardControl>> homes;
+  for (const std::string& address : job.table_home_addresses) {
+    std::shared_ptr<ShardControl> found;
+    for (const auto& [id, s] : shards_) {
+      if (!address.empty() && s.address == address && s.live) found = s.control;
+    }
+    if (found == nullptr) {
+      *away = address.empty() ? "the coordinator's own shard (restarted)"
+                              : absl::StrCat("shard ", address);
+      return {};
+    }
+    homes.push_back(std::move(found));
+  }
+  *map_version = 0;
+  return homes;
+}
 
 // An ended job with tables: its ranges retire in a moment (the control
 // round after the end), and its file then has the tables.
@@ -893,8 +922,12 @@ absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
     buffers = job.final_buffers;
     total_steps = job.schedule.total_steps;
     map_version = job.map_version;
+    int64_t homes_version = job.map_version;
+    std::string away;
+    const std::vector<std::shared_ptr<ShardControl>> homes =
+        TableHomesLocked(job, &homes_version, &away);
     out.tables = TablesOf(job_id, job.spec, Terminal(job.proto.state()),
-                          job.retired, job.map_version, job.table_homes,
+                          job.retired, homes_version, homes, away,
                           &tables_note);
     if (job.final_weights != nullptr) {
       weights = job.final_weights;
@@ -1667,6 +1700,12 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
     job.retired = true;
     job.final_weights = t.final_weights;
     job.table_homes = t.table_homes;
+    job.table_home_addresses.clear();
+    for (const std::string& id : t.table_home_ids) {
+      auto s = shards_.find(id);
+      job.table_home_addresses.push_back(s != shards_.end() ? s->second.address
+                                                            : "");
+    }
     job.ranges.clear();
     job.members.clear();
   }
@@ -1712,6 +1751,8 @@ void Coordinator::RetireRanges(ControlTask& t) {
         RetiredWeights(t.job_id, t.map_version, t.hold_id, t.num_params, refs);
     if (all_retired && t.final_weights != nullptr) {
       for (const RangeRef& r : refs) t.table_homes.push_back(r.control);
+      for (const ControlTask::Range& r : t.ranges)
+        t.table_home_ids.push_back(r.shard_id);
     }
   }
   if (t.final_weights == nullptr && t.start != nullptr)
@@ -1913,6 +1954,7 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
     job.dirty = false;
     if (stored.has_state) job.final_weights = stored.weights;
     job.final_buffers = stored.buffers;
+    job.table_home_addresses = stored.table_homes;
   } else if (job.proto.state() == v1::RUNNING) {
     if (stored.has_state) {
       job.start = std::make_shared<const StoredJob>(std::move(stored));
@@ -1997,6 +2039,7 @@ struct Coordinator::CheckpointDue {
   std::string final_buffers;
   std::shared_ptr<const StoredJob> start;
   v1::JobHistory history;
+  std::vector<std::string> table_homes;  // an ended job's, by address
 };
 
 absl::Status Coordinator::Checkpoint(bool force) {
@@ -2054,6 +2097,7 @@ std::vector<Coordinator::CheckpointDue> Coordinator::DueLocked(bool force) {
     d.map_version = job.map_version;
     d.final_weights = job.final_weights;
     d.final_buffers = job.final_buffers;
+    d.table_homes = job.table_home_addresses;
     d.start = job.start;
     if (placed && !Terminal(job.proto.state())) {
       for (const v1::RangeStatus& r : RangeStatusLocked(job))
@@ -2095,6 +2139,7 @@ absl::Status Coordinator::WriteCheckpoint(CheckpointDue& d) {
   }
   stored.job = d.job;
   stored.history = std::move(d.history);
+  stored.table_homes = std::move(d.table_homes);
   if (stored.has_state) stored.job.mutable_metrics()->set_step(stored.version);
   TALLY_RETURN_IF_ERROR(store_->Save(stored));
   absl::MutexLock lock(&mu_);

@@ -273,6 +273,9 @@ class Coordinator {
     // A job with tables: the shard of each slot when it ended, which keeps
     // the tables (ShardHost::ReadTable); empty when one was away.
     std::vector<std::shared_ptr<ShardControl>> table_homes;
+    // Their addresses, kept with the job (JobCheckpoint.table_homes): a
+    // restarted coordinator finds the shards by them.
+    std::vector<std::string> table_home_addresses;
     // A Python model's buffers, from the report that ended the job.
     std::string final_buffers;
     bool retired = false;  // the ranges were retired (and dropped)
@@ -317,6 +320,12 @@ class Coordinator {
     double compute_seconds = 0, wait_seconds = 0, push_seconds = 0,
            loader_seconds = 0;
   };
+  // An ended job's table homes: as it ended, or after a restart the live
+  // shards at its addresses (*map_version then 0); empty, with *away
+  // naming the shard, when one is not here.
+  std::vector<std::shared_ptr<ShardControl>> TableHomesLocked(
+      const JobEntry& job, int64_t* map_version, std::string* away) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct ShardEntry {
     std::string address;      // "" for the coordinator's own
     int64_t incarnation = 0;  // its lease's (leases_)

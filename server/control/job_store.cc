@@ -234,6 +234,7 @@ absl::string_view JobStore::ReadTensors(const v1::JobCheckpoint& ck,
   }
   out->buffers = ck.buffers();
   out->table_files.assign(ck.table_files().begin(), ck.table_files().end());
+  out->table_homes.assign(ck.table_homes().begin(), ck.table_homes().end());
   out->optimizer_step = ck.optimizer_step();
   for (const std::string& slot : ck.optimizer_slots()) {
     out->optimizer_slots.emplace_back();
@@ -315,6 +316,8 @@ absl::Status JobStore::Save(const StoredJob& job) const {
     ck.set_buffers(job.buffers);
     ck.mutable_table_files()->Assign(job.table_files.begin(),
                                      job.table_files.end());
+    ck.mutable_table_homes()->Assign(job.table_homes.begin(),
+                                     job.table_homes.end());
     prefixes.push_back(BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
                                         data.back().size()));
     for (const auto& slot : job.optimizer_slots) {

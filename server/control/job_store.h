@@ -47,6 +47,9 @@ struct StoredJob {
   // A job whose shards checkpoint its tables: the files of its rows at
   // `version`, every range's chain in shard-map order.
   std::vector<std::string> table_files;
+  // An ended job's table homes (JobCheckpoint.table_homes): each slot's
+  // shard address.
+  std::vector<std::string> table_homes;
 
   // The state of elements [offset, offset + count), as a range holds it,
   // on the wire (has_state must be set): what a shard is installed with.
