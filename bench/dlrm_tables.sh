@@ -19,6 +19,9 @@
 # bytes a step moves: Tally's row messages (pull and push, the job's table
 # figures) against the bound (the batch's unique rows x 16 x 4 bytes, each
 # way), and the dense part; DDP's bytes each rank wrote in its loop.
+# TABLES=async in the environment runs Tally's side with
+# training.consistency.tables: async (each worker's rows stepped as they
+# come, the dense part bsp).
 #   bench/dlrm_tables.sh [REPEATS] [STEPS] [ROWS] [CARD]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,8 +42,10 @@ PY=/usr/bin/python3
 sed -e "s/ROWS, DIM = 13, 26, 20000, 16/ROWS, DIM = 13, 26, $rows, 16/" \
     -e 's/nn.EmbeddingBag(rows, dim, mode="sum")/nn.EmbeddingBag(rows, dim, mode="sum", device="meta")/' \
     examples/dlrm/model.py > "$tmp/model.py"
-grep -q 'device="meta"' "$tmp/model.py" || { echo "examples/dlrm/model.py changed: fix the sed" >&2; exit 1; }
-sed -e "s/workers: [0-9]*/workers: 2, max_steps: $steps, shards: 2/" \
+grep -q "ROWS, DIM = 13, 26, $rows, 16" "$tmp/model.py" && grep -q 'device="meta"' "$tmp/model.py" || { echo "examples/dlrm/model.py changed: fix the sed" >&2; exit 1; }
+consistency=""
+[[ ${TABLES:-sync} == async ]] && consistency=", consistency: {tables: async}"
+sed -e "s/workers: [0-9]*/workers: 2, max_steps: $steps, shards: 2$consistency/" \
     -e "s/cardinality: [0-9]*/cardinality: $card/" \
     examples/dlrm/job.yaml > "$tmp/job.yaml"
 
@@ -104,7 +109,7 @@ for ((r = 0; r < repeats; r++)); do
 done
 mib() { awk -v b="$1" 'BEGIN {printf "%.0f", b / 1048576}'; }
 t=$(col tally 1); p=$(col torch 1)
-echo "dlrm, 26 tables x $rows rows x 16, $card ids a feature, 2 workers, $steps steps/worker, batch 256"
+echo "dlrm, 26 tables x $rows rows x 16, $card ids a feature, 2 workers, $steps steps/worker, batch 256, tables ${TABLES:-sync}"
 printf "%-44s %14s %14s %8s\n" "" "Tally" "DDP-gloo" "ratio"
 printf "%-44s %14.0f %14.0f %8.3f\n" "samples/s" "$t" "$p" "$(ratio "$t" "$p")"
 printf "%-44s %14.4f %14.4f\n" "test log-loss" "$(col tally 2)" "$(col torch 2)"

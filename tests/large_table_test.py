@@ -15,7 +15,7 @@ Each shard runs with --max_table_bytes=3 GiB. The test checks that
     of values and sums, under its bound, and under the table's own 4 GiB
     of values: no process held it whole.
 
-It runs for about four minutes and takes about 12 GiB: ctest runs it
+It runs for about two minutes (114 s on two cores) and takes 12 GiB: ctest runs it
 alone, and only when asked (label `large`: deploy/test.sh runs it with
 TALLY_LARGE_TESTS=1, or `ctest -L large`).
 

@@ -688,6 +688,9 @@ def restart(cluster, tmp):
         c.python_worker("w")
         job = run(c, spec(tmp, "make_sparse", 2, SGD_TABLES, name="kept"), "w")
         before = weights(c, tmp, job)
+        # The ended job's file is written by the checkpoint loop once its
+        # ranges retired (the fetch waited for that): give it its round.
+        time.sleep(1.0)
         server = c.procs[0]
         server.kill()
         server.wait()
@@ -706,6 +709,9 @@ def restart(cluster, tmp):
             time.sleep(0.1)
         if live != 2:
             fail(f"{live} shards registered again after 20 s\n" + c.log("server-again"))
+        state = pb.JobState.Name(again.status(job.id).state)
+        if state != "SUCCEEDED":
+            fail(f"after the restart {job.id} is {state}")
         out = f"{tmp}/kept-again.safetensors"
         again.fetch(job.id, out)
         after = tally.load_state_dict(out)

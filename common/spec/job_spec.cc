@@ -1423,8 +1423,8 @@ absl::Status CheckTokenModel(const JobSpec& spec) {
 // The tables' input columns are the samples', and the rows' own
 // consistency needs tables.
 absl::Status CheckEmbeddings(const JobSpec& spec) {
-  const ConsistencySpec& c = spec.training.consistency;
-  if (c.tables_async && c.mode != ConsistencyMode::kAsync &&
+  const ConsistencySpec& rule = spec.training.consistency;
+  if (rule.tables_async && rule.mode != ConsistencyMode::kAsync &&
       spec.embeddings.empty()) {
     return FieldError("training.consistency.tables",
                       "applies to a model with tables (model.embeddings)");

@@ -886,6 +886,16 @@ std::vector<std::shared_ptr<ShardControl>> Coordinator::TableHomesLocked(
   return homes;
 }
 
+std::unique_ptr<TableExport> Coordinator::TablesLocked(
+    const std::string& job_id, const JobEntry& job, std::string* note) const {
+  int64_t map_version = job.map_version;
+  std::string away;
+  const std::vector<std::shared_ptr<ShardControl>> homes =
+      TableHomesLocked(job, &map_version, &away);
+  return TablesOf(job_id, job.spec, Terminal(job.proto.state()), job.retired,
+                  map_version, homes, away, note);
+}
+
 // An ended job with tables: its ranges retire in a moment (the control
 // round after the end), and its file then has the tables.
 void Coordinator::AwaitRetiredLocked(const std::string& job_id) {
@@ -922,13 +932,7 @@ absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
     buffers = job.final_buffers;
     total_steps = job.schedule.total_steps;
     map_version = job.map_version;
-    int64_t homes_version = job.map_version;
-    std::string away;
-    const std::vector<std::shared_ptr<ShardControl>> homes =
-        TableHomesLocked(job, &homes_version, &away);
-    out.tables = TablesOf(job_id, job.spec, Terminal(job.proto.state()),
-                          job.retired, homes_version, homes, away,
-                          &tables_note);
+    out.tables = TablesLocked(job_id, job, &tables_note);
     if (job.final_weights != nullptr) {
       weights = job.final_weights;
       version = job.proto.metrics().step();

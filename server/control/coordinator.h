@@ -326,6 +326,12 @@ class Coordinator {
   std::vector<std::shared_ptr<ShardControl>> TableHomesLocked(
       const JobEntry& job, int64_t* map_version, std::string* away) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The export of an ended job's tables from their homes, or null with
+  // *note saying why the file has none.
+  std::unique_ptr<TableExport> TablesLocked(const std::string& job_id,
+                                            const JobEntry& job,
+                                            std::string* note) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct ShardEntry {
     std::string address;      // "" for the coordinator's own
     int64_t incarnation = 0;  // its lease's (leases_)

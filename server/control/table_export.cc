@@ -43,9 +43,10 @@ absl::Status TableExport::Prepare() {
           v1::ReadTableResponse r,
           slots_[s]->ReadTable(job_id_, map_version_, static_cast<int>(t),
                                INT64_MAX, 0));
-      // A slot's rows are bounded by what one process can hold (2^40
-      // rows would be 4 TiB at dim 1): more is a broken answer.
-      if (r.total_rows() < 0 || r.total_rows() > (int64_t{1} << 40) ||
+      // A slot's rows are bounded by what one process can hold (4 TiB of
+      // values): more is a broken answer.
+      if (r.total_rows() < 0 ||
+          r.total_rows() > (int64_t{1} << 40) / tables_[t].dim ||
           r.rows_size() != 0) {
         return absl::DataLossError(absl::StrCat(
             "table ", Quoted(tables_[t].name), ": the shard of slot ", s,

@@ -725,7 +725,12 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
         ReleaseLocked(std::move(it->second.grads));
         m.staged.erase(it);
       }
-      if (!contributed) m.buffers.erase(step);
+      if (!contributed) {
+        m.buffers.erase(step);
+        // Nor its rows (under ssp a later step's commit may come before
+        // this one closes, and last_refused is that step's).
+        m.rows.erase(step);
+      }
       m.committed_step = step;
       m.last_refused = !contributed;
       if (StreamedLocked()) {
@@ -781,6 +786,7 @@ void ParameterShard::Reject(const PushMeta& meta) {
       m.staged.erase(it);
     }
     m.buffers.erase(meta.step);
+    m.rows.erase(meta.step);
     m.pushed_step = std::max(m.pushed_step, meta.step);
     if (StreamedLocked() && meta.step == version_) {
       DropPartLocked(meta.worker_id, &ready);

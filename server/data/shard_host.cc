@@ -203,7 +203,10 @@ bool ShardHost::ReclaimEndedTables(int64_t missing) {
     absl::MutexLock lock(&ended_tables_mu_);
     int64_t bytes = 0;
     while (!ended_tables_.empty() && bytes < missing) {
-      bytes += ended_tables_.front().tables->bytes();
+      // A fetch still reading a job's tables keeps their bytes until it
+      // is done: they do not count as freed.
+      if (ended_tables_.front().tables.use_count() == 1)
+        bytes += ended_tables_.front().tables->bytes();
       freed.push_back(std::move(ended_tables_.front().tables));
       ended_tables_.pop_front();
     }

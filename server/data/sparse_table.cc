@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -46,8 +47,15 @@ void SparseTables::ReserveShare(Table& t) const {
   const int64_t values = share * t.spec.dim;
   const int64_t slots = values * t.spec.optimizer.slots();
   if ((values + slots) * int64_t{4} > budget_->load()) return;
-  t.values.reserve(static_cast<size_t>(values));
-  t.accum.reserve(static_cast<size_t>(slots));
+  try {
+    t.values.reserve(static_cast<size_t>(values));
+    t.accum.reserve(static_cast<size_t>(slots));
+  } catch (const std::bad_alloc&) {
+    // A budget larger than the address space allows (strict overcommit):
+    // the rows grow as they come instead.
+    t.values.shrink_to_fit();
+    t.accum.shrink_to_fit();
+  }
 }
 
 SparseTables::~SparseTables() {
@@ -224,7 +232,12 @@ void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
   const float eps = static_cast<float>(o.eps);
   int64_t applied = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (!t.seen.empty() && !t.index.contains(rows[i])) continue;
+    // Filtered tables make no rows here; in evicting ones a row missing now
+    // was evicted after its pull (async: versions pass between them), and
+    // starts again from its initial values as an evicted row does.
+    if ((!t.seen.empty() || t.spec.evict_after_steps > 0) &&
+        !t.index.contains(rows[i]))
+      continue;
     ++applied;
     const int64_t before = t.metrics.bytes;
     const int64_t at = Make(t, rows[i]);

@@ -75,7 +75,8 @@ class SparseTables {
   // A row not held yet starts from its initial values (and its budget is
   // not checked: it was pulled before, unless the table was emptied).
   // In a filtered table (min_count > 1) a row not held is not made: its
-  // gradient is dropped (the id has no row yet). `step` is the step's.
+  // gradient is dropped (the id has no row yet); so in an evicting one
+  // (evicted since its pull). `step` is the step's.
   void Apply(int table, const int64_t* rows, int64_t n, const float* g,
              int64_t step = 0);
   // Step `step` closed: evicts the rows of dynamic tables not stepped for
