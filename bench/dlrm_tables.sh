@@ -39,10 +39,7 @@ trap cleanup EXIT
 export PYTHONPATH=$PWD/$B/python
 PY=/usr/bin/python3
 
-sed -e "s/ROWS, DIM = 13, 26, 20000, 16/ROWS, DIM = 13, 26, $rows, 16/" \
-    -e 's/nn.EmbeddingBag(rows, dim, mode="sum")/nn.EmbeddingBag(rows, dim, mode="sum", device="meta")/' \
-    examples/dlrm/model.py > "$tmp/model.py"
-grep -q "ROWS, DIM = 13, 26, $rows, 16" "$tmp/model.py" && grep -q 'device="meta"' "$tmp/model.py" || { echo "examples/dlrm/model.py changed: fix the sed" >&2; exit 1; }
+dlrm_model "$rows" "$tmp/model.py"
 consistency=""
 [[ ${TABLES:-sync} == async ]] && consistency=", consistency: {tables: async}"
 sed -e "s/workers: [0-9]*/workers: 2, max_steps: $steps, shards: 2$consistency/" \

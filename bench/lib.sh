@@ -80,3 +80,14 @@ linked_hosts() {  # HOST_A HOST_B ADDR_A ADDR_B RATE TAG
     tc -n "$h" qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
   done
 }
+
+# The DLRM of examples/dlrm with ROWS rows a table, its tables built on the
+# meta device (the workers never allocate them: their rows are the
+# shards'), written to OUT.
+dlrm_model() {  # ROWS OUT
+  sed -e "s/ROWS, DIM = 13, 26, 20000, 16/ROWS, DIM = 13, 26, $1, 16/" \
+      -e 's/nn.EmbeddingBag(rows, dim, mode="sum")/nn.EmbeddingBag(rows, dim, mode="sum", device="meta")/' \
+      examples/dlrm/model.py > "$2"
+  grep -q "ROWS, DIM = 13, 26, $1, 16" "$2" && grep -q 'device="meta"' "$2" ||
+    { echo "examples/dlrm/model.py changed: fix dlrm_model in bench/lib.sh" >&2; exit 1; }
+}

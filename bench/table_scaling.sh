@@ -48,10 +48,7 @@ export PYTHONPATH=$B/python
 PY=/usr/bin/python3
 on() { local h=$1; shift; ip netns exec "$h" "$@"; }
 
-sed -e "s/ROWS, DIM = 13, 26, 20000, 16/ROWS, DIM = 13, 26, $rows, 16/" \
-    -e 's/nn.EmbeddingBag(rows, dim, mode="sum")/nn.EmbeddingBag(rows, dim, mode="sum", device="meta")/' \
-    examples/dlrm/model.py > "$tmp/model.py"
-grep -q "ROWS, DIM = 13, 26, $rows, 16" "$tmp/model.py" && grep -q 'device="meta"' "$tmp/model.py" || { echo "examples/dlrm/model.py changed: fix the sed" >&2; exit 1; }
+dlrm_model "$rows" "$tmp/model.py"
 
 run() {  # k -> appends "samples/s row-bytes-a-step step-seconds" to $tmp/k
   local k=$1 i
