@@ -29,15 +29,8 @@ repeats=${1:-3}
 steps=${2:-100}
 rows=${3:-400000}
 card=${4:-400000}
-B=build
-[[ -f $B/python/tally/engine.py ]] || { echo "build first: deploy/build.sh --with-torch" >&2; exit 1; }
 . bench/lib.sh
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-export PYTHONPATH=$PWD/$B/python
-PY=/usr/bin/python3
+python_bench
 
 dlrm_model "$rows" "$tmp/model.py"
 consistency=""

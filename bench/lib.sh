@@ -91,3 +91,22 @@ dlrm_model() {  # ROWS OUT
   grep -q "ROWS, DIM = 13, 26, $1, 16" "$2" && grep -q 'device="meta"' "$2" ||
     { echo "examples/dlrm/model.py changed: fix dlrm_model in bench/lib.sh" >&2; exit 1; }
 }
+
+# The set-up of a benchmark of Python workers: a build with the binding in
+# build/; sets B, PY (Debian's python3, which has torch), PYTHONPATH, tmp
+# and pids, and a trap that stops what pids holds and removes tmp on exit.
+python_bench() {
+  B=build
+  [[ -f $B/python/tally/engine.py ]] ||
+    { echo "build first: deploy/build.sh --with-torch" >&2; exit 1; }
+  tmp=$(mktemp -d)
+  pids=()
+  trap python_bench_cleanup EXIT
+  export PYTHONPATH=$PWD/$B/python
+  PY=/usr/bin/python3
+}
+python_bench_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}

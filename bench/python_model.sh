@@ -34,15 +34,8 @@ case $example in
   dlrm) reference=pytorch_dlrm.py; batch=256 ;;
   *) echo "unknown example $example (resnet, text-lm, dlrm)" >&2; exit 2 ;;
 esac
-B=build
-[[ -f $B/python/tally/engine.py ]] || { echo "build first: deploy/build.sh --with-torch" >&2; exit 1; }
 . bench/lib.sh
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-export PYTHONPATH=$PWD/$B/python
-PY=/usr/bin/python3
+python_bench
 field() { $PY -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 
 tally_run() {  # workers -> samples/s test_loss

@@ -21,15 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
 steps=${2:-100}
-B=build
-[[ -f $B/python/tally/engine.py ]] || { echo "build first: deploy/build.sh --with-torch" >&2; exit 1; }
 . bench/lib.sh
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-export PYTHONPATH=$PWD/$B/python
-PY=/usr/bin/python3
+python_bench
 dataset="dataset: {name: synthetic, train_size: 4096, test_size: 64, features: 4096, classes: 4096, seed: 1}"
 training="training: {epochs: 1, batch_size: 1, max_steps: $steps, seed: 1, workers: 1}"
 printf '%s\n' "name: pushpull-cpp" \
