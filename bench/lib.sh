@@ -53,7 +53,21 @@ three_hosts() {  # TAG RATE|""
   trap three_hosts_cleanup EXIT
   bridged_hosts "$1" "$hub" "$2" "${hosts[@]}"
 }
-stop_pids() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+# A process started as `on HOST CMD &` is a child of the subshell that $!
+# names: every process in the hosts' namespaces goes too.
+stop_pids() {
+  local p h
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for h in "${hosts[@]}"; do
+    for p in $(ip netns pids "$h" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  done
+  wait 2>/dev/null || true
+  for _ in $(seq 50); do  # not our children: wait for them to go
+    [[ $(for h in "${hosts[@]}"; do ip netns pids "$h" 2>/dev/null; done) ]] || break
+    sleep 0.1
+  done
+  pids=()
+}
 three_hosts_cleanup() {
   stop_pids
   for h in "${hosts[@]}" "$hub"; do ip netns del "$h" 2>/dev/null || true; done
