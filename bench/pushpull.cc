@@ -49,6 +49,7 @@ void Check(const grpc::Status& s, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::UseTransportExperiments();
   tally::TuneMallocForBulkTransfers();
   absl::ParseCommandLine(argc, argv);
   auto transport = tally::TransportFromFlags();  // --tls_*, --token_file

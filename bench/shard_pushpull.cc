@@ -91,6 +91,7 @@ void WaitOrDie(tally::Work& work, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::UseTransportExperiments();
   tally::TuneMallocForBulkTransfers();
   absl::ParseCommandLine(argc, argv);
   const std::string server = absl::GetFlag(FLAGS_server);

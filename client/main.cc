@@ -403,6 +403,7 @@ int StatusOrCancel(tally::v1::JobService::Stub& stub, const std::string& cmd,
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::UseTransportExperiments();
   std::vector<char*> args = tally::ParseProgramFlags(argc, argv, kUsage);
   if (args.size() < 2) {
     std::cerr << kUsage;

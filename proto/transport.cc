@@ -5,6 +5,7 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -116,6 +117,11 @@ absl::Status CheckControlMessage(const google::protobuf::MessageLite& request) {
       kMaxControlBytes, "-byte limit of control messages"));
 }
 
+void UseTransportExperiments() {
+  // Not overwritten: the operator's word wins.
+  setenv("GRPC_EXPERIMENTS", "tcp_frame_size_tuning,tcp_rcv_lowat", 0);
+}
+
 std::shared_ptr<grpc::Channel> Dial(const std::string& target,
                                     const TransportOptions& options) {
   grpc::ChannelArguments args;
@@ -134,6 +140,7 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& target,
   // against 1.15 GB/s, medians of 5 alternating runs). 16 MiB is above
   // the bandwidth-delay product of a datacenter link.
   set(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  if (options.own_connection) set(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (options.tls.enabled()) {
     grpc::SslCredentialsOptions ssl;

@@ -81,6 +81,10 @@ struct TransportOptions {
   TlsMaterial tls;
   // Sent as "authorization: Bearer TOKEN" on every call (TLS only).
   std::string token;
+  // A connection of the channel's own. gRPC shares one between the channels
+  // of a process that dial the same server with the same settings; a
+  // process that stands for many workers (bench/swarm.cc) must not.
+  bool own_connection = false;
 };
 
 struct ServerSecurity {
@@ -104,6 +108,17 @@ absl::Status CheckServerSecurity(const std::string& address,
 // has one receive limit per port, the bulk one; control methods apply this
 // smaller one to the parsed request).
 absl::Status CheckControlMessage(const google::protobuf::MessageLite& request);
+
+// Turns on the gRPC transport experiments Tally runs with, unless the
+// environment names its own (GRPC_EXPERIMENTS, even empty: then none):
+// tcp_frame_size_tuning (a read completes once the frame it waits for is
+// whole) and tcp_rcv_lowat (SO_RCVLOWAT: the socket wakes its reader once
+// that much has arrived, not at every segment). A megabyte message then
+// costs one wake-up and one read instead of dozens: between network hosts
+// a 67 MB push + pull ran 1.2x faster and the two-worker MLP 1.1x
+// (bench/README.md). Call first in main(), before any gRPC object exists:
+// gRPC reads the variable once.
+void UseTransportExperiments();
 
 // A channel to `target` ("host:port") with Tally's settings.
 std::shared_ptr<grpc::Channel> Dial(const std::string& target,

@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "common/stop_signal.h"
 #include "proto/auth.h"
+#include "proto/transport.h"
 #include "proto/transport_flags.h"
 #include "server/dashboard/dashboard.h"
 #include "server/tally_server.h"
@@ -268,6 +269,7 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::UseTransportExperiments();
   tally::TuneMallocForBulkTransfers();
   tally::ParseProgramFlags(argc, argv, kUsage);
   // Debian's Abseil is built without NDEBUG, so every Mutex lock would

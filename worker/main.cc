@@ -253,6 +253,7 @@ int RunStandalone() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::UseTransportExperiments();
   tally::TuneMallocForBulkTransfers();
   tally::ParseProgramFlags(
       argc, argv,

@@ -30,6 +30,7 @@
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "proto/transport.h"
 #include "proto/transport_flags.h"
 #include "worker/daemon.h"
 #include "worker/engine.h"
@@ -608,6 +609,7 @@ py::array_t<float> InitTable(const std::string& name, int64_t num_embeddings,
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Tally's native worker core (worker daemon, parameter client)";
+  tally::UseTransportExperiments();  // before the module makes a channel
   py::class_<tally::Rows, std::shared_ptr<tally::Rows>>(m, "Rows")
       .def("pull", &tally::Rows::Pull, py::arg("table"), py::arg("rows"))
       .def("pull_tables", &tally::Rows::PullTables, py::arg("asks"))
