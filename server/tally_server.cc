@@ -124,8 +124,11 @@ void TallyServer::MakeDataWing() {
   host_->set_shared_memory(o.shared_memory_max_bytes);
   host_->set_max_table_bytes(o.max_table_bytes);
   host_->set_table_dir(o.table_dir);
-  if (o.metrics != nullptr)
+  if (o.metrics != nullptr) {
     data_metrics_ = std::make_unique<DataPlaneMetrics>(o.metrics->registry());
+    host_->set_publish_observer(
+        [m = data_metrics_.get()](double seconds) { m->Published(seconds); });
+  }
   params_ =
       std::make_unique<ParameterServiceImpl>(host_.get(), data_metrics_.get());
   shard_service_ = std::make_unique<ShardServiceImpl>(host_.get());

@@ -7,6 +7,9 @@
 //   tally_pull_wait_seconds                 histogram, waiting for the version
 //   tally_pushes_total{result}              counter; result: ok, duplicate,
 //       step_closed, non_finite, not_member, invalid, other
+//   tally_step_publish_seconds              histogram, from a step's last
+//       push to its version published (bsp, ssp); buckets 1.25x apart, so
+//       a quantile read from them is within 12%
 #ifndef TALLY_SERVER_DATA_DATA_METRICS_H_
 #define TALLY_SERVER_DATA_DATA_METRICS_H_
 
@@ -30,6 +33,8 @@ class DataPlaneMetrics {
   void Pulled(double wait_seconds, double seconds, double bytes);
   // A worker's word on the memory a stream offered it: mapped, or not.
   void SharedMemory(bool mapped);
+  // A step of some range was published `seconds` after its last push.
+  void Published(double seconds) { publish_seconds_.Observe(seconds); }
 
  private:
   prometheus::Counter& push_bytes_;
@@ -37,6 +42,7 @@ class DataPlaneMetrics {
   prometheus::Histogram& push_seconds_;
   prometheus::Histogram& pull_seconds_;
   prometheus::Histogram& pull_wait_seconds_;
+  prometheus::Histogram& publish_seconds_;
   prometheus::Family<prometheus::Counter>& pushes_;
   prometheus::Family<prometheus::Counter>& shared_;
 };

@@ -662,11 +662,13 @@ absl::Status ParameterShard::AcceptLocked(
     part.whole = std::move(grads);
     m.pushed_step = meta.step;
     m.push_again = -1;
+    NotePushLocked(meta.step);
     ProgressLocked(ready);
     return absl::OkStatus();
   }
   KeepBuffersLocked(meta);
   m.pushed_step = meta.step;
+  NotePushLocked(meta.step);
   Staged& st = m.staged[meta.step];
   ReleaseLocked(std::move(st.grads));
   st = Staged{};
@@ -802,6 +804,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
          (save_at_.empty() || version_ < *save_at_.begin()) && !EndedLocked()) {
     if (consistency_.mode != ConsistencyMode::kAsync) {
       if (!CloseStepLocked(ready)) break;
+      NotePublishedLocked(version_ - 1, ready);
       continue;
     }
     if (apply_queue_.empty()) break;
@@ -895,6 +898,30 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   }
   if (streamed) ProgressLocked(ready);  // blocks of the next step may wait
   return true;
+}
+
+void ParameterShard::SetPublishObserver(std::function<void(double)> observer) {
+  absl::MutexLock lock(&mu_);
+  publish_observer_ = std::move(observer);
+}
+
+void ParameterShard::NotePushLocked(int64_t step) {
+  if (consistency_.mode == ConsistencyMode::kAsync || step < version_) return;
+  last_push_at_[step] = clock_->Now();
+}
+
+void ParameterShard::NotePublishedLocked(int64_t closed, Ready* ready) {
+  auto it = last_push_at_.find(closed);
+  if (it != last_push_at_.end() && publish_observer_ != nullptr) {
+    const double seconds = absl::ToDoubleSeconds(clock_->Now() - it->second);
+    ready->emplace_back(
+        [observer = publish_observer_, seconds](const absl::Status&) {
+          observer(seconds);
+        },
+        absl::OkStatus());
+  }
+  last_push_at_.erase(last_push_at_.begin(),
+                      last_push_at_.upper_bound(closed));
 }
 
 bool ParameterShard::ReadyToCloseLocked(std::vector<Member*>* required) {
@@ -1692,6 +1719,7 @@ absl::Status ParameterShard::FinishStreamed(const PushMeta& meta, int64_t token,
   }
   part->complete = true;
   members_.at(meta.worker_id).pushed_step = meta.step;
+  NotePushLocked(meta.step);
   return absl::OkStatus();
 }
 

@@ -176,6 +176,11 @@ class ParameterShard {
   // so the weighted sums and counters stay bounded. 0: no bound.
   void SetMaxSamples(int64_t max_samples);
 
+  // Called, without the shard's lock, with the seconds from the last push
+  // of a step to its version being published, for every step that closes
+  // (bsp and ssp; async has no steps). Set before the range serves.
+  void SetPublishObserver(std::function<void(double)> observer);
+
   // The range keeps the job's buffer region (above): pushes may carry
   // buffers of exactly `bytes` bytes. 0 (the default): it keeps none, and a
   // push with buffers is refused (kInvalidArgument).
@@ -434,6 +439,10 @@ class ParameterShard {
   float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the open step (bsp, ssp) if it may; false if not.
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push of `step` is whole here; the step `closed` is published.
+  void NotePushLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotePublishedLocked(int64_t closed, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What AddStreamed and FinishStreamed check of a push that BeginStreamed
   // checked in full (the push is validated once): the shard open, the
   // member the same, and the push either counted already (*duplicate:
@@ -578,6 +587,10 @@ class ParameterShard {
   mutable int64_t stale_ ABSL_GUARDED_BY(mu_) = 0;
   mutable int64_t late_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
+  // When each open step's last push so far arrived (NotePushLocked), for
+  // publish_observer_.
+  std::map<int64_t, absl::Time> last_push_at_ ABSL_GUARDED_BY(mu_);
+  std::function<void(double)> publish_observer_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // Streamed sums: the open step's sum (kept for the next step), its
   // generation (a new one at each close or drop; tokens of another are

@@ -115,6 +115,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch()));
   shard->SetMaxSamples(spec.training.batch_size);
+  if (publish_observer_ != nullptr) shard->SetPublishObserver(publish_observer_);
   // The buffer region rides with the range that starts the vector.
   if (spec.is_python && req.offset() == 0)
     shard->SetBufferBytes(spec.python.buffer_bytes);

@@ -71,6 +71,12 @@ class ShardHost {
         bytes > 0 ? std::make_shared<std::atomic<int64_t>>(bytes) : nullptr;
   }
 
+  // Given to every range installed from now on
+  // (ParameterShard::SetPublishObserver): the metrics' publish latency.
+  void set_publish_observer(std::function<void(double)> observer) {
+    publish_observer_ = std::move(observer);
+  }
+
   // Where this shard checkpoints its ranges' tables (--table_dir; empty:
   // they are not): a directory every shard of the cluster reads at the
   // same path, since a range placed again elsewhere loads its rows from
@@ -198,6 +204,7 @@ class ShardHost {
       const TableRowsFile& file);
   bool NextSaveIsBase(const std::string& job_id, int64_t map_version);
   std::string table_dir_;
+  std::function<void(double)> publish_observer_;
   // Names each file once (two saves at one step must not overwrite).
   std::atomic<int64_t> table_files_written_{0};
   absl::Mutex chains_mu_;

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# What a coordinator and its shards cost as workers grow: a swarm of light
+# workers (tally-bench-swarm: real registrations, heartbeats, pushes, pulls
+# and commits over gRPC, each worker on connections of its own, a gradient
+# made once instead of a model) against one coordinator (--noshard: all its
+# work is the control plane) and SHARDS shard processes, on this host's
+# loopback. The swarm runs in ceil(N / 64) processes. On two cores the
+# swarm's own scheduling dominates what a worker sees, so the figures are
+# the servers':
+#   publish p50/p99   from a step's last push to its version published, on
+#                     the shards (tally_step_publish_seconds, buckets 1.25x)
+#   coord cpu         the coordinator's CPU (user + system) over the steady
+#                     part of the job (steps 10 to STEPS - 10), % of a core
+#   coord rss         its resident memory at the end, MiB
+#   shard cpu/rss     the same for each shard (the busiest one)
+#   hb/s, hb B/s      heartbeats a second and the coordinator's wire bytes
+#                     (TCP payload both ways on its port) a second, over the
+#                     same window
+#   dropped           lease expiries at the coordinator (0: nobody that
+#                     lived was dropped)
+# Then the idle rows: N workers registered and heartbeating, no job, the
+# coordinator's memory per worker ((RSS with N - RSS before) / N), in
+# plaintext and with mTLS. Then the death row: one worker of N dies at
+# step 20, the seconds until the step closes without it (lease
+# --lease_timeout_ms, 3000 by default).
+#   bench/swarm.sh [N ...]            (default 16 64 128 256)
+#   SHARDS="1 2 4" STEPS=200 PARAMS=16384 TLS="0 1" bench/swarm.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=$PWD/build
+PY=/usr/bin/python3
+[[ -x $B/bench/tally-bench-swarm ]] || { echo "build first: deploy/build.sh" >&2; exit 1; }
+sizes=("$@")
+((${#sizes[@]})) || sizes=(16 64 128 256)
+steps=${STEPS:-200}
+params=${PARAMS:-16384}
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+stop_all() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  pids=()
+}
+. bench/lib.sh  # median, ratio
+deploy/make-certs.sh "$tmp/certs" > /dev/null 2>&1
+tls_flags=()
+
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }     # CPU, 1/100 s
+rss_mib() { awk '/^VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
+# TCP payload bytes both ways on every connection to local port $1.
+wire_bytes() {
+  ss -tinH state established "( sport = :$1 )" 2>/dev/null |
+    grep -oE 'bytes_(sent|received):[0-9]+' | awk -F: '{s += $2} END {print s + 0}'
+}
+client() { "$B/client/tally" "${tls_flags[@]}" --server="127.0.0.1:$cport" "$@"; }
+job_step() { client status job-1 --json 2>/dev/null | $PY -c "import json,sys; print(json.load(sys.stdin)['metrics'].get('step', 0))" 2>/dev/null || echo 0; }
+
+# A coordinator and $1 shards; sets cport, coord, shard_pids.
+start_servers() {
+  local k=$1 i
+  cport=$((7700 + RANDOM % 200))
+  "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$cport --noshard \
+    --metrics_port=$((cport + 1000)) ${SERVER_FLAGS:-} > "$tmp/coord.log" 2>&1 &
+  coord=$!
+  pids+=($coord)
+  for _ in $(seq 100); do client health > /dev/null 2>&1 && break; sleep 0.1; done
+  shard_pids=()
+  for ((i = 0; i < k; i++)); do
+    "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$((cport + 10 + i)) \
+      --coordinator=127.0.0.1:$cport --metrics_port=$((cport + 1010 + i)) \
+      > "$tmp/shard$i.log" 2>&1 &
+    shard_pids+=($!)
+    pids+=($!)
+  done
+  sleep 1  # the shards register
+}
+
+# Starts N light workers in processes of at most 64; extra flags go to all,
+# FIRST_FLAGS to the first, which submits the job unless IDLE is set.
+start_swarm() {  # N [flags...]
+  local n=$1 procs per i first
+  shift
+  procs=$(((n + 63) / 64)); per=$((n / procs))
+  swarm_pids=()
+  for ((i = 0; i < procs; i++)); do
+    local count=$per
+    ((i == procs - 1)) && count=$((n - per * (procs - 1)))
+    first=()
+    ((i == 0)) && [[ ! ${IDLE:-} ]] && first=(--submit --job_workers=$n ${FIRST_FLAGS:-})
+    "$B/bench/tally-bench-swarm" "${tls_flags[@]}" --server=127.0.0.1:$cport --name=s$i \
+      --workers=$count "${first[@]}" "$@" > "$tmp/swarm$i.json" 2> "$tmp/swarm$i.log" &
+    swarm_pids+=($!)
+    pids+=($!)
+  done
+}
+
+# p50 and p99 (ms) of tally_step_publish_seconds over every shard's buckets.
+publish_quantiles() {
+  local i
+  for ((i = 0; i < ${#shard_pids[@]}; i++)); do
+    curl -s "127.0.0.1:$((cport + 1010 + i))/metrics" | grep '^tally_step_publish_seconds_bucket'
+  done | $PY -c "
+import re, sys
+b = {}
+for line in sys.stdin:
+    m = re.search(r'le=\"([^\"]+)\"} ([0-9.e+]+)', line)
+    le = float('inf') if m.group(1) == '+Inf' else float(m.group(1))
+    b[le] = b.get(le, 0) + float(m.group(2))
+bounds = sorted(b)
+total = b[float('inf')]
+def q(p):
+    want, lo, prev = p * total, 0.0, 0.0
+    for le in bounds:
+        if b[le] >= want:
+            if le == float('inf'): return lo * 1e3
+            frac = (want - prev) / (b[le] - prev) if b[le] > prev else 1
+            return (lo + frac * (le - lo)) * 1e3
+        lo, prev = le, b[le]
+print('%.2f %.2f %d' % (q(0.5), q(0.99), total) if total else 'nan nan 0')"
+}
+
+run_row() {  # N K -> one table row
+  local n=$1 k=$2 c0 c1 s0=() s1=() w0 w1 t0 t1 i busiest=0 bt=0 hb=0 expiries
+  start_servers "$k"
+  start_swarm "$n" --shards="$k" --steps="$steps" --params="$params"
+  until (($(job_step) >= 10)); do sleep 0.2; kill -0 "${swarm_pids[0]}" 2>/dev/null || break; done
+  t0=$(date +%s.%N); c0=$(ticks "$coord"); w0=$(wire_bytes "$cport")
+  for i in "${!shard_pids[@]}"; do s0+=("$(ticks "${shard_pids[$i]}")"); done
+  until (($(job_step) >= steps - 10)); do sleep 0.2; kill -0 "${swarm_pids[0]}" 2>/dev/null || break; done
+  t1=$(date +%s.%N); c1=$(ticks "$coord"); w1=$(wire_bytes "$cport")
+  for i in "${!shard_pids[@]}"; do
+    s1+=("$(ticks "${shard_pids[$i]}")")
+    if ((s1[i] - s0[i] >= bt)); then bt=$((s1[i] - s0[i])); busiest=$i; fi
+  done
+  local crss srss
+  crss=$(rss_mib "$coord"); srss=$(rss_mib "${shard_pids[$busiest]}")
+  for p in "${swarm_pids[@]}"; do wait "$p" || { echo "swarm failed:" >&2; cat "$tmp"/swarm*.log >&2; exit 1; }; done
+  read -r p50 p99 closes < <(publish_quantiles)
+  expiries=$(curl -s "127.0.0.1:$((cport + 1000))/metrics" | awk '/^tally_lease_expiries_total/ {print $2}')
+  local secs
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
+  # Heartbeats a second: the swarm's count over its whole run, per second.
+  hb=$(cat "$tmp"/swarm*.json | $PY -c "
+import json, sys
+r = [json.loads(l) for l in sys.stdin if l.strip()]
+print('%.0f' % sum(x['heartbeats'] / x['seconds'] for x in r))")
+  printf "%5d %3d %5s %8.2f %8.2f %8.1f %8.1f %8.1f %8.1f %7s %9.0f %7s\n" "$n" "$k" "${TLS_ON:-no}" \
+    "$p50" "$p99" "$(awk -v t=$((c1 - c0)) -v s="$secs" 'BEGIN {print t / s}')" "$crss" \
+    "$(awk -v t="$bt" -v s="$secs" 'BEGIN {print t / s}')" "$srss" "$hb" \
+    "$(awk -v a="$w0" -v b="$w1" -v s="$secs" 'BEGIN {print (b - a) / s}')" "${expiries:-?}"
+  stop_all
+}
+
+idle_row() {  # N -> N, RSS before, RSS with N, KiB per worker
+  local n=$1 before after
+  start_servers 1
+  sleep 1
+  before=$(awk '/^VmRSS/ {print $2}' "/proc/$coord/status")
+  IDLE=1 start_swarm "$n" --idle=8
+  sleep 6
+  after=$(awk '/^VmRSS/ {print $2}' "/proc/$coord/status")
+  for p in "${swarm_pids[@]}"; do wait "$p" || true; done
+  printf "%5d %5s %10.1f %10.1f %12.1f\n" "$n" "${TLS_ON:-no}" "$(awk -v k="$before" 'BEGIN {print k / 1024}')" \
+    "$(awk -v k="$after" 'BEGIN {print k / 1024}')" "$(awk -v a="$before" -v b="$after" -v n="$n" 'BEGIN {print (b - a) / n}')"
+  stop_all
+}
+
+death_row() {  # N -> seconds from the death to the step closing without it
+  local n=$1
+  start_servers 1
+  FIRST_FLAGS="--kill=1 --kill_at=20" start_swarm "$n" --shards=1 --steps=40 --params="$params"
+  for p in "${swarm_pids[@]}"; do wait "$p" || { cat "$tmp"/swarm*.log >&2; exit 1; }; done
+  printf "%5d %8.3f\n" "$n" "$($PY -c "import json; print(json.load(open('$tmp/swarm0.json'))['death_to_close_seconds'])")"
+  stop_all
+}
+
+for tls in ${TLS:-0 1}; do
+  if [[ $tls == 1 ]]; then
+    tls_flags=(--tls_ca="$tmp/certs/ca.pem" --tls_cert="$tmp/certs/node.pem" --tls_key="$tmp/certs/node.key")
+    TLS_ON=mtls
+  else
+    tls_flags=(); TLS_ON=no
+  fi
+  echo "## ${steps} steps, ${params} parameters, tls: $TLS_ON"
+  printf "%5s %3s %5s %8s %8s %8s %8s %8s %8s %7s %9s %7s\n" N K tls pub_p50 pub_p99 \
+    coord% coordMiB shard% shardMiB hb/s hbB/s dropped
+  for n in "${sizes[@]}"; do
+    for k in ${SHARDS:-1 2 4}; do run_row "$n" "$k"; done
+  done
+  echo
+  printf "%5s %5s %10s %10s %12s\n" N tls rss0_MiB rssN_MiB KiB/worker
+  for n in "${sizes[@]}"; do idle_row "$n"; done
+  echo
+done
+TLS_ON=no tls_flags=()
+printf "%5s %8s\n" N death_to_close_s
+for n in "${sizes[@]}"; do death_row "$n"; done
