@@ -5,7 +5,9 @@
 // shard), registers, heartbeats as the daemon does (every quarter lease,
 // its step times and job), and when assigned drives the job through the
 // worker's own ParameterClient: push step t (a gradient made once, one
-// sample), then pull version t + 1 carrying the commit of that push. At the
+// sample) and pull version t + 1, as tally-worker does (on one shard the
+// push is its own commit and the pull goes with it; on several the pull
+// carries the commit, once every shard answered the push). At the
 // end every worker reports the final version, as a worker reports its test
 // accuracy, so the job SUCCEEDS.
 //
@@ -240,6 +242,10 @@ RunResult Train(Light& w, bool dies, int kill_at,
 
   RunResult result;
   const int64_t total = job.schedule().total_steps();
+  // As tally-worker does: on one shard a push is its own commit and the
+  // next pull goes with it; on several the pull carries the commit, once
+  // every shard answered the push.
+  const bool pipelined = (*client)->num_shards() == 1;
   for (int64_t t = 0; t < total; ++t) {
     if (dies && t == kill_at) {
       result.died = absl::Now();
@@ -250,13 +256,18 @@ RunResult Train(Light& w, bool dies, int kill_at,
     tally::PushInfo info;
     info.step = t;
     info.samples = 1;
-    WaitOrDie(*(*client)->Push(info, grads.data()),
-              absl::StrCat(w.name, ": push ", t));
+    info.commit = pipelined;
+    std::shared_ptr<tally::Work> push = (*client)->Push(info, grads.data());
     v1::StepCommit commit;
     commit.set_step(t);
     commit.set_contributed(true);
-    WaitOrDie(*(*client)->Pull(t + 1, weights.data(), &commit),
-              absl::StrCat(w.name, ": pull ", t + 1));
+    std::shared_ptr<tally::Work> pull;
+    if (pipelined) pull = (*client)->Pull(t + 1, weights.data());
+    WaitOrDie(*push, absl::StrCat(w.name, ": push ", t));
+    if (pipelined && !push->Committed())
+      Die(w.name, absl::InternalError("a push on one shard not committed"));
+    if (!pipelined) pull = (*client)->Pull(t + 1, weights.data(), &commit);
+    WaitOrDie(*pull, absl::StrCat(w.name, ": pull ", t + 1));
     if (t == kill_at) result.closed_after_death = absl::Now();
     totals.steps.fetch_add(1);
   }

@@ -8,7 +8,8 @@
 # swarm's own scheduling dominates what a worker sees, so the figures are
 # the servers':
 #   publish p50/p99   from a step's last push to its version published, on
-#                     the shards (tally_step_publish_seconds, buckets 1.25x)
+#                     the shards (tally_step_publish_seconds, buckets 1.25x),
+#                     over the same window as the CPU
 #   coord cpu         the coordinator's CPU (user + system) over the steady
 #                     part of the job (steps 10 to STEPS - 10), % of a core
 #   coord rss         its resident memory at the end, MiB
@@ -50,6 +51,13 @@ stop_all() {
 . bench/lib.sh  # median, ratio
 deploy/make-certs.sh "$tmp/certs" > /dev/null 2>&1
 tls_flags=()
+# The servers on one core, the swarm on the others (with two or more): what
+# the servers do is then measured apart from the swarm's own scheduling.
+SERVER_CPU="" SWARM_CPU=""
+if (($(nproc) >= 2)) && command -v taskset > /dev/null; then
+  SERVER_CPU="taskset -c 0"
+  SWARM_CPU="taskset -c 1-$(($(nproc) - 1))"
+fi
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }     # CPU, 1/100 s
 rss_mib() { awk '/^VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
@@ -65,14 +73,14 @@ job_step() { client status job-1 --json 2>/dev/null | $PY -c "import json,sys; p
 start_servers() {
   local k=$1 i
   cport=$((7700 + RANDOM % 200))
-  "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$cport --noshard \
+  $SERVER_CPU "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$cport --noshard \
     --metrics_port=$((cport + 1000)) ${SERVER_FLAGS:-} > "$tmp/coord.log" 2>&1 &
   coord=$!
   pids+=($coord)
   for _ in $(seq 100); do client health > /dev/null 2>&1 && break; sleep 0.1; done
   shard_pids=()
   for ((i = 0; i < k; i++)); do
-    "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$((cport + 10 + i)) \
+    $SERVER_CPU "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$((cport + 10 + i)) \
       --coordinator=127.0.0.1:$cport --metrics_port=$((cport + 1010 + i)) \
       > "$tmp/shard$i.log" 2>&1 &
     shard_pids+=($!)
@@ -93,36 +101,46 @@ start_swarm() {  # N [flags...]
     ((i == procs - 1)) && count=$((n - per * (procs - 1)))
     first=()
     ((i == 0)) && [[ ! ${IDLE:-} ]] && first=(--submit --job_workers=$n ${FIRST_FLAGS:-})
-    "$B/bench/tally-bench-swarm" "${tls_flags[@]}" --server=127.0.0.1:$cport --name=s$i \
+    $SWARM_CPU "$B/bench/tally-bench-swarm" "${tls_flags[@]}" --server=127.0.0.1:$cport --name=s$i \
       --workers=$count "${first[@]}" "$@" > "$tmp/swarm$i.json" 2> "$tmp/swarm$i.log" &
     swarm_pids+=($!)
     pids+=($!)
   done
 }
 
-# p50 and p99 (ms) of tally_step_publish_seconds over every shard's buckets.
-publish_quantiles() {
+# Every shard's tally_step_publish_seconds buckets, summed: "le count" lines.
+publish_buckets() {
   local i
   for ((i = 0; i < ${#shard_pids[@]}; i++)); do
     curl -s "127.0.0.1:$((cport + 1010 + i))/metrics" | grep '^tally_step_publish_seconds_bucket'
-  done | $PY -c "
-import re, sys
-b = {}
-for line in sys.stdin:
-    m = re.search(r'le=\"([^\"]+)\"} ([0-9.e+]+)', line)
-    le = float('inf') if m.group(1) == '+Inf' else float(m.group(1))
-    b[le] = b.get(le, 0) + float(m.group(2))
+  done | sed -E 's/.*le="([^"]+)"} ([0-9.e+]+)/\1 \2/' |
+    awk '{s[$1] += $2} END {for (k in s) print k, s[k]}'
+}
+# p50 and p99 (ms) and the count of what closed between two bucket files.
+publish_quantiles() {  # BEFORE AFTER
+  $PY - "$1" "$2" <<'PYEOF'
+import sys
+def load(f):
+    b = {}
+    for line in open(f):
+        le, n = line.split()
+        b[float('inf') if le == '+Inf' else float(le)] = float(n)
+    return b
+before, after = load(sys.argv[1]), load(sys.argv[2])
+b = {le: after[le] - before.get(le, 0) for le in after}
 bounds = sorted(b)
-total = b[float('inf')]
+total = b.get(float('inf'), 0)
 def q(p):
     want, lo, prev = p * total, 0.0, 0.0
     for le in bounds:
         if b[le] >= want:
-            if le == float('inf'): return lo * 1e3
+            if le == float('inf'):
+                return lo * 1e3
             frac = (want - prev) / (b[le] - prev) if b[le] > prev else 1
             return (lo + frac * (le - lo)) * 1e3
         lo, prev = le, b[le]
-print('%.2f %.2f %d' % (q(0.5), q(0.99), total) if total else 'nan nan 0')"
+print('%.2f %.2f %d' % (q(0.5), q(0.99), total) if total else 'nan nan 0')
+PYEOF
 }
 
 run_row() {  # N K -> one table row
@@ -131,9 +149,11 @@ run_row() {  # N K -> one table row
   start_swarm "$n" --shards="$k" --steps="$steps" --params="$params"
   until (($(job_step) >= 10)); do sleep 0.2; kill -0 "${swarm_pids[0]}" 2>/dev/null || break; done
   t0=$(date +%s.%N); c0=$(ticks "$coord"); w0=$(wire_bytes "$cport")
+  publish_buckets > "$tmp/pub0"
   for i in "${!shard_pids[@]}"; do s0+=("$(ticks "${shard_pids[$i]}")"); done
   until (($(job_step) >= steps - 10)); do sleep 0.2; kill -0 "${swarm_pids[0]}" 2>/dev/null || break; done
   t1=$(date +%s.%N); c1=$(ticks "$coord"); w1=$(wire_bytes "$cport")
+  publish_buckets > "$tmp/pub1"
   for i in "${!shard_pids[@]}"; do
     s1+=("$(ticks "${shard_pids[$i]}")")
     if ((s1[i] - s0[i] >= bt)); then bt=$((s1[i] - s0[i])); busiest=$i; fi
@@ -141,7 +161,7 @@ run_row() {  # N K -> one table row
   local crss srss
   crss=$(rss_mib "$coord"); srss=$(rss_mib "${shard_pids[$busiest]}")
   for p in "${swarm_pids[@]}"; do wait "$p" || { echo "swarm failed:" >&2; cat "$tmp"/swarm*.log >&2; exit 1; }; done
-  read -r p50 p99 closes < <(publish_quantiles)
+  read -r p50 p99 closes < <(publish_quantiles "$tmp/pub0" "$tmp/pub1")
   expiries=$(curl -s "127.0.0.1:$((cport + 1000))/metrics" | awk '/^tally_lease_expiries_total/ {print $2}')
   local secs
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')

@@ -198,7 +198,14 @@ bool ParameterShard::RequiredLocked(const Member& m, int64_t step) const {
 void ParameterShard::ReleaseLocked(std::unique_ptr<std::vector<float>> b) {
   if (b == nullptr) return;
   --staging_out_;
-  if (!retired_ && staging_pool_.size() < 8)
+  PoolLocked(std::move(b));
+}
+
+void ParameterShard::PoolLocked(std::unique_ptr<std::vector<float>> b) {
+  // As many as a step stages (a push a member): a step's buffers come back
+  // for the next instead of being freed and made again, zeroed, by the
+  // hundred (bench/swarm.sh: 256 members).
+  if (!retired_ && staging_pool_.size() < members_.size() + 8)
     staging_pool_.push_back(std::move(b));
 }
 
@@ -1346,8 +1353,7 @@ void ParameterShard::ReleaseStaging(
   if (buffer == nullptr) return;
   absl::MutexLock lock(&mu_);
   --staging_out_;
-  if (retired_) return;
-  if (staging_pool_.size() < 8) staging_pool_.push_back(std::move(buffer));
+  PoolLocked(std::move(buffer));
 }
 
 int64_t ParameterShard::version() const {

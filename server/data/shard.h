@@ -441,6 +441,9 @@ class ParameterShard {
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A push of `step` is whole here; the step `closed` is published.
   void NotePushLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps a staging buffer for reuse (bounded), or frees it.
+  void PoolLocked(std::unique_ptr<std::vector<float>> b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotePublishedLocked(int64_t closed, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What AddStreamed and FinishStreamed check of a push that BeginStreamed
