@@ -116,6 +116,23 @@ std::string Line(const Job& j) {
   return s;
 }
 
+// A job that grows: its membership over time, a line a world (tally
+// status).
+std::string MembershipTable(const Job& j) {
+  if (j.workers_max() <= j.workers_wanted() && j.membership_size() <= 1)
+    return "";
+  std::string s = absl::StrFormat("  workers %d to %d; membership:\n",
+                                  j.workers_wanted(), j.workers_max());
+  for (const tally::v1::MembershipPeriod& p : j.membership()) {
+    absl::StrAppendFormat(
+        &s, "    %d worker%s from step %d (epoch %d): global batch %d, %d "
+        "steps an epoch\n",
+        p.world(), p.world() == 1 ? "" : "s", p.first_step(),
+        p.first_epoch() + 1, p.global_batch(), p.steps_per_epoch());
+  }
+  return s;
+}
+
 // The job's workers, one line each, the slowest marked (tally status).
 std::string WorkerTable(const Job& j) {
   const auto& m = j.metrics();
@@ -395,7 +412,8 @@ int StatusOrCancel(tally::v1::JobService::Stub& stub, const std::string& cmd,
     (void)google::protobuf::util::MessageToJsonString(job, &json, o);
     std::printf("%s", json.c_str());
   } else {
-    std::printf("%s\n%s", Line(job).c_str(), WorkerTable(job).c_str());
+    std::printf("%s\n%s%s", Line(job).c_str(), MembershipTable(job).c_str(),
+                WorkerTable(job).c_str());
   }
   return 0;
 }

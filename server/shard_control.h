@@ -130,6 +130,13 @@ struct ShardState {
   std::vector<std::string> table_files;
 };
 
+// A job's new plan, set with its membership (a worker joined: the schedule
+// changed, ParameterShard::SetPlan). plan 0: unchanged.
+struct PlanChange {
+  int64_t plan = 0;
+  int64_t total_steps = 0;
+};
+
 class ShardControl {
  public:
   virtual ~ShardControl() = default;
@@ -143,7 +150,8 @@ class ShardControl {
   virtual absl::Status SetMembers(const std::string& job_id,
                                   int64_t map_version,
                                   const std::vector<MemberSpec>& members,
-                                  int64_t hold_id) = 0;
+                                  int64_t hold_id,
+                                  const PlanChange& plan = {}) = 0;
   virtual absl::Status Retire(const std::string& job_id,
                               int64_t map_version) = 0;
   // Forgets the job's range (`ended`: the job is over, ShardHost::Drop). A

@@ -337,6 +337,11 @@ class WorkerDaemon::Impl {
   bool StillAssigned(const std::string& job_id, int64_t incarnation,
                      int64_t map_version) {
     absl::MutexLock lock(&mu_);
+    return StillAssignedLocked(job_id, incarnation, map_version);
+  }
+  bool StillAssignedLocked(const std::string& job_id, int64_t incarnation,
+                           int64_t map_version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !stop_ && assignment_.has_value() &&
            assignment_->job_id() == job_id &&
            lease_.incarnation == incarnation &&
@@ -442,6 +447,13 @@ class WorkerDaemon::Impl {
     context.still_assigned = [this, job = a.job_id(), lease,
                               map = a.shard_map().version()] {
       return StillAssigned(job, lease.incarnation, map);
+    };
+    context.assignment = [this, job = a.job_id(), lease,
+                          map = a.shard_map().version()]()
+        -> std::optional<v1::Assignment> {
+      absl::MutexLock lock(&mu_);
+      if (!StillAssignedLocked(job, lease.incarnation, map)) return std::nullopt;
+      return assignment_;
     };
     context.sleep = [this](absl::Duration d) { SleepUnlessStopped(d); };
     context.log = [this](const std::string& line) { Log(line); };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "proto/schedule.h"
 #include "worker/reaction.h"
 #include "worker/worker_metrics.h"
 
@@ -109,6 +110,8 @@ JobRunner::State JobRunner::Pull() {
         // SCHEDULE_MISMATCH, or what should not happen: said to the
         // coordinator, so the slot does not wait for us.
         return Stop(Refuse(s));
+      case Reaction::kNewPlan:
+        return NewPlan(ReasonStep(s));
       case Reaction::kRetry:
       case Reaction::kStaleMap:
       case Reaction::kNextStep:
@@ -134,7 +137,7 @@ JobRunner::State JobRunner::Pull() {
   if (async && !clock_set_) {
     // A runner that starts on a running async job (a new shard map, a
     // replacement worker) goes on about where its rank would be.
-    next_ = std::max(next_, version / world_);
+    next_ = std::max(next_, version / schedule_.last_world());
   }
   clock_set_ = true;
   // bsp and ssp: a step below the weights' version closed without us (we
@@ -159,6 +162,38 @@ JobRunner::State JobRunner::PushAgain(const absl::Status& s) {
   }
   next_ = step;
   loader_next_ = -1;
+  return State::kNextStep;
+}
+
+JobRunner::State JobRunner::NewPlan(int64_t plan) {
+  // The coordinator gives the plan to workers once every shard has it; a
+  // heartbeat brings it within a second.
+  const absl::Time give_up = absl::Now() + options_.rpc_timeout;
+  std::optional<v1::Assignment> a;
+  while (true) {
+    a = context_.assignment ? context_.assignment() : std::nullopt;
+    if (!a.has_value())
+      return Stop(absl::AbortedError("no longer assigned to this job"));
+    if (a->schedule().plan() >= plan && a->rank() == assignment_.rank()) break;
+    if (absl::Now() > give_up) {
+      context_.log(absl::StrCat(assignment_.job_id(), ": plan ", plan,
+                                " has not come; pulling again"));
+      Backoff();
+      return State::kNextStep;
+    }
+    context_.sleep(absl::Milliseconds(50));
+  }
+  assignment_ = *std::move(a);
+  if (absl::Status s = CheckSchedule(); !s.ok()) return Stop(Refuse(s));
+  end_version_ = schedule_.total_steps;
+  if (next_pull_ != nullptr) Abandon(std::exchange(next_pull_, nullptr));
+  if (absl::Status s = MakeClient(); !s.ok()) return Stop(Refuse(s));
+  loader_next_ = -1;  // the epochs ahead are split anew
+  const WorldPeriod& w = schedule_.worlds.back();
+  context_.log(absl::StrCat(assignment_.job_id(), ": plan ", schedule_.plan,
+                            ": ", w.world, " workers from epoch ",
+                            w.first_epoch + 1, ", ", schedule_.total_steps,
+                            " steps in all"));
   return State::kNextStep;
 }
 
@@ -296,6 +331,7 @@ JobRunner::State JobRunner::Advance(int64_t step, const PushAnswers& a) {
     case Reaction::kStaleMap:
     case Reaction::kRetryNow:
     case Reaction::kNotCounted:
+    case Reaction::kNewPlan:  // pushes carry no plan
       return Stop(Refuse(a.other));
   }
   StepDone(step, stats_);
@@ -318,9 +354,12 @@ bool JobRunner::CanOverlapPull() const {
   // bsp on one shard, where the pull of step t was sent with the push of
   // t - 1 and brings version t unless the step closed without us; and a
   // step this rank has a batch for.
-  return options_.overlap_pull && pipelined_ && next_pull_ != nullptr &&
-         clock_set_ && next_ < end_version_ &&
-         next_ % schedule_.steps_per_epoch < rank_batches_;
+  if (!options_.overlap_pull || !pipelined_ || next_pull_ == nullptr ||
+      !clock_set_ || next_ >= end_version_) {
+    return false;
+  }
+  const Schedule::Place p = schedule_.Locate(next_);
+  return p.index < RankBatches(p.world);
 }
 
 absl::Status JobRunner::Prepare() {
@@ -336,14 +375,11 @@ absl::Status JobRunner::Prepare() {
         "]; the job's model takes [", absl::StrJoin(spec_.input_shape, ", "),
         "]"));
   }
-  world_ = std::max(1, assignment_.world());
   TALLY_RETURN_IF_ERROR(CheckSchedule());
-  const int64_t train_size = data_->train.size();
-  const int64_t rank_samples =
-      train_size / world_ + (assignment_.rank() < train_size % world_ ? 1 : 0);
-  rank_batches_ = (rank_samples + spec_.training.batch_size - 1) /
-                  spec_.training.batch_size;
   end_version_ = schedule_.total_steps;
+  // A worker that joins a running job (a grown one, or a vacant slot)
+  // starts at the step it is a member from.
+  next_ = std::max<int64_t>(0, assignment_.join_step());
   progress_.job_id = assignment_.job_id();
 
   EngineOptions eo;
@@ -388,7 +424,10 @@ absl::Status JobRunner::Prepare() {
 // expects (every rank's share and step count follow from that).
 absl::Status JobRunner::CheckSchedule() {
   const int64_t train_size = data_->train.size();
-  schedule_ = MakeSchedule(spec_, train_size, world_);
+  schedule_ = ScheduleOf(
+      spec_, train_size,
+      DecodeWorlds(assignment_.schedule(), std::max(1, assignment_.world())),
+      assignment_.schedule().plan());
   if (!assignment_.has_schedule()) return absl::OkStatus();
   const v1::Schedule& job = assignment_.schedule();
   if (job.train_size() != train_size ||
@@ -419,6 +458,7 @@ absl::Status JobRunner::MakeClient() {
   po.shared_memory = options_.shared_memory;
   po.total_steps = schedule_.total_steps;
   po.steps_per_epoch = schedule_.steps_per_epoch;
+  po.plan = schedule_.plan;
   po.data_fingerprint = data_->fingerprint;
   po.mixed_versions =
       spec_.training.consistency.mode != ConsistencyMode::kBsp;
@@ -495,10 +535,10 @@ absl::StatusOr<int64_t> JobRunner::PullNext() {
 }
 
 absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
-  const int64_t epoch = step / schedule_.steps_per_epoch;
-  const int64_t index = step % schedule_.steps_per_epoch;
-  if (index >= rank_batches_) return StepStats{};  // no batch at this step
-  SeekLoader(step);
+  const Schedule::Place place = schedule_.Locate(step);
+  const int64_t batches = RankBatches(place.world);
+  if (place.index >= batches) return StepStats{};  // no batch at this step
+  SeekLoader(step, place);
   held_.reset();  // the engine's gradient is about to change
   const absl::Time asked = absl::Now();
   absl::StatusOr<std::unique_ptr<HostBatch>> next =
@@ -547,24 +587,35 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   }
   if (!stats.ok())
     return work.pull_failed ? stats.status() : Refuse(stats.status());
-  loader_next_ = index + 1 < rank_batches_
+  loader_next_ = place.index + 1 < batches
                      ? step + 1
-                     : (epoch + 1) * schedule_.steps_per_epoch;
+                     : step - place.index + place.steps_per_epoch;
   return stats;
 }
 
-void JobRunner::SeekLoader(int64_t step) {
-  if (loader_ != nullptr && loader_next_ == step) return;
-  // First step, or a jump (rejoining, a skipped step): restart the loader
-  // at this step's batch.
-  const int64_t epoch = step / schedule_.steps_per_epoch;
+int64_t JobRunner::RankBatches(int world) const {
+  const int rank = assignment_.rank();
+  if (rank >= world) return 0;  // a rank that joins later
+  const int64_t n = data_->train.size();
+  const int64_t samples = n / world + (rank < n % world ? 1 : 0);
+  return (samples + spec_.training.batch_size - 1) / spec_.training.batch_size;
+}
+
+void JobRunner::SeekLoader(int64_t step, const Schedule::Place& place) {
+  if (loader_ != nullptr && loader_next_ == step && step < loader_end_)
+    return;
+  // First step, a jump (rejoining, a skipped step), or a new world (the
+  // job grew: the epoch's split is another): restart the loader at this
+  // step's batch.
+  const int64_t epoch = place.epoch;
+  loader_end_ = place.period_end;
   LoaderOptions lo;
   lo.batch_size = spec_.training.batch_size;
   lo.seed = spec_.training.seed;
   lo.rank = assignment_.rank();
-  lo.world = world_;
+  lo.world = place.world;
   lo.first_epoch = epoch;
-  lo.first_batch = step % schedule_.steps_per_epoch;
+  lo.first_batch = place.index;
   lo.threads = spec_.dataset.threads;
   // An async worker faster than others goes round its data shard more
   // often than the spec's epochs (the job ends on versions, not epochs):

@@ -62,6 +62,9 @@ struct JobContext {
   std::function<absl::StatusOr<const TrainTest*>(const JobSpec&)> data;
   // False once the job was taken from this worker, or the daemon stops.
   std::function<bool()> still_assigned;
+  // The job's assignment as the coordinator's last heartbeat answer gave
+  // it (a grown job's new plan comes this way); none once not assigned.
+  std::function<std::optional<v1::Assignment>()> assignment;
   // Sleeps, returning early when the daemon stops.
   std::function<void(absl::Duration)> sleep;
   std::function<void(const std::string&)> log;
@@ -112,6 +115,9 @@ class JobRunner {
   State Overlapped();
   State Pull();
   State PushAgain(const absl::Status& why);
+  // PLAN_CHANGED: takes plan `plan` (or a later one) from the daemon's
+  // assignment, then pulls again.
+  State NewPlan(int64_t plan);
   State ComputeStep();
   State Push();
   State Stop(absl::Status why);
@@ -145,8 +151,12 @@ class JobRunner {
   // each layer waits for its weights; a step whose pull fails or brings
   // another version fails with work.pull_failed set (nothing refused).
   absl::StatusOr<StepStats> Compute(int64_t step, StepWork& work);
-  // The loader at `step`'s batch (a new one after a jump).
-  void SeekLoader(int64_t step);
+  // The loader at `step`'s batch (a new one after a jump, or in a new
+  // world); `place` is the step's (Schedule::Locate).
+  void SeekLoader(int64_t step, const Schedule::Place& place);
+  // The batches this rank has in an epoch of `world` workers (none when
+  // the rank is past it: it joins in a later epoch).
+  int64_t RankBatches(int world) const;
   StepHooks HooksFor(int64_t step, StepWork& work);
   void CountStep(const absl::StatusOr<StepStats>& stats, const StepWork& work,
                  absl::Duration computing);
@@ -181,22 +191,23 @@ class JobRunner {
   void Backoff();
   static void Smooth(double* mean, double sample);
 
-  const v1::Assignment assignment_;
+  // As assigned; replaced by a later plan's (NewPlan).
+  v1::Assignment assignment_;
   const DaemonOptions& options_;  // borrowed from the daemon
   JobContext context_;
 
   JobSpec spec_;
   const TrainTest* data_ = nullptr;  // borrowed from the daemon's cache
   int64_t loader_bytes_seen_ = 0, loader_substituted_seen_ = 0;
+  // The job's schedule: its worlds (one, unless the job grew) and plan.
   Schedule schedule_;
-  int world_ = 1;
-  int64_t rank_batches_ = 0;  // batches this rank has per epoch
   std::unique_ptr<ModelEngine> engine_;
   std::unique_ptr<ParameterClient> client_;
   // The job's tables (model.embeddings), which the engine reaches.
   std::unique_ptr<RowClient> rows_;
   std::unique_ptr<BatchLoader> loader_;
   int64_t loader_next_ = -1;  // the step the loader's next batch is for
+  int64_t loader_end_ = 0;    // the first step of the next world
   // bsp on one shard (fixed by Prepare): each push is its own commit, and
   // the pull of the next version goes with it instead of after its answer.
   bool pipelined_ = false;

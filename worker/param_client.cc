@@ -547,6 +547,7 @@ v1::PullRequest MakePullRequest(const ParamClientOptions& o,
   req.set_min_version(min_version);
   req.set_max_wait_ms(absl::ToInt64Milliseconds(o.pull_wait));
   req.set_total_steps(o.total_steps);
+  req.set_plan(o.plan);
   req.set_steps_per_epoch(o.steps_per_epoch);
   req.set_data_fingerprint(o.data_fingerprint);
   req.set_dtype(o.dtype);

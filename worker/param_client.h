@@ -119,6 +119,7 @@ struct ParamClientOptions {
   // The worker's view of the schedule, sent with pulls (0: no claim).
   int64_t total_steps = 0;
   int64_t steps_per_epoch = 0;
+  int64_t plan = 0;  // the job's plan it follows (Schedule.plan)
   std::string data_fingerprint;  // PullRequest.data_fingerprint
   // Whether a pull may get different versions from different shards (its
   // version is then the oldest): ssp and async jobs.

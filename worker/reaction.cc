@@ -21,6 +21,8 @@ Reaction ReactTo(Call call, const absl::Status& s) {
       return Reaction::kPullAgain;
     case v1::JOIN_LATER:
       return Reaction::kJoinLater;
+    case v1::PLAN_CHANGED:
+      return Reaction::kNewPlan;
     case v1::NON_FINITE:
     case v1::STALE_GRADIENT:
       return call == Call::kPush ? Reaction::kNotCounted : Reaction::kGiveUp;
@@ -66,6 +68,8 @@ const char* ReactionName(Reaction r) {
       return "pull again";
     case Reaction::kJoinLater:
       return "join later";
+    case Reaction::kNewPlan:
+      return "new plan";
     case Reaction::kNotCounted:
       return "not counted";
     case Reaction::kLeave:

@@ -41,6 +41,9 @@ enum class Reaction {
   kNextStep,   // STEP_CLOSED: commit nothing, pull the next step
   kPullAgain,  // STEP_NOT_OPEN: the shards are behind; pull this step again
   kJoinLater,  // JOIN_LATER: a member from ErrorDetail.step; pull that
+  // PLAN_CHANGED: the job grew; take its new plan (ErrorDetail.step: its
+  // number) from the daemon's next assignment and pull again.
+  kNewPlan,
   // NON_FINITE, STALE_GRADIENT, or any other INVALID_ARGUMENT on a push:
   // the shard refused its content; commit it as not contributed, go on.
   kNotCounted,

@@ -133,7 +133,11 @@ struct TrainingSpec {
   int64_t batch_size = 64;  // per worker
   int64_t max_steps = 0;    // 0: no limit; otherwise stop after this many
   uint64_t seed = 0;        // initial weights, shuffling, dropout
-  int64_t workers = 1;      // workers a cluster job trains on (sync mode)
+  // Workers a cluster job trains on: it starts with `workers` and, when
+  // max_workers is more (training.workers: {min, max}), free workers join
+  // at the start of a later epoch (docs/cluster.md, "Growing a job").
+  int64_t workers = 1;
+  int64_t max_workers = 1;
   // Parameter shards the job's vector is split over; 0: every live shard,
   // as many as keep each range at least 1 MiB (docs/cluster.md).
   int64_t shards = 0;
@@ -208,22 +212,68 @@ struct JobSpec {
   ModelLayout layout;
 };
 
-// How many steps a cluster job runs, fixed once by the coordinator and
-// followed by every worker. Every rank runs the same number of steps per
-// epoch, that of the largest data shard; a rank with a smaller shard pushes
-// an empty contribution for the steps it has no batch for.
+// How many steps a cluster job runs, fixed by the coordinator and followed
+// by every worker. Every rank runs the same number of steps per epoch, that
+// of the largest data shard; a rank with a smaller shard pushes an empty
+// contribution for the steps it has no batch for.
+//
+// A job that grows (training.workers: {min, max}) has several worlds, each
+// from an epoch on (`worlds`): an epoch's split, and so its steps, are
+// those of its world. The coordinator decides each change (GrowSchedule)
+// and numbers the plans (`plan`); every shard and worker follows the
+// latest.
 //
 // total_steps counts versions: in bsp and ssp a version is a step of every
-// worker; in async it is one worker's push, so an async job runs
-// steps_per_epoch * epochs * world versions (the same samples), whichever
-// workers push them.
+// worker; in async it is one worker's push, so an async epoch is
+// steps_per_epoch * world versions (the same samples), whichever workers
+// push them. A step's place (Locate) is counted in a worker's steps: in
+// bsp and ssp the version it makes, in async the worker's own clock.
+struct WorldPeriod {
+  int64_t first_epoch = 0;
+  int world = 1;
+};
 struct Schedule {
   int64_t train_size = 0;       // samples in the training set
-  int64_t steps_per_epoch = 0;  // ceil(ceil(train_size / world) / batch), >= 1
+  int64_t steps_per_epoch = 0;  // the first world's: ceil(ceil(train_size /
+                                // world) / batch), >= 1
   int64_t total_steps = 0;      // versions: see above; capped by max_steps
-  int64_t versions_per_epoch = 0;  // steps_per_epoch, times world in async
+  int64_t versions_per_epoch = 0;  // the first world's; times world in async
+  std::vector<WorldPeriod> worlds;  // in order, the first from epoch 0
+  int64_t plan = 0;
+  // From the spec, for the figures of other worlds.
+  int64_t batch_size = 1;
+  int64_t epochs = 1;
+  bool async = false;
+
+  // A world's steps per epoch, and versions per epoch.
+  int64_t StepsPerEpoch(int world) const;
+  int64_t VersionsPerEpoch(int world) const;
+  struct Place {
+    int64_t epoch = 0;
+    int64_t index = 0;        // the step within its epoch
+    int64_t steps_per_epoch = 1;
+    int world = 1;
+    // The first step of the next world (INT64_MAX: none).
+    int64_t period_end = 0;
+  };
+  // Where a step falls (past the last epoch: in the last world's epochs).
+  Place Locate(int64_t step) const;
+  // The first step, and the first version, of `epoch`.
+  int64_t EpochStart(int64_t epoch) const;
+  int64_t EpochStartVersion(int64_t epoch) const;
+  // The epoch version `v` is in (past the end: epochs - 1).
+  int64_t EpochOfVersion(int64_t v) const;
+  // The world the job ends with.
+  int last_world() const { return worlds.empty() ? 1 : worlds.back().world; }
 };
 Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world);
+// `s` with `world` workers from `epoch` on (the worlds it had from there
+// replaced), total_steps recomputed and the plan one more.
+Schedule GrowSchedule(const Schedule& s, int64_t epoch, int world,
+                      int64_t max_steps);
+// The schedule of `worlds` (as GrowSchedule made them) at `plan`.
+Schedule ScheduleOf(const JobSpec& spec, int64_t train_size,
+                    const std::vector<WorldPeriod>& worlds, int64_t plan);
 
 // The size of the training set a dataset spec names, known without loading
 // it: synthetic, its train_size; fashion-mnist, 60000 (the dataset's

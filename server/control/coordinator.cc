@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "common/io/safetensors.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "proto/schedule.h"
 #include "server/control/partition.h"
 #include "server/control/remote_shard_control.h"
 
@@ -225,6 +227,12 @@ struct Coordinator::ControlTask {
   std::shared_ptr<const StoredJob> start;
   std::vector<MemberSpec> members;  // what every range has
   std::vector<MemberSpec> desired;  // from the slots (join/leave unset)
+  // For a job that grows: its slots, and the plan number a change sends
+  // (never one sent before, even by a round that failed).
+  int world = 0;
+  int64_t max_steps = 0;
+  int64_t window = 0;  // ssp's staleness; 0 otherwise
+  int64_t next_plan = 0;
   // Decided: (leave step, last commit refused).
   std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>> leaves;
   int64_t hold_id = 0;
@@ -235,6 +243,12 @@ struct Coordinator::ControlTask {
   bool installed_now = false;
   bool members_now = false;
   std::vector<MemberSpec> new_members;
+  // Workers joined the job: its new schedule, set with the members; the
+  // highest plan number sent to any range; workers that cannot join (no
+  // epoch left).
+  std::optional<Schedule> new_schedule;
+  int64_t plan_sent = 0;
+  std::vector<std::string> not_joined;
   std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>>
       new_leaves;
   bool retired_now = false;
@@ -300,6 +314,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const std::string& spec_text,
     EventLocked(job, owner.empty() ? "submitted"
                                    : absl::StrCat("submitted by ", owner));
     job.slots.assign(job.spec.training.workers, "");
+    RecordPlan(job);
     job_order_.push_back(id);
     ScheduleLocked(&notes);
     out = Render(jobs_[id]);
@@ -408,10 +423,7 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   }
   const v1::RangeStatus& first = ranges.front();
   out->set_step(version);
-  out->set_epoch(job.schedule.versions_per_epoch > 0
-                     ? std::max<int64_t>(0, version - 1) /
-                           job.schedule.versions_per_epoch
-                     : 0);
+  out->set_epoch(job.schedule.EpochOfVersion(std::max<int64_t>(0, version - 1)));
   out->set_stale_pushes(stale);
   out->set_late_pushes(late);
   out->set_sum_resets(resets);
@@ -1030,11 +1042,13 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const JobEntry* job = w.job_id.empty() ? nullptr : &jobs_.at(w.job_id);
     // The assignment goes out once the worker is a member on every range.
     bool member = false;
+    int64_t join_step = 0;
     if (job != nullptr && job->installed) {
       for (const MemberSpec& m : job->members) {
         if (m.worker_id == req.worker_id() && m.incarnation == w.incarnation &&
             m.leave_step == MemberSpec::kNoStep) {
           member = true;
+          join_step = m.join_step;
         }
       }
     }
@@ -1049,11 +1063,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       a->set_job_id(w.job_id);
       a->set_spec(job->proto.spec());
       a->set_rank(w.rank);
-      a->set_world(static_cast<int32_t>(job->slots.size()));
-      v1::Schedule* sched = a->mutable_schedule();
-      sched->set_train_size(job->schedule.train_size);
-      sched->set_steps_per_epoch(job->schedule.steps_per_epoch);
-      sched->set_total_steps(job->schedule.total_steps);
+      a->set_world(job->schedule.last_world());
+      a->set_join_step(join_step);
+      EncodeSchedule(job->schedule, a->mutable_schedule());
       v1::ShardMap* map = a->mutable_shard_map();
       map->set_version(job->map_version);
       for (const Placement& p : job->ranges) {
@@ -1379,6 +1391,7 @@ std::vector<v1::ShardInfo> Coordinator::ListShards() const {
       out_range->set_offset(r.offset());
       out_range->set_count(r.count());
       out_range->set_version(r.version());
+      *out_range->mutable_closed() = r.closed();
       bytes += 4 * r.count();
     }
     info.set_bytes(bytes);
@@ -1532,6 +1545,50 @@ void Coordinator::ScheduleLocked(Notes* notes) {
     StartLocked(job);
     NotifyLocked(jid, notes);
   }
+  GrowLocked(idle, notes);
+}
+
+// Running jobs that may grow (training.workers: {min, max}) take the idle
+// workers left, in submission order, while no job waits for workers (a
+// job that grows must not starve the queue). Each joins at the start of a
+// later epoch, which SetMembership decides; a job too near its end to have
+// one left takes nobody.
+void Coordinator::GrowLocked(std::vector<std::string>& idle, Notes* notes) {
+  if (idle.empty() || QueuedLocked() > 0) return;
+  for (const std::string& jid : job_order_) {
+    JobEntry& job = jobs_.at(jid);
+    if (job.proto.state() != v1::RUNNING || !job.installed ||
+        job.awaiting_start ||
+        static_cast<int64_t>(job.slots.size()) >= job.spec.training.max_workers)
+      continue;
+    const int64_t version = VersionLocked(job);
+    const Schedule& s = job.schedule;
+    if (s.EpochStartVersion(s.epochs - 1) < version + kJoinMargin + 1) continue;
+    std::vector<std::string> free = EligibleLocked(job, idle);
+    while (!free.empty() && static_cast<int64_t>(job.slots.size()) <
+                                job.spec.training.max_workers) {
+      job.slots.push_back("");
+      AssignLocked(job, static_cast<int>(job.slots.size() - 1), free.back());
+      idle.erase(std::find(idle.begin(), idle.end(), free.back()));
+      free.pop_back();
+      NotifyLocked(jid, notes);
+    }
+  }
+}
+
+void Coordinator::RecordPlan(JobEntry& job) {
+  const Schedule& s = job.schedule;
+  job.proto.set_workers_max(static_cast<int32_t>(job.spec.training.max_workers));
+  job.proto.set_plan(s.plan);
+  job.proto.clear_membership();
+  for (const WorldPeriod& p : s.worlds) {
+    v1::MembershipPeriod* m = job.proto.add_membership();
+    m->set_first_epoch(p.first_epoch);
+    m->set_first_step(s.EpochStartVersion(p.first_epoch));
+    m->set_world(p.world);
+    m->set_global_batch(p.world * job.spec.training.batch_size);
+    m->set_steps_per_epoch(s.StepsPerEpoch(p.world));
+  }
 }
 
 void Coordinator::StartLocked(JobEntry& job) {
@@ -1668,6 +1725,12 @@ std::vector<Coordinator::ControlTask> Coordinator::TakeTasksLocked() {
       t.desired.push_back(m);
     }
     t.leaves = job.leaves;
+    t.world = static_cast<int>(job.slots.size());
+    t.max_steps = job.spec.training.max_steps;
+    t.window = job.spec.training.consistency.mode == ConsistencyMode::kSsp
+                   ? job.spec.training.consistency.staleness
+                   : 0;
+    t.next_plan = job.plan_sent + 1;
     t.generation = job.generation;
     t.hold_id = next_hold_++;
     tasks.push_back(std::move(t));
@@ -1696,9 +1759,21 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
       job.condition.clear();
     }
   }
+  job.plan_sent = std::max(job.plan_sent, t.plan_sent);
   if (t.members_now) {
     job.members = t.new_members;
+    if (t.new_schedule.has_value()) AdoptPlanLocked(job, *t.new_schedule);
     NotifyLocked(t.job_id, notes);
+  }
+  for (const std::string& id : t.not_joined) {
+    EventLocked(job, absl::StrCat(id, " cannot join: no epoch is left to "
+                                      "start it at"));
+    VacateLocked(job, id, notes);
+  }
+  // Slots past the world that nobody took: the job did not grow there.
+  while (static_cast<int>(job.slots.size()) > job.schedule.last_world() &&
+         job.slots.back().empty()) {
+    job.slots.pop_back();
   }
   if (t.retired_now) {
     job.retired = true;
@@ -1718,6 +1793,18 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
   if (!t.failed && !t.progressed && job.generation == t.generation)
     job.dirty = false;
   return t.progressed;
+}
+
+void Coordinator::AdoptPlanLocked(JobEntry& job, const Schedule& grown) {
+  const WorldPeriod& p = grown.worlds.back();
+  job.schedule = grown;
+  RecordPlan(job);
+  EventLocked(job,
+              absl::StrCat("grows to ", p.world, " workers from step ",
+                           grown.EpochStartVersion(p.first_epoch), " (epoch ",
+                           p.first_epoch + 1, "): global batch ",
+                           p.world * job.spec.training.batch_size, ", ",
+                           grown.total_steps, " steps in all"));
 }
 
 void Coordinator::Reconcile(ControlTask& t) {
@@ -1788,10 +1875,7 @@ void Coordinator::InstallRanges(ControlTask& t) {
     req.set_map_version(t.map_version);
     req.set_offset(r.offset);
     req.set_count(r.count);
-    v1::Schedule* s = req.mutable_schedule();
-    s->set_train_size(t.schedule.train_size);
-    s->set_steps_per_epoch(t.schedule.steps_per_epoch);
-    s->set_total_steps(t.schedule.total_steps);
+    EncodeSchedule(t.schedule, req.mutable_schedule());
     if (t.start != nullptr) {
       t.start->EncodeRange(r.offset, r.count, req.mutable_state());
     }
@@ -1866,8 +1950,15 @@ void Coordinator::SetMembership(ControlTask& t) {
     reports.push_back(*std::move(h));
   }
   std::vector<MemberSpec> next = DecideMembers(t, active, reports);
+  PlanChange plan;
+  if (t.new_schedule.has_value()) {
+    plan.plan = t.new_schedule->plan;
+    plan.total_steps = t.new_schedule->total_steps;
+    t.plan_sent = plan.plan;
+  }
   for (const ControlTask::Range& r : t.ranges) {
-    if (!r.control->SetMembers(t.job_id, t.map_version, next, t.hold_id).ok()) {
+    if (!r.control->SetMembers(t.job_id, t.map_version, next, t.hold_id, plan)
+             .ok()) {
       // A range whose hold lapsed kept its members; the others have the
       // new ones. Both are safe until the next try sets them all.
       t.failed = true;
@@ -1919,13 +2010,58 @@ std::vector<MemberSpec> Coordinator::DecideMembers(
       next.push_back(m);
     }
   }
+  std::vector<MemberSpec> growing;
   for (const MemberSpec& d : t.desired) {
     if (Contains(active, d)) continue;
     MemberSpec m = d;
     m.join_step = vmax;
-    next.push_back(m);
+    // A rank past the job's world joins it as it grows; one within
+    // refills a vacant slot, from the next step.
+    if (m.rank >= t.schedule.last_world()) {
+      growing.push_back(m);
+    } else {
+      next.push_back(m);
+    }
   }
+  if (!growing.empty()) Grow(t, vmax, reports, growing, &next);
   return next;
+}
+
+// Joiners start an epoch with the world that includes them: the first
+// whose first step no worker can have begun (bsp and ssp: past the
+// versions any range has, the staleness and a step being computed beside
+// its pull; async: past every member's own clock), and no earlier than the
+// last world decided. Its split and every later epoch's follow the new
+// world; epochs before it are as they were.
+void Coordinator::Grow(ControlTask& t, int64_t vmax,
+                       const std::vector<HoldReport>& reports,
+                       std::vector<MemberSpec>& growing,
+                       std::vector<MemberSpec>* next) {
+  const Schedule& s = t.schedule;
+  int64_t bound = vmax + t.window + kJoinMargin;
+  if (t.async) {
+    bound = 0;
+    for (const HoldReport& h : reports) {
+      for (const MemberProgress& p : h.members)
+        bound = std::max({bound, p.clock, p.pushed_step + 1});
+    }
+    bound += kJoinMargin;
+  }
+  int64_t epoch = s.worlds.back().first_epoch;
+  while (epoch < s.epochs && s.EpochStart(epoch) < bound) ++epoch;
+  const int64_t start_version = s.EpochStartVersion(epoch);
+  if (epoch >= s.epochs ||
+      (t.max_steps > 0 && start_version >= t.max_steps)) {
+    for (const MemberSpec& m : growing) t.not_joined.push_back(m.worker_id);
+    return;
+  }
+  Schedule grown = GrowSchedule(s, epoch, t.world, t.max_steps);
+  grown.plan = t.next_plan;
+  for (MemberSpec& m : growing) {
+    m.join_step = grown.EpochStart(epoch);
+    next->push_back(m);
+  }
+  t.new_schedule = std::move(grown);
 }
 
 // ------------------------------------------------------------ persistence --
@@ -1938,9 +2074,17 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   // The spec was checked when the file was read (with the default limits;
   // a spec a larger --max_params admitted is read with that).
   job.spec = *ParseJobSpec(job.proto.spec(), options_.spec_limits);
-  job.schedule = MakeSchedule(job.spec, TrainSize(job.spec.dataset),
-                              static_cast<int>(job.spec.training.workers));
-  job.slots.assign(job.spec.training.workers, "");
+  // A job that grew keeps its worlds with its record.
+  std::vector<WorldPeriod> worlds;
+  for (const v1::MembershipPeriod& p : job.proto.membership())
+    worlds.push_back(WorldPeriod{p.first_epoch(), p.world()});
+  if (worlds.empty())
+    worlds.push_back({0, static_cast<int>(job.spec.training.workers)});
+  job.schedule = ScheduleOf(job.spec, TrainSize(job.spec.dataset), worlds,
+                            job.proto.plan());
+  job.plan_sent = job.schedule.plan;
+  job.slots.assign(job.schedule.last_world(), "");
+  RecordPlan(job);
   v1::JobMetrics* m = job.proto.mutable_metrics();
   m->set_samples_per_sec(0.0);
   m->set_workers(0);

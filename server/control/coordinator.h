@@ -290,6 +290,9 @@ class Coordinator {
     // its message until its ranges are installed again; the events keep
     // the history.
     std::string condition;
+    // The highest plan number sent to any range (Schedule.plan): a new
+    // plan is numbered past it, even when a round that sent one failed.
+    int64_t plan_sent = 0;
     bool dirty = true;       // control-plane work pending
     int64_t generation = 0;  // bumped with every change that needs work
     // Leave steps decided and sent to some range: never decided again
@@ -368,6 +371,17 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A pending job whose slots are filled and ranges placed: RUNNING.
   void StartLocked(JobEntry& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Growth (training.workers: {min, max}): running jobs take idle workers
+  // (ScheduleLocked, last); a decided plan becomes the job's.
+  void GrowLocked(std::vector<std::string>& idle, Notes* notes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdoptPlanLocked(JobEntry& job, const Schedule& grown)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's schedule into its record (Job.membership, workers_max, plan).
+  static void RecordPlan(JobEntry& job);
+  // Steps between the furthest a worker may have begun and the first it
+  // may join at (a step computed beside its pull, and one more).
+  static constexpr int64_t kJoinMargin = 2;
   // The worker in the job's lowest occupied rank; "" if none.
   std::string LowestRankLocked(const JobEntry& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -464,6 +478,11 @@ class Coordinator {
   static std::vector<MemberSpec> DecideMembers(
       ControlTask& task, const std::vector<MemberSpec>& active,
       const std::vector<HoldReport>& reports);
+  // DecideMembers' joiners past the world: their epoch and the new plan.
+  static void Grow(ControlTask& task, int64_t vmax,
+                   const std::vector<HoldReport>& reports,
+                   std::vector<MemberSpec>& growing,
+                   std::vector<MemberSpec>* next);
   // Runs `notes`, then the control work they may have made due.
   void Settle(Notes& notes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time Now() const { return options_.clock->Now(); }

@@ -77,11 +77,13 @@ class RemoteShardControl final : public ShardControl {
   }
   absl::Status SetMembers(const std::string& job_id, int64_t map_version,
                           const std::vector<MemberSpec>& members,
-                          int64_t hold_id) override {
+                          int64_t hold_id, const PlanChange& plan) override {
     v1::SetRangeMembersRequest req;
     req.set_job_id(job_id);
     req.set_map_version(map_version);
     req.set_hold_id(hold_id);
+    req.set_plan(plan.plan);
+    req.set_total_steps(plan.total_steps);
     for (const MemberSpec& m : members) *req.add_members() = ToProto(m);
     v1::SetRangeMembersResponse resp;
     auto ctx = Context(kControlTimeout);

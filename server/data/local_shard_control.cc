@@ -26,8 +26,8 @@ class LocalShardControl final : public ShardControl {
   }
   absl::Status SetMembers(const std::string& job_id, int64_t map_version,
                           const std::vector<MemberSpec>& members,
-                          int64_t hold_id) override {
-    return host_->SetMembers(job_id, map_version, members, hold_id);
+                          int64_t hold_id, const PlanChange& plan) override {
+    return host_->SetMembers(job_id, map_version, members, hold_id, plan);
   }
   absl::Status Retire(const std::string& job_id, int64_t map_version) override {
     return host_->Retire(job_id, map_version);

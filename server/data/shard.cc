@@ -425,13 +425,27 @@ void ParameterShard::SetBufferBytes(int64_t bytes) {
 
 absl::Status ParameterShard::SetSchedule(int64_t total_steps,
                                          int64_t steps_per_epoch,
-                                         const std::string& fingerprint) {
+                                         const std::string& fingerprint,
+                                         int64_t plan) {
   if (total_steps <= 0 || steps_per_epoch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("total_steps and steps_per_epoch must be positive, got ",
                      total_steps, " and ", steps_per_epoch));
   }
   absl::MutexLock lock(&mu_);
+  if (total_steps_ == 0) {
+    plan_ = plan;  // the first: the coordinator's, at install
+  } else if (plan < plan_) {
+    return WithReason(
+        absl::AbortedError(absl::StrCat(
+            "the job's plan changed (plan ", plan_, ", this worker's ", plan,
+            "): a worker joined; take the new plan and pull again")),
+        v1::PLAN_CHANGED, plan_);
+  } else if (plan > plan_) {
+    return absl::UnavailableError(absl::StrCat(
+        "the job's plan ", plan, " has not reached this shard yet (it has ",
+        plan_, "): pull again"));
+  }
   if (!fingerprint.empty() && !data_fingerprint_.empty() &&
       data_fingerprint_ != fingerprint) {
     return WithReason(
@@ -454,6 +468,25 @@ absl::Status ParameterShard::SetSchedule(int64_t total_steps,
   total_steps_ = total_steps;
   steps_per_epoch_ = steps_per_epoch;
   if (data_fingerprint_.empty()) data_fingerprint_ = fingerprint;
+  return absl::OkStatus();
+}
+
+void ParameterShard::InstallPlan(int64_t plan) {
+  absl::MutexLock lock(&mu_);
+  plan_ = plan;
+}
+
+absl::Status ParameterShard::SetPlan(int64_t plan, int64_t total_steps) {
+  absl::MutexLock lock(&mu_);
+  if (plan <= plan_) return absl::OkStatus();
+  if (total_steps <= version_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan ", plan, " ends at version ", total_steps,
+        ", which this range has passed (", version_, ")"));
+  }
+  plan_ = plan;
+  total_steps_ = total_steps;
+  if (optimizer_ != nullptr) optimizer_->set_total_steps(total_steps);
   return absl::OkStatus();
 }
 
@@ -892,6 +925,7 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   }
   if (tables_ != nullptr) ApplyRowsLocked(required, samples);
   TakeBuffersLocked(required);
+  NoteClosedLocked(required, samples);
   AdvanceLocked(samples, loss, correct, samples > 0 ? sum : nullptr);
   ReleaseLocked(std::move(staged_sum));  // sum_ stays for the next step
   // Members whose last step this was are done here.
@@ -905,6 +939,30 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   }
   if (streamed) ProgressLocked(ready);  // blocks of the next step may wait
   return true;
+}
+
+void ParameterShard::NoteClosedLocked(const std::vector<Member*>& required,
+                                      int64_t samples) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a
+  for (const Member* m : required) {
+    const std::string key =
+        absl::StrCat(m->spec.worker_id, "/", m->spec.incarnation, "\n");
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  }
+  const int n = static_cast<int>(required.size());
+  if (!spans_.empty() && spans_.back().end_step == version_ &&
+      spans_.back().members_hash == h && spans_.back().members == n) {
+    spans_.back().end_step = version_ + 1;
+    spans_.back().samples += samples;
+    return;
+  }
+  spans_.push_back({version_, version_ + 1, n, h, samples});
+  if (spans_.size() > kMaxSpans) spans_.pop_front();
+}
+
+std::vector<ParameterShard::ClosedSpan> ParameterShard::ClosedSpans() const {
+  absl::MutexLock lock(&mu_);
+  return {spans_.begin(), spans_.end()};
 }
 
 void ParameterShard::SetPublishObserver(std::function<void(double)> observer) {

@@ -165,9 +165,21 @@ class ParameterShard {
   // coordinator does, when the job starts); later calls must agree:
   // kFailedPrecondition + SCHEDULE_MISMATCH otherwise, changing nothing.
   // `fingerprint` (a worker's dataset files; empty: no claim) likewise: the
-  // first fixes it, another is refused.
+  // first fixes it, another is refused. A claim names the plan it follows
+  // (Schedule.plan): an older one than the range's is refused with
+  // kAborted + PLAN_CHANGED (the step: the range's plan), a newer one with
+  // kUnavailable (the plan is on its way here), before its totals are
+  // compared.
   absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch,
-                           const std::string& fingerprint = "");
+                           const std::string& fingerprint = "",
+                           int64_t plan = 0);
+  // The job grew (a worker joined): its plan `plan` runs `total_steps`
+  // versions. An older or the same plan changes nothing; kInvalidArgument
+  // when the range is past that total already.
+  absl::Status SetPlan(int64_t plan, int64_t total_steps);
+  // The plan a range is installed with, before it serves anyone (a
+  // restored range carries none of its own).
+  void InstallPlan(int64_t plan);
   // The job's consistency rule; before the first member joins (default:
   // bsp).
   void SetConsistency(const ConsistencySpec& consistency);
@@ -175,6 +187,17 @@ class ParameterShard {
   // Pushes of more samples than this (the job's batch size) are refused,
   // so the weighted sums and counters stay bounded. 0: no bound.
   void SetMaxSamples(int64_t max_samples);
+
+  // The steps this range closed lately, by membership (bsp, ssp): runs of
+  // steps closed with the same members, oldest first, the last kMaxSpans.
+  struct ClosedSpan {
+    int64_t first_step = 0, end_step = 0;
+    int members = 0;
+    uint64_t members_hash = 0;  // FNV-1a of "id/incarnation\n" in rank order
+    int64_t samples = 0;
+  };
+  static constexpr size_t kMaxSpans = 32;
+  std::vector<ClosedSpan> ClosedSpans() const;
 
   // Called, without the shard's lock, with the seconds from the last push
   // of a step to its version being published, for every step that closes
@@ -441,6 +464,9 @@ class ParameterShard {
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A push of `step` is whole here; the step `closed` is published.
   void NotePushLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step version_ closes with `required` (in rank order), `samples`.
+  void NoteClosedLocked(const std::vector<Member*>& required, int64_t samples)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps a staging buffer for reuse (bounded), or frees it.
   void PoolLocked(std::unique_ptr<std::vector<float>> b)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -569,6 +595,7 @@ class ParameterShard {
   int64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const std::string> buffers_ ABSL_GUARDED_BY(mu_);
   int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t plan_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::string data_fingerprint_ ABSL_GUARDED_BY(mu_);
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -593,6 +620,7 @@ class ParameterShard {
   // When each open step's last push so far arrived (NotePushLocked), for
   // publish_observer_.
   std::map<int64_t, absl::Time> last_push_at_ ABSL_GUARDED_BY(mu_);
+  std::deque<ClosedSpan> spans_ ABSL_GUARDED_BY(mu_);
   std::function<void(double)> publish_observer_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // Streamed sums: the open step's sum (kept for the next step), its

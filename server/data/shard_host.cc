@@ -112,8 +112,10 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   shard->SetConsistency(spec.training.consistency);
   shard->SetStreamedSums(streamed_sums_ &&
                          req.count() >= streamed_sums_min_elements_);
+  shard->InstallPlan(req.schedule().plan());
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
-                                           req.schedule().steps_per_epoch()));
+                                           req.schedule().steps_per_epoch(),
+                                           "", req.schedule().plan()));
   shard->SetMaxSamples(spec.training.batch_size);
   if (publish_observer_ != nullptr) shard->SetPublishObserver(publish_observer_);
   // The buffer region rides with the range that starts the vector.
@@ -174,8 +176,11 @@ absl::StatusOr<HoldReport> ShardHost::Hold(const std::string& job_id,
 absl::Status ShardHost::SetMembers(const std::string& job_id,
                                    int64_t map_version,
                                    const std::vector<MemberSpec>& members,
-                                   int64_t hold_id) {
+                                   int64_t hold_id, const PlanChange& plan) {
   TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
+  // The plan first: the hold keeps every step open until SetMembers.
+  if (plan.plan > 0)
+    TALLY_RETURN_IF_ERROR(r.shard->SetPlan(plan.plan, plan.total_steps));
   return r.shard->SetMembers(members, hold_id);
 }
 
@@ -439,6 +444,14 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
       mp->set_waiting(p.waiting);
     }
     s.set_members(m.members);
+    for (const ParameterShard::ClosedSpan& c : r.shard->ClosedSpans()) {
+      v1::ClosedSpan* out_span = s.add_closed();
+      out_span->set_first_step(c.first_step);
+      out_span->set_end_step(c.end_step);
+      out_span->set_members(c.members);
+      out_span->set_members_hash(c.members_hash);
+      out_span->set_samples(c.samples);
+    }
     s.set_train_seconds(m.train_seconds);
     out.push_back(std::move(s));
   }

@@ -123,9 +123,10 @@ class ShardHost {
   absl::StatusOr<HoldReport> Hold(const std::string& job_id,
                                   int64_t map_version, int64_t hold_id,
                                   absl::Duration hold);
+  // With a plan (a worker joined), the range takes it first.
   absl::Status SetMembers(const std::string& job_id, int64_t map_version,
                           const std::vector<MemberSpec>& members,
-                          int64_t hold_id);
+                          int64_t hold_id, const PlanChange& plan = {});
   // The job ended: waiters are released (JOB_ENDED), pushes refused; the
   // final weights stay for saving until Drop.
   absl::Status Retire(const std::string& job_id, int64_t map_version);

@@ -261,7 +261,7 @@ class PullServing {
     if (req.total_steps() > 0) {
       TALLY_RETURN_IF_ERROR(
           range.shard->SetSchedule(req.total_steps(), req.steps_per_epoch(),
-                                   req.data_fingerprint()));
+                                   req.data_fingerprint(), req.plan()));
     }
     if (req.has_commit() &&
         !range.shard->Commit(req.worker_id(), req.incarnation(),
@@ -1084,7 +1084,8 @@ grpc::ServerUnaryReactor* ShardServiceImpl::SetRangeMembers(
   for (const v1::MemberSpec& m : req->members())
     members.push_back(FromProto(m));
   return Reply(ctx, host_->SetMembers(req->job_id(), req->map_version(),
-                                      members, req->hold_id()));
+                                      members, req->hold_id(),
+                                      {req->plan(), req->total_steps()}));
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::RetireRange(

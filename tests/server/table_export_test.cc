@@ -51,7 +51,8 @@ class RowsShard final : public ShardControl {
     return absl::UnimplementedError("");
   }
   absl::Status SetMembers(const std::string&, int64_t,
-                          const std::vector<MemberSpec>&, int64_t) override {
+                          const std::vector<MemberSpec>&, int64_t,
+                          const PlanChange&) override {
     return absl::UnimplementedError("");
   }
   absl::Status Retire(const std::string&, int64_t) override {

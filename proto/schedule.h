@@ -1,0 +1,40 @@
+// A job's Schedule (common/spec/job_spec.h) on the wire (v1::Schedule) and
+// back: the coordinator writes it into assignments and installs, workers
+// and shards read it. Header-only: its users link the spec and the protos.
+#ifndef TALLY_PROTO_SCHEDULE_H_
+#define TALLY_PROTO_SCHEDULE_H_
+
+#include <vector>
+
+#include "common/spec/job_spec.h"
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+inline void EncodeSchedule(const Schedule& s, v1::Schedule* out) {
+  out->set_train_size(s.train_size);
+  out->set_steps_per_epoch(s.steps_per_epoch);
+  out->set_total_steps(s.total_steps);
+  out->clear_worlds();
+  for (const WorldPeriod& p : s.worlds) {
+    v1::WorldPeriod* w = out->add_worlds();
+    w->set_first_epoch(p.first_epoch);
+    w->set_world(p.world);
+  }
+  out->set_plan(s.plan);
+}
+
+// The worlds a message names; `world` alone (from epoch 0) when it names
+// none (a coordinator of an earlier release).
+inline std::vector<WorldPeriod> DecodeWorlds(const v1::Schedule& s,
+                                             int world) {
+  std::vector<WorldPeriod> out;
+  for (const v1::WorldPeriod& p : s.worlds())
+    out.push_back(WorldPeriod{p.first_epoch(), p.world()});
+  if (out.empty()) out.push_back(WorldPeriod{0, world});
+  return out;
+}
+
+}  // namespace tally
+
+#endif  // TALLY_PROTO_SCHEDULE_H_
