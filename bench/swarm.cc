@@ -129,6 +129,7 @@ void HeartbeatLoop(const std::vector<Light*>& mine, Totals& totals) {
         absl::MutexLock lock(&w->mu);
         if (w->assignment.has_value()) {
           req.set_job_id(w->assignment->job_id());
+          req.set_held(w->assignment->key());
           req.set_compute_seconds(0.001);
           req.set_wait_seconds(0.001);
           req.set_push_seconds(0.001);
@@ -206,23 +207,21 @@ void FirstPull(tally::ParameterClient& client, float* weights,
   }
 }
 
-RunResult Train(Light& w, bool dies, int kill_at,
-                const tally::TransportOptions& transport, Totals& totals) {
-  v1::Assignment job;
+v1::Assignment AwaitAssignment(Light& w) {
   for (const absl::Time give_up = absl::Now() + kAssignTimeout;;) {
     {
       absl::MutexLock lock(&w.mu);
-      if (w.assignment.has_value()) {
-        job = *w.assignment;
-        break;
-      }
+      if (w.assignment.has_value()) return *w.assignment;
     }
     if (absl::Now() > give_up)
       Die(w.name, absl::DeadlineExceededError("no job assigned"));
     absl::SleepFor(absl::Milliseconds(20));
   }
-  int64_t n = 0;
-  for (const auto& e : job.shard_map().shards()) n += e.count();
+}
+
+std::unique_ptr<tally::ParameterClient> MakeClient(
+    const Light& w, const v1::Assignment& job, int64_t n,
+    const tally::TransportOptions& transport) {
   tally::ParamClientOptions po;
   po.job_id = job.job_id();
   po.worker_id = w.worker_id;
@@ -231,68 +230,82 @@ RunResult Train(Light& w, bool dies, int kill_at,
   po.rpc_timeout = kStepTimeout;
   po.total_steps = job.schedule().total_steps();
   po.steps_per_epoch = job.schedule().steps_per_epoch();
+  po.plan = job.schedule().plan();
   po.transport = transport;
   po.transport.own_connection = true;  // as a process of its own would
   po.shared_memory = false;
-  const std::string server = absl::GetFlag(FLAGS_server);
-  auto client = tally::ParameterClient::Create(job.shard_map(), n, server, po);
+  auto client = tally::ParameterClient::Create(
+      job.shard_map(), n, absl::GetFlag(FLAGS_server), po);
   if (!client.ok()) Die(w.name, client.status());
-  std::vector<float> weights(n), grads(n, 0.001f);
-  FirstPull(**client, weights.data(), w.name);
+  return *std::move(client);
+}
 
+// Every member reports the final version, as tally-worker reports its test
+// accuracy. The coordinator learns a remote shard's version from its
+// heartbeats: until then it answers UNAVAILABLE (NOT_FINISHED).
+void Report(Light& w, const v1::Assignment& job) {
+  v1::ReportResultRequest req;
+  req.set_worker_id(w.worker_id);
+  req.set_incarnation(w.incarnation);
+  req.set_job_id(job.job_id());
+  req.set_ok(true);
+  req.set_steps(job.schedule().total_steps());
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);;) {
+    v1::ReportResultResponse resp;
+    grpc::Status s =
+        w.stub->ReportResult(Ctx(absl::Seconds(30)).get(), req, &resp);
+    if (s.ok()) return;
+    // The job may have ended with another member's report: nothing to say.
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      return;
+    }
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up)
+      Die(absl::StrCat(w.name, ": report"), tally::FromGrpc(s));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+RunResult Train(Light& w, bool dies, int kill_at,
+                const tally::TransportOptions& transport, Totals& totals) {
+  const v1::Assignment job = AwaitAssignment(w);
+  int64_t n = 0;
+  for (const auto& e : job.shard_map().shards()) n += e.count();
+  std::unique_ptr<tally::ParameterClient> client =
+      MakeClient(w, job, n, transport);
+  std::vector<float> weights(n), grads(n, 0.001f);
+  FirstPull(*client, weights.data(), w.name);
   RunResult result;
-  const int64_t total = job.schedule().total_steps();
   // As tally-worker does: on one shard a push is its own commit and the
   // next pull goes with it; on several the pull carries the commit, once
   // every shard answered the push.
-  const bool pipelined = (*client)->num_shards() == 1;
-  for (int64_t t = 0; t < total; ++t) {
+  const bool pipelined = client->num_shards() == 1;
+  for (int64_t t = 0; t < job.schedule().total_steps(); ++t) {
     if (dies && t == kill_at) {
       result.died = absl::Now();
       w.dead.store(true);
-      client->reset();  // its connections close
+      client.reset();  // its connections close
       return result;
     }
     tally::PushInfo info;
     info.step = t;
     info.samples = 1;
     info.commit = pipelined;
-    std::shared_ptr<tally::Work> push = (*client)->Push(info, grads.data());
+    std::shared_ptr<tally::Work> push = client->Push(info, grads.data());
     v1::StepCommit commit;
     commit.set_step(t);
     commit.set_contributed(true);
     std::shared_ptr<tally::Work> pull;
-    if (pipelined) pull = (*client)->Pull(t + 1, weights.data());
+    if (pipelined) pull = client->Pull(t + 1, weights.data());
     WaitOrDie(*push, absl::StrCat(w.name, ": push ", t));
     if (pipelined && !push->Committed())
       Die(w.name, absl::InternalError("a push on one shard not committed"));
-    if (!pipelined) pull = (*client)->Pull(t + 1, weights.data(), &commit);
+    if (!pipelined) pull = client->Pull(t + 1, weights.data(), &commit);
     WaitOrDie(*pull, absl::StrCat(w.name, ": pull ", t + 1));
     if (t == kill_at) result.closed_after_death = absl::Now();
     totals.steps.fetch_add(1);
   }
-  v1::ReportResultRequest req;
-  req.set_worker_id(w.worker_id);
-  req.set_incarnation(w.incarnation);
-  req.set_job_id(job.job_id());
-  req.set_ok(true);
-  req.set_steps(total);
-  // The coordinator learns a remote shard's version from its heartbeats:
-  // until then it answers UNAVAILABLE (NOT_FINISHED), as to tally-worker.
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);;) {
-    v1::ReportResultResponse resp;
-    grpc::Status s =
-        w.stub->ReportResult(Ctx(absl::Seconds(30)).get(), req, &resp);
-    if (s.ok()) break;
-    // The job may have ended with another member's report: nothing to say.
-    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-        s.error_code() == grpc::StatusCode::NOT_FOUND) {
-      break;
-    }
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up)
-      Die(absl::StrCat(w.name, ": report"), tally::FromGrpc(s));
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  Report(w, job);
   return result;
 }
 

@@ -156,6 +156,7 @@ class WorkerDaemon::Impl {
         req.set_incarnation(lease_.incarnation);
         if (assignment_.has_value()) {
           req.set_job_id(assignment_->job_id());
+          req.set_held(assignment_->key());
           if (progress_.job_id == assignment_->job_id()) {
             req.set_compute_seconds(progress_.compute_seconds);
             req.set_wait_seconds(progress_.wait_seconds);
@@ -189,7 +190,9 @@ class WorkerDaemon::Impl {
   // whether to build a job's initial weights.
   void Apply(const v1::HeartbeatResponse& resp) {
     absl::MutexLock lock(&mu_);
-    if (resp.has_assignment()) {
+    if (resp.unchanged()) {
+      // The assignment it holds stands.
+    } else if (resp.has_assignment()) {
       assignment_ = resp.assignment();
     } else {
       assignment_.reset();

@@ -1039,45 +1039,59 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       w.loader_seconds = req.loader_seconds();
     }
     ScheduleLocked(&notes);
-    const JobEntry* job = w.job_id.empty() ? nullptr : &jobs_.at(w.job_id);
-    // The assignment goes out once the worker is a member on every range.
-    bool member = false;
-    int64_t join_step = 0;
-    if (job != nullptr && job->installed) {
-      for (const MemberSpec& m : job->members) {
-        if (m.worker_id == req.worker_id() && m.incarnation == w.incarnation &&
-            m.leave_step == MemberSpec::kNoStep) {
-          member = true;
-          join_step = m.join_step;
-        }
+    if (!w.job_id.empty()) {
+      JobEntry& job = jobs_.at(w.job_id);
+      if (AskForWeightsLocked(job, req.worker_id())) {
+        v1::InitialWeightsWanted* want = out.mutable_initial_weights();
+        want->set_job_id(w.job_id);
+        want->set_spec(job.proto.spec());
       }
-    }
-    if (job != nullptr &&
-        AskForWeightsLocked(jobs_.at(w.job_id), req.worker_id())) {
-      v1::InitialWeightsWanted* want = out.mutable_initial_weights();
-      want->set_job_id(w.job_id);
-      want->set_spec(job->proto.spec());
-    }
-    if (member) {
-      v1::Assignment* a = out.mutable_assignment();
-      a->set_job_id(w.job_id);
-      a->set_spec(job->proto.spec());
-      a->set_rank(w.rank);
-      a->set_world(job->schedule.last_world());
-      a->set_join_step(join_step);
-      EncodeSchedule(job->schedule, a->mutable_schedule());
-      v1::ShardMap* map = a->mutable_shard_map();
-      map->set_version(job->map_version);
-      for (const Placement& p : job->ranges) {
-        v1::ShardMap::Entry* e = map->add_shards();
-        e->set_address(shards_.at(p.shard_id).address);
-        e->set_offset(p.offset);
-        e->set_count(p.count);
-      }
+      AssignmentLocked(req, w, job, &out);
     }
   }
   Settle(notes);
   return out;
+}
+
+// The assignment goes out once the worker is a member on every range; one
+// it holds already (req.held) stands without being sent again: no spec
+// again (a Python model's code can be megabytes, and every worker
+// heartbeats about once a second).
+void Coordinator::AssignmentLocked(const v1::HeartbeatRequest& req,
+                                   const WorkerEntry& w, const JobEntry& job,
+                                   v1::HeartbeatResponse* out) const {
+  if (!job.installed) return;
+  const MemberSpec* member = nullptr;
+  for (const MemberSpec& m : job.members) {
+    if (m.worker_id == req.worker_id() && m.incarnation == w.incarnation &&
+        m.leave_step == MemberSpec::kNoStep) {
+      member = &m;
+    }
+  }
+  if (member == nullptr) return;
+  const std::string key =
+      absl::StrCat(w.job_id, "/", job.map_version, "/", job.schedule.plan, "/",
+                   w.rank, "/", member->join_step);
+  if (req.held() == key) {
+    out->set_unchanged(true);
+    return;
+  }
+  v1::Assignment* a = out->mutable_assignment();
+  a->set_key(key);
+  a->set_job_id(w.job_id);
+  a->set_spec(job.proto.spec());
+  a->set_rank(w.rank);
+  a->set_world(job.schedule.last_world());
+  a->set_join_step(member->join_step);
+  EncodeSchedule(job.schedule, a->mutable_schedule());
+  v1::ShardMap* map = a->mutable_shard_map();
+  map->set_version(job.map_version);
+  for (const Placement& p : job.ranges) {
+    v1::ShardMap::Entry* e = map->add_shards();
+    e->set_address(shards_.at(p.shard_id).address);
+    e->set_offset(p.offset);
+    e->set_count(p.count);
+  }
 }
 
 bool Coordinator::AskForWeightsLocked(JobEntry& job,
@@ -1574,6 +1588,20 @@ void Coordinator::GrowLocked(std::vector<std::string>& idle, Notes* notes) {
       NotifyLocked(jid, notes);
     }
   }
+}
+
+void Coordinator::RestorePlan(JobEntry& job) {
+  // A job that grew keeps its worlds with its record.
+  std::vector<WorldPeriod> worlds;
+  for (const v1::MembershipPeriod& p : job.proto.membership())
+    worlds.push_back(WorldPeriod{p.first_epoch(), p.world()});
+  if (worlds.empty())
+    worlds.push_back({0, static_cast<int>(job.spec.training.workers)});
+  job.schedule = ScheduleOf(job.spec, TrainSize(job.spec.dataset), worlds,
+                            job.proto.plan());
+  job.plan_sent = job.schedule.plan;
+  job.slots.assign(job.schedule.last_world(), "");
+  RecordPlan(job);
 }
 
 void Coordinator::RecordPlan(JobEntry& job) {
@@ -2074,17 +2102,7 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   // The spec was checked when the file was read (with the default limits;
   // a spec a larger --max_params admitted is read with that).
   job.spec = *ParseJobSpec(job.proto.spec(), options_.spec_limits);
-  // A job that grew keeps its worlds with its record.
-  std::vector<WorldPeriod> worlds;
-  for (const v1::MembershipPeriod& p : job.proto.membership())
-    worlds.push_back(WorldPeriod{p.first_epoch(), p.world()});
-  if (worlds.empty())
-    worlds.push_back({0, static_cast<int>(job.spec.training.workers)});
-  job.schedule = ScheduleOf(job.spec, TrainSize(job.spec.dataset), worlds,
-                            job.proto.plan());
-  job.plan_sent = job.schedule.plan;
-  job.slots.assign(job.schedule.last_world(), "");
-  RecordPlan(job);
+  RestorePlan(job);
   v1::JobMetrics* m = job.proto.mutable_metrics();
   m->set_samples_per_sec(0.0);
   m->set_workers(0);

@@ -351,6 +351,10 @@ class Coordinator {
   void AwaitRetiredLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPythonWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Heartbeat's answer of the worker's assignment, if it is a member.
+  void AssignmentLocked(const v1::HeartbeatRequest& req, const WorkerEntry& w,
+                        const JobEntry& job, v1::HeartbeatResponse* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReportResult's success: the job ends with the report's figures.
   absl::Status SucceedLocked(JobEntry& job, const v1::ReportResultRequest& req,
                              Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -379,6 +383,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's schedule into its record (Job.membership, workers_max, plan).
   static void RecordPlan(JobEntry& job);
+  // The schedule and slots of a job read back from its record.
+  static void RestorePlan(JobEntry& job);
   // Steps between the furthest a worker may have begun and the first it
   // may join at (a step computed beside its pull, and one more).
   static constexpr int64_t kJoinMargin = 2;

@@ -395,6 +395,21 @@ absl::StatusOr<std::vector<std::string>> ShardHost::WriteTables(
   return c.files;
 }
 
+namespace {
+
+void AddClosedSpans(const ParameterShard& shard, v1::RangeStatus* s) {
+  for (const ParameterShard::ClosedSpan& c : shard.ClosedSpans()) {
+    v1::ClosedSpan* out = s->add_closed();
+    out->set_first_step(c.first_step);
+    out->set_end_step(c.end_step);
+    out->set_members(c.members);
+    out->set_members_hash(c.members_hash);
+    out->set_samples(c.samples);
+  }
+}
+
+}  // namespace
+
 std::vector<v1::RangeStatus> ShardHost::Status() const {
   std::vector<Range> ranges;
   {
@@ -444,14 +459,7 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
       mp->set_waiting(p.waiting);
     }
     s.set_members(m.members);
-    for (const ParameterShard::ClosedSpan& c : r.shard->ClosedSpans()) {
-      v1::ClosedSpan* out_span = s.add_closed();
-      out_span->set_first_step(c.first_step);
-      out_span->set_end_step(c.end_step);
-      out_span->set_members(c.members);
-      out_span->set_members_hash(c.members_hash);
-      out_span->set_samples(c.samples);
-    }
+    AddClosedSpans(*r.shard, &s);
     s.set_train_seconds(m.train_seconds);
     out.push_back(std::move(s));
   }

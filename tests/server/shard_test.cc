@@ -194,6 +194,27 @@ TEST_F(ShardTest, TheFirstDatasetFingerprintIsTheJobsAndAnotherIsRefused) {
                                    "the job's (1 files, 8 bytes, hash bb)"));
 }
 
+TEST_F(ShardTest, ANewPlanEndsTheJobElsewhereAndFencesOlderClaims) {
+  TALLY_ASSERT_OK(shard_->SetSchedule(40, 8, "", 0));
+  // The job grew: plan 1 runs 25 versions.
+  TALLY_ASSERT_OK(shard_->SetPlan(1, 25));
+  TALLY_ASSERT_OK(shard_->SetPlan(1, 99));  // the same plan again: nothing
+  EXPECT_EQ(shard_->Metrics().total_steps, 25);
+  absl::Status old = shard_->SetSchedule(40, 8, "", 0);
+  EXPECT_THAT(old, HasReason(absl::StatusCode::kAborted, v1::PLAN_CHANGED));
+  EXPECT_EQ(ReasonStep(old), 1);  // the range's plan
+  EXPECT_THAT(shard_->SetSchedule(25, 8, "", 2),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));  // not here yet
+  TALLY_ASSERT_OK(shard_->SetSchedule(25, 8, "", 1));
+  EXPECT_THAT(shard_->SetSchedule(26, 8, "", 1),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::SCHEDULE_MISMATCH));
+  // A plan that would end behind the range is a coordinator's bug.
+  EXPECT_THAT(shard_->SetPlan(2, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_EQ(shard_->Metrics().total_steps, 25);
+}
+
 TEST_F(ShardTest, ZeroSampleContributionsAndTheEndOfTraining) {
   TALLY_ASSERT_OK(shard_->SetSchedule(2, 1));
   EXPECT_THAT(shard_->SetSchedule(3, 1),

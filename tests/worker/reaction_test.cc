@@ -54,6 +54,12 @@ TEST(ReactionTest, ReasonsWhoseCodeChangedReadTheSameEitherWay) {
   }
 }
 
+TEST(ReactionTest, APlanChangeTakesTheNewPlan) {
+  EXPECT_EQ(ReactTo(Call::kPull, Why(absl::AbortedError(""), v1::PLAN_CHANGED, 2)),
+            Reaction::kNewPlan);
+  EXPECT_STREQ(ReactionName(Reaction::kNewPlan), "new plan");
+}
+
 TEST(ReactionTest, LeavingWinsOverTheCode) {
   EXPECT_EQ(ReactTo(Call::kPush,
                     Why(absl::PermissionDeniedError(""), v1::NOT_A_MEMBER)),

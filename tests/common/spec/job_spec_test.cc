@@ -1,5 +1,8 @@
 #include "common/spec/job_spec.h"
 
+#include <vector>
+
+#include "common/data/dataset.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -405,6 +408,20 @@ INSTANTIATE_TEST_SUITE_P(
                                       "staleness: 3, max_staleness: 2}}\n"),
                 "training.consistency.max_staleness: applies to mode async "
                 "only"},
+        BadCase{"workers_range_backwards",
+                WithModel(kLinear8x3, "training: {workers: {min: 3, max: 2}}\n"),
+                "training.workers.max: must be at least min (3), got 2"},
+        BadCase{"workers_range_half",
+                WithModel(kLinear8x3, "training: {workers: {min: 2}}\n"),
+                "training.workers: needs min and max"},
+        BadCase{"workers_range_unknown_key",
+                WithModel(kLinear8x3,
+                          "training: {workers: {min: 1, max: 2, step: 1}}\n"),
+                "training.workers.step: unknown field"},
+        BadCase{"workers_range_too_many",
+                WithModel(kLinear8x3,
+                          "training: {workers: {min: 1, max: 2000}}\n"),
+                "training.workers.max: must be in [1, 1024]"},
         BadCase{"backup_workers_for_async",
                 WithModel(kLinear8x3, "training: {workers: 3, consistency: "
                                       "{mode: async, backup_workers: 1}}\n"),
@@ -613,6 +630,60 @@ TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {
   EXPECT_EQ(hybrid->training.consistency.mode, ConsistencyMode::kBsp);
   // Async closes no steps: its rows are stepped as they come.
   EXPECT_TRUE(async->training.consistency.tables_async);
+}
+
+TEST(ScheduleTest, AJobGrowsAtAnEpochAndEverySampleIsSeenOncePerEpoch) {
+  auto spec = ParseJobSpec(WithModel(
+      kLinear8x3, "training: {epochs: 5, batch_size: 4, workers: {min: 1, "
+                  "max: 3}}\n"));
+  TALLY_ASSERT_OK(spec);
+  EXPECT_EQ(spec->training.workers, 1);
+  EXPECT_EQ(spec->training.max_workers, 3);
+  // 30 samples: 8 steps an epoch on one worker, 3 on three (10 each).
+  const Schedule one = MakeSchedule(*spec, 30, 1);
+  EXPECT_EQ(one.total_steps, 40);
+  const Schedule grown = GrowSchedule(one, 2, 3, 0);
+  EXPECT_EQ(grown.plan, one.plan + 1);
+  EXPECT_EQ(grown.total_steps, 2 * 8 + 3 * 3);
+  EXPECT_EQ(grown.EpochStart(2), 16);
+  EXPECT_EQ(grown.EpochStart(3), 19);
+  EXPECT_EQ(grown.EpochOfVersion(15), 1);
+  EXPECT_EQ(grown.EpochOfVersion(16), 2);
+  EXPECT_EQ(grown.EpochOfVersion(24), 4);
+  const Schedule::Place p = grown.Locate(20);
+  EXPECT_EQ(p.epoch, 3);
+  EXPECT_EQ(p.index, 1);
+  EXPECT_EQ(p.world, 3);
+  EXPECT_EQ(p.steps_per_epoch, 3);
+  EXPECT_EQ(grown.Locate(15).world, 1);
+  EXPECT_EQ(grown.Locate(15).period_end, 16);
+  // Rebuilt from its worlds, as a worker does from its assignment.
+  const Schedule again = ScheduleOf(*spec, 30, grown.worlds, grown.plan);
+  EXPECT_EQ(again.total_steps, grown.total_steps);
+  EXPECT_EQ(again.EpochStart(4), grown.EpochStart(4));
+  // Each epoch, split by its own world, holds every sample once.
+  for (int64_t epoch = 0; epoch < 5; ++epoch) {
+    const int world = grown.Locate(grown.EpochStart(epoch)).world;
+    std::vector<int> seen(30, 0);
+    for (int rank = 0; rank < world; ++rank) {
+      for (int64_t i : EpochOrder(30, 7, epoch, rank, world)) ++seen[i];
+    }
+    EXPECT_EQ(seen, std::vector<int>(30, 1)) << "epoch " << epoch;
+  }
+  // A later change replaces the worlds from its epoch on; max_steps caps.
+  const Schedule twice = GrowSchedule(grown, 3, 2, 0);
+  EXPECT_EQ(twice.worlds.size(), 3u);
+  EXPECT_EQ(twice.total_steps, 16 + 3 + 2 * 4);
+  EXPECT_EQ(GrowSchedule(one, 2, 3, 20).total_steps, 20);
+  // Async counts a push a version: three workers' epochs are 9 versions.
+  auto async = ParseJobSpec(WithModel(
+      kLinear8x3, "training: {epochs: 5, batch_size: 4, workers: {min: 1, "
+                  "max: 3}, consistency: {mode: async}}\n"));
+  TALLY_ASSERT_OK(async);
+  const Schedule a = GrowSchedule(MakeSchedule(*async, 30, 1), 2, 3, 0);
+  EXPECT_EQ(a.total_steps, 2 * 8 + 3 * 9);
+  EXPECT_EQ(a.EpochStart(3), 19);         // a worker's steps
+  EXPECT_EQ(a.EpochStartVersion(3), 25);  // versions
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {
