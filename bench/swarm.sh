@@ -9,14 +9,18 @@
 # the servers':
 #   publish p50/p99   from a step's last push to its version published, on
 #                     the shards (tally_step_publish_seconds, buckets 1.25x),
-#                     over the same window as the CPU
+#                     over the same window as the CPU, in ms
+#   close p50/p99     the same from the step's last commit (on one shard the
+#                     push is its own commit; on several the commits come
+#                     with the members' next pulls, so publish includes the
+#                     swarm's own round trip and close does not)
 #   coord cpu         the coordinator's CPU (user + system) over the steady
 #                     part of the job (steps 10 to STEPS - 10), % of a core
 #   coord rss         its resident memory at the end, MiB
 #   shard cpu/rss     the same for each shard (the busiest one)
-#   hb/s, hb B/s      heartbeats a second and the coordinator's wire bytes
-#                     (TCP payload both ways on its port) a second, over the
-#                     same window
+#   hb/s, hb B/s      heartbeats a second and their message bytes a second
+#                     (request and answer as protobuf encodes them, before
+#                     HTTP/2 framing), over the swarm's run
 #   dropped           lease expiries at the coordinator (0: nobody that
 #                     lived was dropped)
 # Then the idle rows: N workers registered and heartbeating, no job, the
@@ -61,11 +65,6 @@ fi
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }     # CPU, 1/100 s
 rss_mib() { awk '/^VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
-# TCP payload bytes both ways on every connection to local port $1.
-wire_bytes() {
-  ss -tinH state established "( sport = :$1 )" 2>/dev/null |
-    grep -oE 'bytes_(sent|received):[0-9]+' | awk -F: '{s += $2} END {print s + 0}'
-}
 client() { "$B/client/tally" "${tls_flags[@]}" --server="127.0.0.1:$cport" "$@"; }
 job_step() { client status job-1 --json 2>/dev/null | $PY -c "import json,sys; print(json.load(sys.stdin)['metrics'].get('step', 0))" 2>/dev/null || echo 0; }
 
@@ -81,7 +80,8 @@ start_servers() {
   shard_pids=()
   for ((i = 0; i < k; i++)); do
     $SERVER_CPU "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$((cport + 10 + i)) \
-      --coordinator=127.0.0.1:$cport --metrics_port=$((cport + 1010 + i)) \
+      --coordinator=127.0.0.1:$cport --advertise=127.0.0.1:$((cport + 10 + i)) \
+      --metrics_port=$((cport + 1010 + i)) \
       > "$tmp/shard$i.log" 2>&1 &
     shard_pids+=($!)
     pids+=($!)
@@ -108,11 +108,11 @@ start_swarm() {  # N [flags...]
   done
 }
 
-# Every shard's tally_step_publish_seconds buckets, summed: "le count" lines.
-publish_buckets() {
+# Every shard's buckets of histogram NAME, summed: "le count" lines.
+publish_buckets() {  # NAME
   local i
   for ((i = 0; i < ${#shard_pids[@]}; i++)); do
-    curl -s "127.0.0.1:$((cport + 1010 + i))/metrics" | grep '^tally_step_publish_seconds_bucket'
+    curl -s "127.0.0.1:$((cport + 1010 + i))/metrics" | grep "^$1_bucket"
   done | sed -E 's/.*le="([^"]+)"} ([0-9.e+]+)/\1 \2/' |
     awk '{s[$1] += $2} END {for (k in s) print k, s[k]}'
 }
@@ -144,16 +144,18 @@ PYEOF
 }
 
 run_row() {  # N K -> one table row
-  local n=$1 k=$2 c0 c1 s0=() s1=() w0 w1 t0 t1 i busiest=0 bt=0 hb=0 expiries
+  local n=$1 k=$2 c0 c1 s0=() s1=() t0 t1 i busiest=0 bt=0 hb=0 hbb=0 expiries
   start_servers "$k"
   start_swarm "$n" --shards="$k" --steps="$steps" --params="$params"
   until (($(job_step) >= 10)); do sleep 0.2; kill -0 "${swarm_pids[0]}" 2>/dev/null || break; done
-  t0=$(date +%s.%N); c0=$(ticks "$coord"); w0=$(wire_bytes "$cport")
-  publish_buckets > "$tmp/pub0"
+  t0=$(date +%s.%N); c0=$(ticks "$coord")
+  publish_buckets tally_step_publish_seconds > "$tmp/pub0"
+  publish_buckets tally_step_close_seconds > "$tmp/close0"
   for i in "${!shard_pids[@]}"; do s0+=("$(ticks "${shard_pids[$i]}")"); done
   until (($(job_step) >= steps - 10)); do sleep 0.2; kill -0 "${swarm_pids[0]}" 2>/dev/null || break; done
-  t1=$(date +%s.%N); c1=$(ticks "$coord"); w1=$(wire_bytes "$cport")
-  publish_buckets > "$tmp/pub1"
+  t1=$(date +%s.%N); c1=$(ticks "$coord")
+  publish_buckets tally_step_publish_seconds > "$tmp/pub1"
+  publish_buckets tally_step_close_seconds > "$tmp/close1"
   for i in "${!shard_pids[@]}"; do
     s1+=("$(ticks "${shard_pids[$i]}")")
     if ((s1[i] - s0[i] >= bt)); then bt=$((s1[i] - s0[i])); busiest=$i; fi
@@ -162,18 +164,21 @@ run_row() {  # N K -> one table row
   crss=$(rss_mib "$coord"); srss=$(rss_mib "${shard_pids[$busiest]}")
   for p in "${swarm_pids[@]}"; do wait "$p" || { echo "swarm failed:" >&2; cat "$tmp"/swarm*.log >&2; exit 1; }; done
   read -r p50 p99 closes < <(publish_quantiles "$tmp/pub0" "$tmp/pub1")
+  read -r c50 c99 _ < <(publish_quantiles "$tmp/close0" "$tmp/close1")
   expiries=$(curl -s "127.0.0.1:$((cport + 1000))/metrics" | awk '/^tally_lease_expiries_total/ {print $2}')
   local secs
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
-  # Heartbeats a second: the swarm's count over its whole run, per second.
-  hb=$(cat "$tmp"/swarm*.json | $PY -c "
+  # Heartbeats a second and their message bytes a second (request and
+  # answer, as protobuf encodes them): the swarm's counts over its run.
+  read -r hb hbb < <(cat "$tmp"/swarm*.json | $PY -c "
 import json, sys
 r = [json.loads(l) for l in sys.stdin if l.strip()]
-print('%.0f' % sum(x['heartbeats'] / x['seconds'] for x in r))")
-  printf "%5d %3d %5s %8.2f %8.2f %8.1f %8.1f %8.1f %8.1f %7s %9.0f %7s\n" "$n" "$k" "${TLS_ON:-no}" \
-    "$p50" "$p99" "$(awk -v t=$((c1 - c0)) -v s="$secs" 'BEGIN {print t / s}')" "$crss" \
+print('%.0f %.0f' % (sum(x['heartbeats'] / x['seconds'] for x in r),
+                     sum(x['heartbeat_bytes'] / x['seconds'] for x in r)))")
+  printf "%5d %3d %5s %8.2f %8.2f %8.2f %8.2f %8.1f %8.1f %8.1f %8.1f %7s %9.0f %7s\n" "$n" "$k" "${TLS_ON:-no}" \
+    "$p50" "$p99" "$c50" "$c99" "$(awk -v t=$((c1 - c0)) -v s="$secs" 'BEGIN {print t / s}')" "$crss" \
     "$(awk -v t="$bt" -v s="$secs" 'BEGIN {print t / s}')" "$srss" "$hb" \
-    "$(awk -v a="$w0" -v b="$w1" -v s="$secs" 'BEGIN {print (b - a) / s}')" "${expiries:-?}"
+    "$hbb" "${expiries:-?}"
   stop_all
 }
 
@@ -208,8 +213,8 @@ for tls in ${TLS:-0 1}; do
     tls_flags=(); TLS_ON=no
   fi
   echo "## ${steps} steps, ${params} parameters, tls: $TLS_ON"
-  printf "%5s %3s %5s %8s %8s %8s %8s %8s %8s %7s %9s %7s\n" N K tls pub_p50 pub_p99 \
-    coord% coordMiB shard% shardMiB hb/s hbB/s dropped
+  printf "%5s %3s %5s %8s %8s %8s %8s %8s %8s %8s %8s %7s %9s %7s\n" N K tls pub_p50 pub_p99 \
+    cls_p50 cls_p99 coord% coordMiB shard% shardMiB hb/s hbB/s dropped
   for n in "${sizes[@]}"; do
     for k in ${SHARDS:-1 2 4}; do run_row "$n" "$k"; done
   done

@@ -127,7 +127,9 @@ void TallyServer::MakeDataWing() {
   if (o.metrics != nullptr) {
     data_metrics_ = std::make_unique<DataPlaneMetrics>(o.metrics->registry());
     host_->set_publish_observer(
-        [m = data_metrics_.get()](double seconds) { m->Published(seconds); });
+        [m = data_metrics_.get()](const ParameterShard::PublishTimes& t) {
+          m->Published(t.since_push, t.since_commit);
+        });
   }
   params_ =
       std::make_unique<ParameterServiceImpl>(host_.get(), data_metrics_.get());

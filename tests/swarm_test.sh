@@ -32,6 +32,7 @@ start_servers() {  # sets port
   local sp
   sp=$(free_port)
   "$B/server/tally-server" --listen=127.0.0.1 --port="$sp" --coordinator=127.0.0.1:"$port" \
+    --advertise=127.0.0.1:"$sp" \
     > "$tmp/shard.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do

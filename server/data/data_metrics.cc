@@ -38,6 +38,12 @@ DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& r)
                                  "version being published")
                            .Register(r)
                            .Add({}, FineBuckets())),
+      close_seconds_(prometheus::BuildHistogram()
+                         .Name("tally_step_close_seconds")
+                         .Help("Time from a step's last commit to its "
+                               "version being published")
+                         .Register(r)
+                         .Add({}, FineBuckets())),
       pushes_(prometheus::BuildCounter()
                   .Name("tally_pushes_total")
                   .Help("Push calls by result")

@@ -10,6 +10,8 @@
 //   tally_step_publish_seconds              histogram, from a step's last
 //       push to its version published (bsp, ssp); buckets 1.25x apart, so
 //       a quantile read from them is within 12%
+//   tally_step_close_seconds                the same from its last commit
+//       (on several shards commits come with the next pulls)
 #ifndef TALLY_SERVER_DATA_DATA_METRICS_H_
 #define TALLY_SERVER_DATA_DATA_METRICS_H_
 
@@ -33,8 +35,12 @@ class DataPlaneMetrics {
   void Pulled(double wait_seconds, double seconds, double bytes);
   // A worker's word on the memory a stream offered it: mapped, or not.
   void SharedMemory(bool mapped);
-  // A step of some range was published `seconds` after its last push.
-  void Published(double seconds) { publish_seconds_.Observe(seconds); }
+  // A step of some range was published this long after its last push and
+  // after its last commit.
+  void Published(double since_push, double since_commit) {
+    publish_seconds_.Observe(since_push);
+    close_seconds_.Observe(since_commit);
+  }
 
  private:
   prometheus::Counter& push_bytes_;
@@ -43,6 +49,7 @@ class DataPlaneMetrics {
   prometheus::Histogram& pull_seconds_;
   prometheus::Histogram& pull_wait_seconds_;
   prometheus::Histogram& publish_seconds_;
+  prometheus::Histogram& close_seconds_;
   prometheus::Family<prometheus::Counter>& pushes_;
   prometheus::Family<prometheus::Counter>& shared_;
 };

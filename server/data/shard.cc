@@ -702,13 +702,13 @@ absl::Status ParameterShard::AcceptLocked(
     part.whole = std::move(grads);
     m.pushed_step = meta.step;
     m.push_again = -1;
-    NotePushLocked(meta.step);
+    NoteLocked(meta.step, /*commit=*/false);
     ProgressLocked(ready);
     return absl::OkStatus();
   }
   KeepBuffersLocked(meta);
   m.pushed_step = meta.step;
-  NotePushLocked(meta.step);
+  NoteLocked(meta.step, /*commit=*/false);
   Staged& st = m.staged[meta.step];
   ReleaseLocked(std::move(st.grads));
   st = Staged{};
@@ -775,6 +775,7 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       }
       m.committed_step = step;
       m.last_refused = !contributed;
+      NoteLocked(step, /*commit=*/true);
       if (StreamedLocked()) {
         // Refused on another shard: out of the sum here too. Either way a
         // lower rank that is settled may let others' blocks in.
@@ -965,28 +966,32 @@ std::vector<ParameterShard::ClosedSpan> ParameterShard::ClosedSpans() const {
   return {spans_.begin(), spans_.end()};
 }
 
-void ParameterShard::SetPublishObserver(std::function<void(double)> observer) {
+void ParameterShard::SetPublishObserver(
+    std::function<void(const PublishTimes&)> observer) {
   absl::MutexLock lock(&mu_);
   publish_observer_ = std::move(observer);
 }
 
-void ParameterShard::NotePushLocked(int64_t step) {
+void ParameterShard::NoteLocked(int64_t step, bool commit) {
   if (consistency_.mode == ConsistencyMode::kAsync || step < version_) return;
-  last_push_at_[step] = clock_->Now();
+  LastArrivals& at = last_at_[step];
+  (commit ? at.commit : at.push) = clock_->Now();
 }
 
 void ParameterShard::NotePublishedLocked(int64_t closed, Ready* ready) {
-  auto it = last_push_at_.find(closed);
-  if (it != last_push_at_.end() && publish_observer_ != nullptr) {
-    const double seconds = absl::ToDoubleSeconds(clock_->Now() - it->second);
+  auto it = last_at_.find(closed);
+  if (it != last_at_.end() && publish_observer_ != nullptr &&
+      it->second.push != absl::InfinitePast()) {
+    const absl::Time now = clock_->Now();
+    PublishTimes t;
+    t.since_push = absl::ToDoubleSeconds(now - it->second.push);
+    t.since_commit = absl::ToDoubleSeconds(
+        now - std::max(it->second.commit, it->second.push));
     ready->emplace_back(
-        [observer = publish_observer_, seconds](const absl::Status&) {
-          observer(seconds);
-        },
+        [observer = publish_observer_, t](const absl::Status&) { observer(t); },
         absl::OkStatus());
   }
-  last_push_at_.erase(last_push_at_.begin(),
-                      last_push_at_.upper_bound(closed));
+  last_at_.erase(last_at_.begin(), last_at_.upper_bound(closed));
 }
 
 bool ParameterShard::ReadyToCloseLocked(std::vector<Member*>* required) {
@@ -1783,7 +1788,7 @@ absl::Status ParameterShard::FinishStreamed(const PushMeta& meta, int64_t token,
   }
   part->complete = true;
   members_.at(meta.worker_id).pushed_step = meta.step;
-  NotePushLocked(meta.step);
+  NoteLocked(meta.step, /*commit=*/false);
   return absl::OkStatus();
 }
 

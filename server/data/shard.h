@@ -199,10 +199,15 @@ class ParameterShard {
   static constexpr size_t kMaxSpans = 32;
   std::vector<ClosedSpan> ClosedSpans() const;
 
-  // Called, without the shard's lock, with the seconds from the last push
-  // of a step to its version being published, for every step that closes
-  // (bsp and ssp; async has no steps). Set before the range serves.
-  void SetPublishObserver(std::function<void(double)> observer);
+  // Called, without the shard's lock, for every step that closes (bsp and
+  // ssp; async has no steps) with the seconds from the step's last push,
+  // and from its last commit, to its version being published (on one
+  // shard a push is its own commit; on several the commits come with the
+  // members' next pulls). Set before the range serves.
+  struct PublishTimes {
+    double since_push = 0, since_commit = 0;
+  };
+  void SetPublishObserver(std::function<void(const PublishTimes&)> observer);
 
   // The range keeps the job's buffer region (above): pushes may carry
   // buffers of exactly `bytes` bytes. 0 (the default): it keeps none, and a
@@ -462,8 +467,9 @@ class ParameterShard {
   float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the open step (bsp, ssp) if it may; false if not.
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A push of `step` is whole here; the step `closed` is published.
-  void NotePushLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push (or a commit) of `step` is whole here; the step `closed` is
+  // published.
+  void NoteLocked(int64_t step, bool commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step version_ closes with `required` (in rank order), `samples`.
   void NoteClosedLocked(const std::vector<Member*>& required, int64_t samples)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -617,11 +623,15 @@ class ParameterShard {
   mutable int64_t stale_ ABSL_GUARDED_BY(mu_) = 0;
   mutable int64_t late_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
-  // When each open step's last push so far arrived (NotePushLocked), for
-  // publish_observer_.
-  std::map<int64_t, absl::Time> last_push_at_ ABSL_GUARDED_BY(mu_);
+  // When each open step's last push and last commit so far arrived
+  // (NoteLocked), for publish_observer_.
+  struct LastArrivals {
+    absl::Time push = absl::InfinitePast(), commit = absl::InfinitePast();
+  };
+  std::map<int64_t, LastArrivals> last_at_ ABSL_GUARDED_BY(mu_);
   std::deque<ClosedSpan> spans_ ABSL_GUARDED_BY(mu_);
-  std::function<void(double)> publish_observer_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const PublishTimes&)> publish_observer_
+      ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // Streamed sums: the open step's sum (kept for the next step), its
   // generation (a new one at each close or drop; tokens of another are

@@ -73,7 +73,8 @@ class ShardHost {
 
   // Given to every range installed from now on
   // (ParameterShard::SetPublishObserver): the metrics' publish latency.
-  void set_publish_observer(std::function<void(double)> observer) {
+  void set_publish_observer(
+      std::function<void(const ParameterShard::PublishTimes&)> observer) {
     publish_observer_ = std::move(observer);
   }
 
@@ -205,7 +206,7 @@ class ShardHost {
       const TableRowsFile& file);
   bool NextSaveIsBase(const std::string& job_id, int64_t map_version);
   std::string table_dir_;
-  std::function<void(double)> publish_observer_;
+  std::function<void(const ParameterShard::PublishTimes&)> publish_observer_;
   // Names each file once (two saves at one step must not overwrite).
   std::atomic<int64_t> table_files_written_{0};
   absl::Mutex chains_mu_;
