@@ -29,7 +29,8 @@
 # step 20, the seconds until the step closes without it (lease
 # --lease_timeout_ms, 3000 by default).
 #   bench/swarm.sh [N ...]            (default 16 64 128 256)
-#   SHARDS="1 2 4" STEPS=200 PARAMS=16384 TLS="0 1" bench/swarm.sh
+#   SHARDS="1 2 4" STEPS=200 PARAMS=16384 TLS="0 1" PARTS="rows idle death"
+#   SERVER_FLAGS=... (the coordinator's, e.g. --lease_timeout_ms=10000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=$PWD/build
@@ -96,6 +97,7 @@ start_swarm() {  # N [flags...]
   shift
   procs=$(((n + 63) / 64)); per=$((n / procs))
   swarm_pids=()
+  rm -f "$tmp"/swarm*.json  # an earlier run's processes' figures
   for ((i = 0; i < procs; i++)); do
     local count=$per
     ((i == procs - 1)) && count=$((n - per * (procs - 1)))
@@ -205,6 +207,7 @@ death_row() {  # N -> seconds from the death to the step closing without it
   stop_all
 }
 
+parts=${PARTS:-rows idle death}
 for tls in ${TLS:-0 1}; do
   if [[ $tls == 1 ]]; then
     tls_flags=(--tls_ca="$tmp/certs/ca.pem" --tls_cert="$tmp/certs/node.pem" --tls_key="$tmp/certs/node.key")
@@ -212,17 +215,23 @@ for tls in ${TLS:-0 1}; do
   else
     tls_flags=(); TLS_ON=no
   fi
-  echo "## ${steps} steps, ${params} parameters, tls: $TLS_ON"
-  printf "%5s %3s %5s %8s %8s %8s %8s %8s %8s %8s %8s %7s %9s %7s\n" N K tls pub_p50 pub_p99 \
-    cls_p50 cls_p99 coord% coordMiB shard% shardMiB hb/s hbB/s dropped
-  for n in "${sizes[@]}"; do
-    for k in ${SHARDS:-1 2 4}; do run_row "$n" "$k"; done
-  done
-  echo
-  printf "%5s %5s %10s %10s %12s\n" N tls rss0_MiB rssN_MiB KiB/worker
-  for n in "${sizes[@]}"; do idle_row "$n"; done
-  echo
+  if [[ $parts == *rows* ]]; then
+    echo "## ${steps} steps, ${params} parameters, tls: $TLS_ON ${SERVER_FLAGS:-}"
+    printf "%5s %3s %5s %8s %8s %8s %8s %8s %8s %8s %8s %7s %9s %7s\n" N K tls pub_p50 pub_p99 \
+      cls_p50 cls_p99 coord% coordMiB shard% shardMiB hb/s hbB/s dropped
+    for n in "${sizes[@]}"; do
+      for k in ${SHARDS:-1 2 4}; do run_row "$n" "$k"; done
+    done
+    echo
+  fi
+  if [[ $parts == *idle* ]]; then
+    printf "%5s %5s %10s %10s %12s\n" N tls rss0_MiB rssN_MiB KiB/worker
+    for n in "${sizes[@]}"; do idle_row "$n"; done
+    echo
+  fi
 done
-TLS_ON=no tls_flags=()
-printf "%5s %8s\n" N death_to_close_s
-for n in "${sizes[@]}"; do death_row "$n"; done
+if [[ $parts == *death* ]]; then
+  TLS_ON=no tls_flags=()
+  printf "%5s %8s\n" N death_to_close_s
+  for n in "${sizes[@]}"; do death_row "$n"; done
+fi
