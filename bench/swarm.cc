@@ -116,45 +116,47 @@ void Register(Light& w, Totals& totals) {
   totals.lease_ms = resp.lease_ms();
 }
 
-// Heartbeats for `mine`, each every quarter lease as the daemon does, until
-// totals.stop; a dead worker's stop.
-void HeartbeatLoop(const std::vector<Light*>& mine, Totals& totals) {
+// One heartbeat of `w`, as the daemon sends it.
+void Heartbeat(Light& w, Totals& totals) {
+  v1::HeartbeatRequest req;
+  req.set_worker_id(w.worker_id);
+  req.set_incarnation(w.incarnation);
+  {
+    absl::MutexLock lock(&w.mu);
+    if (w.assignment.has_value()) {
+      req.set_job_id(w.assignment->job_id());
+      req.set_held(w.assignment->key());
+      req.set_compute_seconds(0.001);
+      req.set_wait_seconds(0.001);
+      req.set_push_seconds(0.001);
+    }
+  }
+  v1::HeartbeatResponse resp;
+  grpc::Status s = w.stub->Heartbeat(
+      Ctx(absl::Milliseconds(totals.lease_ms / 2)).get(), req, &resp);
+  totals.heartbeats.fetch_add(1);
+  totals.heartbeat_bytes.fetch_add(
+      static_cast<int64_t>(req.ByteSizeLong() + resp.ByteSizeLong()));
+  // A slow answer is the coordinator's load, which is what is measured; a
+  // refusal means the lease is gone, which a swarm must not see.
+  if (!s.ok() && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    if (w.dead.load()) return;
+    Die(absl::StrCat("heartbeat of ", w.name), tally::FromGrpc(s));
+  }
+  if (s.ok() && resp.has_assignment()) {
+    absl::MutexLock lock(&w.mu);
+    if (!w.assignment.has_value()) w.assignment = resp.assignment();
+  }
+}
+
+// `w`'s heartbeats, every quarter lease as the daemon's, until totals.stop
+// or its death.
+void HeartbeatLoop(Light& w, Totals& totals) {
   const absl::Duration period =
       absl::Milliseconds(std::clamp<int64_t>(totals.lease_ms / 4, 50, 1000));
-  while (!totals.stop.load()) {
+  while (!totals.stop.load() && !w.dead.load()) {
     const absl::Time round = absl::Now();
-    for (Light* w : mine) {
-      if (w->dead.load() || totals.stop.load()) continue;
-      v1::HeartbeatRequest req;
-      req.set_worker_id(w->worker_id);
-      req.set_incarnation(w->incarnation);
-      {
-        absl::MutexLock lock(&w->mu);
-        if (w->assignment.has_value()) {
-          req.set_job_id(w->assignment->job_id());
-          req.set_held(w->assignment->key());
-          req.set_compute_seconds(0.001);
-          req.set_wait_seconds(0.001);
-          req.set_push_seconds(0.001);
-        }
-      }
-      v1::HeartbeatResponse resp;
-      grpc::Status s = w->stub->Heartbeat(
-          Ctx(absl::Milliseconds(totals.lease_ms / 2)).get(), req, &resp);
-      totals.heartbeats.fetch_add(1);
-      totals.heartbeat_bytes.fetch_add(
-          static_cast<int64_t>(req.ByteSizeLong() + resp.ByteSizeLong()));
-      // A slow answer is the coordinator's load, which is what is measured;
-      // a refusal means the lease is gone, which a swarm must not see.
-      if (!s.ok() && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-        if (w->dead.load()) continue;
-        Die(absl::StrCat("heartbeat of ", w->name), tally::FromGrpc(s));
-      }
-      if (s.ok() && resp.has_assignment()) {
-        absl::MutexLock lock(&w->mu);
-        if (!w->assignment.has_value()) w->assignment = resp.assignment();
-      }
-    }
+    Heartbeat(w, totals);
     absl::SleepFor(std::max(absl::ZeroDuration(), round + period - absl::Now()));
   }
 }
@@ -345,13 +347,10 @@ int main(int argc, char** argv) {
   }
   // A heartbeat thread a worker, as each daemon has its own: one slow
   // answer delays nobody else's heartbeat.
-  const int hb_threads = n;
   std::vector<std::thread> heartbeats;
-  for (int h = 0; h < hb_threads; ++h) {
-    std::vector<Light*> mine;
-    for (int i = h; i < n; i += hb_threads) mine.push_back(lights[i].get());
+  for (int i = 0; i < n; ++i) {
     heartbeats.emplace_back(
-        [mine, &totals] { HeartbeatLoop(mine, totals); });
+        [w = lights[i].get(), &totals] { HeartbeatLoop(*w, totals); });
   }
   const absl::Time start = absl::Now();
   std::vector<RunResult> results(n);

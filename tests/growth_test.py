@@ -6,7 +6,10 @@ on every step sums three workers' batches (the global batch triples), the
 job SUCCEEDS, every step closed with the same members on both shards (each
 range's record of the steps it closed, by membership), every epoch summed
 exactly the training set's samples, and `tally status` shows the
-membership over time.
+membership over time. Then the same job in ssp (staleness 2) and in async
+on the three workers, now free: each starts on one and the other two join
+at epoch 2 (ssp: every step with the same members on both shards; async,
+which closes no steps: the versions of one worker's epoch then three's).
   growth_test.py BUILD
 """
 import json
@@ -29,6 +32,7 @@ training:
   seed: 5
   shards: 2
   workers: {{min: 1, max: 3}}
+  consistency: CONSISTENCY
 optimizer: {{type: sgd, lr: 0.05, momentum: 0.9}}
 """
 
@@ -56,7 +60,7 @@ def closed_spans(c, job_id):
     return [list(r.closed) for s in shards for r in s.ranges if r.job_id == job_id]
 
 
-def check_membership(job):
+def check_membership(job, versions_per_step=1):
     periods = list(job.membership)
     if len(periods) != 2 or periods[0].world != 1 or periods[1].world != 3:
         fail(f"membership {periods}: want 1 worker, then 3")
@@ -65,7 +69,7 @@ def check_membership(job):
     e = periods[1].first_epoch
     if not 1 <= e < EPOCHS or periods[1].first_step != e * (TRAIN // BATCH):
         fail(f"the world grows at epoch {e}, step {periods[1].first_step}")
-    total = e * (TRAIN // BATCH) + (EPOCHS - e) * (TRAIN // (3 * BATCH))
+    total = e * (TRAIN // BATCH) + (EPOCHS - e) * (TRAIN // (3 * BATCH)) * versions_per_step
     if job.metrics.total_steps != total or job.metrics.step != total:
         fail(f"steps {job.metrics.step}/{job.metrics.total_steps}, want {total}")
     return periods[1].first_step, total
@@ -109,31 +113,44 @@ def check_spans(ranges, grow_at):
         fail(f"the epochs before step {grow_at} did not sum {TRAIN} samples each")
 
 
+def submit(c, tmp, consistency):
+    with open(f"{tmp}/grow.yaml", "w") as f:
+        f.write(SPEC.replace("CONSISTENCY", consistency))
+    return c.client.submit(f"{tmp}/grow.yaml").id
+
+
+def run(c, job_id, mode):
+    """The job to its end; checks what every mode promises."""
+    job, ranges = run_watching(c, job_id)
+    if job.state != pb.SUCCEEDED:
+        fail(f"{mode} {job_id} {pb.JobState.Name(job.state)}: {job.message}\n"
+             + c.log("w1") + c.log("server"))
+    grow_at, total = check_membership(job, 3 if mode == "async" else 1)
+    if mode != "async":
+        check_spans(ranges, grow_at)
+    print(f"{mode}: grew from 1 to 3 workers at step {grow_at}; {total} versions; "
+          f"test accuracy {job.metrics.test_accuracy:.3f}")
+    return grow_at
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         c = Cluster(tmp, shards=2)
         try:
             worker(c, "w0")
-            with open(f"{tmp}/grow.yaml", "w") as f:
-                f.write(SPEC)
-            job_id = c.client.submit(f"{tmp}/grow.yaml").id
+            job_id = submit(c, tmp, "{mode: bsp}")
             wait_step(c, job_id, 20)
             worker(c, "w1")
             worker(c, "w2")
-            job, ranges = run_watching(c, job_id)
-            if job.state != pb.SUCCEEDED:
-                fail(f"{job_id} {pb.JobState.Name(job.state)}: {job.message}\n"
-                     + c.log("w1") + c.log("server"))
-            grow_at, total = check_membership(job)
-            check_spans(ranges, grow_at)
+            grow_at = run(c, job_id, "bsp")
             out = subprocess.run([f"{BUILD}/client/tally", f"--server={c.server}",
                                   "status", job_id], capture_output=True, text=True,
                                  check=True).stdout
             if f"3 workers from step {grow_at}" not in out:
                 fail(f"tally status does not show the membership:\n{out}")
-            print(f"PASS: grew from 1 to 3 workers at step {grow_at} "
-                  f"(epoch {grow_at // (TRAIN // BATCH) + 1}); {total} steps; "
-                  f"test accuracy {job.metrics.test_accuracy:.3f}")
+            run(c, submit(c, tmp, "{mode: ssp, staleness: 2}"), "ssp")
+            run(c, submit(c, tmp, "{mode: async}"), "async")
+            print("PASS")
         finally:
             c.stop()
 

@@ -1551,8 +1551,8 @@ int64_t SatAdd(int64_t a, int64_t b) { return a > kNoEnd - b ? kNoEnd : a + b; }
 
 // Epochs of world period i of `s` (the last runs to the end).
 int64_t PeriodEpochs(const Schedule& s, size_t i) {
-  const int64_t end =
-      i + 1 < s.worlds.size() ? s.worlds[i + 1].first_epoch : s.epochs;
+  const int64_t end = std::min(
+      s.epochs, i + 1 < s.worlds.size() ? s.worlds[i + 1].first_epoch : s.epochs);
   return std::max<int64_t>(0, end - s.worlds[i].first_epoch);
 }
 
@@ -1612,7 +1612,7 @@ Schedule::Place Schedule::Locate(int64_t step) const {
       p.period_end = last ? kNoEnd : first + steps;
       return p;
     }
-    first += steps;
+    first = SatAdd(first, steps);
   }
   return p;
 }
@@ -1673,6 +1673,7 @@ Schedule ScheduleOf(const JobSpec& spec, int64_t train_size,
   // As GrowSchedule made them; whatever a peer sent, a later period
   // replaces those at or past its epoch, and no world is below one.
   for (size_t i = 1; i < worlds.size(); ++i) {
+    if (worlds[i].first_epoch >= s.epochs) break;  // past the end: nothing
     s = GrowSchedule(s, std::max<int64_t>(1, worlds[i].first_epoch),
                      std::clamp(worlds[i].world, 1, 1024),
                      spec.training.max_steps);

@@ -1071,7 +1071,7 @@ void Coordinator::AssignmentLocked(const v1::HeartbeatRequest& req,
   if (member == nullptr) return;
   const std::string key =
       absl::StrCat(w.job_id, "/", job.map_version, "/", job.schedule.plan, "/",
-                   w.rank, "/", member->join_step);
+                   w.rank, "/", member->join_step, "/", w.incarnation);
   if (req.held() == key) {
     out->set_unchanged(true);
     return;
@@ -1568,16 +1568,28 @@ void Coordinator::ScheduleLocked(Notes* notes) {
 // later epoch, which SetMembership decides; a job too near its end to have
 // one left takes nobody.
 void Coordinator::GrowLocked(std::vector<std::string>& idle, Notes* notes) {
-  if (idle.empty() || QueuedLocked() > 0) return;
+  if (idle.empty()) return;
+  for (const std::string& jid : job_order_) {
+    const JobEntry& job = jobs_.at(jid);
+    // A pending job that these workers could start comes first.
+    if (job.proto.state() == v1::PENDING && !EligibleLocked(job, idle).empty())
+      return;
+  }
   for (const std::string& jid : job_order_) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::RUNNING || !job.installed ||
-        job.awaiting_start ||
+        job.awaiting_start || job.grown_out ||
         static_cast<int64_t>(job.slots.size()) >= job.spec.training.max_workers)
       continue;
-    const int64_t version = VersionLocked(job);
-    const Schedule& s = job.schedule;
-    if (s.EpochStartVersion(s.epochs - 1) < version + kJoinMargin + 1) continue;
+    // A first look (SetMembership decides, from every range held): none
+    // when no epoch is left past the job's version.
+    const int64_t window =
+        job.spec.training.consistency.mode == ConsistencyMode::kSsp
+            ? job.spec.training.consistency.staleness
+            : 0;
+    const int64_t bound = VersionLocked(job) + window + kJoinMargin;
+    if (JoinEpoch(job.schedule, bound, job.spec.training.max_steps) < 0)
+      continue;
     std::vector<std::string> free = EligibleLocked(job, idle);
     while (!free.empty() && static_cast<int64_t>(job.slots.size()) <
                                 job.spec.training.max_workers) {
@@ -1753,7 +1765,15 @@ std::vector<Coordinator::ControlTask> Coordinator::TakeTasksLocked() {
       t.desired.push_back(m);
     }
     t.leaves = job.leaves;
-    t.world = static_cast<int>(job.slots.size());
+    // The world a growth makes: up to the highest rank taken (a joiner
+    // that left before its round leaves no empty rank at the end).
+    t.world = job.schedule.last_world();
+    for (size_t r = job.slots.size(); r > 0; --r) {
+      if (!job.slots[r - 1].empty()) {
+        t.world = std::max(t.world, static_cast<int>(r));
+        break;
+      }
+    }
     t.max_steps = job.spec.training.max_steps;
     t.window = job.spec.training.consistency.mode == ConsistencyMode::kSsp
                    ? job.spec.training.consistency.staleness
@@ -1797,6 +1817,7 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
     EventLocked(job, absl::StrCat(id, " cannot join: no epoch is left to "
                                       "start it at"));
     VacateLocked(job, id, notes);
+    job.grown_out = true;  // nor will one be: epochs only pass
   }
   // Slots past the world that nobody took: the job did not grow there.
   while (static_cast<int>(job.slots.size()) > job.schedule.last_world() &&
@@ -1825,8 +1846,12 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
 
 void Coordinator::AdoptPlanLocked(JobEntry& job, const Schedule& grown) {
   const WorldPeriod& p = grown.worlds.back();
+  const bool grew = grown.worlds.size() != job.schedule.worlds.size() ||
+                    p.world != job.schedule.worlds.back().world ||
+                    p.first_epoch != job.schedule.worlds.back().first_epoch;
   job.schedule = grown;
   RecordPlan(job);
+  if (!grew) return;  // the same worlds, numbered again (SetMembership)
   EventLocked(job,
               absl::StrCat("grows to ", p.world, " workers from step ",
                            grown.EpochStartVersion(p.first_epoch), " (epoch ",
@@ -1966,7 +1991,11 @@ void Coordinator::SetMembership(ControlTask& t) {
   bool changed = active.size() != t.desired.size();
   for (const MemberSpec& d : t.desired)
     changed = changed || !Contains(active, d);
-  if (!changed) return;
+  // A round that failed half-way may have left a plan on some ranges that
+  // the job never adopted: every range gets the job's own again, numbered
+  // past it.
+  const bool stray_plan = t.next_plan - 1 > t.schedule.plan;
+  if (!changed && !stray_plan) return;
   std::vector<HoldReport> reports;
   for (const ControlTask::Range& r : t.ranges) {
     absl::StatusOr<HoldReport> h =
@@ -1978,6 +2007,10 @@ void Coordinator::SetMembership(ControlTask& t) {
     reports.push_back(*std::move(h));
   }
   std::vector<MemberSpec> next = DecideMembers(t, active, reports);
+  if (stray_plan && !t.new_schedule.has_value()) {
+    t.new_schedule = t.schedule;
+    t.new_schedule->plan = t.next_plan;
+  }
   PlanChange plan;
   if (t.new_schedule.has_value()) {
     plan.plan = t.new_schedule->plan;
@@ -2042,7 +2075,8 @@ std::vector<MemberSpec> Coordinator::DecideMembers(
   for (const MemberSpec& d : t.desired) {
     if (Contains(active, d)) continue;
     MemberSpec m = d;
-    m.join_step = vmax;
+    // Async steps are each worker's own: a refill starts near the others'.
+    m.join_step = async ? MaxClock(reports, t.schedule.total_steps) : vmax;
     // A rank past the job's world joins it as it grows; one within
     // refills a vacant slot, from the next step.
     if (m.rank >= t.schedule.last_world()) {
@@ -2066,20 +2100,11 @@ void Coordinator::Grow(ControlTask& t, int64_t vmax,
                        std::vector<MemberSpec>& growing,
                        std::vector<MemberSpec>* next) {
   const Schedule& s = t.schedule;
-  int64_t bound = vmax + t.window + kJoinMargin;
-  if (t.async) {
-    bound = 0;
-    for (const HoldReport& h : reports) {
-      for (const MemberProgress& p : h.members)
-        bound = std::max({bound, p.clock, p.pushed_step + 1});
-    }
-    bound += kJoinMargin;
-  }
-  int64_t epoch = s.worlds.back().first_epoch;
-  while (epoch < s.epochs && s.EpochStart(epoch) < bound) ++epoch;
-  const int64_t start_version = s.EpochStartVersion(epoch);
-  if (epoch >= s.epochs ||
-      (t.max_steps > 0 && start_version >= t.max_steps)) {
+  const int64_t bound =
+      t.async ? MaxClock(reports, s.total_steps) + kJoinMargin
+              : vmax + t.window + kJoinMargin;
+  const int64_t epoch = JoinEpoch(s, bound, t.max_steps);
+  if (epoch < 0) {
     for (const MemberSpec& m : growing) t.not_joined.push_back(m.worker_id);
     return;
   }
@@ -2090,6 +2115,29 @@ void Coordinator::Grow(ControlTask& t, int64_t vmax,
     next->push_back(m);
   }
   t.new_schedule = std::move(grown);
+}
+
+int64_t Coordinator::JoinEpoch(const Schedule& s, int64_t bound,
+                               int64_t max_steps) {
+  int64_t epoch = s.worlds.back().first_epoch;
+  while (epoch < s.epochs && s.EpochStart(epoch) < bound) ++epoch;
+  if (epoch >= s.epochs) return -1;
+  if (max_steps > 0 && s.EpochStartVersion(epoch) >= max_steps) return -1;
+  return epoch;
+}
+
+int64_t Coordinator::MaxClock(const std::vector<HoldReport>& reports,
+                              int64_t total_steps) {
+  int64_t clock = 0;
+  for (const HoldReport& h : reports) {
+    for (const MemberProgress& p : h.members) {
+      // A worker's word: one past the schedule is nonsense, not a bound.
+      if (p.clock <= total_steps) clock = std::max(clock, p.clock);
+      if (p.pushed_step < total_steps)
+        clock = std::max(clock, p.pushed_step + 1);
+    }
+  }
+  return clock;
 }
 
 // ------------------------------------------------------------ persistence --

@@ -293,6 +293,8 @@ class Coordinator {
     // The highest plan number sent to any range (Schedule.plan): a new
     // plan is numbered past it, even when a round that sent one failed.
     int64_t plan_sent = 0;
+    // A worker could not join: no epoch is left, and none will be.
+    bool grown_out = false;
     bool dirty = true;       // control-plane work pending
     int64_t generation = 0;  // bumped with every change that needs work
     // Leave steps decided and sent to some range: never decided again
@@ -484,6 +486,15 @@ class Coordinator {
   static std::vector<MemberSpec> DecideMembers(
       ControlTask& task, const std::vector<MemberSpec>& active,
       const std::vector<HoldReport>& reports);
+  // The first epoch a worker may join at: no earlier than the last world
+  // decided, starting at or past `bound`, before the end and max_steps;
+  // -1 when there is none.
+  static int64_t JoinEpoch(const Schedule& s, int64_t bound,
+                           int64_t max_steps);
+  // The furthest clock the held ranges saw a member at (async), ignoring
+  // values past the schedule's end.
+  static int64_t MaxClock(const std::vector<HoldReport>& reports,
+                          int64_t total_steps);
   // DecideMembers' joiners past the world: their epoch and the new plan.
   static void Grow(ControlTask& task, int64_t vmax,
                    const std::vector<HoldReport>& reports,

@@ -202,10 +202,13 @@ void ParameterShard::ReleaseLocked(std::unique_ptr<std::vector<float>> b) {
 }
 
 void ParameterShard::PoolLocked(std::unique_ptr<std::vector<float>> b) {
-  // As many as a step stages (a push a member): a step's buffers come back
-  // for the next instead of being freed and made again, zeroed, by the
-  // hundred (bench/swarm.sh: 256 members).
-  if (!retired_ && staging_pool_.size() < members_.size() + 8)
+  // As many as a step stages (a push a member), within 256 MiB: a step's
+  // buffers come back for the next instead of being freed and made again,
+  // zeroed, by the hundred (bench/swarm.sh: 256 members).
+  constexpr int64_t kPoolBytes = int64_t{256} << 20;
+  const size_t by_bytes = static_cast<size_t>(
+      std::max<int64_t>(8, kPoolBytes / std::max<int64_t>(1, 4 * num_params_)));
+  if (!retired_ && staging_pool_.size() < std::min(members_.size() + 8, by_bytes))
     staging_pool_.push_back(std::move(b));
 }
 
@@ -308,7 +311,8 @@ void ParameterShard::SetMembersLocked(const std::vector<MemberSpec>& members,
 }
 
 absl::Status ParameterShard::SetMembers(const std::vector<MemberSpec>& members,
-                                        int64_t hold_id) {
+                                        int64_t hold_id,
+                                        const PlanChange& plan) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
@@ -316,6 +320,8 @@ absl::Status ParameterShard::SetMembers(const std::vector<MemberSpec>& members,
       return absl::FailedPreconditionError(absl::StrCat(
           "hold ", hold_id, " is not in force (it lapsed or was replaced)"));
     }
+    if (plan.plan > 0)
+      TALLY_RETURN_IF_ERROR(SetPlanLocked(plan.plan, plan.total_steps));
     SetMembersLocked(members, &ready);
     if (hold_id != 0) hold_id_ = 0;
     MaybeCloseLocked(&ready);
@@ -478,6 +484,10 @@ void ParameterShard::InstallPlan(int64_t plan) {
 
 absl::Status ParameterShard::SetPlan(int64_t plan, int64_t total_steps) {
   absl::MutexLock lock(&mu_);
+  return SetPlanLocked(plan, total_steps);
+}
+
+absl::Status ParameterShard::SetPlanLocked(int64_t plan, int64_t total_steps) {
   if (plan <= plan_) return absl::OkStatus();
   if (total_steps <= version_) {
     return absl::InvalidArgumentError(absl::StrCat(

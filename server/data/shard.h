@@ -139,9 +139,11 @@ class ParameterShard {
   // one for the step before it counts as committed (another shard counted
   // it, so this one has it too). With `hold_id`, releases that hold:
   // kFailedPrecondition (nothing changed) when that hold is not the one in
-  // force (it lapsed, or another replaced it).
+  // force (it lapsed, or another replaced it). With a plan (a worker
+  // joined: SetPlan), the plan and the members are taken together or not
+  // at all.
   absl::Status SetMembers(const std::vector<MemberSpec>& members,
-                          int64_t hold_id = 0);
+                          int64_t hold_id = 0, const PlanChange& plan = {});
   std::vector<MemberSpec> Members() const;
   // Every member's progress (for the straggler report).
   std::vector<MemberProgress> Progress() const;
@@ -470,6 +472,8 @@ class ParameterShard {
   // A push (or a commit) of `step` is whole here; the step `closed` is
   // published.
   void NoteLocked(int64_t step, bool commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetPlanLocked(int64_t plan, int64_t total_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step version_ closes with `required` (in rank order), `samples`.
   void NoteClosedLocked(const std::vector<Member*>& required, int64_t samples)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -178,10 +178,7 @@ absl::Status ShardHost::SetMembers(const std::string& job_id,
                                    const std::vector<MemberSpec>& members,
                                    int64_t hold_id, const PlanChange& plan) {
   TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
-  // The plan first: the hold keeps every step open until SetMembers.
-  if (plan.plan > 0)
-    TALLY_RETURN_IF_ERROR(r.shard->SetPlan(plan.plan, plan.total_steps));
-  return r.shard->SetMembers(members, hold_id);
+  return r.shard->SetMembers(members, hold_id, plan);
 }
 
 absl::Status ShardHost::Retire(const std::string& job_id, int64_t map_version) {

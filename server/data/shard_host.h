@@ -73,6 +73,7 @@ class ShardHost {
 
   // Given to every range installed from now on
   // (ParameterShard::SetPublishObserver): the metrics' publish latency.
+  // Set before the host serves (not guarded: read by Install).
   void set_publish_observer(
       std::function<void(const ParameterShard::PublishTimes&)> observer) {
     publish_observer_ = std::move(observer);
