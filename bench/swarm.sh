@@ -31,6 +31,7 @@
 #   bench/swarm.sh [N ...]            (default 16 64 128 256)
 #   SHARDS="1 2 4" STEPS=200 PARAMS=16384 TLS="0 1" PARTS="rows idle death"
 #   SERVER_FLAGS=... (the coordinator's, e.g. --lease_timeout_ms=10000)
+#   SHARD_FLAGS=...  (the shards', e.g. --streamed_sums_min_bytes=0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=$PWD/build
@@ -82,7 +83,7 @@ start_servers() {
   for ((i = 0; i < k; i++)); do
     $SERVER_CPU "$B/server/tally-server" "${tls_flags[@]}" --listen=127.0.0.1 --port=$((cport + 10 + i)) \
       --coordinator=127.0.0.1:$cport --advertise=127.0.0.1:$((cport + 10 + i)) \
-      --metrics_port=$((cport + 1010 + i)) \
+      --metrics_port=$((cport + 1010 + i)) ${SHARD_FLAGS:-} \
       > "$tmp/shard$i.log" 2>&1 &
     shard_pids+=($!)
     pids+=($!)
