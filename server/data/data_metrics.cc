@@ -11,10 +11,12 @@ namespace {
 
 // 20 us to about 30 s, each bound 1.25 times the last: fine enough to read
 // a p99 against a p50.
-prometheus::Histogram::BucketBoundaries FineBuckets() {
+prometheus::Histogram& AddFineHistogram(prometheus::Registry& r,
+                                        const char* name, const char* help) {
   std::vector<double> b;
   for (double x = 20e-6; x < 30; x *= 1.25) b.push_back(x);
-  return b;
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
+      {}, prometheus::Histogram::BucketBoundaries(b));
 }
 
 }  // namespace
@@ -32,18 +34,12 @@ DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& r)
       pull_wait_seconds_(AddLatencyHistogram(
           r, "tally_pull_wait_seconds",
           "Time a pull waited for its version (the step to close)")),
-      publish_seconds_(prometheus::BuildHistogram()
-                           .Name("tally_step_publish_seconds")
-                           .Help("Time from a step's last push to its "
-                                 "version being published")
-                           .Register(r)
-                           .Add({}, FineBuckets())),
-      close_seconds_(prometheus::BuildHistogram()
-                         .Name("tally_step_close_seconds")
-                         .Help("Time from a step's last commit to its "
-                               "version being published")
-                         .Register(r)
-                         .Add({}, FineBuckets())),
+      publish_seconds_(AddFineHistogram(
+          r, "tally_step_publish_seconds",
+          "Time from a step's last push to its version being published")),
+      close_seconds_(AddFineHistogram(
+          r, "tally_step_close_seconds",
+          "Time from a step's last commit to its version being published")),
       pushes_(prometheus::BuildCounter()
                   .Name("tally_pushes_total")
                   .Help("Push calls by result")
