@@ -1,5 +1,6 @@
 #include "server/data/shard_host.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -110,8 +111,14 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_ASSIGN_OR_RETURN(std::shared_ptr<ParameterShard> shard,
                          MakeShard(req, spec));
   shard->SetConsistency(spec.training.consistency);
+  // Staged, a step holds a range-sized buffer for each member and the close
+  // sums them all: stream once that, or the range alone, reaches the
+  // threshold (hundreds of workers on a small range: bench/README.md).
+  const int64_t most =
+      std::max(spec.training.workers, spec.training.max_workers);
   shard->SetStreamedSums(streamed_sums_ &&
-                         req.count() >= streamed_sums_min_elements_);
+                         (count >= streamed_sums_min_elements_ ||
+                          count * most >= streamed_sums_min_elements_));
   shard->InstallPlan(req.schedule().plan());
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch(),

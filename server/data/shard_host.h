@@ -57,8 +57,9 @@ class ShardHost {
 
   // Whether ranges installed from now on sum pushes as they arrive where
   // their job allows (ParameterShard::SetStreamedSums): ranges of at least
-  // `min_elements` values (smaller ones stage each push whole, which costs
-  // little memory there and was faster).
+  // `min_elements` values, or whose job's workers (its most, if it may
+  // grow) would stage that many in all (smaller ones stage each push
+  // whole, which costs little memory there and was faster).
   void set_streamed_sums(bool on, int64_t min_elements) {
     streamed_sums_ = on;
     streamed_sums_min_elements_ = min_elements;

@@ -59,6 +59,41 @@ TEST(ShardHostTest, SharedRegionsStayWithinTheirBounds) {
   EXPECT_FALSE(host.ReserveSharedRegion(owner(1000), 1));
 }
 
+// A range sums pushes as they arrive when it is large, or when its job's
+// workers would stage as much in all (its most workers, if it may grow);
+// otherwise it stages each push whole.
+TEST(ShardHostTest, StreamsLargeRangesAndRangesOfManyWorkers) {
+  ShardHost host(nullptr);
+  host.set_streamed_sums(true, 1000);
+  auto streams = [&host](const std::string& workers, int64_t count) {
+    static int job = 0;
+    v1::InstallRangeRequest req;
+    req.set_job_id(absl::StrCat("job-", ++job));
+    req.set_spec(absl::StrCat(
+        "name: s\nmodel: {layers: [{linear: {in_features: 99, "
+        "out_features: 20}}]}\ndataset: {name: synthetic, features: 99, "
+        "classes: 20, train_size: 64}\ntraining: {workers: ",
+        workers, "}\n"));
+    req.set_map_version(1);
+    req.set_count(count);
+    req.mutable_schedule()->set_train_size(64);
+    req.mutable_schedule()->set_steps_per_epoch(1);
+    req.mutable_schedule()->set_total_steps(1);
+    absl::Status s = host.Install(req);
+    EXPECT_TRUE(s.ok()) << s;
+    absl::StatusOr<Range> range = host.Find(req.job_id());
+    return range.ok() && range->shard->StreamsPushes();
+  };
+  EXPECT_FALSE(streams("2", 100));    // 200 values staged at most
+  EXPECT_FALSE(streams("9", 100));    // 900
+  EXPECT_TRUE(streams("10", 100));    // 1000
+  EXPECT_TRUE(streams("1", 1000));    // the range alone
+  EXPECT_FALSE(streams("{min: 2, max: 9}", 100));
+  EXPECT_TRUE(streams("{min: 2, max: 16}", 100));  // once it has grown
+  host.set_streamed_sums(false, 0);
+  EXPECT_FALSE(streams("16", 2000));
+}
+
 TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
   ServerOptions o;
   o.join = "127.0.0.1:1";  // no coordinator there: it keeps retrying, harmless
