@@ -91,8 +91,9 @@ ABSL_FLAG(bool, streamed_sums, true,
 ABSL_FLAG(int64_t, streamed_sums_min_bytes,
           tally::ServerOptions().streamed_sums_min_bytes,
           "With --streamed_sums: ranges smaller than this stage their pushes "
-          "unless their workers' pushes together reach it (small pushes "
-          "summed as they arrive were slower with few workers)");
+          "unless the job's most workers would stage this much on them in "
+          "all (small pushes summed as they arrive were slower with few "
+          "workers)");
 ABSL_FLAG(int64_t, max_table_bytes, 0,
           "The bytes the rows of every job's embedding tables held by this "
           "shard may take together (values and optimizer slots); a pull "

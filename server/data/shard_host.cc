@@ -112,8 +112,10 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
                          MakeShard(req, spec));
   shard->SetConsistency(spec.training.consistency);
   // Staged, a step holds a range-sized buffer for each member and the close
-  // sums them all: stream once that, or the range alone, reaches the
-  // threshold (hundreds of workers on a small range: bench/README.md).
+  // sums them all after the last push: stream once that, or the range
+  // alone, reaches the threshold (hundreds of workers on a small range:
+  // bench/README.md). A job that may grow counts its most workers, from
+  // its first step.
   const int64_t most =
       std::max(spec.training.workers, spec.training.max_workers);
   shard->SetStreamedSums(streamed_sums_ &&

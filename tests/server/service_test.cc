@@ -1206,10 +1206,32 @@ class SharedMemoryTest : public ServiceTest {
     c->set_shared_offset(at);
     return m;
   }
+
+  // Three steps in float32 and one in bfloat16, pushed from the region and
+  // pulled into it, checked against the weights the SGD rule makes.
+  void PushAndPullThroughTheRegion();
 };
 
 TEST_F(SharedMemoryTest, AWorkerOnTheShardsHostPushesAndPullsThroughIt) {
   StartJob();
+  absl::StatusOr<Range> range = server_->shard_host()->Find(job_);
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_FALSE(range->shard->StreamsPushes());
+  PushAndPullThroughTheRegion();
+}
+
+// The same when the shard adds each push to the step's sum as it arrives
+// (a small range streams when many workers would stage on it).
+TEST_F(SharedMemoryTest, AStreamedRangeTakesPushesFromTheRegion) {
+  server_->shard_host()->set_streamed_sums(true, 0);
+  StartJob();
+  absl::StatusOr<Range> range = server_->shard_host()->Find(job_);
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_TRUE(range->shard->StreamsPushes());
+  PushAndPullThroughTheRegion();
+}
+
+void SharedMemoryTest::PushAndPullThroughTheRegion() {
   SharedStream s = Open();
   ASSERT_NE(s.region, nullptr);
   EXPECT_EQ(s.offer.pid(), getpid());

@@ -89,7 +89,7 @@ TEST(ShardHostTest, StreamsLargeRangesAndRangesOfManyWorkers) {
   EXPECT_TRUE(streams("10", 100));    // 1000
   EXPECT_TRUE(streams("1", 1000));    // the range alone
   EXPECT_FALSE(streams("{min: 2, max: 9}", 100));
-  EXPECT_TRUE(streams("{min: 2, max: 16}", 100));  // once it has grown
+  EXPECT_TRUE(streams("{min: 2, max: 16}", 100));  // from the start
   host.set_streamed_sums(false, 0);
   EXPECT_FALSE(streams("16", 2000));
 }
