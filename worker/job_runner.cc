@@ -137,7 +137,7 @@ JobRunner::State JobRunner::Pull() {
   if (async && !clock_set_) {
     // A runner that starts on a running async job (a new shard map, a
     // replacement worker) goes on about where its rank would be.
-    next_ = std::max(next_, version / schedule_.last_world());
+    next_ = std::max(next_, schedule_.ClockOfVersion(version));
   }
   clock_set_ = true;
   // bsp and ssp: a step below the weights' version closed without us (we

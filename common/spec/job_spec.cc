@@ -1638,6 +1638,22 @@ int64_t Schedule::EpochOfVersion(int64_t v) const {
   return 0;
 }
 
+int64_t Schedule::ClockOfVersion(int64_t v) const {
+  const int64_t e = EpochOfVersion(v);
+  const int64_t start = EpochStart(e);
+  const int world = Locate(start).world;
+  const int64_t per_step = async ? std::max(1, world) : 1;
+  return SatAdd(start, std::max<int64_t>(0, v - EpochStartVersion(e)) /
+                           per_step);
+}
+
+int64_t Schedule::FirstStepOfRank(int rank) const {
+  for (const WorldPeriod& p : worlds) {
+    if (rank < p.world) return EpochStart(p.first_epoch);
+  }
+  return EpochStart(epochs);
+}
+
 Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world) {
   Schedule s;
   s.train_size = train_size;

@@ -263,6 +263,14 @@ struct Schedule {
   int64_t EpochStartVersion(int64_t epoch) const;
   // The epoch version `v` is in (past the end: epochs - 1).
   int64_t EpochOfVersion(int64_t v) const;
+  // The step a worker is at when the job is at version `v`: the version
+  // itself in bsp and ssp; in async, where every member's push is a
+  // version, the start of v's epoch plus its versions there over the
+  // epoch's world.
+  int64_t ClockOfVersion(int64_t v) const;
+  // The first step at which rank `rank` has data: the start of the first
+  // epoch whose world includes it (0 for the first world's ranks).
+  int64_t FirstStepOfRank(int rank) const;
   // The world the job ends with.
   int last_world() const { return worlds.empty() ? 1 : worlds.back().world; }
 };

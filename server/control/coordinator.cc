@@ -1582,12 +1582,14 @@ void Coordinator::GrowLocked(std::vector<std::string>& idle, Notes* notes) {
         static_cast<int64_t>(job.slots.size()) >= job.spec.training.max_workers)
       continue;
     // A first look (SetMembership decides, from every range held): none
-    // when no epoch is left past the job's version.
+    // when no epoch is left past where the workers are (in async, a
+    // version is a member's push: about world versions a step).
     const int64_t window =
         job.spec.training.consistency.mode == ConsistencyMode::kSsp
             ? job.spec.training.consistency.staleness
             : 0;
-    const int64_t bound = VersionLocked(job) + window + kJoinMargin;
+    const int64_t bound =
+        job.schedule.ClockOfVersion(VersionLocked(job)) + window + kJoinMargin;
     if (JoinEpoch(job.schedule, bound, job.spec.training.max_steps) < 0)
       continue;
     std::vector<std::string> free = EligibleLocked(job, idle);
@@ -2076,7 +2078,12 @@ std::vector<MemberSpec> Coordinator::DecideMembers(
     if (Contains(active, d)) continue;
     MemberSpec m = d;
     // Async steps are each worker's own: a refill starts near the others'.
-    m.join_step = async ? MaxClock(reports, t.schedule.total_steps) : vmax;
+    // Not before its rank has data (a slot of a world still to come: the
+    // joiner that took it left before its epoch), or it would push empty
+    // steps, each one of an async job's versions.
+    m.join_step = std::max(
+        async ? MaxClock(reports, t.schedule.total_steps) : vmax,
+        t.schedule.FirstStepOfRank(m.rank));
     // A rank past the job's world joins it as it grows; one within
     // refills a vacant slot, from the next step.
     if (m.rank >= t.schedule.last_world()) {
@@ -2119,8 +2126,10 @@ void Coordinator::Grow(ControlTask& t, int64_t vmax,
 
 int64_t Coordinator::JoinEpoch(const Schedule& s, int64_t bound,
                                int64_t max_steps) {
-  int64_t epoch = s.worlds.back().first_epoch;
-  while (epoch < s.epochs && s.EpochStart(epoch) < bound) ++epoch;
+  // The first epoch that starts at or past `bound`, in the last world.
+  const Schedule::Place at = s.Locate(bound);
+  const int64_t epoch = std::max(s.worlds.back().first_epoch,
+                                 at.index == 0 ? at.epoch : at.epoch + 1);
   if (epoch >= s.epochs) return -1;
   if (max_steps > 0 && s.EpochStartVersion(epoch) >= max_steps) return -1;
   return epoch;
@@ -2150,6 +2159,12 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   // The spec was checked when the file was read (with the default limits;
   // a spec a larger --max_params admitted is read with that).
   job.spec = *ParseJobSpec(job.proto.spec(), options_.spec_limits);
+  if (was_running && !stored.has_state && job.proto.membership_size() > 0) {
+    // It starts again from its first step (below): with the workers it
+    // was submitted with, not those it had grown to.
+    job.proto.clear_membership();
+    job.proto.set_plan(job.proto.plan() + 1);
+  }
   RestorePlan(job);
   v1::JobMetrics* m = job.proto.mutable_metrics();
   m->set_samples_per_sec(0.0);

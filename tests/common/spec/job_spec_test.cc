@@ -684,6 +684,18 @@ TEST(ScheduleTest, AJobGrowsAtAnEpochAndEverySampleIsSeenOncePerEpoch) {
   EXPECT_EQ(a.total_steps, 2 * 8 + 3 * 9);
   EXPECT_EQ(a.EpochStart(3), 19);         // a worker's steps
   EXPECT_EQ(a.EpochStartVersion(3), 25);  // versions
+  // Where a worker is at a version: one version a step on one worker,
+  // three from the third epoch; bsp counts steps.
+  EXPECT_EQ(a.ClockOfVersion(7), 7);
+  EXPECT_EQ(a.ClockOfVersion(16), 16);
+  EXPECT_EQ(a.ClockOfVersion(24), 18);
+  EXPECT_EQ(a.ClockOfVersion(25), 19);
+  EXPECT_EQ(grown.ClockOfVersion(20), 20);
+  // The first step with data for a rank: its world's first epoch.
+  EXPECT_EQ(grown.FirstStepOfRank(0), 0);
+  EXPECT_EQ(grown.FirstStepOfRank(2), 16);
+  EXPECT_EQ(twice.FirstStepOfRank(1), 16);
+  EXPECT_EQ(twice.FirstStepOfRank(2), 16);
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {
