@@ -353,10 +353,11 @@ HoldReport ParameterShard::Hold(int64_t hold_id, absl::Time deadline) {
   hold_deadline_ = deadline;
   HoldReport r;
   r.version = version_;
+  // With each member's clock: an async job's joiners start past them all.
   for (const auto& [id, m] : members_) {
-    MemberProgress p{id, m.spec.incarnation, m.pushed_step, m.committed_step};
-    p.last_refused = m.last_refused;
-    r.members.push_back(std::move(p));
+    r.members.push_back({id, m.spec.incarnation, m.pushed_step,
+                         m.committed_step, m.clock, m.waiting,
+                         m.last_refused});
   }
   return r;
 }
