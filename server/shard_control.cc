@@ -45,6 +45,8 @@ MemberProgress FromProto(const v1::MemberProgress& m) {
   p.incarnation = m.incarnation();
   p.pushed_step = m.pushed_step();
   p.committed_step = m.committed_step();
+  p.clock = m.clock();
+  p.waiting = m.waiting();
   p.last_refused = m.last_refused();
   return p;
 }
@@ -55,6 +57,8 @@ v1::MemberProgress ToProto(const MemberProgress& m) {
   p.set_incarnation(m.incarnation);
   p.set_pushed_step(m.pushed_step);
   p.set_committed_step(m.committed_step);
+  p.set_clock(m.clock);
+  p.set_waiting(m.waiting);
   p.set_last_refused(m.last_refused);
   return p;
 }

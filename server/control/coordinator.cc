@@ -2159,7 +2159,7 @@ Coordinator::JobEntry Coordinator::FromStored(StoredJob stored) const {
   // The spec was checked when the file was read (with the default limits;
   // a spec a larger --max_params admitted is read with that).
   job.spec = *ParseJobSpec(job.proto.spec(), options_.spec_limits);
-  if (was_running && !stored.has_state && job.proto.membership_size() > 0) {
+  if (was_running && !stored.has_state && job.proto.membership_size() > 1) {
     // It starts again from its first step (below): with the workers it
     // was submitted with, not those it had grown to.
     job.proto.clear_membership();

@@ -110,3 +110,30 @@ TEST(RemoteShardControlTest, MorePartsThanAStateHasAreRefused) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// A hold's report crosses the wire whole: an async job's join bound reads
+// each member's clock from a shard on another host.
+TEST(ShardControlProtoTest, AMembersProgressCrossesTheWireWhole) {
+  MemberProgress p;
+  p.worker_id = "worker-7";
+  p.incarnation = 3;
+  p.pushed_step = 41;
+  p.committed_step = 40;
+  p.clock = 42;
+  p.waiting = true;
+  p.last_refused = true;
+  const MemberProgress q = FromProto(ToProto(p));
+  EXPECT_EQ(q.worker_id, p.worker_id);
+  EXPECT_EQ(q.incarnation, p.incarnation);
+  EXPECT_EQ(q.pushed_step, p.pushed_step);
+  EXPECT_EQ(q.committed_step, p.committed_step);
+  EXPECT_EQ(q.clock, p.clock);
+  EXPECT_EQ(q.waiting, p.waiting);
+  EXPECT_EQ(q.last_refused, p.last_refused);
+}
+
+}  // namespace
+}  // namespace tally
