@@ -54,8 +54,8 @@ struct ServerOptions {
   MetricsEndpoint* metrics = nullptr;
   // Shards sum pushes as they arrive (bsp without backup workers) instead
   // of staging each whole (server/data/shard.h), in ranges of at least
-  // streamed_sums_min_bytes (4 bytes a value), or whose job's workers'
-  // pushes together reach it.
+  // streamed_sums_min_bytes (4 bytes a value), or on which the job's most
+  // workers would stage that much in all.
   bool streamed_sums = true;
   int64_t streamed_sums_min_bytes = int64_t{16} << 20;
   // A worker on this host may share memory with a shard for its pushes and

@@ -108,12 +108,6 @@ TEST(RemoteShardControlTest, MorePartsThanAStateHasAreRefused) {
   server->Shutdown();
 }
 
-}  // namespace
-}  // namespace tally
-
-namespace tally {
-namespace {
-
 // A hold's report crosses the wire whole: an async job's join bound reads
 // each member's clock from a shard on another host.
 TEST(ShardControlProtoTest, AMembersProgressCrossesTheWireWhole) {
