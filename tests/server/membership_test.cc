@@ -27,8 +27,20 @@ training: {workers: 2, shards: 2}
 optimizer: {type: sgd, lr: 1.0, momentum: 0.0}
 )";
 
+// The same model on a job that may grow: 8 samples, one a batch, so 4
+// steps an epoch on two workers.
+constexpr char kGrowingSpec[] = R"(
+name: grows
+model: {layers: [{linear: {in_features: 4, out_features: 2}}]}
+dataset: {name: synthetic, features: 4, classes: 2, train_size: 8}
+training: {workers: {min: 2, max: 3}, shards: 2, batch_size: 1, epochs: 10}
+optimizer: {type: sgd, lr: 1.0, momentum: 0.0}
+)";
+
 class MembershipTest : public ::testing::TestWithParam<bool> {
  protected:
+  virtual const char* Spec() const { return kSpec; }
+
   MembershipTest() : local_(&clock_), remote_(&clock_), coord_(Options()) {
     local_.set_streamed_sums(GetParam(), 0);
     remote_.set_streamed_sums(GetParam(), 0);
@@ -50,7 +62,7 @@ class MembershipTest : public ::testing::TestWithParam<bool> {
     v1::RegisterShardRequest rs;
     rs.set_address("127.0.0.1:1");
     shard_ = coord_.RegisterShard(rs);
-    auto job = coord_.Submit(kSpec);
+    auto job = coord_.Submit(Spec());
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = job->id();
     a_ = Register("a");
@@ -228,6 +240,55 @@ TEST_P(MembershipTest, AJoiningWorkerStartsAtTheSameStepOnEveryShard) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sums, MembershipTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Streamed" : "Staged";
+                         });
+
+class GrowingMembershipTest : public MembershipTest {
+ protected:
+  const char* Spec() const override { return kGrowingSpec; }
+  // Where `w` is a member on each range: its join step, -1 where it is not.
+  std::vector<int64_t> JoinSteps(const v1::RegisterWorkerResponse& w) {
+    std::vector<int64_t> out;
+    for (const Range& r : ranges_) {
+      int64_t join = -1;
+      for (const MemberSpec& m : r.shard->Members())
+        if (m.worker_id == w.worker_id()) join = m.join_step;
+      out.push_back(join);
+    }
+    return out;
+  }
+};
+
+// A worker that joins a growing job starts the next epoch on every range;
+// if it dies before then, the worker that takes its slot starts there too,
+// not at the job's step (its rank has no data before that epoch).
+TEST_P(GrowingMembershipTest, ARefillOfAJoinersSlotStartsAtItsEpoch) {
+  auto c = Register("c");
+  ASSERT_TRUE(Beat(c).ok());
+  auto joined = Beat(c);
+  ASSERT_TRUE(joined.ok() && joined->has_assignment());
+  EXPECT_EQ(joined->assignment().rank(), 2);
+  EXPECT_EQ(joined->assignment().join_step(), 4);  // epoch 1
+  EXPECT_EQ(JoinSteps(c), (std::vector<int64_t>{4, 4}));
+  // c goes silent before step 4; a and b keep their leases.
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(2));
+    ASSERT_TRUE(Beat(a_).ok());
+    ASSERT_TRUE(Beat(b_).ok());
+    ShardBeat();
+    coord_.Tick();
+  }
+  auto d = Register("d");
+  ASSERT_TRUE(Beat(d).ok());
+  auto refilled = Beat(d);
+  ASSERT_TRUE(refilled.ok() && refilled->has_assignment());
+  EXPECT_EQ(refilled->assignment().rank(), 2);
+  EXPECT_EQ(refilled->assignment().join_step(), 4);
+  EXPECT_EQ(JoinSteps(d), (std::vector<int64_t>{4, 4}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sums, GrowingMembershipTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "Streamed" : "Staged";
                          });
