@@ -12,28 +12,19 @@
 #   swarm_test.sh BUILD
 set -euo pipefail
 B=$(cd "$1" && pwd)
-. "$(dirname "$0")/process_helpers.sh"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; tail -n 20 "$tmp"/*.log >&2 || true; exit 1; }
+. "$(dirname "$0")/process_helpers.sh"  # dir, pids, fail, free_port
 lease_ms=2000
 
 start_servers() {  # sets port
   port=$(free_port)
   "$B/server/tally-server" --listen=127.0.0.1 --port="$port" --noshard \
-    --lease_timeout_ms=$lease_ms --metrics_port=$((port + 1)) > "$tmp/coord.log" 2>&1 &
+    --lease_timeout_ms=$lease_ms --metrics_port=$((port + 1)) > "$dir/coord.log" 2>&1 &
   pids+=($!)
   local sp
   sp=$(free_port)
   "$B/server/tally-server" --listen=127.0.0.1 --port="$sp" --coordinator=127.0.0.1:"$port" \
     --advertise=127.0.0.1:"$sp" \
-    > "$tmp/shard.log" 2>&1 &
+    > "$dir/shard.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do
     [[ $("$B/client/tally" --server=127.0.0.1:"$port" shards 2>/dev/null) == *live* ]] && return
@@ -55,7 +46,7 @@ expiries() {
 # all
 start_servers
 "$B/bench/tally-bench-swarm" --server=127.0.0.1:"$port" --workers=32 --submit \
-  --job_workers=32 --steps=100 --params=4096 > "$tmp/all.json" 2> "$tmp/all.log" ||
+  --job_workers=32 --steps=100 --params=4096 > "$dir/all.json" 2> "$dir/all.log" ||
   fail "the swarm failed"
 state=$(job_json | field "j['state']")
 samples=$(job_json | field "j['metrics']['samples']")
@@ -69,10 +60,10 @@ stop_servers
 start_servers
 "$B/bench/tally-bench-swarm" --server=127.0.0.1:"$port" --workers=32 --submit \
   --job_workers=32 --steps=40 --params=4096 --kill=1 --kill_at=20 \
-  > "$tmp/killed.json" 2> "$tmp/killed.log" || fail "the swarm failed"
+  > "$dir/killed.json" 2> "$dir/killed.log" || fail "the swarm failed"
 state=$(job_json | field "j['state']")
 samples=$(job_json | field "j['metrics']['samples']")
-closed=$(field "j['death_to_close_seconds']" < "$tmp/killed.json")
+closed=$(field "j['death_to_close_seconds']" < "$dir/killed.json")
 [[ $state == SUCCEEDED ]] || fail "the job is $state"
 # Steps 0..19 with 32, 20..39 with the 31 left.
 [[ $samples == $((20 * 32 + 20 * 31)) ]] || fail "$samples samples, want $((20 * 32 + 20 * 31))"

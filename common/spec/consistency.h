@@ -31,10 +31,15 @@ struct ConsistencySpec {
   // other members' and stepped when the step closes, as the dense part.
   bool tables_async = false;
 
+  // How many steps a worker may run ahead of the weights' version: the
+  // staleness in ssp, 0 in bsp (async has no bound).
+  int64_t Window() const {
+    return mode == ConsistencyMode::kSsp ? staleness : 0;
+  }
   // The versions a worker at `clock` may compute from start here.
   int64_t FirstUsableVersion(int64_t clock) const {
     if (mode == ConsistencyMode::kAsync) return 0;
-    const int64_t v = clock - (mode == ConsistencyMode::kSsp ? staleness : 0);
+    const int64_t v = clock - Window();
     return v > 0 ? v : 0;
   }
 };

@@ -1584,12 +1584,9 @@ void Coordinator::GrowLocked(std::vector<std::string>& idle, Notes* notes) {
     // A first look (SetMembership decides, from every range held): none
     // when no epoch is left past where the workers are (in async, a
     // version is a member's push: about world versions a step).
-    const int64_t window =
-        job.spec.training.consistency.mode == ConsistencyMode::kSsp
-            ? job.spec.training.consistency.staleness
-            : 0;
-    const int64_t bound =
-        job.schedule.ClockOfVersion(VersionLocked(job)) + window + kJoinMargin;
+    const int64_t bound = job.schedule.ClockOfVersion(VersionLocked(job)) +
+                          job.spec.training.consistency.Window() +
+                          kJoinMargin;
     if (JoinEpoch(job.schedule, bound, job.spec.training.max_steps) < 0)
       continue;
     std::vector<std::string> free = EligibleLocked(job, idle);
@@ -1777,9 +1774,7 @@ std::vector<Coordinator::ControlTask> Coordinator::TakeTasksLocked() {
       }
     }
     t.max_steps = job.spec.training.max_steps;
-    t.window = job.spec.training.consistency.mode == ConsistencyMode::kSsp
-                   ? job.spec.training.consistency.staleness
-                   : 0;
+    t.window = job.spec.training.consistency.Window();
     t.next_plan = job.plan_sent + 1;
     t.generation = job.generation;
     t.hold_id = next_hold_++;

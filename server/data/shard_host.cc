@@ -111,16 +111,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_ASSIGN_OR_RETURN(std::shared_ptr<ParameterShard> shard,
                          MakeShard(req, spec));
   shard->SetConsistency(spec.training.consistency);
-  // Staged, a step holds a range-sized buffer for each member and the close
-  // sums them all after the last push: stream once that, or the range
-  // alone, reaches the threshold (hundreds of workers on a small range:
-  // bench/README.md). A job that may grow counts its most workers, from
-  // its first step.
-  const int64_t most =
-      std::max(spec.training.workers, spec.training.max_workers);
-  shard->SetStreamedSums(streamed_sums_ &&
-                         (count >= streamed_sums_min_elements_ ||
-                          count * most >= streamed_sums_min_elements_));
+  shard->SetStreamedSums(StreamsSums(spec, count));
   shard->InstallPlan(req.schedule().plan());
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch(),
@@ -152,6 +143,17 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
         absl::UnavailableError("the job was placed again: pull again"));
   }
   return absl::OkStatus();
+}
+
+bool ShardHost::StreamsSums(const JobSpec& spec, int64_t count) const {
+  // Staged, a step holds a range-sized buffer for each member and the close
+  // sums them all after the last push: stream once those buffers together
+  // reach the threshold (a large range, or hundreds of workers on a small
+  // one: bench/README.md). A job that may grow counts its most workers,
+  // from its first step.
+  const int64_t most = std::max<int64_t>(
+      1, std::max(spec.training.workers, spec.training.max_workers));
+  return streamed_sums_ && count * most >= streamed_sums_min_elements_;
 }
 
 absl::StatusOr<Range> ShardHost::Find(const std::string& job_id,

@@ -183,6 +183,9 @@ class ShardHost {
   // The job's tables (model.embeddings), on the range's slot.
   absl::Status AttachTables(const v1::InstallRangeRequest& req,
                             const JobSpec& spec, ParameterShard& shard);
+  // Whether a range of `count` values of the job sums pushes as they
+  // arrive (set_streamed_sums).
+  bool StreamsSums(const JobSpec& spec, int64_t count) const;
   const Clock* clock_;
   bool streamed_sums_ = true;
   std::shared_ptr<std::atomic<int64_t>> table_budget_;
