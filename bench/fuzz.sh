@@ -2,7 +2,8 @@
 # Fuzzes what Tally reads from outside: the job spec parser and validator, a
 # pushed tensor chunk, a checkpoint file, a .safetensors file, a .npy
 # header, a CSV table, an image (PNG, JPEG), a vocabulary and the text it
-# tokenizes. Builds the
+# tokenizes, and the directory trees a dataset's paths may name (links,
+# loops, FIFOs, huge sparse files). Builds the
 # libFuzzer harnesses (tests/fuzz) with clang, AddressSanitizer and UBSan in
 # build-fuzz/, then runs each for SECONDS (default 600) from its committed
 # seed corpus (tests/fuzz/corpus/NAME; new inputs go to build-fuzz/corpus/NAME),
@@ -10,6 +11,7 @@
 # size, and whether it crashed (the crashing input is kept in build-fuzz/).
 #   bench/fuzz.sh [SECONDS] [HARNESS ...]     HARNESS: job_spec tensor_chunk
 #                                             checkpoint safetensors npy csv image text
+#                                             data_paths
 #   bench/fuzz.sh --build-only
 #   bench/fuzz.sh --no-build SECONDS HARNESS   (ctest's fuzz_* tests)
 set -euo pipefail
@@ -26,7 +28,7 @@ for a in "$@"; do
     *) harnesses+=("$a") ;;
   esac
 done
-((${#harnesses[@]})) || harnesses=(job_spec tensor_chunk checkpoint safetensors npy csv image text)
+((${#harnesses[@]})) || harnesses=(job_spec tensor_chunk checkpoint safetensors npy csv image text data_paths)
 B=build-fuzz
 if ((!no_build)) && [[ ! -f $B/build.ninja ]]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -91,7 +91,7 @@ mport=7490  # the server takes port + 1 for its data plane
 $B/server/tally-server --port=$port > "$tmp/server.log" 2>&1 &
 pids+=($!)
 $B/worker/tally-worker --server=localhost:$port --devices=cpu:1 --name=w \
-  --metrics_port=$mport --quiet > "$tmp/worker.log" 2>&1 &
+  --metrics_port=$mport --data_root="$tmp,/usr/share" --quiet > "$tmp/worker.log" 2>&1 &
 pids+=($!)
 export PYTHONPATH=$PWD/$B/python
 metric() { curl -s "localhost:$mport/metrics" | awk -v m="$1" '$1 == m {print $2}'; }

@@ -5,7 +5,8 @@
 //   tally status JOB [--json]
 //   tally watch JOB
 //   tally cancel JOB
-//   tally fetch JOB --output=PATH
+//   tally fetch JOB PATH            (or --output=PATH)
+//   tally report JOB FILE.html      (or --output=FILE.html)
 //   tally shards
 //   tally health [--service=NAME]
 //
@@ -41,7 +42,7 @@ ABSL_FLAG(std::string, server, "localhost:7070",
 ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status: print the job as JSON");
 ABSL_FLAG(std::string, output, "",
-          "fetch: where to write the .safetensors file");
+          "fetch, report: where to write (instead of the PATH after JOB)");
 ABSL_FLAG(std::string, service, "",
           "health: service name to check ('' = server)");
 ABSL_FLAG(int, timeout_s, 10, "Deadline of each request, in seconds");
@@ -58,8 +59,10 @@ constexpr char kUsage[] =
     "  status JOB [--json]      one job\n"
     "  watch JOB                live progress until the job ends\n"
     "  cancel JOB\n"
-    "  fetch JOB --output=PATH  trained weights as .safetensors\n"
-    "  report JOB --output=F.html  curves, events and record in one HTML file\n"
+    "  fetch JOB PATH           trained weights as .safetensors (or\n"
+    "                           --output=PATH)\n"
+    "  report JOB F.html        curves, events and record in one HTML file\n"
+    "                           (or --output=F.html)\n"
     "  shards                   parameter shards and the ranges they hold\n"
     "  health [--service=NAME]  grpc.health.v1 check\n";
 
@@ -87,6 +90,11 @@ std::string StateName(tally::v1::JobState s) {
   return tally::v1::JobState_Name(s);
 }
 
+bool Ended(const Job& j) {
+  return j.state() == tally::v1::SUCCEEDED ||
+         j.state() == tally::v1::FAILED || j.state() == tally::v1::CANCELLED;
+}
+
 // Whether the job's figures include an accuracy: a classifier's
 // (cross_entropy; a server that does not say is taken to be one).
 bool Classifies(const Job& j) {
@@ -105,7 +113,9 @@ std::string Line(const Job& j) {
     if (Classifies(j)) absl::StrAppendFormat(&s, "  acc %.3f", m.accuracy());
   }
   if (j.state() == tally::v1::SUCCEEDED) {
-    if (Classifies(j)) {
+    if (m.no_test_split()) {  // nothing evaluated: no figures, not zeros
+      absl::StrAppend(&s, "  no test split");
+    } else if (Classifies(j)) {
       absl::StrAppendFormat(&s, "  test accuracy %.4f", m.test_accuracy());
     } else {
       absl::StrAppendFormat(&s, "  test loss %.4f", m.test_loss());
@@ -152,7 +162,9 @@ std::string WorkerTable(const Job& j) {
         p.push_seconds() * 1e3, p.loader_seconds() * 1e3,
         p.slowest() ? "  <- slowest" : "");
   }
-  if (!m.waiting_on().empty()) {
+  // An ended job waits on nobody (a record from an older server may
+  // still carry the wait of its last moment).
+  if (!m.waiting_on().empty() && !Ended(j)) {
     absl::StrAppendFormat(&s, "  step %d has waited %.0f s on %s\n", m.step(),
                           m.stalled_seconds(),
                           absl::StrJoin(m.waiting_on(), ", "));
@@ -175,7 +187,7 @@ std::string Progress(const Job& j) {
                      : std::string()) +
       absl::StrFormat("  %.0f samples/s  workers %d", m.samples_per_sec(),
                       m.workers()) +
-      (m.waiting_on().empty()
+      (m.waiting_on().empty() || Ended(j)
            ? std::string()
            : absl::StrFormat("  waiting %.0f s on %s", m.stalled_seconds(),
                              absl::StrJoin(m.waiting_on(), ", ")));
@@ -207,7 +219,9 @@ int Watch(tally::v1::JobService::Stub& stub, const std::string& id) {
   if (!s.ok()) return Report(s);
   std::printf("%s\n", Line(last).c_str());
   if (last.state() == tally::v1::SUCCEEDED) {
-    if (Classifies(last)) {
+    if (last.metrics().no_test_split()) {
+      std::printf("no test split: the job has no test figures\n");
+    } else if (Classifies(last)) {
       std::printf("final test accuracy: %.4f\n",
                   last.metrics().test_accuracy());
     } else {
@@ -239,12 +253,27 @@ int Submit(tally::v1::JobService::Stub& stub, const std::string& path) {
   return 0;
 }
 
-int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
-  const std::string out = absl::GetFlag(FLAGS_output);
-  if (out.empty()) {
-    std::cerr << "tally: fetch needs --output=PATH\n";
-    return 2;
+// Where fetch and report write: the PATH after the job, or --output=PATH
+// (not two different ones). "" once it has said what is wrong.
+std::string OutputPath(const std::string& cmd, const std::vector<char*>& args,
+                       const char* what) {
+  const std::string flag = absl::GetFlag(FLAGS_output);
+  const std::string positional = args.size() > 3 ? args[3] : "";
+  if (!flag.empty() && !positional.empty() && flag != positional) {
+    std::cerr << "tally " << cmd << ": two paths, " << positional
+              << " and --output=" << flag << "\n";
+    return "";
   }
+  const std::string out = positional.empty() ? flag : positional;
+  if (out.empty()) {
+    std::cerr << "tally " << cmd << " needs a path: tally " << cmd << " JOB "
+              << what << " (or --output=" << what << ")\n";
+  }
+  return out;
+}
+
+int Fetch(tally::v1::JobService::Stub& stub, const std::string& id,
+          const std::string& out) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(
       absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s) * 30)));
@@ -262,8 +291,10 @@ int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
   tally::v1::FileChunk chunk;
   int64_t bytes = 0;
   std::string head;  // the header's start, for its "tables" note
+  std::string buffers_note;
   bool written = true;
   while (reader->Read(&chunk)) {
+    if (buffers_note.empty()) buffers_note = chunk.buffers_note();
     written = written && std::fwrite(chunk.data().data(), 1,
                                      chunk.data().size(), f) ==
                              chunk.data().size();
@@ -283,6 +314,12 @@ int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
   }
   std::printf("wrote %s (%lld bytes)\n", out.c_str(),
               static_cast<long long>(bytes));
+  // A Python model's file without its buffers fails a strict load: said
+  // where it cannot be missed.
+  if (!buffers_note.empty()) {
+    std::fprintf(stderr, "tally: warning: %s has no buffers of the model: %s\n",
+                 out.c_str(), buffers_note.c_str());
+  }
   // A job with tables whose file has none says why in its metadata.
   const std::string key = "\"tables\":\"";
   if (size_t at = head.find(key); at != std::string::npos) {
@@ -295,12 +332,8 @@ int Fetch(tally::v1::JobService::Stub& stub, const std::string& id) {
 
 // One self-contained HTML file: the dashboard's job page with the job's
 // record, curves, events and the shards that hold it built in.
-int WriteReport(tally::v1::JobService::Stub& stub, const std::string& id) {
-  const std::string out = absl::GetFlag(FLAGS_output);
-  if (out.empty()) {
-    std::cerr << "tally: report needs --output=FILE.html\n";
-    return 2;
-  }
+int WriteReport(tally::v1::JobService::Stub& stub, const std::string& id,
+                const std::string& out) {
   tally::v1::GetJobRequest req;
   req.set_job_id(id);
   Job job;
@@ -444,8 +477,14 @@ int main(int argc, char** argv) {
   auto stub = tally::v1::JobService::NewStub(channel);
   if (cmd == "submit") return need(3) ? Submit(*stub, args[2]) : 2;
   if (cmd == "watch") return need(3) ? Watch(*stub, args[2]) : 2;
-  if (cmd == "fetch") return need(3) ? Fetch(*stub, args[2]) : 2;
-  if (cmd == "report") return need(3) ? WriteReport(*stub, args[2]) : 2;
+  if (cmd == "fetch" || cmd == "report") {  // JOB, then PATH or --output
+    if (args.size() != 3 && !need(4)) return 2;
+    const std::string out =
+        OutputPath(cmd, args, cmd == "fetch" ? "PATH" : "FILE.html");
+    if (out.empty()) return 2;
+    return cmd == "fetch" ? Fetch(*stub, args[2], out)
+                          : WriteReport(*stub, args[2], out);
+  }
   if (cmd == "health") return need(2) ? Health(channel) : 2;
   if (cmd == "shards") return need(2) ? Shards(*stub) : 2;
   if (cmd == "list") return need(2) ? List(*stub) : 2;

@@ -11,7 +11,9 @@ worker.
                the files' headers;
   formats      the same arrays as an uncompressed .npz, a .safetensors
                file and a glob of three .npy shards train to the same
-               weights bit for bit; a compressed .npz (refused at submit,
+               weights bit for bit; without a test split each job ends
+               saying so (no test figures as zeros: the job's metrics,
+               `tally status`, the worker's last line); a compressed .npz (refused at submit,
                and by the worker past the client) and a glob that matches
                nothing fail naming the file;
   refused      labels beyond dataset.classes at submit (the client names
@@ -22,6 +24,13 @@ worker.
   csv          a CSV table trains to the weights of the same values as
                .npy arrays; a cell that is not a number fails its job
                naming file, line and column;
+  hostile      paths a submitter names to take a worker down or read its
+               files: /dev/zero, a link loop, a FIFO, a file outside the
+               worker's --data_root (/etc/shadow), a link out of the root,
+               a CSV whose label cell holds a secret, an image folder whose
+               class holds a -> . and b -> .; each job FAILS naming the
+               cause, no message quotes the file, and the same worker
+               process trains the next job;
   bounded      a 1 GiB training set, 384 MiB of it read, trains on a worker
                held to 256 MiB (a cgroup), its anonymous memory under 3/4
                of that.
@@ -114,7 +123,22 @@ def raw_submit(c, path, dataset_update):
     return c.wait(job.id, timeout=60)
 
 
-def formats(tmp, c, x, y, want):
+def no_test_split(tmp, server, job):
+    """A job without a test split says so everywhere, with no zeros shown."""
+    m = job.metrics
+    if not m.no_test_split or m.test_accuracy != 0 or m.test_loss != 0:
+        fail(f"{job.id} has no test split: metrics {m}")
+    line = subprocess.run([f"{BUILD}/client/tally", f"--server={server}", "status", job.id],
+                          capture_output=True, text=True, check=True).stdout
+    if "no test split" not in line or "test accuracy" in line:
+        fail(f"tally status of a job without a test split: {line!r}")
+    with open(f"{tmp}/worker.log") as f:
+        log = f.read()
+    if f"{job.id} finished at step {m.step}: no test split" not in log:
+        fail(f"the worker's last line for {job.id}: {log[-2000:]}")
+
+
+def formats(tmp, server, c, x, y, want):
     np.savez(f"{tmp}/fm.npz", images=x, labels=y)
     write_safetensors(f"{tmp}/fm.safetensors", {"images": x, "labels": y})
     for i, (a, b) in enumerate(zip(np.array_split(x, 3), np.array_split(y, 3))):
@@ -130,6 +154,7 @@ def formats(tmp, c, x, y, want):
                                                "train": train})).id, timeout=300)
         if job.state != pb.SUCCEEDED:
             fail(f"{name}: {pb.JobState.Name(job.state)}: {job.message}")
+        no_test_split(tmp, server, job)  # only `train` is given
         c.fetch(job.id, f"{tmp}/{name}.safetensors")
         if tensors(f"{tmp}/{name}.safetensors") != want:
             fail(f"the arrays as {name} trained other weights than as .npy")
@@ -215,9 +240,49 @@ def table(tmp, c):
     with open(path, "w") as f:
         json.dump(text, f)
     job = c.wait(c.submit(path).id, timeout=60)
-    if job.state != pb.FAILED or "bad.csv:3:2: 'x4' is not a number" not in job.message:
+    if job.state != pb.FAILED or "bad.csv:3:2: not a number" not in job.message:
         fail(f"a bad cell: {pb.JobState.Name(job.state)}: {job.message}")
     print(f"a bad cell: FAILED: {job.message}")
+
+
+def hostile(tmp, c, worker):
+    secret = "root:$6$Zq7s3cr3t"
+    os.symlink("loop", f"{tmp}/loop")
+    os.mkfifo(f"{tmp}/fifo")
+    os.symlink("/etc/passwd", f"{tmp}/escape.csv")
+    with open(f"{tmp}/secret.csv", "w") as f:
+        f.write(f"a,b,y\n1,2,0\n3,4,{secret}\n")
+    os.makedirs(f"{tmp}/cyc/train/cat")
+    os.symlink(".", f"{tmp}/cyc/train/cat/a")
+    os.symlink(".", f"{tmp}/cyc/train/cat/b")
+    csv = {"name": "csv", "classes": 2, "label": "y", "shape": [2], "train_size": 2}
+    # /dev/zero is outside the roots here; inside them (--data_root=/) it is
+    # refused as not a regular file (DataFileTest), as the FIFO is below.
+    cases = [("devzero", dict(csv, train="/dev/zero"), "/dev/zero is outside this worker's"),
+             ("loop", dict(csv, train=f"{tmp}/loop"), "a loop"),
+             ("fifo", dict(csv, train=f"{tmp}/fifo"), "fifo: not a regular file"),
+             ("shadow", dict(csv, train="/etc/shadow"),
+              "/etc/shadow is outside this worker's data roots"),
+             ("escape", dict(csv, train=f"{tmp}/escape.csv"), "is outside this worker's data"),
+             ("secret", dict(csv, train=f"{tmp}/secret.csv"), "secret.csv:3:3: the label is not"),
+             ("cycle", {"name": "image_folder", "train": f"{tmp}/cyc/train", "shape": [1, 28, 28],
+                        "classes": 2, "train_size": 1}, "holds no .png")]
+    for name, dataset, want in cases:
+        path = spec(tmp, f"hostile-{name}", dataset)
+        with open(path) as f:
+            text = json.load(f)
+        text["model"] = {"layers": ["flatten", {"linear": {"in_features": 784 if name == "cycle"
+                                                           else 2, "out_features": 2}}]}
+        job = c._call("SubmitJob", pb.SubmitJobRequest, pb.SubmitJobResponse)(
+            pb.SubmitJobRequest(spec=json.dumps(text)), timeout=10).job
+        job = c.wait(job.id, timeout=60)
+        if job.state != pb.FAILED or want not in job.message:
+            fail(f"hostile {name}: {pb.JobState.Name(job.state)}: {job.message}")
+        if "s3cr3t" in job.message or "root:" in job.message:
+            fail(f"hostile {name}: the message quotes the file: {job.message}")
+        if worker.poll() is not None:
+            fail(f"hostile {name}: the worker died (exit {worker.returncode})")
+        print(f"hostile {name}: FAILED: {job.message}")
 
 
 def bounded_memory(tmp, server, c):
@@ -257,7 +322,8 @@ def bounded_memory(tmp, server, c):
                 f.write(str(os.getpid()))
         log = open(f"{tmp}/bounded.log", "w")
         w = subprocess.Popen([f"{BUILD}/worker/tally-worker", f"--server={server}",
-                              "--devices=cpu:1", "--name=bounded"], stdout=log,
+                              "--devices=cpu:1", "--name=bounded", f"--data_root={tmp}"],
+                             stdout=log,
                              stderr=subprocess.STDOUT, preexec_fn=enter)
         try:
             dataset = {"name": "arrays", "classes": 10,
@@ -317,7 +383,8 @@ def main():
                                       stdout=log, stderr=subprocess.STDOUT))
         wlog = open(f"{tmp}/worker.log", "w")
         procs.append(subprocess.Popen([f"{BUILD}/worker/tally-worker", f"--server={server}",
-                                       "--devices=cpu:1", "--name=w"],
+                                       "--devices=cpu:1", "--name=w",
+                                       f"--data_root={tmp},{FMNIST}"],
                                       stdout=wlog, stderr=subprocess.STDOUT))
         c = tally.Client(server)
         x = idx(f"{FMNIST}/train-images-idx3-ubyte.gz")[:, None]
@@ -345,7 +412,7 @@ def main():
                  f"against {weights['idx'][1]}")
         print(f"the same data as .npy: weights bit for bit the IDX job's (test accuracy "
               f"{weights['npy'][1]:.4f})")
-        formats(tmp, c, x, y, weights["npy"][0])
+        formats(tmp, server, c, x, y, weights["npy"][0])
 
         bad = dict(arrays, classes=5)
         try:
@@ -362,6 +429,7 @@ def main():
         if job.state != pb.FAILED or "gone.npy: no such file" not in job.message:
             fail(f"files the worker cannot open: {pb.JobState.Name(job.state)}: {job.message}")
         print(f"files the worker cannot open: FAILED: {job.message}")
+        hostile(tmp, c, procs[1])
         # The example: export.py's files, the CNN on them (a few steps).
         subprocess.run([sys.executable, f"{ROOT}/examples/fashion-mnist-npy/export.py",
                         f"{tmp}/example"], check=True, capture_output=True)

@@ -44,6 +44,9 @@ case $case_name in
     [[ $(job_field "$id" "['metrics']['step']") == 320 ]] || fail "expected 320 steps"
     tally fetch "$id" --output="$dir/w.safetensors" > /dev/null || fail "fetch"
     [[ -s $dir/w.safetensors ]] || fail "empty weights"
+    # The path may follow the job, as the README shows it: the same file.
+    tally fetch "$id" "$dir/w2.safetensors" > /dev/null || fail "fetch JOB PATH"
+    cmp -s "$dir/w.safetensors" "$dir/w2.safetensors" || fail "fetch JOB PATH wrote another file"
     # The same job with bfloat16 on the wire trains as well.
     sed 's/workers: 2}/workers: 2, wire_dtype: bfloat16}/' examples/synthetic-2workers.yaml > "$dir/bf16.yaml"
     grep -q "wire_dtype: bfloat16" "$dir/bf16.yaml" || fail "could not make the bfloat16 spec"
@@ -247,6 +250,15 @@ print(int(p["w1"]["clock"]), int(p["w2"]["clock"]), p["w1"].get("waiting", False
     [[ $code == 2 ]] || fail "usage: code $code"
     msg=$(tally cancel job-77 2>&1); code=$?
     [[ $code == 1 ]] || fail "cancel unknown: code $code"
+    # fetch JOB PATH (as the docs write it) reaches the server; without a
+    # path, or with two, it is a usage error.
+    msg=$(tally fetch job-77 "$dir/x.safetensors" 2>&1); code=$?
+    [[ $code == 1 && $msg == *"no job 'job-77'"* ]] || fail "fetch JOB PATH: code $code, '$msg'"
+    [[ ! -e $dir/x.safetensors && ! -e $dir/x.safetensors.part ]] || fail "a failed fetch left a file"
+    msg=$(tally fetch job-77 2>&1); code=$?
+    [[ $code == 2 && $msg == *"tally fetch JOB PATH"* ]] || fail "fetch without a path: code $code, '$msg'"
+    msg=$(tally fetch job-77 "$dir/a.safetensors" --output="$dir/b.safetensors" 2>&1); code=$?
+    [[ $code == 2 && $msg == *"two paths"* ]] || fail "fetch with two paths: code $code, '$msg'"
     set -e
     id=$(submit examples/synthetic-2workers.yaml)
     [[ $(job_field "$id" "['state']") == PENDING ]] || fail "no workers: should be PENDING"

@@ -9,6 +9,7 @@ BUILD is the build directory the test was given (its first argument).
 import os
 import socket
 import subprocess
+import tempfile
 import sys
 
 BUILD = os.path.abspath(sys.argv[1])
@@ -76,9 +77,12 @@ class Cluster:
         env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
         if record:
             env["TALLY_RECORD"] = record
+        # The tests' datasets are written under the system's temporary
+        # directory; the example corpora and Fashion-MNIST under /usr/share.
         return self.start(name, [sys.executable, "-m", "tally.worker",
                                  f"--server={self.server}", f"--devices={devices}",
-                                 f"--name={name}"], env)
+                                 f"--name={name}",
+                                 f"--data_root={tempfile.gettempdir()},/usr/share"], env)
 
     def stop(self):
         for p in self.procs:

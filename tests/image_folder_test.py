@@ -217,7 +217,7 @@ def fingerprint(tmp, c, server, folder):
 
     def worker(name, bind=None):
         cmd = [f"{BUILD}/worker/tally-worker", f"--server={server}", "--devices=cpu:1",
-               f"--name={name}"]
+               f"--name={name}", f"--data_root={tmp}"]
         if bind:
             cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                    'mount --bind "$0" "$1" && shift && exec "$@"', bind,
@@ -265,7 +265,7 @@ def main():
                                       stdout=log, stderr=subprocess.STDOUT))
         wlog = open(f"{tmp}/worker.log", "w")
         procs.append(subprocess.Popen([f"{BUILD}/worker/tally-worker", f"--server={server}",
-                                       "--devices=cpu:1", "--name=w",
+                                       "--devices=cpu:1", "--name=w", f"--data_root={tmp}",
                                        f"--metrics_port={metrics_port}"],
                                       stdout=wlog, stderr=subprocess.STDOUT))
         c = tally.Client(server)

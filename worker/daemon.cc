@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -429,10 +431,26 @@ class WorkerDaemon::Impl {
         CriteoKey(criteo));
   }
 
+  // OpenDataset within the data roots. What a submitter's spec names must
+  // fail the job, never the worker: an exception from a library (memory, a
+  // filesystem error) becomes the job's failure too.
+  absl::StatusOr<TrainTest> OpenDatasetGuarded(const DatasetSpec& dataset) {
+    try {
+      return OpenDataset(dataset, options_.data_roots);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          "the dataset does not fit in this worker's memory");
+    } catch (const std::exception& e) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the dataset cannot be opened: ", e.what()));
+    }
+  }
+
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
     const std::string key = DataKey(spec);
     if (data_key_ != key || data_ == nullptr) {
-      TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDataset(spec.dataset));
+      data_.reset();  // the last job's files, let go before the next's
+      TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDatasetGuarded(spec.dataset));
       data_ = std::make_unique<TrainTest>(std::move(d));
       data_key_ = key;
     }

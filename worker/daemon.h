@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/data/data_file.h"
 #include "common/device.h"
 #include "proto/transport.h"
 #include "worker/model_engine.h"
@@ -81,6 +82,9 @@ struct DaemonOptions {
   // given a Python model.
   PythonEngineFactory python_engine;
   std::string python_runtime;
+  // The directories a job's dataset may be read from (--data_root): a job
+  // naming a path outside them fails at assignment, saying so.
+  DataRoots data_roots = DataRoots::Default();
 };
 
 class WorkerDaemon {

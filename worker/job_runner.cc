@@ -726,6 +726,23 @@ PushInfo JobRunner::MakePushInfo(int64_t step, const StepStats& stats) {
   return info;
 }
 
+namespace {
+
+// The final evaluation's figures for the worker's log. Without a test
+// split there are none: zeros would read as a model that learnt nothing.
+std::string TestFigures(const StepStats& test, bool classifies) {
+  if (test.samples == 0) return "no test split, so no test figures";
+  return absl::StrCat(
+      absl::StrFormat("test loss %.4f", test.loss_sum / test.samples),
+      classifies ? absl::StrFormat(", accuracy %.4f",
+                                   static_cast<double>(test.correct) /
+                                       test.samples)
+                 : "",
+      test.auc >= 0 ? absl::StrFormat(", AUC %.4f", test.auc) : "");
+}
+
+}  // namespace
+
 absl::Status JobRunner::Finish(int64_t version) {
   // Evaluated (and reported) with the job's buffer region, which the last
   // pull brought: what the export holds.
@@ -746,12 +763,8 @@ absl::Status JobRunner::Finish(int64_t version) {
   const absl::string_view loss_name = MetricLossName(spec_);
   const bool classifies =
       loss_name == "cross_entropy" || loss_name == "binary_cross_entropy";
-  context_.log(absl::StrCat(
-      assignment_.job_id(), " finished at step ", version,
-      absl::StrFormat(": test loss %.4f",
-                      test->samples > 0 ? test->loss_sum / test->samples : 0.0),
-      classifies ? absl::StrFormat(", accuracy %.4f", accuracy) : "",
-      test->auc >= 0 ? absl::StrFormat(", AUC %.4f", test->auc) : ""));
+  context_.log(absl::StrCat(assignment_.job_id(), " finished at step ",
+                            version, ": ", TestFigures(*test, classifies)));
   v1::ReportResultRequest req;
   req.set_buffers(*std::move(buffers));
   req.set_worker_id(context_.worker_id);
@@ -762,6 +775,8 @@ absl::Status JobRunner::Finish(int64_t version) {
     req.set_test_accuracy(accuracy);
     req.set_test_loss(test->loss_sum / test->samples);
     if (test->auc >= 0) req.set_test_auc(test->auc);
+  } else {
+    req.set_no_test_split(true);
   }
   req.set_steps(version);
   // The coordinator may not have seen the last step close yet

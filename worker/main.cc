@@ -68,6 +68,10 @@ ABSL_FLAG(bool, shared_memory, true,
 ABSL_FLAG(int64_t, push_chunk_elements, 262144,
           "Gradient elements per push message (and per bucket of layers "
           "pushed together while backward runs); 262144 is 1 MiB of float32");
+ABSL_FLAG(std::vector<std::string>, data_root, {},
+          "Directories a job's dataset may be read from, comma-separated "
+          "(default /srv/tally/data,/usr/share); a job naming a file outside "
+          "them fails at assignment. --standalone reads any path.");
 ABSL_FLAG(int, health_port, 0,
           "Serve grpc.health.v1 on this port (0: any free port, -1: none)");
 
@@ -123,6 +127,10 @@ absl::StatusOr<tally::DaemonOptions> DaemonOptionsFromFlags() {
     return absl::InvalidArgumentError("--push_chunk_elements must be positive");
   }
   TALLY_ASSIGN_OR_RETURN(options.transport, tally::TransportFromFlags());
+  if (const std::vector<std::string> roots = absl::GetFlag(FLAGS_data_root);
+      !roots.empty()) {
+    TALLY_ASSIGN_OR_RETURN(options.data_roots, tally::DataRoots::Make(roots));
+  }
   return options;
 }
 

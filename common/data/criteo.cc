@@ -74,8 +74,7 @@ absl::Status ParseField(absl::string_view v, int64_t field,
                         int64_t integer_features, int64_t* x, int32_t* y) {
   if (field == 0) {
     if (v != "0" && v != "1") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "field 1 (the label) is '", v.substr(0, 32), "', not 0 or 1"));
+      return absl::InvalidArgumentError("field 1 (the label) is not 0 or 1");
     }
     *y = v[0] - '0';
     return absl::OkStatus();
@@ -85,13 +84,13 @@ absl::Status ParseField(absl::string_view v, int64_t field,
   } else if (field <= integer_features) {
     if (!ParseInteger(v, x)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("field ", field + 1, " (I", field, ") is '",
-                       v.substr(0, 32), "', not a decimal integer"));
+          absl::StrCat("field ", field + 1, " (I", field,
+                       ") is not a decimal integer"));
     }
   } else if (!ParseHex(v, x)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "field ", field + 1, " (C", field - integer_features, ") is '",
-        v.substr(0, 32), "', not 1 to 16 hexadecimal digits"));
+        "field ", field + 1, " (C", field - integer_features,
+        ") is not 1 to 16 hexadecimal digits"));
   }
   return absl::OkStatus();
 }

@@ -2,14 +2,13 @@
 
 #include <charconv>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/data/data_file.h"
+#include "common/status_macros.h"
 
 namespace tally {
 
@@ -53,7 +52,7 @@ absl::Status Columns(const std::vector<absl::string_view>& header,
     if (!index.emplace(std::string(Trim(header[c])), static_cast<int>(c))
              .second) {
       return At(name, 1, static_cast<int64_t>(c) + 1,
-                absl::StrCat("a second column named '", Trim(header[c]), "'"));
+                "a second column of the same name");
     }
   }
   auto find = [&](const std::string& col) -> absl::StatusOr<int> {
@@ -114,15 +113,14 @@ absl::StatusOr<Dataset> ParseCsv(absl::string_view text, const std::string& name
     if (!ParseNumber(Trim(cells[label]), &v) || v != std::floor(v) || v < 0 ||
         v >= o.num_classes) {
       return At(name, line, label + 1,
-                absl::StrCat("label '", Trim(cells[label]),
-                             "' is not an integer in [0, ", o.num_classes,
-                             ") (dataset.classes)"));
+                absl::StrCat("the label is not an integer in [0, ",
+                             o.num_classes, ") (dataset.classes)"));
     }
     d.labels.push_back(static_cast<int32_t>(v));
     for (int c : features) {
       if (!ParseNumber(Trim(cells[c]), &v)) {
         return At(name, line, c + 1,
-                  absl::StrCat("'", Trim(cells[c]), "' is not a number"));
+                  "not a number");
       }
       d.features.push_back(static_cast<float>(v));
     }
@@ -132,16 +130,8 @@ absl::StatusOr<Dataset> ParseCsv(absl::string_view text, const std::string& name
 
 absl::StatusOr<Dataset> LoadCsv(const std::string& path,
                                 const CsvOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return std::filesystem::exists(path)
-               ? absl::FailedPreconditionError(
-                     absl::StrCat(path, ": cannot open"))
-               : absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseCsv(text.str(), path, options);
+  TALLY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  return ParseCsv(text, path, options);
 }
 
 }  // namespace tally

@@ -3,7 +3,8 @@
 // column, named, and the features are the columns named (or all the
 // others), in that order. Cells are numbers only (spaces around them and
 // double quotes are allowed); anything else is an error naming the file,
-// the line and the column. Read whole into memory: a table is small next to
+// the line and the column, never quoting the file's bytes. Read whole into
+// memory (a regular file of at most kMaxWholeFileBytes): a table is small next to
 // the images and arrays that need mapping.
 #ifndef TALLY_COMMON_DATA_CSV_H_
 #define TALLY_COMMON_DATA_CSV_H_
@@ -30,7 +31,8 @@ struct CsvOptions {
 absl::StatusOr<Dataset> ParseCsv(absl::string_view text, const std::string& name,
                                  const CsvOptions& options);
 
-// ParseCsv of a file (kNotFound when it is not there).
+// ParseCsv of a file (kNotFound when it is not there; kFailedPrecondition
+// for one that is not a regular file or is larger than kMaxWholeFileBytes).
 absl::StatusOr<Dataset> LoadCsv(const std::string& path,
                                 const CsvOptions& options);
 

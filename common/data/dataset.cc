@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/data/data_file.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 
@@ -86,16 +86,16 @@ absl::Status Dataset::Materialize() {
 
 namespace {
 
-// Reads a whole (optionally gzip'd) file.
+// Reads a whole (optionally gzip'd) regular file, at most
+// kMaxWholeFileBytes once inflated.
 absl::StatusOr<std::vector<uint8_t>> ReadGz(const std::string& path) {
-  if (!std::filesystem::exists(path)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  }
-  gzFile f = gzopen(path.c_str(), "rb");
+  TALLY_ASSIGN_OR_RETURN(DataFile file, DataFile::Open(path));
+  gzFile f = gzdopen(file.fd(), "rb");
   if (f == nullptr) {
-    return absl::NotFoundError(
+    return absl::FailedPreconditionError(
         absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
+  file.Release();  // gzclose closes it
   std::vector<uint8_t> out;
   uint8_t buf[1 << 16];
   while (true) {
@@ -107,6 +107,12 @@ absl::StatusOr<std::vector<uint8_t>> ReadGz(const std::string& path) {
       return absl::DataLossError(absl::StrCat(path, ": corrupt data: ", msg));
     }
     if (n == 0) break;
+    if (static_cast<int64_t>(out.size()) + n > kMaxWholeFileBytes) {
+      gzclose(f);
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": more than ", kMaxWholeFileBytes,
+          " bytes once inflated; a file read whole may hold at most that"));
+    }
     out.insert(out.end(), buf, buf + n);
   }
   int err = 0;

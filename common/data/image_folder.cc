@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/data/data_file.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 
@@ -25,89 +26,90 @@ namespace {
 
 // Tries the samples after a bad one this many times before failing.
 constexpr int kMaxSubstitutes = 16;
+// Bounds on what a submitted path can make a listing or a read hold.
+constexpr int kMaxFolderDepth = 32;
+constexpr size_t kMaxFolderFiles = size_t{1} << 26;
+constexpr int64_t kMaxImageBytes = int64_t{256} << 20;
 
 bool IsImageName(const fs::path& p) {
   const std::string ext = absl::AsciiStrToLower(p.extension().string());
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
 }
 
-// Every image under `dir`, at any depth, sorted by path, with its size.
-absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> ImagesUnder(
-    const fs::path& dir) {
-  std::vector<std::pair<std::string, int64_t>> files;
-  std::error_code ec;
-  fs::recursive_directory_iterator it(
-      dir, fs::directory_options::follow_directory_symlink, ec);
-  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_regular_file(ec) && IsImageName(it->path())) {
-      const uintmax_t size = it->file_size(ec);
-      if (ec) break;
-      files.emplace_back(it->path().string(), static_cast<int64_t>(size));
+// Every image under `dir`, at any depth, with its size, appended to
+// `files` (sorted by the caller). Links to directories are never followed,
+// so a link cycle cannot make the walk endless; a link to a file is taken
+// when it resolves under `roots`. `depth` bounds a tree of real directories.
+absl::Status ImagesUnder(const std::string& dir, const DataRoots& roots,
+                         int depth,
+                         std::vector<std::pair<std::string, int64_t>>* files) {
+  if (depth > kMaxFolderDepth) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": directories nested more than ", kMaxFolderDepth, " deep"));
+  }
+  TALLY_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, ListDirectory(dir));
+  for (const DirEntry& e : entries) {
+    const std::string path = absl::StrCat(dir, "/", e.name);
+    if (e.kind == DirEntry::Kind::kDirectory) {
+      TALLY_RETURN_IF_ERROR(ImagesUnder(path, roots, depth + 1, files));
+      continue;
+    }
+    if (!IsImageName(fs::path(e.name))) continue;
+    if (e.kind == DirEntry::Kind::kLinkToFile) {
+      TALLY_RETURN_IF_ERROR(roots.Resolve("a link in the image folder", path).status());
+    }
+    if (e.kind == DirEntry::Kind::kFile ||
+        e.kind == DirEntry::Kind::kLinkToFile) {
+      if (files->size() >= kMaxFolderFiles) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir, ": an image folder holds at most ", kMaxFolderFiles,
+            " images"));
+      }
+      files->emplace_back(path, e.size);
     }
   }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir.string(), ": cannot list: ", ec.message()));
-  }
-  std::sort(files.begin(), files.end());
-  return files;
+  return absl::OkStatus();
 }
 
-// A whole small file, read into `out` (reused between calls).
+// A whole image file, read into `out` (reused between calls).
 absl::Status ReadFile(const std::string& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  TALLY_ASSIGN_OR_RETURN(DataFile f, DataFile::Open(path));
+  if (f.size() > kMaxImageBytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": ", f.size(), " bytes; an image file may hold at most ",
+        kMaxImageBytes));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": not a regular file"));
-  }
-  out->resize(static_cast<size_t>(st.st_size));
+  out->resize(static_cast<size_t>(f.size()));
   size_t done = 0;
   while (done < out->size()) {
-    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done,
+    const ssize_t n = ::pread(f.fd(), out->data() + done, out->size() - done,
                               static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const std::string why = n < 0 ? std::strerror(errno) : "it shrank";
-      ::close(fd);
       return absl::DataLossError(absl::StrCat(path, ": cannot read: ", why));
     }
     done += static_cast<size_t>(n);
   }
-  ::close(fd);
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<ImageFolderListing> ListImageFolder(
-    const std::string& root, const std::vector<std::string>* classes) {
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) {
-    return absl::NotFoundError(absl::StrCat(
-        root, fs::exists(root, ec) ? ": not a directory" : ": no such directory"));
-  }
+    const std::string& root, const std::vector<std::string>* classes,
+    const DataRoots& roots) {
+  TALLY_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, ListDirectory(root));
   ImageFolderListing l;
   l.root = root;
-  for (fs::directory_iterator it(root, ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    if (it->is_directory(ec)) l.classes.push_back(it->path().filename().string());
-  }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(root, ": cannot list: ", ec.message()));
+  for (const DirEntry& e : entries) {  // sorted by name
+    if (e.kind == DirEntry::Kind::kDirectory) l.classes.push_back(e.name);
   }
   if (l.classes.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         root, ": no class directories (an image folder holds a directory "
-              "per class)"));
+              "per class; links to directories are not followed)"));
   }
-  std::sort(l.classes.begin(), l.classes.end());
   for (size_t c = 0; c < l.classes.size(); ++c) {
     int32_t label = static_cast<int32_t>(c);
     if (classes != nullptr) {
@@ -119,8 +121,10 @@ absl::StatusOr<ImageFolderListing> ListImageFolder(
       }
       label = static_cast<int32_t>(at - classes->begin());
     }
-    TALLY_ASSIGN_OR_RETURN(auto files,
-                           ImagesUnder(fs::path(root) / l.classes[c]));
+    std::vector<std::pair<std::string, int64_t>> files;
+    TALLY_RETURN_IF_ERROR(ImagesUnder(absl::StrCat(root, "/", l.classes[c]),
+                                      roots, 0, &files));
+    std::sort(files.begin(), files.end());
     if (files.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           root, ": class '", l.classes[c],

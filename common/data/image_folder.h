@@ -27,6 +27,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/data/data_file.h"
 #include "common/data/dataset.h"
 #include "common/data/image.h"
 
@@ -52,9 +53,13 @@ struct ImageFolderListing {
 // The classes and images under `root`. kNotFound for a missing root,
 // kInvalidArgument for a root with no class directory or a class with no
 // image (named). With `classes` (the training split's), the listing's own
-// classes must be among them and labels are their indices there.
+// classes must be among them and labels are their indices there. Links to
+// directories are never followed (a cycle of them cannot make the listing
+// endless); a link to an image file is taken when it resolves under
+// `roots` (kPermissionDenied otherwise). At most 32 levels and 2^26 images.
 absl::StatusOr<ImageFolderListing> ListImageFolder(
-    const std::string& root, const std::vector<std::string>* classes = nullptr);
+    const std::string& root, const std::vector<std::string>* classes = nullptr,
+    const DataRoots& roots = DataRoots::Any());
 
 class ImageFolder final : public SampleSource {
  public:

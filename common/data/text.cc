@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/data/data_file.h"
 #include "common/status_macros.h"
 
 namespace tally {
@@ -50,17 +51,15 @@ absl::StatusOr<std::string> Unescape(absl::string_view line,
       }
       default:
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ": unknown escape \\", std::string(1, line[i]),
-            " (\\n \\r \\t \\s \\\\ \\xHH)"));
+            where, ":", i, ": an unknown escape (known: \\n \\r \\t \\s "
+            "\\\\ \\xHH)"));
     }
   }
   return out;
 }
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f,
-                         MappedFile::Open(path));
-  return std::string(f->data(), static_cast<size_t>(f->size()));
+  return ReadWholeFile(path);
 }
 
 constexpr int64_t kDescribedBytes = 4096;
@@ -145,9 +144,8 @@ absl::Status Vocabulary::Tokenize(absl::string_view text,
     if (best < 0) {
       if (unknown_ < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            name, ": byte ", offset + static_cast<int64_t>(at), " (0x",
-            absl::Hex(static_cast<uint8_t>(text[at]), absl::kZeroPad2),
-            ") starts no token of the vocabulary, which has no <unk>"));
+            name, ": byte ", offset + static_cast<int64_t>(at),
+            " starts no token of the vocabulary, which has no <unk>"));
       }
       best = unknown_;
       best_end = at + 1;

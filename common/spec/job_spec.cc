@@ -1,5 +1,6 @@
 #include "common/spec/job_spec.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -1815,13 +1816,11 @@ absl::StatusOr<TrainTest> OpenArrays(const ArraysSpec& a) {
 
 // A file's size and its first 4 KiB (a CSV's header and first rows).
 void DescribeFile(const std::string& path, Fingerprint* f) {
-  std::ifstream in(path, std::ios::binary);
+  absl::StatusOr<DataFile> file = DataFile::Open(path);
   std::string head(4096, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(in.gcount()));
-  std::error_code ec;
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  f->AddFile(ec ? -1 : static_cast<int64_t>(size));
+  ssize_t n = file.ok() ? ::pread(file->fd(), head.data(), head.size(), 0) : 0;
+  head.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  f->AddFile(file.ok() ? file->size() : -1);
   f->Add(head);
 }
 
@@ -1861,7 +1860,8 @@ absl::StatusOr<TrainTest> OpenCsv(const CsvSpec& c) {
 
 // An image folder's splits: the files listed (each worker checks its own
 // count against the spec's), the test split decoded into memory.
-absl::StatusOr<TrainTest> OpenImageFolder(const ImageFolderSpec& f) {
+absl::StatusOr<TrainTest> OpenImageFolder(const ImageFolderSpec& f,
+                                          const DataRoots& roots) {
   ImageFolderOptions o;
   o.shape = f.shape;
   o.fit = f.fit;
@@ -1870,7 +1870,7 @@ absl::StatusOr<TrainTest> OpenImageFolder(const ImageFolderSpec& f) {
   o.crop_padding = f.crop_padding;
   o.hflip = f.hflip;
   o.skip_bad = f.skip_bad;
-  TALLY_ASSIGN_OR_RETURN(ImageFolderListing train, ListImageFolder(f.train));
+  TALLY_ASSIGN_OR_RETURN(ImageFolderListing train, ListImageFolder(f.train, nullptr, roots));
   if (static_cast<int>(train.classes.size()) != f.num_classes ||
       static_cast<int64_t>(train.files.size()) != f.train_size) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1891,7 +1891,7 @@ absl::StatusOr<TrainTest> OpenImageFolder(const ImageFolderSpec& f) {
   out.train.source->Describe(&print);
   if (!f.test.empty()) {
     TALLY_ASSIGN_OR_RETURN(ImageFolderListing test,
-                           ListImageFolder(f.test, &classes));
+                           ListImageFolder(f.test, &classes, roots));
     TALLY_ASSIGN_OR_RETURN(out.test.source,
                            ImageFolder::Open(std::move(test), o, false));
     out.test.source->Describe(&print);
@@ -2005,14 +2005,80 @@ absl::StatusOr<TrainTest> OpenText(const TextSpec& t) {
 
 }  // namespace
 
-absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec) {
+namespace {
+
+// Each path of a list (globs expanded) under the roots.
+absl::Status CheckPaths(absl::string_view what,
+                        const std::vector<std::string>& paths,
+                        const DataRoots& roots) {
+  for (const std::string& p : paths) {
+    if (p.empty()) continue;
+    TALLY_ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandGlob(p));
+    for (const std::string& file : files) {
+      TALLY_RETURN_IF_ERROR(roots.Resolve(what, file).status());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckDataPaths(const DatasetSpec& spec, const DataRoots& roots) {
+  if (roots.any()) return absl::OkStatus();
+  if (spec.name == "fashion-mnist") {
+    std::vector<std::string> files;
+    for (const char* f :
+         {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+          "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+      files.push_back(absl::StrCat(spec.root, "/", f));
+    }
+    return CheckPaths("dataset.root", files, roots);
+  }
+  if (spec.name == "arrays") {
+    const ArraysSpec& a = spec.arrays;
+    for (const ArrayFiles* split : {&a.train, &a.test}) {
+      // With a file (.npz, .safetensors), inputs and labels are its keys.
+      TALLY_RETURN_IF_ERROR(CheckPaths(
+          split == &a.train ? "dataset.train" : "dataset.test",
+          split->file.empty()
+              ? std::vector<std::string>{split->inputs, split->labels}
+              : std::vector<std::string>{split->file},
+          roots));
+    }
+    return absl::OkStatus();
+  }
+  if (spec.name == "csv") {
+    TALLY_RETURN_IF_ERROR(CheckPaths("dataset.train", {spec.csv.train}, roots));
+    return CheckPaths("dataset.test", {spec.csv.test}, roots);
+  }
+  if (spec.name == "image_folder") {
+    TALLY_RETURN_IF_ERROR(
+        CheckPaths("dataset.train", {spec.images.train}, roots));
+    return CheckPaths("dataset.test", {spec.images.test}, roots);
+  }
+  if (spec.name == "text") {
+    TALLY_RETURN_IF_ERROR(CheckPaths("dataset.train", spec.text.train, roots));
+    TALLY_RETURN_IF_ERROR(CheckPaths("dataset.test", spec.text.test, roots));
+    return CheckPaths("dataset.vocab", {spec.text.vocab}, roots);
+  }
+  if (spec.name == "criteo") {
+    TALLY_RETURN_IF_ERROR(
+        CheckPaths("dataset.train", spec.criteo.train, roots));
+    return CheckPaths("dataset.test", spec.criteo.test, roots);
+  }
+  return absl::OkStatus();  // synthetic and clicks name no file
+}
+
+absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec,
+                                      const DataRoots& roots) {
+  TALLY_RETURN_IF_ERROR(CheckDataPaths(spec, roots));
   if (spec.name == "fashion-mnist") {
     return LoadFashionMnist(spec.root, spec.normalize);
   }
   if (spec.name == "synthetic") return MakeSynthetic(spec.synthetic);
   if (spec.name == "arrays") return OpenArrays(spec.arrays);
   if (spec.name == "csv") return OpenCsv(spec.csv);
-  if (spec.name == "image_folder") return OpenImageFolder(spec.images);
+  if (spec.name == "image_folder") return OpenImageFolder(spec.images, roots);
   if (spec.name == "text") return OpenText(spec.text);
   if (spec.name == "clicks") return MakeClicks(spec.clicks);
   if (spec.name == "criteo") return OpenCriteo(spec.criteo);
@@ -2091,12 +2157,12 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat(path, ": cannot read job spec"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto spec = ParseJobSpec(ss.str());
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot read the job spec: ", text.status().message()));
+  }
+  auto spec = ParseJobSpec(*text);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(),
                         absl::StrCat(path, ": ", spec.status().message()));

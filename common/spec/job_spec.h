@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/data/clicks.h"
+#include "common/data/data_file.h"
 #include "common/data/dataset.h"
 #include "common/data/image.h"
 #include "common/data/npy.h"
@@ -329,8 +330,18 @@ absl::Status DescribeDataset(JobSpec* spec);
 // whose figures are per token and have no accuracy.
 const char* MetricLossName(const JobSpec& spec);
 
-// Loads (or generates) the train and test sets a spec names.
-absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec);
+// Every file and directory the dataset names (globs expanded) resolves
+// under `roots`: kPermissionDenied naming the field and the roots for one
+// outside them, kNotFound for one missing, kFailedPrecondition for a link
+// loop. A worker checks this when it is assigned a job, before it opens
+// anything (docs/security.md, "Data roots").
+absl::Status CheckDataPaths(const DatasetSpec& spec, const DataRoots& roots);
+
+// Loads (or generates) the train and test sets a spec names, after
+// CheckDataPaths. Every file is opened as common/data/data_file.h says
+// (regular files only, without blocking, within size bounds).
+absl::StatusOr<TrainTest> OpenDataset(
+    const DatasetSpec& spec, const DataRoots& roots = DataRoots::Any());
 
 // The layers of a preset for a sample shape and class count:
 //   mlp: flatten, linear(in, 256), relu, linear(256, 128), relu,

@@ -42,12 +42,16 @@ def main(argv=None):
         print(f"{job.id} {pb.JobState.Name(job.state)} step {m.step}/{m.total_steps} "
               f"loss {m.loss:.4f} {m.samples_per_sec:.0f} samples/s", flush=True)
     m = job.metrics
-    accuracy = (f", accuracy {m.test_accuracy:.4f}"
-                if job.loss in ("", "cross_entropy", "binary_cross_entropy") else "")
-    if m.test_auc > 0:
-        accuracy += f", AUC {m.test_auc:.4f}"
-    print(f"{job.id} {pb.JobState.Name(job.state)} after {m.step} steps: test loss "
-          f"{m.test_loss:.4f}{accuracy} {job.message}")
+    if m.no_test_split:  # nothing was evaluated: no figures, not zeros
+        figures = "no test split"
+    else:
+        figures = f"test loss {m.test_loss:.4f}"
+        if job.loss in ("", "cross_entropy", "binary_cross_entropy"):
+            figures += f", accuracy {m.test_accuracy:.4f}"
+        if m.test_auc > 0:
+            figures += f", AUC {m.test_auc:.4f}"
+    print(f"{job.id} {pb.JobState.Name(job.state)} after {m.step} steps: {figures} "
+          f"{job.message}")
     return 0 if job.state == pb.SUCCEEDED else 1
 
 

@@ -461,7 +461,8 @@ class Worker {
          const std::string& name, const std::string& python_runtime,
          py::object factory, const std::string& tls_ca,
          const std::string& tls_cert, const std::string& tls_key,
-         const std::string& token_file, bool verbose)
+         const std::string& token_file, bool verbose,
+         const std::vector<std::string>& data_root)
       : factory_(std::move(factory)) {
     // As tally-worker's main does, and above the largest gradient PyTorch
     // allocates per step for the models Tally trains (common/malloc_tuning.h).
@@ -470,6 +471,11 @@ class Worker {
     options_.name = name;
     options_.verbose = verbose;
     options_.python_runtime = python_runtime;
+    if (!data_root.empty()) {
+      auto roots = DataRoots::Make(data_root);
+      if (!roots.ok()) throw std::invalid_argument(roots.status().ToString());
+      options_.data_roots = *std::move(roots);
+    }
     auto parsed = ParseDevices(devices);
     if (!parsed.ok()) throw std::invalid_argument(parsed.status().ToString());
     options_.devices = *parsed;
@@ -652,12 +658,14 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     const std::string&, py::object, const std::string&,
                     const std::string&, const std::string&,
-                    const std::string&, bool>(),
+                    const std::string&, bool,
+                    const std::vector<std::string>&>(),
            py::arg("server"), py::arg("devices"), py::arg("name"),
            py::arg("python_runtime"), py::arg("factory"),
            py::arg("tls_ca") = "", py::arg("tls_cert") = "",
            py::arg("tls_key") = "", py::arg("token_file") = "",
-           py::arg("verbose") = true)
+           py::arg("verbose") = true,
+           py::arg("data_root") = std::vector<std::string>{})
       .def("start", &tally::Worker::Start,
            py::call_guard<py::gil_scoped_release>())
       .def("wait", &tally::Worker::Wait, py::arg("seconds"),

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import time
+import warnings
 
 import grpc
 
@@ -624,14 +625,20 @@ class Client:
                    metadata=self.metadata)
 
     def fetch(self, job_id, path):
-        """Writes the job's weights (safetensors) to `path`; their bytes."""
+        """Writes the job's weights (safetensors) to `path`; their bytes. A
+        Python model's file without its buffers (which load_state_dict with
+        strict=True refuses) is written with a warning saying why."""
         rpc = self._call("FetchWeights", pb.FetchWeightsRequest, pb.FileChunk, "unary_stream")
         n = 0
+        note = ""
         with open(path, "wb") as f:
             for chunk in rpc(pb.FetchWeightsRequest(job_id=job_id), timeout=self.timeout,
                              metadata=self.metadata):
                 f.write(chunk.data)
                 n += len(chunk.data)
+                note = note or chunk.buffers_note
+        if note:
+            warnings.warn(f"{path} has no buffers of the model: {note}", stacklevel=2)
         return n
 
 

@@ -33,6 +33,10 @@ def parse_args(argv):
     p.add_argument("--tls_key", default="")
     p.add_argument("--token_file", default="", help="a token with the worker role (TLS only)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--data_root", default="",
+                   help="directories a job's dataset may be read from, comma-separated "
+                        "(default /srv/tally/data,/usr/share); a job naming a file "
+                        "outside them fails at assignment")
     return p.parse_args(argv)
 
 
@@ -54,7 +58,8 @@ def main(argv=None):
         w = _native.Worker(server=args.server, devices=args.devices, name=args.name,
                            python_runtime=engine.runtime(), factory=engine.make_engine,
                            tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                           token_file=args.token_file, verbose=not args.quiet)
+                           token_file=args.token_file, verbose=not args.quiet,
+                           data_root=[d for d in args.data_root.split(",") if d])
     except ValueError as e:
         print(f"tally.worker: {e}", file=sys.stderr)
         return 2

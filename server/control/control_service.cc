@@ -145,6 +145,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FileChunk> {
     }
     head_ = std::move(file->head);
     tables_ = std::move(file->tables);
+    // On every chunk (Write sets only the data and the size).
+    chunk_.set_buffers_note(file->buffers_note);
     total_ = static_cast<int64_t>(head_.size()) +
              (tables_ != nullptr ? tables_->bytes() : 0);
     for (size_t at = 0; at < head_.size(); at += kChunk) {

@@ -181,12 +181,20 @@ absl::StatusOr<StoredJob> SaveRanges(const std::string& job_id,
       "the job's ranges kept moving past the version to save");
 }
 
-// Retired ranges do not move: each is saved as it stands. Null when one
-// cannot be read.
-std::shared_ptr<const std::vector<float>> RetiredWeights(
-    const std::string& job_id, int64_t map_version, int64_t hold_id,
-    int64_t num_params, const std::vector<RangeRef>& refs) {
+// What an ended job's ranges hold: its weights (null when a range cannot
+// be read) and a Python model's buffer region, which the range at offset
+// 0 keeps (empty when no step has set it).
+struct RetiredState {
+  std::shared_ptr<const std::vector<float>> weights;
+  std::string buffers;
+};
+
+// Retired ranges do not move: each is saved as it stands.
+RetiredState RetiredWeights(const std::string& job_id, int64_t map_version,
+                            int64_t hold_id, int64_t num_params,
+                            const std::vector<RangeRef>& refs) {
   auto weights = std::make_shared<std::vector<float>>(num_params);
+  std::string buffers;
   for (const RangeRef& r : refs) {
     absl::StatusOr<HoldReport> h =
         r.control->Hold(job_id, map_version, hold_id, absl::Milliseconds(1));
@@ -196,11 +204,12 @@ std::shared_ptr<const std::vector<float>> RetiredWeights(
                                  /*weights_only=*/true)
                : absl::StatusOr<ShardState>(h.status());
     if (!st.ok() || static_cast<int64_t>(st->weights->size()) != r.count)
-      return nullptr;
+      return {};
     std::copy(st->weights->begin(), st->weights->end(),
               weights->begin() + r.offset);
+    if (r.offset == 0 && st->buffers != nullptr) buffers = *st->buffers;
   }
-  return weights;
+  return {std::move(weights), std::move(buffers)};
 }
 
 }  // namespace
@@ -253,6 +262,7 @@ struct Coordinator::ControlTask {
       new_leaves;
   bool retired_now = false;
   std::shared_ptr<const std::vector<float>> final_weights;
+  std::string final_buffers;  // the buffer region that goes with them
   std::vector<std::shared_ptr<ShardControl>> table_homes;
   std::vector<std::string> table_home_ids;  // their shards, slot order
 };
@@ -382,6 +392,17 @@ void SumTables(const std::vector<v1::RangeStatus>& ranges, v1::JobMetrics* out) 
   }
 }
 
+// The range whose figures are those of step `version` (the lowest any
+// range has reached): a range already a step further shows the next
+// step's loss, which would be drawn a step early.
+const v1::RangeStatus& AtVersion(const std::vector<v1::RangeStatus>& ranges,
+                                 int64_t version) {
+  for (const v1::RangeStatus& r : ranges) {
+    if (r.version() == version) return r;
+  }
+  return ranges.front();
+}
+
 }  // namespace
 
 v1::Job Coordinator::Render(const JobEntry& job) const {
@@ -412,7 +433,7 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
     if (r.job_id().empty()) return j;
   }
   // The job is at the version every range has reached; the other figures
-  // are the same on every range (every push reaches every range).
+  // are those of every range at that version (every push reaches each).
   int64_t version = INT64_MAX, rejected = 0, stale = 0, late = 0, resets = 0;
   for (const v1::RangeStatus& r : ranges) {
     version = std::min(version, r.version());
@@ -421,7 +442,7 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
     stale = std::max(stale, r.stale_pushes());
     late = std::max(late, r.late_pushes());
   }
-  const v1::RangeStatus& first = ranges.front();
+  const v1::RangeStatus& shown = AtVersion(ranges, version);
   out->set_step(version);
   out->set_epoch(job.schedule.EpochOfVersion(std::max<int64_t>(0, version - 1)));
   out->set_stale_pushes(stale);
@@ -429,13 +450,13 @@ v1::Job Coordinator::Render(const JobEntry& job) const {
   out->set_sum_resets(resets);
   SumTables(ranges, out);
   RenderProgressLocked(job, version, ranges, out);
-  out->set_loss(first.loss());
-  out->set_accuracy(first.accuracy());
-  out->set_samples_per_sec(first.samples_per_sec());
-  out->set_samples(first.samples());
-  out->set_train_seconds(first.train_seconds());
-  out->set_mean_samples_per_sec(first.train_seconds() > 0
-                                    ? first.samples() / first.train_seconds()
+  out->set_loss(shown.loss());
+  out->set_accuracy(shown.accuracy());
+  out->set_samples_per_sec(shown.samples_per_sec());
+  out->set_samples(shown.samples());
+  out->set_train_seconds(shown.train_seconds());
+  out->set_mean_samples_per_sec(shown.train_seconds() > 0
+                                    ? shown.samples() / shown.train_seconds()
                                     : 0.0);
   out->set_rejected_pushes(rejected);
   int workers = 0;
@@ -502,7 +523,11 @@ void Coordinator::RenderProgressLocked(
 // whom the open step waits on.
 void Coordinator::RenderStallLocked(const JobEntry& job, int64_t version,
                                     v1::JobMetrics* out) const {
-  if (job.moved_at == absl::InfinitePast()) return;
+  // At the last version no step is open: the workers evaluate the final
+  // weights, and the weights are not meant to move again.
+  if (job.moved_at == absl::InfinitePast() ||
+      (job.schedule.total_steps > 0 && version >= job.schedule.total_steps))
+    return;
   const double stalled = absl::ToDoubleSeconds(Now() - job.moved_at);
   if (stalled < 1.0) return;
   out->set_stalled_seconds(stalled);
@@ -671,9 +696,23 @@ absl::StatusOr<JobPage> Coordinator::ListPage(const JobQuery& query) const {
 // after the lock: the final vector and its layout.
 namespace {
 
-// A job's weights as a .safetensors file: the parameters, and a Python
-// model's buffers (once its report gave them; a job that has not ended
-// exports its parameters alone) and tied weights' aliases.
+// Why a Python model's file has none of its buffers ("" when it has them
+// or the model has none), for the file's metadata and the client: a file
+// without them is refused by load_state_dict(strict=True), so it is never
+// written silently.
+std::string BuffersNote(const PythonModelSpec& py, const std::string& buffers) {
+  if (py.buffers.empty() ||
+      static_cast<int64_t>(buffers.size()) == py.buffer_bytes)
+    return "";
+  return absl::StrCat(
+      "missing: no step of the job had closed with them (", py.buffers.size(),
+      " buffers, ", py.buffers.front().name,
+      " first); load the file with load_state_dict(..., strict=False)");
+}
+
+// A job's weights as a .safetensors file: the parameters, a Python model's
+// buffers (the buffer region; BuffersNote in the metadata when there is
+// none) and tied weights' aliases.
 std::string ExportFile(const std::vector<ParamInfo>& params,
                        const std::vector<float>& weights,
                        const PythonModelSpec& py, const std::string& buffers,
@@ -686,6 +725,8 @@ std::string ExportFile(const std::vector<ParamInfo>& params,
       {"name", name},
       {"version", absl::StrCat(version)}};
   if (!tables_note.empty()) metadata["tables"] = tables_note;
+  if (const std::string note = BuffersNote(py, buffers); !note.empty())
+    metadata["buffers"] = note;
   if (!py.aliases.empty())
     metadata["aliases"] = nlohmann::json(py.aliases).dump();
   std::vector<RawTensor> extra;
@@ -973,6 +1014,7 @@ absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
     buffers = saved.buffers;  // the buffer region, as the first range has it
   }
   if (out.tables != nullptr) TALLY_RETURN_IF_ERROR(out.tables->Prepare());
+  out.buffers_note = BuffersNote(py, buffers);
   out.head = ExportFile(layout.params, *weights, py, buffers, job_id, name,
                         version, out.tables.get(), tables_note);
   return out;
@@ -1291,6 +1333,7 @@ absl::Status Coordinator::SucceedLocked(JobEntry& job,
   job.proto.mutable_metrics()->set_test_accuracy(req.test_accuracy());
   job.proto.mutable_metrics()->set_test_loss(req.test_loss());
   job.proto.mutable_metrics()->set_test_auc(req.test_auc());
+  job.proto.mutable_metrics()->set_no_test_split(req.no_test_split());
   FinishLocked(job, v1::SUCCEEDED, "", notes);
   job.awaiting_reports.erase(req.worker_id());
   return absl::OkStatus();
@@ -1650,6 +1693,10 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
   *job.proto.mutable_metrics() = now.metrics();
   job.proto.mutable_metrics()->set_samples_per_sec(0.0);
   job.proto.mutable_metrics()->set_workers(0);
+  // Nothing waits on anyone once the job has ended (the figures of the
+  // moment would stay frozen in the record).
+  job.proto.mutable_metrics()->clear_stalled_seconds();
+  job.proto.mutable_metrics()->clear_waiting_on();
   job.proto.set_state(state);
   // A success keeps the notes gathered on the way (workers taken off).
   if (!message.empty() || state != v1::SUCCEEDED)
@@ -1824,6 +1871,9 @@ bool Coordinator::ApplyTaskLocked(ControlTask& t, Notes* notes) {
   if (t.retired_now) {
     job.retired = true;
     job.final_weights = t.final_weights;
+    // A success has its report's buffers; a failed or cancelled job
+    // takes the ranges' region (else its export would lack them).
+    if (job.final_buffers.empty()) job.final_buffers = t.final_buffers;
     job.table_homes = t.table_homes;
     job.table_home_addresses.clear();
     for (const std::string& id : t.table_home_ids) {
@@ -1888,16 +1938,20 @@ void Coordinator::RetireRanges(ControlTask& t) {
     refs.push_back({r.control, r.offset, r.count});
   }
   if (!t.ranges.empty() && refs.size() == t.ranges.size()) {
-    t.final_weights =
+    RetiredState retired =
         RetiredWeights(t.job_id, t.map_version, t.hold_id, t.num_params, refs);
+    t.final_weights = std::move(retired.weights);
+    t.final_buffers = std::move(retired.buffers);
     if (all_retired && t.final_weights != nullptr) {
       for (const RangeRef& r : refs) t.table_homes.push_back(r.control);
       for (const ControlTask::Range& r : t.ranges)
         t.table_home_ids.push_back(r.shard_id);
     }
   }
-  if (t.final_weights == nullptr && t.start != nullptr)
+  if (t.final_weights == nullptr && t.start != nullptr) {
     t.final_weights = t.start->weights;
+    t.final_buffers = t.start->buffers;
+  }
   for (const ControlTask::Range& r : t.ranges)
     r.control->Drop(t.job_id, /*ended=*/true);
   t.retired_now = true;

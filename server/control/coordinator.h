@@ -169,10 +169,14 @@ class Coordinator {
   // every range at one version (waits for it, bounded). An ended job's
   // tables follow the weights, read from its shards as the file is sent
   // (`tables`, whose bytes complete `head`); a running job's file has
-  // none, and says so in its metadata ("tables").
+  // none, and says so in its metadata ("tables"). A Python model's
+  // buffers come from the report that ended the job, else from its
+  // ranges' buffer region; a file without them says why in its metadata
+  // ("buffers") and in `buffers_note`.
   struct WeightsExport {
     std::string head;
     std::unique_ptr<TableExport> tables;  // null: none
+    std::string buffers_note;             // empty: complete
   };
   absl::StatusOr<WeightsExport> ExportWeights(const std::string& job_id);
   // The same file whole, in memory.
@@ -276,7 +280,8 @@ class Coordinator {
     // Their addresses, kept with the job (JobCheckpoint.table_homes): a
     // restarted coordinator finds the shards by them.
     std::vector<std::string> table_home_addresses;
-    // A Python model's buffers, from the report that ended the job.
+    // A Python model's buffers: from the report that ended the job, or
+    // (no report: it failed or was cancelled) its retired ranges' region.
     std::string final_buffers;
     bool retired = false;  // the ranges were retired (and dropped)
     // After a success: the members that have not reported yet, for whom the

@@ -3,7 +3,9 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "common/io/safetensors.h"
@@ -318,6 +320,103 @@ TEST_F(CoordinatorTest, AMemberThatNeverPullsIsNamedInWaitingOn) {
                            b.worker_id() + " (b): has not pulled yet"));
 }
 
+// Once the last step has closed the workers evaluate the final weights:
+// no step is open, so nothing waits on them (tally status said "step N
+// has waited ... on" both workers), and the ended job's record keeps no
+// wait either.
+TEST_F(CoordinatorTest, NoStallIsShownAtTheLastStepNorOnceTheJobEnded) {
+  auto job = coord_.Submit(SpecWith("max_steps: 1"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto a = Register("a");
+  auto b = Register("b");
+  auto shard = *Shard(job->id());
+  std::vector<float> g(shard->num_params(), 0.1f);
+  bool dup;
+  for (const auto& w : {a, b}) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.samples = 1;
+    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
+  }
+  coord_.Tick();
+  for (int i = 0; i < 3; ++i) {  // a long evaluation
+    clock_.Advance(absl::Seconds(2));
+    ASSERT_TRUE(Beat(a).ok() && Beat(b).ok());
+    coord_.Tick();
+  }
+  const v1::JobMetrics evaluating = coord_.Get(job->id())->metrics();
+  EXPECT_EQ(evaluating.step(), 1);
+  EXPECT_TRUE(evaluating.waiting_on().empty());
+  EXPECT_EQ(evaluating.stalled_seconds(), 0.0);
+  v1::ReportResultRequest r;
+  r.set_worker_id(a.worker_id());
+  r.set_incarnation(a.incarnation());
+  r.set_job_id(job->id());
+  r.set_ok(true);
+  r.set_steps(1);
+  TALLY_ASSERT_OK(coord_.ReportResult(r));
+  const v1::Job done = *coord_.Get(job->id());
+  ASSERT_EQ(done.state(), v1::SUCCEEDED);
+  EXPECT_TRUE(done.metrics().waiting_on().empty());
+  EXPECT_EQ(done.metrics().stalled_seconds(), 0.0);
+}
+
+// A job that ends while a step waits (cancelled here) does not keep the
+// wait of its last moment in its record.
+TEST_F(CoordinatorTest, AnEndedJobKeepsNoWait) {
+  auto job = coord_.Submit(kSpec);
+  auto a = Register("a");
+  auto b = Register("b");
+  coord_.Tick();
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(2));
+    ASSERT_TRUE(Beat(a).ok() && Beat(b).ok());
+    coord_.Tick();
+  }
+  ASSERT_FALSE(coord_.Get(job->id())->metrics().waiting_on().empty());
+  auto cancelled = coord_.Cancel(job->id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  for (const v1::Job& j : {*cancelled, *coord_.Get(job->id())}) {
+    EXPECT_EQ(j.state(), v1::CANCELLED);
+    EXPECT_TRUE(j.metrics().waiting_on().empty());
+    EXPECT_EQ(j.metrics().stalled_seconds(), 0.0);
+  }
+}
+
+// A job whose dataset has no test split ends saying so (no test figures
+// shown as zeros): the report says it and the job's metrics keep it.
+TEST_F(CoordinatorTest, AJobWithoutATestSplitSaysSo) {
+  auto job = coord_.Submit(SpecWith("max_steps: 1"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto a = Register("a");
+  auto b = Register("b");
+  auto shard = *Shard(job->id());
+  std::vector<float> g(shard->num_params(), 0.1f);
+  bool dup;
+  for (const auto& w : {a, b}) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.samples = 1;
+    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
+  }
+  EXPECT_FALSE(coord_.Get(job->id())->metrics().no_test_split());
+  v1::ReportResultRequest r;
+  r.set_worker_id(b.worker_id());
+  r.set_incarnation(b.incarnation());
+  r.set_job_id(job->id());
+  r.set_ok(true);
+  r.set_steps(1);
+  r.set_no_test_split(true);
+  TALLY_ASSERT_OK(coord_.ReportResult(r));
+  const v1::Job done = *coord_.Get(job->id());
+  ASSERT_EQ(done.state(), v1::SUCCEEDED);
+  EXPECT_TRUE(done.metrics().no_test_split());
+  EXPECT_EQ(done.metrics().test_accuracy(), 0.0);
+  EXPECT_EQ(done.metrics().test_loss(), 0.0);
+}
+
 TEST_F(CoordinatorTest, StaleIncarnationMustRegisterAgain) {
   auto a = Register("a");
   v1::HeartbeatRequest r;
@@ -619,6 +718,73 @@ TEST_F(CoordinatorLimitsTest, InitialWeightsThatNeverComeFailTheJob) {
   EXPECT_EQ(ended->state(), v1::FAILED);
   EXPECT_THAT(ended->message(), HasSubstr("no initial weights from " +
                                           w->worker_id() + " within 10m"));
+}
+
+// A Python model with BatchNorm: w, and buffers of 8 + 8 bytes.
+constexpr char kBatchNormSpec[] =
+    "model: {python: {code: x, params: [{name: w, shape: [2, 4]}], buffers: "
+    "[{name: bn.running_mean, dtype: F32, shape: [2]}, {name: "
+    "bn.num_batches_tracked, dtype: I64, shape: []}]}}\n"
+    "dataset: {name: synthetic, features: 4, classes: 2}\n";
+
+// A Python model that fails has no report to give its buffers: its export
+// takes them from the ranges' buffer region, so the file loads with
+// strict=True (it had the parameters alone). Before any step set the
+// region, the file says they are missing, in its metadata and to the
+// client, rather than leaving them out silently.
+TEST_F(CoordinatorLimitsTest, AFailedPythonModelsExportHasItsBuffers) {
+  CoordinatorOptions o;
+  o.lease_timeout = absl::Hours(1);
+  Make(o);
+  auto job = coord_->Submit(kBatchNormSpec);
+  TALLY_ASSERT_OK(job);
+  v1::RegisterWorkerRequest reg;
+  reg.set_python("Python 3, PyTorch");
+  auto w = coord_->Register(reg);
+  TALLY_ASSERT_OK(w);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w->worker_id());
+  hb.set_incarnation(w->incarnation());
+  ASSERT_TRUE(coord_->Heartbeat(hb)->has_initial_weights());
+  auto offered = coord_->SetInitialWeights(job->id(), w->worker_id(),
+                                           w->incarnation(),
+                                           std::vector<float>(8, 0.5f));
+  ASSERT_TRUE(offered.ok() && *offered) << offered.status();
+  ASSERT_TRUE(coord_->Heartbeat(hb)->has_assignment());
+  auto early = coord_->ExportWeights(job->id());
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_THAT(early->buffers_note, HasSubstr("missing"));
+  EXPECT_THAT(early->buffers_note, HasSubstr("bn.running_mean"));
+  EXPECT_THAT(early->head, HasSubstr("\"buffers\":\"missing"));
+  auto shard = ShardOf(host_, job->id());
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const std::string buffers = "0123456789abcdef";
+  PushMeta m;
+  m.worker_id = w->worker_id();
+  m.incarnation = w->incarnation();
+  m.samples = 1;
+  m.buffers = std::make_shared<const std::string>(buffers);
+  std::vector<float> g(8, 0.1f);
+  bool dup = false;
+  TALLY_ASSERT_OK(PushAndCommit(**shard, m, g.data(), &dup));
+  ASSERT_EQ((*shard)->version(), 1);
+  v1::ReportResultRequest r;
+  r.set_worker_id(w->worker_id());
+  r.set_incarnation(w->incarnation());
+  r.set_job_id(job->id());
+  r.set_ok(false);
+  r.set_message("CUDA out of memory");
+  TALLY_ASSERT_OK(coord_->ReportResult(r));
+  ASSERT_EQ(coord_->Get(job->id())->state(), v1::FAILED);
+  EXPECT_FALSE(ShardOf(host_, job->id()).ok());  // retired: the record's now
+  auto file = coord_->ExportWeights(job->id());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->buffers_note, "");
+  EXPECT_THAT(file->head, HasSubstr("\"bn.running_mean\""));
+  EXPECT_THAT(file->head, HasSubstr("\"bn.num_batches_tracked\""));
+  EXPECT_THAT(file->head, ::testing::Not(HasSubstr("\"buffers\":")));
+  ASSERT_GT(file->head.size(), buffers.size());
+  EXPECT_EQ(file->head.substr(file->head.size() - buffers.size()), buffers);
 }
 
 // The asked worker left (its lease ran out): the job waits for a worker

@@ -239,6 +239,54 @@ TEST_P(MembershipTest, AJoiningWorkerStartsAtTheSameStepOnEveryShard) {
   }
 }
 
+// A range whose step closed first (both commits reached it) is a version
+// ahead of the other, and has the next step's loss: the job's figures, and
+// its curve point, are those of the step they are shown at (the lowest
+// version), never the next step's drawn a step early.
+TEST_P(MembershipTest, TheLossShownIsTheLossOfTheStepShown) {
+  const auto push = [this](int i, const v1::RegisterWorkerResponse& w,
+                           int64_t step, double loss) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.step = step;
+    m.base_version = step;
+    m.samples = 1;
+    m.loss_sum = loss;
+    std::vector<float> grad(ranges_[i].count, 0.5f);
+    bool dup = false;
+    TALLY_ASSERT_OK(ranges_[i].shard->Accept(m, grad.data(), &dup));
+  };
+  for (int i = 0; i < 2; ++i) {
+    push(i, a_, 0, 1.0);
+    push(i, b_, 0, 1.0);
+    CommitTo(i, a_, 0);
+    CommitTo(i, b_, 0);
+  }
+  for (int i = 0; i < 2; ++i) {
+    push(i, a_, 1, 0.25);
+    push(i, b_, 1, 0.25);
+  }
+  CommitTo(0, a_, 1);
+  CommitTo(0, b_, 1);
+  ASSERT_EQ(ranges_[0].shard->version(), 2);
+  ASSERT_EQ(ranges_[1].shard->version(), 1);
+  coord_.Tick();  // a curve point
+  const v1::JobMetrics m = coord_.Get(job_)->metrics();
+  EXPECT_EQ(m.step(), 1);
+  EXPECT_DOUBLE_EQ(m.loss(), 1.0);
+  auto history = coord_.History(job_);
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_GT(history->curve_size(), 0);
+  const v1::CurvePoint& last = history->curve(history->curve_size() - 1);
+  EXPECT_EQ(last.step(), 1);
+  EXPECT_DOUBLE_EQ(last.loss(), 1.0);
+  CommitTo(1, a_, 1);
+  CommitTo(1, b_, 1);
+  EXPECT_EQ(coord_.Get(job_)->metrics().step(), 2);
+  EXPECT_DOUBLE_EQ(coord_.Get(job_)->metrics().loss(), 0.25);
+}
+
 INSTANTIATE_TEST_SUITE_P(Sums, MembershipTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "Streamed" : "Staged";

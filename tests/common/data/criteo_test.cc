@@ -54,13 +54,13 @@ TEST_F(CriteoTest, BadLinesSayWhichField) {
   int32_t y;
   EXPECT_THAT(ParseCriteoLine("2\t1\t1\tab", 2, 1, x, &y),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("field 1 (the label) is '2'")));
+                       HasSubstr("field 1 (the label) is not 0 or 1")));
   EXPECT_THAT(ParseCriteoLine("1\t1\tx1\tab", 2, 1, x, &y),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("field 3 (I2) is 'x1'")));
+                       HasSubstr("field 3 (I2) is not a decimal integer")));
   EXPECT_THAT(ParseCriteoLine("1\t1\t1\tzz", 2, 1, x, &y),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("field 4 (C1) is 'zz'")));
+                       HasSubstr("field 4 (C1) is not 1 to 16 hexadecimal")));
   EXPECT_THAT(ParseCriteoLine("1\t1\t1", 2, 1, x, &y),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("3 tab-separated fields, not 4")));
