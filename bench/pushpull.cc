@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   Check(jobs->SubmitJob(Ctx().get(), sub, &job), "submit");
   v1::RegisterWorkerRequest reg;
   reg.set_name("pushpull-bench");
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   v1::RegisterWorkerResponse me;
   Check(workers->RegisterWorker(Ctx().get(), reg, &me), "register");
   // The one-process cluster's shard serves on its own data port.

@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
 
   v1::RegisterWorkerRequest reg;
   reg.set_name(absl::GetFlag(FLAGS_name));
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   v1::RegisterWorkerResponse me;
   Check(worker_service->RegisterWorker(Ctx(absl::Seconds(30)).get(), reg, &me),
         "register");

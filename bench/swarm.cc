@@ -108,6 +108,7 @@ struct Totals {
 void Register(Light& w, Totals& totals) {
   v1::RegisterWorkerRequest req;
   req.set_name(w.name);
+  req.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   v1::RegisterWorkerResponse resp;
   grpc::Status s = w.stub->RegisterWorker(Ctx(absl::Seconds(30)).get(), req, &resp);
   if (!s.ok()) Die(absl::StrCat("register ", w.name), tally::FromGrpc(s));

@@ -138,7 +138,7 @@ std::string MembershipTable(const Job& j) {
         &s, "    %d worker%s from step %d (epoch %d): global batch %d, %d "
         "steps an epoch\n",
         p.world(), p.world() == 1 ? "" : "s", p.first_step(),
-        p.first_epoch() + 1, p.global_batch(), p.steps_per_epoch());
+        p.first_epoch(), p.global_batch(), p.steps_per_epoch());
   }
   return s;
 }
@@ -182,7 +182,7 @@ std::string Progress(const Job& j) {
   bar.resize(kWidth, '.');
   return absl::StrFormat("%s %s [%s] step %d/%d  epoch %d  loss %.4f", j.id(),
                          StateName(j.state()), bar, m.step(), m.total_steps(),
-                         m.epoch() + 1, m.loss()) +
+                         m.epoch(), m.loss()) +
       (Classifies(j) ? absl::StrFormat("  acc %.3f", m.accuracy())
                      : std::string()) +
       absl::StrFormat("  %.0f samples/s  workers %d", m.samples_per_sec(),

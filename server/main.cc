@@ -42,6 +42,11 @@ ABSL_FLAG(int64_t, max_queued_jobs_per_submitter,
           "(servers with --tokens)");
 ABSL_FLAG(int64_t, max_workers, tally::CoordinatorOptions().max_workers,
           "Refuse worker registrations beyond this many");
+ABSL_FLAG(int64_t, max_offer_bytes, tally::CoordinatorOptions().max_offer_bytes,
+          "The bytes of Python models' initial weights the coordinator "
+          "reads at once, all workers' offers together (one a job; one "
+          "offer alone may be larger): more are refused "
+          "(RESOURCE_EXHAUSTED) and offered again");
 ABSL_FLAG(int64_t, max_finished_jobs,
           tally::CoordinatorOptions().max_finished_jobs,
           "Keep at most this many ended jobs (oldest are dropped, with their "
@@ -94,11 +99,11 @@ ABSL_FLAG(int64_t, streamed_sums_min_bytes,
           "unless the job's most workers would stage this much on them in "
           "all (small pushes summed as they arrive were slower with few "
           "workers)");
-ABSL_FLAG(int64_t, max_table_bytes, 0,
+ABSL_FLAG(int64_t, max_table_bytes, tally::ServerOptions().max_table_bytes,
           "The bytes the rows of every job's embedding tables held by this "
-          "shard may take together (values and optimizer slots); a pull "
-          "that would make rows past it is refused (RESOURCE_EXHAUSTED). "
-          "0: unbounded");
+          "shard may take together (values, optimizer slots and 40 bytes "
+          "of index a row); a pull that would make rows past it is refused "
+          "(RESOURCE_EXHAUSTED). 0: unbounded");
 ABSL_FLAG(std::string, table_dir, "",
           "Where this shard checkpoints the rows of the embedding tables it "
           "holds, at each of the coordinator's checkpoints (a base, then "
@@ -177,15 +182,16 @@ absl::Status ControlPlaneFromFlags(tally::CoordinatorOptions& o) {
   o.max_queued_jobs_per_submitter =
       absl::GetFlag(FLAGS_max_queued_jobs_per_submitter);
   o.max_workers = absl::GetFlag(FLAGS_max_workers);
+  o.max_offer_bytes = absl::GetFlag(FLAGS_max_offer_bytes);
   o.max_finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs);
   o.finished_job_ttl = absl::Hours(absl::GetFlag(FLAGS_finished_job_ttl_h));
   o.keep_weights_dir = absl::GetFlag(FLAGS_keep_weights_dir);
   if (o.max_queued_jobs <= 0 || o.max_queued_jobs_per_submitter <= 0 ||
-      o.max_workers <= 0 || o.max_finished_jobs < 0 ||
-      o.finished_job_ttl < absl::ZeroDuration()) {
+      o.max_workers <= 0 || o.max_offer_bytes <= 0 ||
+      o.max_finished_jobs < 0 || o.finished_job_ttl < absl::ZeroDuration()) {
     return Bad(
-        "--max_queued_jobs, --max_queued_jobs_per_submitter and "
-        "--max_workers must be positive, --max_finished_jobs and "
+        "--max_queued_jobs, --max_queued_jobs_per_submitter, --max_workers "
+        "and --max_offer_bytes must be positive, --max_finished_jobs and "
         "--finished_job_ttl_h not negative");
   }
   o.checkpoint_interval =

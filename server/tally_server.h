@@ -63,8 +63,10 @@ struct ServerOptions {
   // set_shared_memory).
   int64_t shared_memory_max_bytes = int64_t{16} << 20;
   // The bytes every job's embedding tables on this shard may take (0:
-  // unbounded; ShardHost::set_max_table_bytes).
-  int64_t max_table_bytes = 0;
+  // unbounded; ShardHost::set_max_table_bytes). A fixed default, not a
+  // share of the machine's memory: the same bound on every host, and in
+  // a container, which sees the host's memory rather than its own limit.
+  int64_t max_table_bytes = int64_t{4} << 30;
   // Where the shard checkpoints its tables' rows (ShardHost::
   // set_table_dir); empty: nowhere.
   std::string table_dir;

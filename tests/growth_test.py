@@ -146,7 +146,9 @@ def main():
             out = subprocess.run([f"{BUILD}/client/tally", f"--server={c.server}",
                                   "status", job_id], capture_output=True, text=True,
                                  check=True).stdout
-            if f"3 workers from step {grow_at}" not in out:
+            # Epochs counted from 0, as Job.membership counts them.
+            epoch = c.client.status(job_id).membership[1].first_epoch
+            if f"3 workers from step {grow_at} (epoch {epoch})" not in out:
                 fail(f"tally status does not show the membership:\n{out}")
             run(c, submit(c, tmp, "{mode: ssp, staleness: 2}"), "ssp")
             run(c, submit(c, tmp, "{mode: async}"), "async")

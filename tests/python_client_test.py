@@ -76,7 +76,9 @@ def main():
                           "unary_unary")
         heartbeat = method(channel, "/tally.v1.WorkerService/Heartbeat",
                            pb.HeartbeatRequest, pb.HeartbeatResponse, "unary_unary")
-        me = register(pb.RegisterWorkerRequest(name="py", devices="cpu:1"), timeout=5)
+        me = register(pb.RegisterWorkerRequest(name="py", devices="cpu:1",
+                                               protocol_version=pb.WORKER_PROTOCOL_CURRENT),
+                      timeout=5)
         assignment = None
         for _ in range(100):
             hb = heartbeat(pb.HeartbeatRequest(worker_id=me.worker_id,

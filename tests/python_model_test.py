@@ -14,7 +14,10 @@
                train to the end and report a test loss, no accuracy;
   directory    a model given as a directory (net.py importing a package
                beside it), twice with modules of the same names: each job
-               gets its own;
+               gets its own; before them, on the same worker, a directory
+               with a torch.py: refused at submit naming the file, and
+               sent anyway its job fails with that message while PyTorch
+               stays the worker's for the jobs after it;
   errors       a file that does not import, a missing build function, a
                module without parameters, an output the loss cannot take:
                refused at submit by the client; a model that raises at its
@@ -45,6 +48,7 @@ loop replays exactly the batches the worker's loader chose.
 """
 import glob
 import gzip
+import json
 import os
 import re
 import shutil
@@ -411,10 +415,43 @@ def make_model():
               f"{len(seen)} updates; {line.strip()}")
 
 
+def shadowing(cluster, tmp):
+    """A model directory with a torch.py: refused at submit by the client,
+    naming the file; sent anyway (its spec made by hand, as the C++ `tally
+    submit` would send it), its job fails on the worker with the same
+    message, and PyTorch stays the worker's for the jobs after it."""
+    root = f"{tmp}/shadow"
+    os.makedirs(root, exist_ok=True)
+    with open(f"{root}/net.py", "w") as f:
+        f.write("import torch\nfrom torch import nn\ndef make_model():\n"
+                "    return nn.Sequential(nn.Flatten(), nn.Linear(784, 10))\n")
+    path = spec(tmp, f"{root}/", build="net.make_model", steps=5, name="shadow")
+    text = tally.prepare_spec(path)  # without torch.py: the layout
+    with open(f"{root}/torch.py", "w") as f:
+        f.write("cuda = None\n")
+    try:
+        cluster.client.submit(path)
+        fail("a model directory with torch.py was submitted")
+    except (ModelError, tally.SubmitError) as e:
+        if "torch.py takes the name of the module 'torch'" not in str(e):
+            fail(f"submit error '{e}' does not name torch.py")
+        print(f"refused at submit: {str(e).splitlines()[0][:120]}")
+    sent = json.loads(text)
+    sent["model"]["python"]["files"]["torch.py"] = "cuda = None\n"
+    rpc = cluster.client._call("SubmitJob", pb.SubmitJobRequest, pb.SubmitJobResponse)
+    job = rpc(pb.SubmitJobRequest(spec=json.dumps(sent)), timeout=30).job
+    job = cluster.client.wait(job.id, timeout=120)
+    if job.state != pb.FAILED or "torch.py takes the name" not in job.message:
+        fail(f"the torch.py job: {pb.JobState.Name(job.state)}: {job.message}")
+    print(f"a torch.py sent anyway: FAILED: {job.message.splitlines()[0][:120]}")
+
+
 def directory(cluster, tmp):
     """A model given as a directory: its files import each other; a second
     directory with modules of the same names gets its own, not the first
-    job's (the worker forgets a job's modules)."""
+    job's (the worker forgets a job's modules). First a directory with a
+    torch.py (shadowing), on the same worker: the two after it train."""
+    shadowing(cluster, tmp)
     for name, hidden in (("pkg1", 16), ("pkg2", 24)):
         root = f"{tmp}/{name}"
         os.makedirs(f"{root}/parts", exist_ok=True)

@@ -15,7 +15,10 @@ forward and backward pass of a Sequential of Linear/ReLU/Flatten layers in
 numpy float32, softmax cross-entropy, the batch's mean gradient pushed to each
 shard's range in chunks, the commit with the next pull; at the end it pulls
 version total_steps, evaluates on the test set and sends ReportResult.
-Plaintext only. `--jobs=N` exits after N jobs ended (0: never).
+Plaintext only. `--jobs=N` exits after N jobs ended (0: never). It registers
+with protocol_version WORKER_PROTOCOL_CURRENT, as any worker must; of what
+that promises it follows host-relative shard-map addresses, and its test
+gives it neither growing jobs nor tables.
 
 --self-test checks the dataset code against the test vectors of
 docs/cluster.md (read from the file, so a changed table is caught) and the
@@ -706,11 +709,15 @@ class Worker:
         backoff = 0.1
         while not self.stopped.is_set():
             try:
+                # The worker protocol it speaks (docs/cluster.md, "Which
+                # workers a coordinator takes"): the generated constant.
                 r = self.register_rpc(self.pb.RegisterWorkerRequest(
-                    name=self.args.name, devices="cpu:1"), timeout=10)
+                    name=self.args.name, devices="cpu:1",
+                    protocol_version=self.pb.WORKER_PROTOCOL_CURRENT), timeout=10)
             except self.grpc.RpcError as e:
                 err = self.error(e)
-                if err.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"):
+                if (err.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT")
+                        or err.reason == "PROTOCOL_TOO_OLD"):
                     raise SystemExit(f"python-worker: cannot register: {err}")
                 log(f"register: {err}; retrying")
                 self.stopped.wait(backoff)
@@ -804,6 +811,10 @@ class JobRunner(threading.Thread):
         self.w, self.pb, self.grpc = worker, worker.pb, worker.grpc
         self.a, self.key = a, key
         self.job_id = a.job_id
+        # The placement it runs on, named in every push, pull and failure
+        # report: a later placement's shard answers NOT_FOUND (a stale
+        # map), and the coordinator does not fail the job on our word.
+        self.map_version = a.shard_map.version
         self.worker_id, self.incarnation = reg[0], reg[1]
         self.cancelled = threading.Event()
         self.why = ""
@@ -853,7 +864,7 @@ class JobRunner(threading.Thread):
     def report_failure(self, message, reason):
         req = self.pb.ReportResultRequest(
             worker_id=self.worker_id, incarnation=self.incarnation, job_id=self.job_id,
-            ok=False, message=message,
+            ok=False, message=message, map_version=self.map_version,
             reason=self.pb.ErrorReason.Value(reason) if reason else 0)
         try:
             self.w.report_rpc(req, timeout=10)
@@ -971,7 +982,8 @@ class JobRunner(threading.Thread):
         req = self.pb.PullRequest(
             job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation,
             min_version=min_version, max_wait_ms=5000, chunk_elements=CHUNK_ELEMENTS,
-            total_steps=self.total, steps_per_epoch=self.spe, dtype=self.dtype, clock=clock)
+            total_steps=self.total, steps_per_epoch=self.spe, dtype=self.dtype, clock=clock,
+            map_version=self.map_version)
         if commit is not None:
             req.commit.CopyFrom(commit)
         futures = [self.pool.submit(self.pull_one, i, req) for i in range(len(self.shards))]
@@ -1082,7 +1094,8 @@ class JobRunner(threading.Thread):
         entry = self.shards[i]
         header = self.pb.PushHeader(
             job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation,
-            step=step, base_version=base, samples=samples, loss_sum=loss_sum, correct=correct)
+            map_version=self.map_version, step=step, base_version=base, samples=samples,
+            loss_sum=loss_sum, correct=correct)
 
         def messages():
             if samples == 0 or grad is None:

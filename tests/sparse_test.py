@@ -46,6 +46,12 @@ over three shard processes.
              --table_dir): the job resumes from the checkpoint, tables
              loaded from the shards' files, and ends bit for bit as the
              job undisturbed, no worker restarted.
+  respawn    a shard killed -9 and started again on its port at two steps
+             of one DLRM job (1 s later, before its lease lapses, and 3 s
+             later, after): the job rolls back to its checkpoint each time,
+             the worker's runner of the old placement ends without failing
+             it, and it SUCCEEDS with the undisturbed job's test AUC and
+             loss exactly.
   restart    after a coordinator restart (--state_dir) an ended job's
              tables still come with `tally fetch`, from the shards that
              kept them, found by the addresses the job's file keeps.
@@ -439,7 +445,7 @@ class HashedBag(torch.nn.Module):
         return self.bag(torch.from_numpy(_native.hash_rows(ids.numpy(), self.salt, self.rows)))
 
 
-def dlrm_job(tmp, name, dataset, steps, batch, build="make_recorded"):
+def dlrm_job(tmp, name, dataset, steps, batch, build="make_recorded", epochs=1):
     """The example's DLRM as a job over 2 shards: each table names its
     column, so a step pulls every table's rows at once."""
     tables = "\n".join(f"    - {{name: tables.{k}, features: [{13 + k}], ids: hashed, "
@@ -454,7 +460,7 @@ model:
   embeddings:
 {tables}
 dataset: {dataset}
-training: {{epochs: 1, batch_size: {batch}, max_steps: {steps}, seed: {SEED}, workers: 1, shards: 2}}
+training: {{epochs: {epochs}, batch_size: {batch}, max_steps: {steps}, seed: {SEED}, workers: 1, shards: 2}}
 optimizer: {{type: sgd, lr: {LR}}}
 """)
     return path
@@ -677,6 +683,101 @@ def lost(cluster, tmp):
         c.stop()
 
 
+def history(c, job_id):
+    """The job's events, oldest first."""
+    h = c.client._call("GetJobHistory", pb.GetJobRequest, pb.JobHistory)(
+        pb.GetJobRequest(job_id=job_id), timeout=10)
+    return [e.text for e in h.events]
+
+
+def table_maps(base, job_id):
+    """The placements (map versions) whose table files the job has."""
+    names = glob.glob(f"{base}/tables/{job_id}/*.tbl")
+    return {os.path.basename(n).split("-")[0] for n in names}
+
+
+def reach(c, job_id, step, base, older, what):
+    """Waits until the job is at `step` or past it with a table checkpoint
+    of a placement not in `older`; its step then."""
+    for _ in range(1200):
+        j = c.client.status(job_id)
+        if j.state != pb.RUNNING:
+            fail(f"{what}: the job is {pb.JobState.Name(j.state)}: {j.message}\n"
+                 + c.log("w"))
+        if j.metrics.step >= step and table_maps(base, job_id) - older:
+            return j.metrics.step
+        time.sleep(0.05)
+    fail(f"{what}: the job did not reach step {step} with a table checkpoint of "
+         f"its placement in 60 s")
+
+
+def respawn(cluster, tmp):
+    """A shard killed -9 and started again on its port, twice in one DLRM
+    job on two shards (coordinator --state_dir, shards --table_dir): at
+    about a third of the steps, started again 1 s later (within the 2 s
+    lease, as a rule: the job is placed again on the restarted one as soon
+    as the dead one is lost, and the worker's calls of the old placement
+    meet the restored ranges at the old address), and at about two thirds,
+    started again 3 s later (past the lease: the job waits for its second
+    shard). Each time the job rolls back to its last checkpoint, tables
+    from the shards' files, and the runner of the old placement ends
+    without failing the job. It SUCCEEDS, no worker restarted, with the
+    undisturbed job's test AUC and loss exactly."""
+    base = f"{tmp}/respawn"
+    os.makedirs(base)
+    write_dlrm(tmp)
+    c = Cluster(base, shards=2,
+                server_args=[f"--state_dir={base}/state", "--checkpoint_interval_s=0.2"],
+                shard_args=[f"--table_dir={base}/tables"])
+    try:
+        w = c.python_worker("w")
+        steps, batch, epochs = 192, 64, 3  # CLICKS' 4096 samples: 64 steps an epoch
+        calm = run(c, dlrm_job(tmp, "respawn-calm", CLICKS, steps, batch, "make_model",
+                               epochs), "w")
+        job = c.client.submit(dlrm_job(tmp, "respawn-hit", CLICKS, steps, batch,
+                                       "make_model", epochs))
+        kills, older = [], set()
+        for n, (at, delay) in enumerate(((steps // 3, 1.0), (2 * steps // 3, 3.0))):
+            kills.append(reach(c, job.id, at, base, older, f"kill {n + 1}"))
+            older = table_maps(base, job.id)
+            victim = c.shards[1]
+            victim.kill()
+            victim.wait()
+            time.sleep(delay)
+            c.shards[1] = c.start(f"shard1-again{n + 1}", victim.args)
+            placed = 0
+            for _ in range(600):  # placed again on both shards
+                placed = sum("placed again on 2 parameter shards" in e
+                             for e in history(c, job.id))
+                if placed > n:
+                    break
+                time.sleep(0.05)
+            else:
+                fail(f"kill {n + 1}: the job was not placed again in 30 s\n"
+                     + c.log("server"))
+        job = c.client.wait(job.id, timeout=300)
+        if job.state != pb.SUCCEEDED:
+            fail(f"after the kills at steps {kills}: {pb.JobState.Name(job.state)}: "
+                 f"{job.message}\n" + c.log("w"))
+        if w.poll() is not None:
+            fail("the worker process died")
+        resumed = [e for e in history(c, job.id)
+                   if "starts again from the checkpoint of step" in e]
+        if len(resumed) != 2:
+            fail(f"two roll-backs to a checkpoint expected: {resumed}")
+        if (job.metrics.test_auc != calm.metrics.test_auc
+                or job.metrics.test_loss != calm.metrics.test_loss):
+            fail(f"after the kills: AUC {job.metrics.test_auc!r} loss "
+                 f"{job.metrics.test_loss!r}; undisturbed AUC {calm.metrics.test_auc!r} "
+                 f"loss {calm.metrics.test_loss!r}")
+        print(f"respawn: shard killed -9 and restarted on its port at steps {kills}, "
+              f"rolled back to steps {[int(r.rsplit(' ', 1)[-1]) for r in resumed]}; "
+              f"SUCCEEDED with the undisturbed AUC {job.metrics.test_auc:.6f} and test "
+              f"loss exactly")
+    finally:
+        c.stop()
+
+
 def restart(cluster, tmp):
     """An ended job's tables after a coordinator restart (--state_dir): the
     restarted coordinator finds the shards that keep them by the addresses
@@ -754,7 +855,8 @@ def errors(cluster, tmp):
 
 
 PHASES = {"equal": equal, "two": two, "hybrid": hybrid, "modes": modes, "adagrad": adagrad, "adam": adam, "dlrm": dlrm, "criteo": criteo,
-          "dynamic": dynamic, "lost": lost, "restart": restart, "errors": errors}
+          "dynamic": dynamic, "lost": lost, "respawn": respawn, "restart": restart,
+          "errors": errors}
 
 
 def main():

@@ -9,6 +9,7 @@
 #include <exception>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -108,6 +109,9 @@ class WorkerDaemon::Impl {
     req.set_devices(options_.devices_text);
     req.set_address(options_.address);
     req.set_python(options_.python_runtime);
+    // What this build understands (proto/tally.proto, WorkerProtocol): the
+    // coordinator gives jobs only to workers that can follow them.
+    req.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     v1::RegisterWorkerResponse resp;
     auto ctx = Context(absl::Seconds(5));
     TALLY_RETURN_IF_ERROR(
@@ -118,6 +122,32 @@ class WorkerDaemon::Impl {
     lease_ms_ = std::max<int64_t>(resp.lease_ms(), 200);
     assignment_.reset();
     return absl::OkStatus();
+  }
+
+  // A registration refused for good stops the daemon, saying why (Run()
+  // returns it); every other failure is retried.
+  bool RefusedForGood(const absl::Status& s) {
+    absl::Status fatal;
+    if (absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) {
+      // A wrong or missing token does not fix itself.
+      fatal = absl::PermissionDeniedError(absl::StrCat(
+          options_.server, " refuses this worker: ", s.message(),
+          " (give --token_file a token with the worker role)"));
+    } else if (ReasonOf(s) == v1::PROTOCOL_TOO_OLD) {
+      // Nor does a coordinator that needs a newer worker than this one.
+      fatal = WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              options_.server, " refuses this worker (protocol ",
+              static_cast<int>(v1::WORKER_PROTOCOL_CURRENT), "): ",
+              s.message())),
+          v1::PROTOCOL_TOO_OLD);
+    } else {
+      return false;
+    }
+    absl::MutexLock lock(&mu_);
+    fatal_ = std::move(fatal);
+    stop_ = true;
+    return true;
   }
 
   void HeartbeatLoop() {
@@ -133,13 +163,7 @@ class WorkerDaemon::Impl {
           Log(absl::StrCat("registered with ", options_.server, " as ",
                            lease_.worker_id, " (incarnation ",
                            lease_.incarnation, ")"));
-        } else if (absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) {
-          // A wrong or missing token does not fix itself: stop and say so.
-          absl::MutexLock lock(&mu_);
-          fatal_ = absl::PermissionDeniedError(absl::StrCat(
-              options_.server, " refuses this worker: ", s.message(),
-              " (give --token_file a token with the worker role)"));
-          stop_ = true;
+        } else if (RefusedForGood(s)) {
           return;
         } else {
           Log(absl::StrCat("cannot register with ", options_.server, ": ",
@@ -251,13 +275,24 @@ class WorkerDaemon::Impl {
     if (want.job_id() != offers_job_) offers_ = 0;  // a new ask
     offers_job_ = want.job_id();
     absl::StatusOr<bool> taken = BuildAndOffer(want, lease);
+    const v1::ErrorReason reason = ReasonOf(taken.status());
     // No longer this worker's to give (another was asked, the job or the
-    // lease went): nothing to say; the coordinator asks whom it needs.
-    if (!taken.ok() && (ReasonOf(taken.status()) == v1::NOT_A_MEMBER ||
-                        ReasonOf(taken.status()) == v1::REGISTER_AGAIN ||
-                        absl::IsNotFound(taken.status()))) {
+    // lease went, the weights came already): nothing to say; the
+    // coordinator asks whom it needs.
+    if (!taken.ok() &&
+        (reason == v1::NOT_A_MEMBER || reason == v1::REGISTER_AGAIN ||
+         reason == v1::JOB_ENDED || reason == v1::WEIGHTS_GIVEN ||
+         absl::IsNotFound(taken.status()))) {
       offers_ = 0;
       MarkOffered(want.job_id(), lease);
+      return;
+    }
+    // The coordinator is reading other offers: again after a backoff, not
+    // counted (the job's initial_weights_timeout bounds the waiting).
+    if (reason == v1::OFFER_BUSY) {
+      Log(absl::StrCat(want.job_id(), ": offering initial weights: ",
+                       taken.status().message(), "; trying again"));
+      SleepUnlessStopped(options_.max_backoff);
       return;
     }
     const bool transient = !taken.ok() &&

@@ -94,9 +94,11 @@ class WorkerDaemon {
   WorkerDaemon(const WorkerDaemon&) = delete;
   WorkerDaemon& operator=(const WorkerDaemon&) = delete;
 
-  // Runs until Stop(); returns OK then. Returns kPermissionDenied by itself
-  // when the coordinator refuses the worker's token (a misconfiguration
-  // that retrying cannot fix).
+  // Runs until Stop(); returns OK then. Returns by itself when the
+  // coordinator refuses the worker for good, which retrying cannot fix:
+  // kPermissionDenied for its token, kFailedPrecondition + PROTOCOL_TOO_OLD
+  // when it needs a newer worker protocol than this build's
+  // (v1::WORKER_PROTOCOL_CURRENT, sent with every registration).
   absl::Status Run();
   // Thread-safe; Run returns within about a step.
   void Stop();

@@ -83,6 +83,9 @@ JobRunner::State JobRunner::Overlapped() {
   }
   if (!work.pull_failed) {
     Abandon(pull);  // it may still be writing the parameters
+    // A row call's answer decides the step (its pull is not kept: the
+    // step starts again from a new one).
+    if (work.rows_failed) return RowsFailed(step_, stats.status());
     return Stop(stats.status());
   }
   // The pull failed or brought other weights than this step's (a step
@@ -192,7 +195,7 @@ JobRunner::State JobRunner::NewPlan(int64_t plan) {
   const WorldPeriod& w = schedule_.worlds.back();
   context_.log(absl::StrCat(assignment_.job_id(), ": plan ", schedule_.plan,
                             ": ", w.world, " workers from epoch ",
-                            w.first_epoch + 1, ", ", schedule_.total_steps,
+                            w.first_epoch, ", ", schedule_.total_steps,
                             " steps in all"));
   return State::kNextStep;
 }
@@ -200,17 +203,47 @@ JobRunner::State JobRunner::NewPlan(int64_t plan) {
 JobRunner::State JobRunner::ComputeStep() {
   StepWork work;
   absl::StatusOr<StepStats> stats = Compute(step_, work);
-  if (!stats.ok() && work.pull_failed) {
-    // Its rows' shard is away: the step again from its pull.
-    context_.log(absl::StrCat("step ", step_, ": ", stats.status().message()));
-    loader_next_ = -1;
-    next_ = step_;
-    Backoff();
-    return State::kNextStep;
-  }
+  // (No pull goes with this step, so only its rows can have failed it
+  // without a refusal.)
+  if (!stats.ok() && (work.rows_failed || work.pull_failed))
+    return RowsFailed(step_, stats.status());
   if (!stats.ok()) return Stop(stats.status());
   stats_ = *stats;
   return State::kPush;
+}
+
+// A row call of `step` failed (the Python engine keeps its code and
+// reason). Nothing of the step was committed (rows go before the dense
+// push), so as a dense push's answer would: the step again from a pull (a
+// shard away, a stale map, the job rolled back to its checkpoint while we
+// computed), from the step the worker joins at, the new plan, or not at
+// all (the job is not ours). A runner whose job was placed again ends at
+// the next step's check, and the daemon starts one on the new map.
+JobRunner::State JobRunner::RowsFailed(int64_t step, const absl::Status& s) {
+  context_.log(absl::StrCat("step ", step, ": ", s.message()));
+  loader_next_ = -1;  // its batch was taken: the loader starts again
+  next_ = step;
+  switch (ReactTo(Call::kRows, s)) {
+    case Reaction::kLeave:
+      return Stop(s);
+    case Reaction::kNewPlan:
+      return NewPlan(ReasonStep(s));
+    case Reaction::kJoinLater:
+      next_ = std::max(step, ReasonStep(s));
+      break;
+    case Reaction::kGiveUp:  // not rows_failed: Compute reports those
+    case Reaction::kNotCounted:
+      return Stop(s);
+    case Reaction::kDone:
+    case Reaction::kRetry:
+    case Reaction::kStaleMap:
+    case Reaction::kRetryNow:
+    case Reaction::kNextStep:
+    case Reaction::kPullAgain:
+      break;
+  }
+  Backoff();
+  return State::kNextStep;
 }
 
 // Pushes step_ (or waits for the push Compute started) and reads every
@@ -486,6 +519,9 @@ absl::Status JobRunner::MakeClient() {
     ro.pull_wait = po.pull_wait;
     ro.rpc_timeout = po.rpc_timeout;
     ro.transport = po.transport;
+    // A shard away is not waited for once the job has another map (or is
+    // not ours): the runner then ends, and the next one has the new map.
+    ro.keep_trying = context_.still_assigned;
     TALLY_ASSIGN_OR_RETURN(rows_, RowClient::Create(map, spec_.embeddings,
                                                     context_.coordinator, ro));
     engine_->SetTableRows(rows_.get());
@@ -574,19 +610,19 @@ absl::StatusOr<StepStats> JobRunner::Compute(int64_t step, StepWork& work) {
   CountStep(stats, work, absl::Now() - began - work.blocked);
   loader_->Recycle(std::move(batch));
   // A step dropped for its pull is done again the plain way (Overlapped);
-  // so is one whose table rows could not be pulled or pushed because a
-  // shard is away or the job is being placed again (its new map comes
-  // with the assignment).
-  if (!stats.ok() && rows_ != nullptr) {
-    // A table past its bound (RESOURCE_EXHAUSTED) is not retried: the
-    // step would ask for the same rows again.
-    const Reaction r = ReactTo(Call::kPull, stats.status());
-    if ((r == Reaction::kRetry || r == Reaction::kStaleMap) &&
-        !absl::IsResourceExhausted(stats.status()))
-      work.pull_failed = true;
+  // one whose table rows could not be pulled or pushed goes as the row
+  // call's answer says (RowsFailed): a shard away, the job placed again
+  // (its new map comes with the assignment) or rolled back to its
+  // checkpoint are not the job's failure. The model's own errors (and
+  // rows the shards refused) are.
+  if (!stats.ok() && rows_ != nullptr && !work.pull_failed) {
+    const Reaction r = ReactTo(Call::kRows, stats.status());
+    work.rows_failed = r != Reaction::kGiveUp && r != Reaction::kNotCounted;
   }
-  if (!stats.ok())
-    return work.pull_failed ? stats.status() : Refuse(stats.status());
+  if (!stats.ok()) {
+    return work.pull_failed || work.rows_failed ? stats.status()
+                                                : Refuse(stats.status());
+  }
   loader_next_ = place.index + 1 < batches
                      ? step + 1
                      : step - place.index + place.steps_per_epoch;
@@ -804,6 +840,9 @@ absl::Status JobRunner::Refuse(const absl::Status& why) {
   req.set_ok(false);
   req.set_message(std::string(why.message()));
   req.set_reason(ReasonOf(why));
+  // A runner whose job was placed again since (its failure may be the old
+  // placement's answer) does not fail the job: the coordinator checks.
+  req.set_map_version(assignment_.shard_map().version());
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.report_timeout));
   v1::ReportResultResponse resp;

@@ -119,6 +119,9 @@ class JobRunner {
   // assignment, then pulls again.
   State NewPlan(int64_t plan);
   State ComputeStep();
+  // A row call of `step` failed (work.rows_failed): the step again from a
+  // pull, a later one, the new plan, or stop, as the answer says.
+  State RowsFailed(int64_t step, const absl::Status& s);
   State Push();
   State Stop(absl::Status why);
 
@@ -143,13 +146,18 @@ class JobRunner {
     std::shared_ptr<Work> push;
     absl::Duration blocked;    // waiting for weights
     bool pull_failed = false;  // the pull failed or brought another version
+    // A row call (PullRows, PushRows) failed with an answer that is not
+    // the job's failure (Call::kRows): RowsFailed decides what follows.
+    bool rows_failed = false;
   };
   // Forward and backward of step `step` on this rank's batch (an empty
   // contribution where this rank has no batch at that step). With
   // options_.overlap_push the push of the step starts inside: each layer's
   // gradient goes as backward produces it (started_push_). With work.pull
   // each layer waits for its weights; a step whose pull fails or brings
-  // another version fails with work.pull_failed set (nothing refused).
+  // another version fails with work.pull_failed set (nothing refused), and
+  // one whose row call failed with work.rows_failed set (nothing refused)
+  // unless the answer was a refusal of the rows themselves.
   absl::StatusOr<StepStats> Compute(int64_t step, StepWork& work);
   // The loader at `step`'s batch (a new one after a jump, or in a new
   // world); `place` is the step's (Schedule::Locate).

@@ -284,6 +284,7 @@ class PushMessages {
     header_.set_job_id(o.job_id);
     header_.set_worker_id(o.worker_id);
     header_.set_incarnation(o.incarnation);
+    header_.set_map_version(o.map_version);
     header_.set_step(info.step);
     header_.set_base_version(info.base_version >= 0 ? info.base_version
                                                     : info.step);
@@ -544,6 +545,7 @@ v1::PullRequest MakePullRequest(const ParamClientOptions& o,
   req.set_job_id(o.job_id);
   req.set_worker_id(o.worker_id);
   req.set_incarnation(o.incarnation);
+  req.set_map_version(o.map_version);
   req.set_min_version(min_version);
   req.set_max_wait_ms(absl::ToInt64Milliseconds(o.pull_wait));
   req.set_total_steps(o.total_steps);
@@ -1273,8 +1275,10 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
   if (map.shards().empty()) {
     return absl::InvalidArgumentError("the shard map has no shards");
   }
+  ParamClientOptions placed = options;
+  placed.map_version = map.version();
   std::unique_ptr<ParameterClient> client(
-      new ParameterClient(num_params, options));
+      new ParameterClient(num_params, placed));
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels;
   int64_t expect = 0;
   for (const v1::ShardMap::Entry& e : map.shards()) {

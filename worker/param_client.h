@@ -121,6 +121,11 @@ struct ParamClientOptions {
   int64_t steps_per_epoch = 0;
   int64_t plan = 0;  // the job's plan it follows (Schedule.plan)
   std::string data_fingerprint;  // PullRequest.data_fingerprint
+  // The placement the shard map is of (ShardMap.version), named in every
+  // push and pull: a shard of another placement answers NOT_FOUND instead
+  // of taking a step of a job that was placed again (and perhaps rolled
+  // back) since. Create sets it from the map; 0: any placement.
+  int64_t map_version = 0;
   // Whether a pull may get different versions from different shards (its
   // version is then the oldest): ssp and async jobs.
   bool mixed_versions = false;

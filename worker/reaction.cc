@@ -23,6 +23,8 @@ Reaction ReactTo(Call call, const absl::Status& s) {
       return Reaction::kJoinLater;
     case v1::PLAN_CHANGED:
       return Reaction::kNewPlan;
+    case v1::PULLS_WAITING:  // the shard holds its bound of waiting pulls
+      return Reaction::kRetry;
     case v1::NON_FINITE:
     case v1::STALE_GRADIENT:
       return call == Call::kPush ? Reaction::kNotCounted : Reaction::kGiveUp;
@@ -36,15 +38,19 @@ Reaction ReactTo(Call call, const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kResourceExhausted:
     case absl::StatusCode::kCancelled:
       return Reaction::kRetry;
+    case absl::StatusCode::kResourceExhausted:
+      // Rows past a table's memory bound: the step would ask for them
+      // again. Anything else is busy for now.
+      return call == Call::kRows ? Reaction::kGiveUp : Reaction::kRetry;
     case absl::StatusCode::kNotFound:
       // An unknown job in a report is final; a shard without the range is
       // a stale shard map.
       return call == Call::kReport ? Reaction::kGiveUp : Reaction::kStaleMap;
     case absl::StatusCode::kAborted:
-      return call == Call::kPull ? Reaction::kRetry : Reaction::kGiveUp;
+      return call == Call::kPull || call == Call::kRows ? Reaction::kRetry
+                                                        : Reaction::kGiveUp;
     case absl::StatusCode::kInvalidArgument:
       return call == Call::kPush ? Reaction::kNotCounted : Reaction::kGiveUp;
     default:

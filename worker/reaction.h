@@ -22,18 +22,31 @@ namespace tally {
 enum class Call {
   kPush,    // PushGradients, or a push on an Exchange stream
   kPull,    // PullWeights, or a pull on an Exchange stream
+  // PullRows or PushRows (a job's tables), inside the engine's step,
+  // before the step's dense push: whatever the answer, nothing of the step
+  // was committed, so a step that cannot go on is done again from a pull
+  // (kRetry, kStaleMap, kPullAgain) or from a later one (kJoinLater), as a
+  // dense push's answer would say. After a roll-back (a lost shard, the
+  // job placed again from its checkpoint) a push of a step past the
+  // restored version is STEP_NOT_OPEN: kPullAgain, never the job's failure.
+  // A row the call itself refused (INVALID_ARGUMENT, NON_FINITE) or a
+  // table past its memory bound (RESOURCE_EXHAUSTED: the step would ask for
+  // the same rows again) is kGiveUp.
+  kRows,
   kReport,  // ReportResult
 };
 
 enum class Reaction {
   kDone,  // OK
   // The same call again after a backoff: the server is away or busy
-  // (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, our own
-  // CANCELLED); on a pull, also ABORTED without a reason the worker acts on
-  // (the shards sent different versions).
+  // (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED but on rows, our
+  // own CANCELLED); on a pull or rows, also ABORTED without a reason the
+  // worker acts on (the shards sent different versions), and on rows
+  // STEP_CLOSED (the pull brings the version past it).
   kRetry,
-  // A shard holds no range of the job (NOT_FOUND on a push or pull): the
-  // job is being placed again and the worker's shard map is stale. Back off
+  // A shard holds no range of the job, or one of another placement than
+  // the call's map_version (NOT_FOUND on a push, pull or rows): the job is
+  // being (or was) placed again and the worker's shard map is stale. Back off
   // and pull again while the coordinator still assigns the job; its
   // heartbeat brings the new map.
   kStaleMap,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,9 +22,12 @@ constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 18;
 
 // Calls start(i, ctx, done) for every i in [0, n) at once, each again
 // (after a short backoff) while it fails with UNAVAILABLE, until
-// `deadline`; waits for all. The first failure, if any.
+// `deadline` or until `keep_trying` (if set) says no more; waits for all.
+// The first failure, if any.
 template <typename Start>
-absl::Status RunAll(int n, absl::Time deadline, const Start& start) {
+absl::Status RunAll(int n, absl::Time deadline,
+                    const std::function<bool()>& keep_trying,
+                    const Start& start) {
   std::vector<absl::Status> results(n);
   for (int attempt = 0;; ++attempt) {
     std::vector<int> todo;
@@ -33,6 +37,9 @@ absl::Status RunAll(int n, absl::Time deadline, const Start& start) {
     if (todo.empty()) break;
     if (attempt > 0) {
       if (absl::Now() + absl::Milliseconds(200) > deadline) break;
+      // A shard that is gone may come back as another placement's: its
+      // answer would be to a step the job no longer takes.
+      if (keep_trying && !keep_trying()) break;
       absl::SleepFor(absl::Milliseconds(100) * std::min(attempt, 5));
     }
     absl::BlockingCounter left(static_cast<int>(todo.size()));
@@ -102,7 +109,8 @@ absl::StatusOr<std::unique_ptr<RowClient>> RowClient::Create(
   if (map.shards().empty()) {
     return absl::InvalidArgumentError("the shard map has no shards");
   }
-  std::unique_ptr<RowClient> client(new RowClient(std::move(tables), options));
+  std::unique_ptr<RowClient> client(
+      new RowClient(map.version(), std::move(tables), options));
   for (const v1::ShardMap::Entry& e : map.shards()) {
     client->stubs_.push_back(v1::ParameterService::NewStub(
         Dial(ResolveShardAddress(coordinator, e.address()), options.transport)));
@@ -122,6 +130,7 @@ absl::Status RowClient::PullAll(
   return RunAll(
       static_cast<int>(calls.size()),
       absl::Now() + options_.pull_wait + options_.rpc_timeout,
+      options_.keep_trying,
       [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         stubs_[calls[i].first]->async()->PullRows(ctx, &calls[i].second,
                                                   &(*resps)[i], std::move(done));
@@ -133,6 +142,7 @@ absl::Status RowClient::PushAll(
   std::vector<v1::PushRowsResponse> resps(calls.size());
   return RunAll(
       static_cast<int>(calls.size()), absl::Now() + options_.rpc_timeout,
+      options_.keep_trying,
       [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         stubs_[calls[i].first]->async()->PushRows(ctx, &calls[i].second,
                                                   &resps[i], std::move(done));
@@ -163,6 +173,7 @@ absl::Status RowClient::PullTables(const std::vector<Rows>& pulls) {
         req.set_job_id(options_.job_id);
         req.set_worker_id(options_.worker_id);
         req.set_incarnation(options_.incarnation);
+        req.set_map_version(map_version_);
         req.set_min_version(min_version_);
         req.set_max_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
         open[s] = static_cast<int>(calls.size());
@@ -196,6 +207,7 @@ absl::Status RowClient::Push(int64_t samples, const std::vector<Grads>& grads) {
       req.set_job_id(options_.job_id);
       req.set_worker_id(options_.worker_id);
       req.set_incarnation(options_.incarnation);
+      req.set_map_version(map_version_);
       req.set_step(step_);
       req.set_samples(samples);
       req.set_piece(static_cast<int>(pieces[s].size()));

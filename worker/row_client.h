@@ -6,8 +6,19 @@
 // a channel of their own per shard (gRPC shares the connection with the
 // parameter client's when their settings match).
 //
+// Every request names the map's version: a shard map is a placement, and
+// a row's shard is its slot's entry of that placement alone. When the job
+// is placed again (a lost shard: ranges restored from a checkpoint,
+// perhaps in another order, a restarted shard at the old address), a
+// shard of the new placement answers this client's calls NOT_FOUND (a
+// stale map) instead of reading or staging rows of another slot or of a
+// step it rolled back; the job runner that owns the client then ends,
+// and the next one builds a client from the new map.
+//
 // A failed call is tried again (UNAVAILABLE, a shard restarting or moving)
-// within the RPC timeout; any other error is the step's.
+// within the RPC timeout, while options.keep_trying says so; any other
+// error is the step's, with its code and reason (worker/reaction.h,
+// Call::kRows).
 //
 // Thread-safe: replicas may pull from their own threads at once.
 #ifndef TALLY_WORKER_ROW_CLIENT_H_
@@ -15,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +47,11 @@ struct RowClientOptions {
   absl::Duration pull_wait = absl::Seconds(5);  // the shard's bound
   absl::Duration rpc_timeout = absl::Seconds(30);
   TransportOptions transport;
+  // Asked before each retry of an UNAVAILABLE call: false once the answer
+  // no longer matters (the job was placed again or taken away), so that a
+  // shard that is gone does not hold the step for the whole RPC timeout.
+  // Called from the calling threads; null: always keep trying.
+  std::function<bool()> keep_trying;
 };
 
 class RowClient final : public TableRows {
@@ -51,16 +68,19 @@ class RowClient final : public TableRows {
   absl::Status Push(int64_t samples, const std::vector<Grads>& grads) override;
 
  private:
-  RowClient(std::vector<EmbeddingTableSpec> tables,
+  RowClient(int64_t map_version, std::vector<EmbeddingTableSpec> tables,
             const RowClientOptions& options)
-      : tables_(std::move(tables)), options_(options) {}
+      : map_version_(map_version),
+        tables_(std::move(tables)),
+        options_(options) {}
   // Runs every (shard, request) call in parallel, each tried again while
-  // its shard answers UNAVAILABLE (within the RPC timeout); the first
-  // error, if any. `pull`: PullRows, else PushRows.
+  // its shard answers UNAVAILABLE (within the RPC timeout, while
+  // options_.keep_trying allows); the first error, if any.
   absl::Status PullAll(const std::vector<std::pair<int, v1::PullRowsRequest>>& calls,
                        std::vector<v1::PullRowsResponse>* resps);
   absl::Status PushAll(const std::vector<std::pair<int, v1::PushRowsRequest>>& calls);
 
+  const int64_t map_version_;  // the placement stubs_ are the slots of
   const std::vector<EmbeddingTableSpec> tables_;
   const RowClientOptions options_;
   std::vector<std::unique_ptr<v1::ParameterService::Stub>> stubs_;

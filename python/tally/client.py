@@ -521,7 +521,7 @@ def prepare_spec(path):
     seed = int((spec.get("training") or {}).get("seed", 0))
     packed = ModelFiles(files) if files else None
     try:
-        module = load_module(code, file, build, seed, files)
+        module = load_module(code, file, build, seed, packed)
     finally:
         if packed is not None:
             packed.close()

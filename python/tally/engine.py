@@ -26,11 +26,7 @@ the last step) into replica 0 (load_buffers), and pushes replica 0's
 after it (buffers).
 """
 import copy
-import importlib
-import os
-import shutil
 import sys
-import tempfile
 import threading
 import traceback
 import types
@@ -39,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import parallel_apply
 
+# After PyTorch: what the process has loaded by now is what a model's
+# files may not be named as (tally.model_files.LOADED_BEFORE).
+from tally.model_files import ModelError, ModelFiles  # noqa: F401 - both are engine's API
+
 LOSSES = ("cross_entropy", "mse", "model", "binary_cross_entropy")
 EVAL_BATCH = 1024
-
-
-class ModelError(Exception):
-    """The submitted model cannot be built or run; the message says why."""
 
 
 class LayoutError(ModelError):
@@ -56,73 +52,18 @@ def _cut(text, limit=2000):
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
-class ModelFiles:
-    """A model given as a directory (model.python.files: its .py files by
-    path): written under a directory of its own, which leads sys.path while
-    the job runs, so the files import each other as they do where they were
-    written (`import layers`, `from blocks import Block`, packages).
-    close() takes the directory and the modules imported from it away."""
-
-    def __init__(self, files):
-        self.root = tempfile.mkdtemp(prefix="tally-model-")
-        try:
-            for path, text in files.items():
-                if os.path.isabs(path) or ".." in path.split("/"):
-                    raise ModelError(f"model.python.files: {path} is outside the model")
-                where = os.path.join(self.root, path)
-                os.makedirs(os.path.dirname(where), exist_ok=True)
-                with open(where, "w", encoding="utf-8") as f:
-                    f.write(text)
-        except BaseException:
-            shutil.rmtree(self.root, ignore_errors=True)
-            raise
-        # Modules of these names imported before (another job's, closed;
-        # or anything else's) are not this model's.
-        for name in self._names(files):
-            sys.modules.pop(name, None)
-        sys.path.insert(0, self.root)
-        importlib.invalidate_caches()
-
-    @staticmethod
-    def _names(files):
-        """The module and package names the files define."""
-        names = set()
-        for path in files:
-            parts = path[:-len(".py")].split("/")
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            for i in range(1, len(parts) + 1):
-                names.add(".".join(parts[:i]))
-        return names
-
-    def _forget(self):
-        """Takes the modules imported from this directory away."""
-        inside = self.root + os.sep
-        for name, mod in list(sys.modules.items()):
-            spec = getattr(mod, "__spec__", None)
-            places = [getattr(mod, "__file__", None) or ""]
-            places += list(getattr(spec, "submodule_search_locations", None) or [])
-            if any(str(p).startswith(inside) for p in places):
-                del sys.modules[name]
-
-    def close(self):
-        if self.root in sys.path:
-            sys.path.remove(self.root)
-        self._forget()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 def _import(code, file, build, files):
     """The build function: `build` in the file's code, or for a
-    directory, `module.function` (the module's path, dotted)."""
-    if files:
+    directory (its ModelFiles), `module.function` (the module's path,
+    dotted)."""
+    if files is not None:
         module_name, _, fn_name = build.rpartition(".")
         if not module_name:
             raise ModelError(f"model.python.build: name the function as module.function "
                              f"(for {file}/net.py: net.make_model), not '{build}'")
         where = f"{file}/{module_name.replace('.', '/')}.py"
         try:
-            mod = importlib.import_module(module_name)
+            mod = files.import_module(module_name)
         except BaseException:  # noqa: B902 - the user's code may raise anything
             raise ModelError(f"{where} does not import:\n" + _cut(traceback.format_exc()))
     else:
@@ -141,7 +82,7 @@ def _import(code, file, build, files):
 
 def load_module(code, file, build, seed, files=None):
     """Runs the submitted file (or imports the submitted directory's
-    module, whose ModelFiles must be in place) and calls its build function
+    module from `files`, its ModelFiles, open) and calls its build function
     under the job's seed; the module it returns."""
     fn = _import(code, file, build, files)
     torch.manual_seed(seed)
@@ -427,14 +368,14 @@ class TorchEngine:
         files = job.get("files") or {}
         self._files = ModelFiles(files) if files else None
         try:
-            self._build(job, files)
+            self._build(job)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, job, files):
+    def _build(self, job):
         """The module and its replicas, checked against the job's layout."""
-        module = load_module(job["code"], job["file"], job["build"], job["seed"], files)
+        module = load_module(job["code"], job["file"], job["build"], job["seed"], self._files)
         self.hub = _TableHub()
         self.tables = job.get("embeddings") or []
         swap_tables(module, self.tables, self.hub)
@@ -540,7 +481,7 @@ class TorchEngine:
         return [state[n] for n in self.buffer_names]
 
     def close(self):
-        """The job is over: a directory model's files go."""
+        """The job is over: a directory model's files and modules go."""
         if self._files is not None:
             self._files.close()
             self._files = None

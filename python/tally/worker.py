@@ -4,7 +4,10 @@ It is tally-worker's daemon (registration, leases, the job runner, the
 parameter client with its streams and shared memory) with the submitter's
 torch.nn.Module as its engine (tally.engine). It registers as a Python
 worker, so the coordinator gives it Python-model jobs as well as models of
-layers (those run on the native engine, as in tally-worker).
+layers (those run on the native engine, as in tally-worker), and with the
+worker protocol of the build (proto/tally.proto, WORKER_PROTOCOL_CURRENT),
+which the daemon sends; a coordinator that needs a newer one stops it,
+saying so.
 
   python3 -m tally.worker --server=HOST:7070 --devices=cpu:2 \
       [--name=NAME] [--tls_ca=... --tls_cert=... --tls_key=...] [--token_file=...]

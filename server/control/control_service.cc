@@ -5,13 +5,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "common/spec/job_spec.h"
@@ -330,40 +337,93 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
 namespace {
 
 // A Python model's initial weights: the sender checked (the worker asked
-// for them) before anything is allocated, then chunks in order, each
-// checked, straight into the vector.
+// for them) and the offer let in (one a job, within the coordinator's
+// bytes for offers: Coordinator::BeginInitialWeights) before anything is
+// allocated, then chunks in order, each checked, straight into the
+// vector. An offer whose job ends, or whose worker leaves it, is finished
+// then by the coordinator (Ender), and its values go with the reactor.
 class InitialWeightsReactor
     : public grpc::ServerReadReactor<v1::InitialWeightsChunk> {
  public:
   InitialWeightsReactor(Coordinator* coord,
                         v1::OfferInitialWeightsResponse* resp)
-      : coord_(coord), resp_(resp) {
+      : coord_(coord), resp_(resp), handle_(std::make_shared<Handle>()) {
+    handle_->reactor = this;
     StartRead(&msg_);
   }
   void OnReadDone(bool ok) override {
+    if (Finished()) return;  // ended by the coordinator: nothing more
     absl::Status s = ok ? Add() : Install();
-    if (!s.ok() || !ok || done_) {
-      Finish(ToGrpc(s));
+    if (!s.ok() || !ok) {
+      // Its place and values go before the answer does, so that the
+      // worker's next offer does not find them still held.
+      std::vector<float>().swap(weights_);
+      offer_.reset();
+      FinishOnce(s);
       return;
     }
-    StartRead(&msg_);
+    absl::MutexLock lock(&mu_);
+    if (!finished_) StartRead(&msg_);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&handle_->mu);
+      handle_->reactor = nullptr;
+    }
+    Unref();
+  }
 
  private:
+  // What the coordinator holds to end the offer: the reactor while gRPC
+  // has it, null after.
+  struct Handle {
+    absl::Mutex mu;
+    InitialWeightsReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  // The coordinator's end of the offer. The reactor is kept (a reference)
+  // while the call is finished without the handle's lock, since gRPC may
+  // run OnDone on the finishing thread.
+  std::function<void(absl::Status)> Ender() {
+    return [handle = handle_](absl::Status why) {
+      InitialWeightsReactor* r = nullptr;
+      {
+        absl::MutexLock lock(&handle->mu);
+        r = handle->reactor;
+        if (r == nullptr) return;
+        r->refs_.fetch_add(1);
+      }
+      r->FinishOnce(why);
+      r->Unref();
+    };
+  }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+  bool Finished() {
+    absl::MutexLock lock(&mu_);
+    return finished_;
+  }
+  // Finishes the call, once (the reader and the coordinator may race).
+  void FinishOnce(const absl::Status& s) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(ToGrpc(s));
+  }
+
   absl::Status Add() {
-    if (n_ < 0) {  // the first message
+    if (offer_ == nullptr) {  // the first message
       job_ = msg_.job_id();
       worker_ = msg_.worker_id();
       incarnation_ = msg_.incarnation();
       TALLY_ASSIGN_OR_RETURN(
-          n_, coord_->ExpectInitialWeights(job_, worker_, incarnation_));
-      if (n_ == 0) {  // taken already: nothing more to read
-        resp_->set_taken(false);
-        done_ = true;
-        return absl::OkStatus();
-      }
-      weights_.reserve(n_);  // the sender is the one asked for them
+          offer_,
+          coord_->BeginInitialWeights(job_, worker_, incarnation_, Ender()));
+      n_ = offer_->values();
+      weights_.reserve(n_);  // let in: the sender is the one asked
     }
     if (!msg_.has_chunk()) return absl::OkStatus();
     const v1::TensorChunk& c = msg_.chunk();
@@ -385,26 +445,33 @@ class InitialWeightsReactor
     return absl::OkStatus();
   }
   absl::Status Install() {
-    if (n_ < 0) return absl::InvalidArgumentError("an empty offer");
+    if (offer_ == nullptr) return absl::InvalidArgumentError("an empty offer");
     if (filled_ != n_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "initial weights cover ", filled_, " of the model's ", n_, " values"));
     }
-    TALLY_ASSIGN_OR_RETURN(const bool taken,
-                           coord_->SetInitialWeights(job_, worker_, incarnation_,
-                                                     std::move(weights_)));
-    resp_->set_taken(taken);
+    TALLY_RETURN_IF_ERROR(coord_->SetInitialWeights(
+        job_, worker_, incarnation_, std::move(weights_)));
+    resp_->set_taken(true);
     return absl::OkStatus();
   }
 
   Coordinator* coord_;                       // borrowed
   v1::OfferInitialWeightsResponse* resp_;    // borrowed
+  std::shared_ptr<Handle> handle_;
+  // gRPC's, until OnDone; an Ender's while it finishes the call.
+  std::atomic<int> refs_{1};
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::InitialWeightsChunk msg_;
   std::string job_, worker_;
   int64_t incarnation_ = 0;
-  int64_t n_ = -1;  // values expected; -1 before the first message
+  // Its place among the offers being read, held while the values are
+  // (until the answer, or until the reactor goes when the coordinator
+  // ended the offer: a read may be filling them then).
+  std::unique_ptr<WeightOffers::Offer> offer_;
+  int64_t n_ = 0;  // values expected
   int64_t filled_ = 0;
-  bool done_ = false;
   std::vector<float> weights_;
 };
 

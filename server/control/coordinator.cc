@@ -270,6 +270,7 @@ struct Coordinator::ControlTask {
 Coordinator::Coordinator(const CoordinatorOptions& options)
     : options_(options),
       lifetime_(LifetimeTag()),
+      offers_(options.max_offer_bytes),
       leases_(
           options.lease_timeout,
           (options.clock != nullptr ? options.clock : &real_clock_)->Now()) {
@@ -1022,8 +1023,33 @@ absl::StatusOr<Coordinator::WeightsExport> Coordinator::ExportWeights(
 
 // --------------------------------------------------------------- workers --
 
+namespace {
+
+// A worker that cannot follow what this coordinator sends is turned away at
+// the door (proto/tally.proto, WorkerProtocol): given a job, it would fail
+// that job at its first pull, and every other worker's with it.
+absl::Status CheckProtocol(uint32_t version) {
+  const auto oldest = static_cast<uint32_t>(v1::WORKER_PROTOCOL_OLDEST);
+  if (version >= oldest) return absl::OkStatus();
+  return WithReason(
+      absl::FailedPreconditionError(absl::StrCat(
+          "this worker speaks worker protocol ", version,
+          version == 0 ? " (it sends no protocol_version: a release before "
+                         "versions)"
+                       : "",
+          " and this coordinator takes ", oldest,
+          " or later: such a worker may not follow shard-map addresses "
+          "relative to the coordinator's host (':PORT'), the plans of "
+          "growing jobs (PLAN_CHANGED) or sparse-table rows, and would fail "
+          "the jobs it were given; upgrade it")),
+      v1::PROTOCOL_TOO_OLD);
+}
+
+}  // namespace
+
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     const v1::RegisterWorkerRequest& req) {
+  TALLY_RETURN_IF_ERROR(CheckProtocol(req.protocol_version()));
   constexpr size_t kMaxField = 256;
   if (req.name().size() > kMaxField || req.devices().size() > kMaxField ||
       req.address().size() > kMaxField || req.python().size() > kMaxField) {
@@ -1187,8 +1213,8 @@ std::string Coordinator::LowestRankLocked(const JobEntry& job) const {
 }
 
 // The worker must hold its lease and be the one asked for the job's
-// initial weights (its lowest rank); the job a Python model's. Returns the
-// values to send, 0 when the job has its weights already.
+// initial weights (its lowest rank); the job a Python model's, running,
+// without them yet. Returns the values to send.
 absl::StatusOr<int64_t> Coordinator::CheckOfferLocked(
     const std::string& job_id, const std::string& worker_id,
     int64_t incarnation) const {
@@ -1203,7 +1229,21 @@ absl::StatusOr<int64_t> Coordinator::CheckOfferLocked(
         absl::StrCat(job_id, " is not a Python model's: its initial weights "
                              "come from its spec"));
   }
-  if (job.start != nullptr || Terminal(job.proto.state())) return 0;
+  if (Terminal(job.proto.state())) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            job_id, " has ended (",
+            v1::JobState_Name(job.proto.state()), "): no initial weights "
+            "are wanted")),
+        v1::JOB_ENDED);
+  }
+  // Said, not taken again: a second offer would cost the coordinator a
+  // model's memory for nothing.
+  if (job.start != nullptr) {
+    return WithReason(absl::AlreadyExistsError(absl::StrCat(
+                          job_id, " has its initial weights already")),
+                      v1::WEIGHTS_GIVEN);
+  }
   if (LowestRankLocked(job) != worker_id) {
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
@@ -1214,16 +1254,23 @@ absl::StatusOr<int64_t> Coordinator::CheckOfferLocked(
   return job.spec.layout.num_params;
 }
 
-absl::StatusOr<int64_t> Coordinator::ExpectInitialWeights(
-    const std::string& job_id, const std::string& worker_id,
-    int64_t incarnation) {
+absl::StatusOr<std::unique_ptr<WeightOffers::Offer>>
+Coordinator::BeginInitialWeights(const std::string& job_id,
+                                 const std::string& worker_id,
+                                 int64_t incarnation,
+                                 std::function<void(absl::Status)> end) {
+  // Let in under the lock that ends jobs: an offer of a job that ends
+  // after this is found by FinishLocked's note, and none is let in after.
   absl::MutexLock lock(&mu_);
-  return CheckOfferLocked(job_id, worker_id, incarnation);
+  TALLY_ASSIGN_OR_RETURN(const int64_t n,
+                         CheckOfferLocked(job_id, worker_id, incarnation));
+  return offers_.Begin(job_id, worker_id, n, std::move(end));
 }
 
-absl::StatusOr<bool> Coordinator::SetInitialWeights(
-    const std::string& job_id, const std::string& worker_id,
-    int64_t incarnation, std::vector<float> weights) {
+absl::Status Coordinator::SetInitialWeights(const std::string& job_id,
+                                            const std::string& worker_id,
+                                            int64_t incarnation,
+                                            std::vector<float> weights) {
   Notes notes;
   {
     absl::MutexLock lock(&mu_);
@@ -1231,7 +1278,6 @@ absl::StatusOr<bool> Coordinator::SetInitialWeights(
     // began.
     TALLY_ASSIGN_OR_RETURN(const int64_t n,
                            CheckOfferLocked(job_id, worker_id, incarnation));
-    if (n == 0) return false;  // another offer came first
     if (static_cast<int64_t>(weights.size()) != n) {
       return absl::InvalidArgumentError(
           absl::StrCat("initial weights of ", weights.size(),
@@ -1250,7 +1296,7 @@ absl::StatusOr<bool> Coordinator::SetInitialWeights(
   }
   Settle(notes);
   RunControl();
-  return true;
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
@@ -1281,6 +1327,16 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     }
     const std::string who =
         absl::StrCat(req.worker_id(), " (", wit->second.name, ")");
+    if (!req.ok() && req.reason() != v1::SCHEDULE_MISMATCH &&
+        req.map_version() != 0 && req.map_version() != job.map_version) {
+      // A runner of a placement the job has left (a shard was lost, the
+      // job rolled back): its step's answers came from shards that are no
+      // longer the job's, and its runner on the new map goes on.
+      EventLocked(job, absl::StrCat(who, " stopped on an earlier placement "
+                                         "of the job (map version ",
+                                    req.map_version(), "): ", req.message()));
+      return absl::OkStatus();
+    }
     if (!req.ok() && req.reason() == v1::SCHEDULE_MISMATCH) {
       // This worker cannot train the job; others can. The job goes on
       // without it and says why.
@@ -1718,6 +1774,16 @@ void Coordinator::FinishLocked(JobEntry& job, v1::JobState state,
   job.retire_after = Now() + options_.final_pull_grace;
   MarkDirty(job);  // retire the ranges, keep the final weights
   NotifyLocked(job.proto.id(), notes);
+  // An offer of its initial weights being read ends now, and its memory
+  // with it, rather than when its sender stops.
+  if (job.spec.is_python) {
+    notes->push_back([this, id = job.proto.id()] {
+      offers_.End(id, WithReason(absl::FailedPreconditionError(absl::StrCat(
+                                     id, " ended while its initial weights "
+                                         "were being read")),
+                                 v1::JOB_ENDED));
+    });
+  }
 }
 
 void Coordinator::VacateLocked(JobEntry& job, const std::string& worker_id,
@@ -1733,6 +1799,18 @@ void Coordinator::VacateLocked(JobEntry& job, const std::string& worker_id,
   }
   MarkDirty(job);  // a member leaves every range
   NotifyLocked(job.proto.id(), notes);
+  // Its offer of the initial weights, if it was giving them, would be
+  // refused at its end: it ends now, and the next worker asked can offer.
+  if (job.spec.is_python && job.start == nullptr) {
+    notes->push_back([this, id = job.proto.id(), worker_id] {
+      offers_.End(id,
+                  WithReason(absl::FailedPreconditionError(absl::StrCat(
+                                 Quoted(worker_id), " left ", id,
+                                 " while offering its initial weights")),
+                             v1::NOT_A_MEMBER),
+                  worker_id);
+    });
+  }
 }
 
 void Coordinator::DropWorkerLocked(const std::string& worker_id, Notes* notes) {
@@ -1902,7 +1980,7 @@ void Coordinator::AdoptPlanLocked(JobEntry& job, const Schedule& grown) {
   EventLocked(job,
               absl::StrCat("grows to ", p.world, " workers from step ",
                            grown.EpochStartVersion(p.first_epoch), " (epoch ",
-                           p.first_epoch + 1, "): global batch ",
+                           p.first_epoch, "): global batch ",
                            p.world * job.spec.training.batch_size, ", ",
                            grown.total_steps, " steps in all"));
 }

@@ -67,6 +67,7 @@
 #include "server/control/job_store.h"
 #include "server/control/leases.h"
 #include "server/control/table_export.h"
+#include "server/control/weight_offers.h"
 #include "server/shard_control.h"
 
 namespace tally {
@@ -87,6 +88,9 @@ struct CoordinatorOptions {
   // send its initial weights (HeartbeatResponse.initial_weights) before the
   // job fails, saying so.
   absl::Duration initial_weights_timeout = absl::Minutes(10);
+  // The bytes of initial weights being read at once, all offers together
+  // (server/control/weight_offers.h; one offer alone may be larger).
+  int64_t max_offer_bytes = int64_t{1} << 30;
   // This process's own parameter shard ("shard-0"; server/data/
   // local_shard_control.h); null: the coordinator holds no parameters and
   // jobs wait for shard processes.
@@ -182,8 +186,11 @@ class Coordinator {
   // The same file whole, in memory.
   absl::StatusOr<std::string> WeightsFile(const std::string& job_id);
 
-  // Workers. kResourceExhausted past max_workers; kInvalidArgument for a
-  // name, devices or address longer than 256 bytes.
+  // Workers. kFailedPrecondition + PROTOCOL_TOO_OLD for a worker whose
+  // protocol_version is below WORKER_PROTOCOL_OLDEST (none sent: 0), which
+  // is never registered, so never given a job; kResourceExhausted past
+  // max_workers; kInvalidArgument for a name, devices or address longer
+  // than 256 bytes.
   absl::StatusOr<v1::RegisterWorkerResponse> Register(
       const v1::RegisterWorkerRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
@@ -191,18 +198,25 @@ class Coordinator {
   absl::Status ReportResult(const v1::ReportResultRequest& req);
   // A Python model's initial weights from the worker asked for them
   // (HeartbeatResponse.initial_weights: the job's lowest rank), in two calls
-  // around the transfer, each checking the worker and the job.
-  // ExpectInitialWeights says how many values to send, or 0 when the job
-  // has its weights already.
-  absl::StatusOr<int64_t> ExpectInitialWeights(const std::string& job_id,
-                                               const std::string& worker_id,
-                                               int64_t incarnation);
-  // Installs `weights` (num_params, finite) as the job's step 0; false
-  // when another offer came first.
-  absl::StatusOr<bool> SetInitialWeights(const std::string& job_id,
-                                         const std::string& worker_id,
-                                         int64_t incarnation,
-                                         std::vector<float> weights);
+  // around the transfer, each checking the worker and the job:
+  // kFailedPrecondition + REGISTER_AGAIN, NOT_A_MEMBER (not the worker
+  // asked) or JOB_ENDED; kAlreadyExists + WEIGHTS_GIVEN once the job has
+  // its weights; kNotFound, kInvalidArgument (not a Python model's).
+  // BeginInitialWeights lets the offer in (WeightOffers: one a job, within
+  // max_offer_bytes; else kResourceExhausted + OFFER_BUSY), which then
+  // holds its place until the caller drops it; Offer::values() is how many
+  // to read. `end` is called once, without the coordinator's lock, if the
+  // job ends (JOB_ENDED) or the worker leaves it (NOT_A_MEMBER) first.
+  absl::StatusOr<std::unique_ptr<WeightOffers::Offer>> BeginInitialWeights(
+      const std::string& job_id, const std::string& worker_id,
+      int64_t incarnation, std::function<void(absl::Status)> end);
+  // Installs `weights` (num_params, finite) as the job's step 0.
+  absl::Status SetInitialWeights(const std::string& job_id,
+                                 const std::string& worker_id,
+                                 int64_t incarnation,
+                                 std::vector<float> weights);
+  // The offers of initial weights being read now.
+  const WeightOffers& offers() const { return offers_; }
 
   // Shards.
   v1::RegisterShardResponse RegisterShard(const v1::RegisterShardRequest& req);
@@ -515,6 +529,8 @@ class Coordinator {
   const std::string lifetime_;
   RealClock real_clock_;
   std::unique_ptr<JobStore> store_;  // with a state_dir, after Restore
+  // Initial weights being read; let in under mu_, ended by Notes.
+  WeightOffers offers_;
 
   // Serialises Checkpoint calls and DropOldJobs (taken first).
   absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -100,7 +100,9 @@ absl::Status PushSession::Begin(const v1::PushHeader& h) {
     meta_.buffers = std::make_shared<const std::string>(h.buffers());
   self_commit_ = h.commit();
   has_header_ = true;
-  TALLY_ASSIGN_OR_RETURN(range_, host_->Find(h.job_id()));
+  // Of the placement the worker routed it by: another placement's range
+  // may have rolled back past the step.
+  TALLY_ASSIGN_OR_RETURN(range_, host_->Find(h.job_id(), h.map_version()));
   shard_ = range_.shard;
   bool duplicate = false;
   TALLY_RETURN_IF_ERROR(shard_->CheckPush(meta_, &duplicate));

@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/bfloat16.h"
 #include "common/status_macros.h"
 #include "common/vectorize.h"
@@ -59,6 +61,37 @@ std::vector<int64_t> WireShares(
   }
   if (!out.empty()) out[0] += rest;
   return out;
+}
+
+// A request's table blocks as SparseTables::CheckRequest sees them (the
+// count checked before the list is made of it).
+absl::StatusOr<std::vector<SparseTables::Block>> BlocksOf(
+    const google::protobuf::RepeatedPtrField<v1::TableRows>& tables,
+    absl::string_view what) {
+  if (tables.size() > SparseTables::kMaxBlocksPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", what, " of rows in ", tables.size(), " table blocks; at most ",
+        SparseTables::kMaxBlocksPerMessage, " a request"));
+  }
+  std::vector<SparseTables::Block> blocks;
+  blocks.reserve(tables.size());
+  for (const v1::TableRows& t : tables)
+    blocks.push_back({t.table(), t.rows().data(), t.rows_size()});
+  return blocks;
+}
+
+// A pull's rows: kInvalidArgument unless the job has tables here (`tables`
+// not null) and SparseTables::CheckRequest lets the request's rows in.
+absl::Status CheckPullRequest(const SparseTables* tables,
+                              const v1::PullRowsRequest& req) {
+  if (tables == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", Quoted(req.job_id()),
+                     " has no embedding tables (model.embeddings)"));
+  }
+  TALLY_ASSIGN_OR_RETURN(std::vector<SparseTables::Block> blocks,
+                         BlocksOf(req.tables(), "pull"));
+  return tables->CheckRequest(blocks, "pull");
 }
 
 }  // namespace
@@ -1101,26 +1134,26 @@ std::shared_ptr<const SparseTables> ParameterShard::RetiredTables() const {
   return tables_;
 }
 
+absl::Status ParameterShard::CheckPullRows(
+    const v1::PullRowsRequest& req) const {
+  std::shared_ptr<const SparseTables> tables;
+  {
+    absl::MutexLock lock(&mu_);
+    TALLY_RETURN_IF_ERROR(
+        CheckMemberLocked(req.worker_id(), req.incarnation()));
+    tables = tables_;
+  }
+  // Outside the lock every push and pull of the range takes: the rows'
+  // checks read only what the tables were made with.
+  return CheckPullRequest(tables.get(), req);
+}
+
 absl::Status ParameterShard::ReadRows(const v1::PullRowsRequest& req,
                                       v1::PullRowsResponse* resp) {
   absl::MutexLock lock(&mu_);
+  // Again after a wait: the member may have left meanwhile.
   TALLY_RETURN_IF_ERROR(CheckMemberLocked(req.worker_id(), req.incarnation()));
-  if (tables_ == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job ", Quoted(req.job_id()),
-                     " has no embedding tables (model.embeddings)"));
-  }
-  int64_t values = 0;
-  for (const v1::TableRows& t : req.tables()) {
-    TALLY_RETURN_IF_ERROR(
-        tables_->CheckRows(t.table(), t.rows().data(), t.rows_size()));
-    values += t.rows_size() * tables_->spec(t.table()).dim;
-  }
-  if (values > SparseTables::kMaxValuesPerMessage) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a pull of ", values, " row values; at most ",
-        SparseTables::kMaxValuesPerMessage, " a request"));
-  }
+  TALLY_RETURN_IF_ERROR(CheckPullRequest(tables_.get(), req));
   resp->set_version(version_);
   for (const v1::TableRows& t : req.tables()) {
     v1::TableRows* out = resp->add_tables();
@@ -1250,18 +1283,14 @@ absl::Status ParameterShard::CheckRowsStepLocked(const Member& m,
 
 absl::Status ParameterShard::DecodeRowGradsLocked(
     const v1::PushRowsRequest& req, std::vector<RowGrads>* blocks) {
-  int64_t values = 0;
+  {
+    TALLY_ASSIGN_OR_RETURN(std::vector<SparseTables::Block> rows,
+                           BlocksOf(req.tables(), "push"));
+    TALLY_RETURN_IF_ERROR(tables_->CheckRequest(rows, "push"));
+  }
   for (const v1::TableRows& t : req.tables()) {
-    TALLY_RETURN_IF_ERROR(
-        tables_->CheckRows(t.table(), t.rows().data(), t.rows_size()));
     const EmbeddingTableSpec& spec = tables_->spec(t.table());
     const int64_t n = t.rows_size() * spec.dim;
-    values += n;
-    if (values > SparseTables::kMaxValuesPerMessage) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a push of more than ", SparseTables::kMaxValuesPerMessage,
-          " row values in one request"));
-    }
     if (static_cast<int64_t>(t.values().size()) != n * 4) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table ", Quoted(spec.name), ": ", t.values().size(),

@@ -300,12 +300,16 @@ class ParameterShard {
   // Once retired, the job's tables as they ended (frozen: SparseTables::
   // Freeze), which outlive the range; null before, or without tables.
   std::shared_ptr<const SparseTables> RetiredTables() const;
+  // A member's pull of rows as it comes, before it waits for its version
+  // (a waiting pull holds its request): CheckMember's codes;
+  // kInvalidArgument for a job without tables here, or a request
+  // SparseTables::CheckRequest refuses (too many blocks or values, rows
+  // outside their table or not this slot's, a row listed twice).
+  absl::Status CheckPullRows(const v1::PullRowsRequest& req) const;
   // A member's pull of rows (call once WhenVersion saw the version it
   // wants): the rows as of the current version, made where missing.
-  // CheckMember's codes; kInvalidArgument for a job without tables here,
-  // rows SparseTables::CheckRows refuses, or more than
-  // SparseTables::kMaxValuesPerMessage values; kResourceExhausted past
-  // the table budget.
+  // CheckPullRows' codes (checked again); kResourceExhausted past the
+  // table budget.
   absl::Status ReadRows(const v1::PullRowsRequest& req,
                         v1::PullRowsResponse* resp);
   // A member's row gradients of a step, staged until the step closes; when
@@ -319,9 +323,10 @@ class ParameterShard {
   // piece sent again is not stepped again). Codes: CheckMember's;
   // kAborted + STEP_CLOSED,
   // STEP_NOT_OPEN or JOIN_LATER as for a push; kFailedPrecondition when
-  // the member committed the step already; kInvalidArgument for rows
-  // CheckRows refuses, values of another size, samples outside [0, the
-  // batch size], and + NON_FINITE for a NaN or infinity.
+  // the member committed the step already; kInvalidArgument for a
+  // request SparseTables::CheckRequest refuses (as CheckPullRows), values
+  // of another size, samples outside [0, the batch size], and +
+  // NON_FINITE for a NaN or infinity.
   absl::Status StageRows(const v1::PushRowsRequest& req, bool* replaced);
 
   int64_t version() const;

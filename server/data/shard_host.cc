@@ -514,4 +514,43 @@ void ShardHost::ReleaseSharedRegion(const std::string& owner, int64_t count) {
   shared_bytes_ -= 8 * count;
 }
 
+absl::Status ShardHost::ReserveWaitingRows(const std::string& owner,
+                                           int64_t bytes) {
+  absl::MutexLock lock(&waiting_rows_mu_);
+  int64_t& mine = waiting_rows_owners_[owner];
+  const bool over_mine = mine + bytes > waiting_rows_per_worker_;
+  if (over_mine || waiting_rows_bytes_ + bytes > waiting_rows_in_all_) {
+    const std::string held =
+        over_mine ? absl::StrCat("this worker's pulls of rows waiting here "
+                                 "hold ", mine, " bytes")
+                  : absl::StrCat("pulls of rows waiting here hold ",
+                                 waiting_rows_bytes_, " bytes in all");
+    const int64_t bound =
+        over_mine ? waiting_rows_per_worker_ : waiting_rows_in_all_;
+    if (mine == 0) waiting_rows_owners_.erase(owner);
+    return WithReason(
+        absl::ResourceExhaustedError(absl::StrCat(
+            held, "; this one's ", bytes, " more would pass their bound of ",
+            bound, " (pull again once some are answered)")),
+        v1::PULLS_WAITING);
+  }
+  mine += bytes;
+  waiting_rows_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void ShardHost::ReleaseWaitingRows(const std::string& owner, int64_t bytes) {
+  absl::MutexLock lock(&waiting_rows_mu_);
+  if (auto it = waiting_rows_owners_.find(owner);
+      it != waiting_rows_owners_.end() && (it->second -= bytes) <= 0) {
+    waiting_rows_owners_.erase(it);
+  }
+  waiting_rows_bytes_ -= bytes;
+}
+
+int64_t ShardHost::waiting_row_bytes() const {
+  absl::MutexLock lock(&waiting_rows_mu_);
+  return waiting_rows_bytes_;
+}
+
 }  // namespace tally

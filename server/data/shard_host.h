@@ -116,6 +116,28 @@ class ShardHost {
   int64_t shared_pushed_bytes() const { return shared_pushed_; }
   int64_t shared_pulled_bytes() const { return shared_pulled_; }
 
+  // What pulls of rows waiting for their version (ParameterService.
+  // PullRows) may hold: each keeps its request until it is answered (at
+  // most about 2 MiB once checked: SparseTables::kMaxValuesPerMessage row
+  // numbers), so a job's worker may have kMaxWaitingRowBytesPerWorker of
+  // them waiting here and all of them together kMaxWaitingRowBytes
+  // (set_waiting_rows changes both).
+  static constexpr int64_t kMaxWaitingRowBytes = int64_t{256} << 20;
+  static constexpr int64_t kMaxWaitingRowBytesPerWorker = int64_t{64} << 20;
+  void set_waiting_rows(int64_t per_worker, int64_t in_all) {
+    absl::MutexLock lock(&waiting_rows_mu_);
+    waiting_rows_per_worker_ = per_worker;
+    waiting_rows_in_all_ = in_all;
+  }
+  // Counts `bytes` for a waiting pull of `owner` (a job's worker) until
+  // ReleaseWaitingRows(owner, bytes); kResourceExhausted + PULLS_WAITING,
+  // naming the bound, when they would take the owner's or everyone's past
+  // it (nothing counted then).
+  absl::Status ReserveWaitingRows(const std::string& owner, int64_t bytes);
+  void ReleaseWaitingRows(const std::string& owner, int64_t bytes);
+  // The bytes counted now.
+  int64_t waiting_row_bytes() const;
+
   // Creates the job's range, or replaces it when the request's map version
   // is newer (the job was re-placed); the same or an older version is a
   // no-op. Initial weights from the spec's seed, or req.state.
@@ -231,6 +253,16 @@ class ShardHost {
   int shared_regions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t shared_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int> shared_owners_ ABSL_GUARDED_BY(mu_);
+  // Waiting pulls of rows (ReserveWaitingRows): their own lock, not the
+  // one every push and pull finds its range under.
+  mutable absl::Mutex waiting_rows_mu_;
+  int64_t waiting_rows_per_worker_ ABSL_GUARDED_BY(waiting_rows_mu_) =
+      kMaxWaitingRowBytesPerWorker;
+  int64_t waiting_rows_in_all_ ABSL_GUARDED_BY(waiting_rows_mu_) =
+      kMaxWaitingRowBytes;
+  int64_t waiting_rows_bytes_ ABSL_GUARDED_BY(waiting_rows_mu_) = 0;
+  std::map<std::string, int64_t> waiting_rows_owners_
+      ABSL_GUARDED_BY(waiting_rows_mu_);
 };
 
 }  // namespace tally

@@ -8,6 +8,9 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -251,7 +254,8 @@ class PullServing {
                                                           kDefaultChunkElements)
                                       : kDefaultChunkElements;
     host_ = host;
-    TALLY_ASSIGN_OR_RETURN(Range range, host->Find(req.job_id()));
+    TALLY_ASSIGN_OR_RETURN(Range range,
+                           host->Find(req.job_id(), req.map_version()));
     TALLY_RETURN_IF_ERROR(DTypeWidth(req.dtype()).status());
     dtype_ = req.dtype();
     // Only the job's members read its weights on the data path (clients
@@ -708,7 +712,7 @@ class ExchangeReactor final
   // if anything, and the stream goes on without one.
   void OfferSharedMemory(const v1::PullRequest& req) {
     if (!colocated_) return;
-    absl::StatusOr<Range> range = host_->Find(req.job_id());
+    absl::StatusOr<Range> range = host_->Find(req.job_id(), req.map_version());
     const std::string owner = absl::StrCat(req.job_id(), "\n", req.worker_id());
     if (!range.ok() ||
         !range->shard->CheckMember(req.worker_id(), req.incarnation()).ok() ||
@@ -1003,6 +1007,24 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
   return r;
 }
 
+// A pull of rows counted in its shard's bound on waiting pulls
+// (ShardHost::ReserveWaitingRows) until it is answered, or until its wait
+// is dropped unanswered: given back when the last copy of its callback
+// lets go of it.
+class WaitingRows {
+ public:
+  WaitingRows(ShardHost* host, std::string owner, int64_t bytes)
+      : host_(host), owner_(std::move(owner)), bytes_(bytes) {}
+  WaitingRows(const WaitingRows&) = delete;
+  WaitingRows& operator=(const WaitingRows&) = delete;
+  ~WaitingRows() { host_->ReleaseWaitingRows(owner_, bytes_); }
+
+ private:
+  ShardHost* host_;  // borrowed
+  const std::string owner_;
+  const int64_t bytes_;
+};
+
 }  // namespace
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::PushGradients(
@@ -1023,22 +1045,34 @@ ParameterServiceImpl::Exchange(grpc::CallbackServerContext* ctx) {
 grpc::ServerUnaryReactor* ParameterServiceImpl::PullRows(
     grpc::CallbackServerContext* ctx, const v1::PullRowsRequest* req,
     v1::PullRowsResponse* resp) {
-  absl::StatusOr<Range> range = host_->Find(req->job_id());
+  // Rows go by their slot in the caller's map: a range of another
+  // placement owns other rows, or the same rows at another step.
+  absl::StatusOr<Range> range =
+      host_->Find(req->job_id(), req->map_version());
   if (!range.ok()) return Reply(ctx, range.status());
   std::shared_ptr<ParameterShard> shard = range->shard;
-  if (absl::Status s = shard->CheckMember(req->worker_id(), req->incarnation());
-      !s.ok()) {
+  // Checked whole before it waits, since a waiting pull holds its request
+  // (a request of millions of rows would otherwise be held for the wait
+  // and refused only after it); then counted while it waits.
+  if (absl::Status s = shard->CheckPullRows(*req); !s.ok())
     return Reply(ctx, s);
-  }
+  const int64_t bytes = static_cast<int64_t>(req->SpaceUsedLong());
+  std::string owner = absl::StrCat(req->job_id(), "\n", req->worker_id());
+  if (absl::Status s = host_->ReserveWaitingRows(owner, bytes); !s.ok())
+    return Reply(ctx, s);
+  auto counted =
+      std::make_shared<WaitingRows>(host_, std::move(owner), bytes);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  // At most a minute: a waiting pull holds its request.
+  // At most a minute.
   const int64_t wait_ms = req->max_wait_ms() > 0
                               ? std::min<int64_t>(req->max_wait_ms(), 60000)
                               : 30000;
   // Answered once the version is there (perhaps at once, on this thread).
   shard->WhenVersion(
       req->min_version(), absl::Now() + absl::Milliseconds(wait_ms),
-      [reactor, shard, req, resp](absl::Status s) {
+      [reactor, shard, req, resp,
+       counted = std::move(counted)](absl::Status s) mutable {
+        counted.reset();  // it waits no more
         if (s.ok()) s = shard->ReadRows(*req, resp);
         reactor->Finish(ToGrpc(s));
       });
@@ -1048,7 +1082,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PullRows(
 grpc::ServerUnaryReactor* ParameterServiceImpl::PushRows(
     grpc::CallbackServerContext* ctx, const v1::PushRowsRequest* req,
     v1::PushRowsResponse* resp) {
-  absl::StatusOr<Range> range = host_->Find(req->job_id());
+  absl::StatusOr<Range> range =
+      host_->Find(req->job_id(), req->map_version());
   if (!range.ok()) return Reply(ctx, range.status());
   bool replaced = false;
   absl::Status s = range->shard->StageRows(*req, &replaced);

@@ -64,21 +64,54 @@ SparseTables::~SparseTables() {
 
 int64_t SparseTables::RowBytes(const Table& t) const {
   const int slots = 1 + t.spec.optimizer.slots();
-  // Values and slots, and about 16 bytes of the index's entry (and 16
-  // more for an evicting table's row and step).
-  return t.spec.dim * 4 * slots + 16 +
-         (t.spec.evict_after_steps > 0 ? 16 : 0);
+  return t.spec.dim * 4 * slots + kIndexBytesPerRow +
+         (t.spec.evict_after_steps > 0 ? kEvictBytesPerRow : 0);
+}
+
+absl::Status SparseTables::CheckTable(int table) const {
+  if (table >= 0 && table < size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "table ", table, ": the job has ", size(), " tables (model.embeddings)"));
 }
 
 absl::Status SparseTables::CheckRows(int table, const int64_t* rows,
                                      int64_t n) const {
-  if (table < 0 || table >= size()) {
+  absl::flat_hash_set<int64_t> listed;
+  return CheckRowsIn(table, rows, n, listed);
+}
+
+absl::Status SparseTables::CheckRequest(const std::vector<Block>& blocks,
+                                        absl::string_view what) const {
+  if (blocks.size() > static_cast<size_t>(kMaxBlocksPerMessage)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "table ", table, ": the job has ", size(), " tables (model.embeddings)"));
+        "a ", what, " of rows in ", blocks.size(), " table blocks; at most ",
+        kMaxBlocksPerMessage, " a request"));
   }
+  // Sizes first: the rows' checks below allocate for each row.
+  int64_t values = 0;
+  for (const Block& b : blocks) {
+    TALLY_RETURN_IF_ERROR(CheckTable(b.table));
+    values += b.n * tables_[b.table].spec.dim;
+  }
+  if (values > kMaxValuesPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", what, " of ", values, " row values; at most ",
+        kMaxValuesPerMessage, " a request"));
+  }
+  // A table's rows over all its blocks: each row once in the request.
+  std::vector<absl::flat_hash_set<int64_t>> listed(tables_.size());
+  for (const Block& b : blocks) {
+    TALLY_RETURN_IF_ERROR(CheckRowsIn(b.table, b.rows, b.n, listed[b.table]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTables::CheckRowsIn(
+    int table, const int64_t* rows, int64_t n,
+    absl::flat_hash_set<int64_t>& listed) const {
+  TALLY_RETURN_IF_ERROR(CheckTable(table));
   const EmbeddingTableSpec& s = tables_[table].spec;
-  absl::flat_hash_set<int64_t> seen;
-  seen.reserve(n);
+  listed.reserve(listed.size() + n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
     if (!s.dynamic() && (r < 0 || r >= s.num_embeddings)) {
@@ -92,7 +125,7 @@ absl::Status SparseTables::CheckRows(int table, const int64_t* rows,
           "table ", Quoted(s.name), ": row ", r, " belongs to shard ", owner,
           " of ", slots_, ", not this one (", slot_, ")"));
     }
-    if (!seen.insert(r).second) {
+    if (!listed.insert(r).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table ", Quoted(s.name), ": row ", r, " is listed twice"));
     }
@@ -406,6 +439,13 @@ void SparseTables::Freeze() {
     t.sorted.reserve(t.index.size());
     for (const auto& [row, at] : t.index) t.sorted.push_back(row);
     std::sort(t.sorted.begin(), t.sorted.end());
+    // The order is memory the rows take from now on: counted, though a
+    // freeze cannot be refused (the budget may run below zero until the
+    // tables go).
+    const int64_t b = static_cast<int64_t>(t.sorted.size() * sizeof(int64_t));
+    t.metrics.bytes += b;
+    bytes_ += b;
+    if (budget_ != nullptr) budget_->fetch_sub(b);
   }
 }
 

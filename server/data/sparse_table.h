@@ -24,6 +24,8 @@
 //            (the step closing, counted from 1)
 //
 // Not thread-safe: the ParameterShard that owns it guards it with its lock.
+// CheckRows and CheckRequest read only what construction set (the specs,
+// the slot), and so may run beside its other calls.
 #ifndef TALLY_SERVER_DATA_SPARSE_TABLE_H_
 #define TALLY_SERVER_DATA_SPARSE_TABLE_H_
 
@@ -37,6 +39,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/spec/embedding.h"
 #include "server/data/table_checkpoint.h"
 #include "server/shard_control.h"
@@ -49,6 +52,18 @@ class SparseTables {
   // 1 MiB of them, and at most as many row numbers (10 bytes each at
   // worst), within the 4 MiB message limit.
   static constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 18;
+  // The most table blocks (v1::TableRows) one request may have: a worker
+  // sends one a table, so this is room to spare over the 256 tables a
+  // job may have.
+  static constexpr int kMaxBlocksPerMessage = 1024;
+  // What a row's index entry costs: a flat_hash_map<int64_t, int64_t>
+  // slot (16 bytes) and its control byte, at the map's lowest load. It
+  // doubles its slots when 7/8 full, so right after that each entry has
+  // 16/7 slots: 17 * 16 / 7 = 38.9 bytes. A budget that counts less lets
+  // a shard's index outgrow what it was given.
+  static constexpr int64_t kIndexBytesPerRow = 40;
+  // And an evicting table's place lists (a row and a step, 8 bytes each).
+  static constexpr int64_t kEvictBytesPerRow = 16;
   // The evicted rows noted for a delta beyond the rows held before the
   // next save is made a base instead.
   static constexpr size_t kMaxDroppedNotes = size_t{1} << 16;
@@ -67,6 +82,21 @@ class SparseTables {
   // kInvalidArgument unless `table` is one of the job's and every row is
   // inside it, owned by this slot and listed once.
   absl::Status CheckRows(int table, const int64_t* rows, int64_t n) const;
+  // One table's rows in a request (a v1::TableRows, as CheckRequest sees
+  // it): `n` row numbers at `rows`.
+  struct Block {
+    int table = 0;
+    const int64_t* rows = nullptr;
+    int64_t n = 0;
+  };
+  // A whole PullRows or PushRows request's rows (`what`: "pull" or "push",
+  // for the message): kInvalidArgument past kMaxBlocksPerMessage blocks
+  // or kMaxValuesPerMessage values (checked first, so nothing is made of
+  // an oversized request), for rows CheckRows refuses, and for a row that
+  // two blocks of the request list (it would be read twice, or stepped
+  // twice as far). The message names the table and the row.
+  absl::Status CheckRequest(const std::vector<Block>& blocks,
+                            absl::string_view what) const;
   // The rows' values into out (n * dim floats), making missing rows;
   // kResourceExhausted (nothing made) when the new rows would pass the
   // budget. Rows checked by CheckRows.
@@ -105,7 +135,8 @@ class SparseTables {
   absl::Status Load(const TableRowsFile& file);
 
   // The job ended: nothing changes the rows from now on. Orders each
-  // table's rows for ReadSorted. Idempotent.
+  // table's rows for ReadSorted (8 bytes a row more, taken from the
+  // budget). Idempotent.
   void Freeze();
   // Up to `max_rows` of the table's rows from row `start` on, in order:
   // their numbers into *rows, their values (float32) into *values. After
@@ -148,7 +179,16 @@ class SparseTables {
   void Evict(Table& t, int64_t place);
   // Takes `more` bytes from the budget, or none (kResourceExhausted).
   absl::Status Reserve(const Table& t, int64_t missing, int64_t more);
+  // What a row of `t` costs, as counted against the budget: its values
+  // and optimizer slots, its index entry (kIndexBytesPerRow) and an
+  // evicting table's place lists.
   int64_t RowBytes(const Table& t) const;
+  // kInvalidArgument unless `table` is one of the job's.
+  absl::Status CheckTable(int table) const;
+  // CheckRows, with the rows listed so far (in this request's other
+  // blocks of the table) in `listed`, to which the rows are added.
+  absl::Status CheckRowsIn(int table, const int64_t* rows, int64_t n,
+                           absl::flat_hash_set<int64_t>& listed) const;
   // The place of `row`, made with its initial values if missing.
   int64_t Make(Table& t, int64_t row);
 

@@ -248,6 +248,7 @@ TEST_F(AuthTest, SubmitterTouchesOnlyItsOwnJobs) {
 TEST_F(AuthTest, ClientTokenOnTheWorkerServiceIsDenied) {
   v1::RegisterWorkerRequest req;
   req.set_name("intruder");
+  req.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   v1::RegisterWorkerResponse resp;
   for (const char* who : {"alice", "viewer"}) {
     EXPECT_THAT(FromGrpc(v1::WorkerService::NewStub(As(who))->RegisterWorker(

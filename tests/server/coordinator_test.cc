@@ -71,6 +71,7 @@ class CoordinatorTest : public ::testing::Test {
   v1::RegisterWorkerResponse Register(const std::string& name) {
     v1::RegisterWorkerRequest r;
     r.set_name(name);
+    r.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     return *coord_.Register(r);
   }
   absl::StatusOr<v1::HeartbeatResponse> Beat(
@@ -115,6 +116,49 @@ TEST_F(CoordinatorTest, JobWaitsForEnoughWorkersThenRunsWithRanks) {
   EXPECT_EQ(ha->assignment().world(), 2);
   EXPECT_NE(ha->assignment().rank(), hb->assignment().rank());
   EXPECT_TRUE(coord_.WeightsFile(job->id()).ok());
+}
+
+// A worker that says no protocol version (a release before versions) or an
+// older one than the coordinator takes is refused at registration with its
+// own reason: it gets no id, counts for no job, and so never fails one. A
+// current worker, and a newer one, are taken and given the job.
+TEST_F(CoordinatorTest, WorkerWithoutProtocolVersionIsRefusedNeverAssigned) {
+  auto job = coord_.Submit(kSpec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::RegisterWorkerRequest old;
+  old.set_name("old");
+  for (int i = 0; i < 2; ++i) {  // two old workers: as many as the job needs
+    const absl::StatusOr<v1::RegisterWorkerResponse> refused =
+        coord_.Register(old);
+    EXPECT_THAT(refused, HasReason(absl::StatusCode::kFailedPrecondition,
+                                   v1::PROTOCOL_TOO_OLD));
+    EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                  HasSubstr("worker protocol 0")));
+    EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                  HasSubstr("':PORT'")));
+  }
+  old.set_protocol_version(static_cast<uint32_t>(v1::WORKER_PROTOCOL_OLDEST) -
+                           1);
+  EXPECT_THAT(coord_.Register(old),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::PROTOCOL_TOO_OLD));
+  coord_.Tick();
+  EXPECT_EQ(coord_.Get(job->id())->state(), v1::PENDING);
+
+  auto a = Register("a");  // WORKER_PROTOCOL_CURRENT
+  v1::RegisterWorkerRequest newer;
+  newer.set_name("b");
+  newer.set_protocol_version(
+      static_cast<uint32_t>(v1::WORKER_PROTOCOL_CURRENT) + 1);
+  absl::StatusOr<v1::RegisterWorkerResponse> b = coord_.Register(newer);
+  TALLY_ASSERT_OK(b);
+  EXPECT_EQ(coord_.Get(job->id())->state(), v1::RUNNING);
+  auto ha = Beat(a), hb = Beat(*b);
+  TALLY_ASSERT_OK(ha);
+  TALLY_ASSERT_OK(hb);
+  EXPECT_TRUE(ha->has_assignment());
+  EXPECT_TRUE(hb->has_assignment());
+  EXPECT_EQ(ha->assignment().job_id(), job->id());
 }
 
 TEST_F(CoordinatorTest, ExpiredLeaseFreesTheSlotAndANewWorkerTakesIt) {
@@ -298,6 +342,36 @@ TEST_F(CoordinatorTest, WorkerFailureFailsTheJobAndCancelReleasesWorkers) {
   EXPECT_FALSE(Beat(a)->has_assignment());
 }
 
+// A runner of a placement the job has left (a shard was lost and the job
+// placed again from its checkpoint) may stop on an answer of that old
+// placement: its failure is noted, and the job goes on. A failure on the
+// job's own placement, or one that names none, fails it as before.
+TEST_F(CoordinatorTest, AFailureOnAnEarlierPlacementDoesNotFailTheJob) {
+  auto job = coord_.Submit(kSpec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto a = Register("a");
+  auto b = Register("b");
+  auto beat = Beat(a);
+  ASSERT_TRUE(beat.ok() && beat->has_assignment());
+  const int64_t placed = beat->assignment().shard_map().version();
+  ASSERT_GT(placed, 1);
+  v1::ReportResultRequest r;
+  r.set_worker_id(a.worker_id());
+  r.set_incarnation(a.incarnation());
+  r.set_job_id(job->id());
+  r.set_ok(false);
+  r.set_message("step 273 is not open; the weights are at version 221");
+  r.set_map_version(placed - 1);
+  TALLY_ASSERT_OK(coord_.ReportResult(r));
+  EXPECT_EQ(coord_.Get(job->id())->state(), v1::RUNNING);
+  ASSERT_TRUE(Beat(a).ok() && Beat(a)->has_assignment());  // still its
+  r.set_map_version(placed);
+  TALLY_ASSERT_OK(coord_.ReportResult(r));
+  v1::Job failed = *coord_.Get(job->id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr("step 273 is not open"));
+}
+
 // A member that heartbeats but never pulls holds a bsp job at step 0: it is
 // named in waiting_on (members that never pulled were skipped before).
 TEST_F(CoordinatorTest, AMemberThatNeverPullsIsNamedInWaitingOn) {
@@ -445,6 +519,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
   auto reg = [](Coordinator& c, const std::string& name) {
     v1::RegisterWorkerRequest r;
     r.set_name(name);
+    r.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     return *c.Register(r);
   };
   std::vector<float> weights_at_3;
@@ -698,6 +773,7 @@ TEST_F(CoordinatorLimitsTest, InitialWeightsThatNeverComeFailTheJob) {
   TALLY_ASSERT_OK(job);
   v1::RegisterWorkerRequest reg;
   reg.set_python("Python 3, PyTorch");
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   auto w = coord_->Register(reg);
   TALLY_ASSERT_OK(w);
   v1::HeartbeatRequest hb;
@@ -739,6 +815,7 @@ TEST_F(CoordinatorLimitsTest, AFailedPythonModelsExportHasItsBuffers) {
   auto job = coord_->Submit(kBatchNormSpec);
   TALLY_ASSERT_OK(job);
   v1::RegisterWorkerRequest reg;
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   reg.set_python("Python 3, PyTorch");
   auto w = coord_->Register(reg);
   TALLY_ASSERT_OK(w);
@@ -746,10 +823,9 @@ TEST_F(CoordinatorLimitsTest, AFailedPythonModelsExportHasItsBuffers) {
   hb.set_worker_id(w->worker_id());
   hb.set_incarnation(w->incarnation());
   ASSERT_TRUE(coord_->Heartbeat(hb)->has_initial_weights());
-  auto offered = coord_->SetInitialWeights(job->id(), w->worker_id(),
-                                           w->incarnation(),
-                                           std::vector<float>(8, 0.5f));
-  ASSERT_TRUE(offered.ok() && *offered) << offered.status();
+  TALLY_ASSERT_OK(coord_->SetInitialWeights(job->id(), w->worker_id(),
+                                            w->incarnation(),
+                                            std::vector<float>(8, 0.5f)));
   ASSERT_TRUE(coord_->Heartbeat(hb)->has_assignment());
   auto early = coord_->ExportWeights(job->id());
   ASSERT_TRUE(early.ok()) << early.status();
@@ -798,6 +874,7 @@ TEST_F(CoordinatorLimitsTest, AnotherWorkerAskedForInitialWeightsStartsAfresh) {
   TALLY_ASSERT_OK(job);
   v1::RegisterWorkerRequest reg;
   reg.set_python("Python 3, PyTorch");
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   auto first = coord_->Register(reg);
   TALLY_ASSERT_OK(first);
   v1::HeartbeatRequest hb;
@@ -823,6 +900,115 @@ TEST_F(CoordinatorLimitsTest, AnotherWorkerAskedForInitialWeightsStartsAfresh) {
   EXPECT_EQ(coord_->Get(job->id())->state(), v1::RUNNING);
 }
 
+// A Python worker registered and asked for its job's initial weights (the
+// job it is given, in submission order).
+struct AskedWorker {
+  std::string job_id, worker_id;
+  int64_t incarnation = 0;
+};
+AskedWorker Ask(Coordinator& coord) {
+  v1::RegisterWorkerRequest reg;
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
+  reg.set_python("Python 3, PyTorch");
+  auto w = coord.Register(reg);
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return {};
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w->worker_id());
+  hb.set_incarnation(w->incarnation());
+  auto r = coord.Heartbeat(hb);
+  EXPECT_TRUE(r.ok() && r->has_initial_weights());
+  if (!r.ok()) return {};
+  return {r->initial_weights().job_id(), w->worker_id(), w->incarnation()};
+}
+
+// One offer of a job's initial weights is read at a time; once they are
+// installed a new offer is refused as such (before anything is read),
+// and an offer being read when its job ends is ended then.
+TEST_F(CoordinatorLimitsTest, InitialWeightsAreOfferedOnceAndEndWithTheJob) {
+  CoordinatorOptions o;
+  o.lease_timeout = absl::Hours(1);
+  Make(o);
+  TALLY_ASSERT_OK(coord_->Submit(kPythonSpec));
+  TALLY_ASSERT_OK(coord_->Submit(kPythonSpec));
+  const AskedWorker a = Ask(*coord_), b = Ask(*coord_);
+  ASSERT_EQ(a.job_id, "job-1");
+  ASSERT_EQ(b.job_id, "job-2");
+  std::vector<absl::Status> ended;
+  auto record = [&ended](absl::Status s) { ended.push_back(s); };
+  auto offer =
+      coord_->BeginInitialWeights(a.job_id, a.worker_id, a.incarnation, record);
+  TALLY_ASSERT_OK(offer);
+  EXPECT_EQ((*offer)->values(), 8);
+  EXPECT_THAT(
+      coord_->BeginInitialWeights(a.job_id, a.worker_id, a.incarnation, record),
+      HasReason(absl::StatusCode::kResourceExhausted, v1::OFFER_BUSY));
+  TALLY_ASSERT_OK(coord_->SetInitialWeights(a.job_id, a.worker_id,
+                                            a.incarnation,
+                                            std::vector<float>(8, 0.5f)));
+  offer->reset();
+  // Installed: the same worker's offer again is refused at its start.
+  EXPECT_THAT(
+      coord_->BeginInitialWeights(a.job_id, a.worker_id, a.incarnation, record),
+      HasReason(absl::StatusCode::kAlreadyExists, v1::WEIGHTS_GIVEN));
+  EXPECT_THAT(coord_->SetInitialWeights(a.job_id, a.worker_id, a.incarnation,
+                                        std::vector<float>(8, 0.25f)),
+              HasReason(absl::StatusCode::kAlreadyExists, v1::WEIGHTS_GIVEN));
+  // The other job is cancelled while its offer is read: ended, once.
+  offer =
+      coord_->BeginInitialWeights(b.job_id, b.worker_id, b.incarnation, record);
+  TALLY_ASSERT_OK(offer);
+  EXPECT_TRUE(ended.empty());
+  TALLY_ASSERT_OK(coord_->Cancel(b.job_id));
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_THAT(ended[0],
+              HasReason(absl::StatusCode::kFailedPrecondition, v1::JOB_ENDED));
+  offer->reset();
+  EXPECT_EQ(coord_->offers().bytes(), 0);
+  EXPECT_THAT(
+      coord_->BeginInitialWeights(b.job_id, b.worker_id, b.incarnation, record),
+      HasReason(absl::StatusCode::kFailedPrecondition, v1::JOB_ENDED));
+  EXPECT_EQ(ended.size(), 1u);
+}
+
+// Offers of several jobs share max_offer_bytes; an offer whose worker
+// leaves the job (its lease ran out) is ended, and its bytes come back
+// with it.
+TEST_F(CoordinatorLimitsTest, OffersOfInitialWeightsShareABudget) {
+  CoordinatorOptions o;
+  o.lease_timeout = absl::Minutes(1);
+  o.max_offer_bytes = 40;  // one model of 8 values (32 bytes) at a time
+  Make(o);
+  TALLY_ASSERT_OK(coord_->Submit(kPythonSpec));
+  TALLY_ASSERT_OK(coord_->Submit(kPythonSpec));
+  const AskedWorker a = Ask(*coord_), b = Ask(*coord_);
+  ASSERT_EQ(b.job_id, "job-2");
+  std::vector<absl::Status> ended;
+  auto record = [&ended](absl::Status s) { ended.push_back(s); };
+  auto first =
+      coord_->BeginInitialWeights(a.job_id, a.worker_id, a.incarnation, record);
+  TALLY_ASSERT_OK(first);
+  EXPECT_THAT(
+      coord_->BeginInitialWeights(b.job_id, b.worker_id, b.incarnation, record),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("--max_offer_bytes (40)")));
+  // a goes quiet; b keeps its lease.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(b.worker_id);
+  hb.set_incarnation(b.incarnation);
+  clock_.Advance(absl::Seconds(45));
+  TALLY_ASSERT_OK(coord_->Heartbeat(hb));
+  clock_.Advance(absl::Seconds(30));
+  coord_->Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_THAT(ended[0], HasReason(absl::StatusCode::kFailedPrecondition,
+                                  v1::NOT_A_MEMBER));
+  EXPECT_EQ(coord_->offers().bytes(), 32);  // until its reader lets it go
+  first->reset();
+  TALLY_EXPECT_OK(
+      coord_->BeginInitialWeights(b.job_id, b.worker_id, b.incarnation, record));
+}
+
 TEST_F(CoordinatorLimitsTest, QueuedJobsAndWorkersAreBounded) {
   CoordinatorOptions o;
   o.max_queued_jobs = 2;
@@ -840,6 +1026,7 @@ TEST_F(CoordinatorLimitsTest, QueuedJobsAndWorkersAreBounded) {
 
   v1::RegisterWorkerRequest r;
   r.set_name("a");
+  r.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   ASSERT_TRUE(coord_->Register(r).ok());
   EXPECT_THAT(coord_->Register(r),
               StatusIs(absl::StatusCode::kResourceExhausted,
@@ -965,6 +1152,7 @@ TEST_F(CoordinatorLimitsTest, ADroppedJobLeavesItsFinalWeightsWhenAsked) {
   for (const char* name : {"a", "b"}) {
     v1::RegisterWorkerRequest r;
     r.set_name(name);
+    r.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     workers.push_back(*coord_->Register(r));
   }
   auto shard = *ShardOf(host_, job->id());

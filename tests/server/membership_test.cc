@@ -86,6 +86,7 @@ class MembershipTest : public ::testing::TestWithParam<bool> {
   v1::RegisterWorkerResponse Register(const std::string& name) {
     v1::RegisterWorkerRequest r;
     r.set_name(name);
+    r.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     return *coord_.Register(r);
   }
   absl::StatusOr<v1::HeartbeatResponse> Beat(

@@ -71,6 +71,7 @@ class ServiceTest : public ::testing::Test {
     job_ = resp.job().id();
     v1::RegisterWorkerRequest reg;
     reg.set_name("t");
+    reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &worker_).ok());
     v1::Job j;
     v1::GetJobRequest g;
@@ -192,6 +193,21 @@ TEST_F(ServiceTest, ASecondServerOnTheSamePortIsRefused) {
   EXPECT_TRUE(jobs_->ListJobs(&ctx, req, &resp).ok());
 }
 
+// An older worker (no protocol_version) is refused over the wire with the
+// reason it can read from the status trailer; a current one is registered.
+TEST_F(ServiceTest, AWorkerWithoutAProtocolVersionIsRefusedWithItsReason) {
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("old");
+  v1::RegisterWorkerResponse resp;
+  EXPECT_THAT(FromGrpc(workers_->RegisterWorker(Ctx().get(), reg, &resp)),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::PROTOCOL_TOO_OLD));
+  EXPECT_TRUE(resp.worker_id().empty());
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
+  EXPECT_TRUE(FromGrpc(workers_->RegisterWorker(Ctx().get(), reg, &resp)).ok());
+  EXPECT_FALSE(resp.worker_id().empty());
+}
+
 TEST_F(ServiceTest, MalformedSpecAndUnknownJobs) {
   v1::SubmitJobRequest req;
   req.set_spec("model: {layers: [bogus]}\ndataset: {name: synthetic}\n");
@@ -305,7 +321,8 @@ TEST(ServiceListTest, ManyJobsArePaged) {
 // A Python model's job: only a Python worker gets it; the lowest rank is
 // asked for the initial weights, and a bad offer (another worker's, not
 // finite, short) is refused by its code and changes nothing; the first good
-// one is installed and the assignment follows; a second is not needed.
+// one is installed and the assignment follows; a second is refused as not
+// needed (ALREADY_EXISTS + WEIGHTS_GIVEN) before the coordinator reads it.
 TEST_F(ServiceTest, APythonModelsInitialWeightsComeFromItsWorker) {
   v1::SubmitJobRequest sub;
   sub.set_spec(
@@ -327,6 +344,7 @@ TEST_F(ServiceTest, APythonModelsInitialWeightsComeFromItsWorker) {
     v1::RegisterWorkerRequest reg;
     reg.set_name(python.empty() ? "cpp" : "py");
     reg.set_python(python);
+    reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     v1::RegisterWorkerResponse w;
     EXPECT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &w).ok());
     return w;
@@ -375,9 +393,70 @@ TEST_F(ServiceTest, APythonModelsInitialWeightsComeFromItsWorker) {
   }
   ASSERT_TRUE(r.has_assignment());
   EXPECT_FALSE(r.has_initial_weights());
-  taken = offer(py, std::vector<float>(10, 0.25f));
-  ASSERT_TRUE(taken.ok()) << taken.status();
-  EXPECT_FALSE(*taken);
+  EXPECT_THAT(offer(py, std::vector<float>(10, 0.25f)),
+              HasReason(absl::StatusCode::kAlreadyExists, v1::WEIGHTS_GIVEN));
+}
+
+// An offer of initial weights that its sender holds open keeps the job's
+// one place for offers (a second is refused before anything is read),
+// and ends when the job is cancelled: the stream is finished then, with
+// JOB_ENDED, and the coordinator holds nothing of it any more.
+TEST_F(ServiceTest, AnOfferHeldOpenIsTheJobsOnlyOneAndEndsWithTheJob) {
+  v1::SubmitJobRequest sub;
+  sub.set_spec(
+      "name: py\nmodel: {python: {file: m.py, code: 'import torch', params: "
+      "[{name: fc.weight, shape: [2, 4]}, {name: fc.bias, shape: [2]}]}}\n"
+      "dataset: {name: synthetic, features: 4, classes: 2}\n"
+      "training: {workers: 1}\noptimizer: {type: sgd, lr: 1.0}\n");
+  v1::SubmitJobResponse job;
+  ASSERT_TRUE(jobs_->SubmitJob(Ctx().get(), sub, &job).ok());
+  v1::RegisterWorkerRequest reg;
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
+  reg.set_name("py");
+  reg.set_python("Python 3, PyTorch");
+  v1::RegisterWorkerResponse py;
+  ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &py).ok());
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(py.worker_id());
+  hb.set_incarnation(py.incarnation());
+  v1::HeartbeatResponse beat;
+  ASSERT_TRUE(workers_->Heartbeat(Ctx().get(), hb, &beat).ok());
+  ASSERT_TRUE(beat.has_initial_weights());
+  v1::InitialWeightsChunk first;
+  first.set_job_id(job.job().id());
+  first.set_worker_id(py.worker_id());
+  first.set_incarnation(py.incarnation());
+  *first.mutable_chunk() = Chunk(0, std::vector<float>(4, 0.5f));
+  // The held offer: its first part sent, the rest never.
+  auto held_ctx = Ctx();
+  v1::OfferInitialWeightsResponse held_resp;
+  auto held = workers_->OfferInitialWeights(held_ctx.get(), &held_resp);
+  ASSERT_TRUE(held->Write(first));
+  for (int i = 0; i < 500 && server_->coordinator()->offers().size() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(server_->coordinator()->offers().size(), 1);
+  EXPECT_EQ(server_->coordinator()->offers().bytes(), 40);
+  // Another offer of the job, whole, is refused before it is read.
+  auto ctx = Ctx();
+  v1::OfferInitialWeightsResponse resp;
+  auto again = workers_->OfferInitialWeights(ctx.get(), &resp);
+  *first.mutable_chunk() = Chunk(0, std::vector<float>(10, 0.5f));
+  again->Write(first);
+  again->WritesDone();
+  EXPECT_THAT(FromGrpc(again->Finish()),
+              HasReason(absl::StatusCode::kResourceExhausted, v1::OFFER_BUSY));
+  // Cancelled: the held stream ends now, with the job's reason (not at
+  // its deadline, DEADLINE_EXCEEDED).
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.job().id());
+  v1::Job cancelled;
+  ASSERT_TRUE(jobs_->CancelJob(Ctx().get(), cancel, &cancelled).ok());
+  EXPECT_THAT(FromGrpc(held->Finish()),
+              HasReason(absl::StatusCode::kFailedPrecondition, v1::JOB_ENDED));
+  for (int i = 0; i < 500 && server_->coordinator()->offers().size() > 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(server_->coordinator()->offers().size(), 0);
+  EXPECT_EQ(server_->coordinator()->offers().bytes(), 0);
 }
 
 TEST_F(ServiceTest, ASyncStepOverTheWire) {
@@ -953,6 +1032,7 @@ TEST_F(ServiceTest, NonMembersAndWrongSchedulesAreRefusedOnTheDataPath) {
   StartJob();
   v1::RegisterWorkerRequest reg;
   reg.set_name("stranger");
+  reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
   v1::RegisterWorkerResponse stranger;
   ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &stranger).ok());
   v1::PullRequest req = PullRequest(0);
@@ -1061,6 +1141,7 @@ TEST_F(ServiceTest, AHigherRankPushWaitsOnTheWireForTheLowerOne) {
   for (auto& w : ws) {
     v1::RegisterWorkerRequest reg;
     reg.set_name("t");
+    reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &w).ok());
   }
   auto rank_of = [&](const v1::RegisterWorkerResponse& w) {

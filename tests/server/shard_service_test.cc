@@ -1,13 +1,19 @@
 // A shard process's ShardService over a real socket: a range's state far
 // larger than the 4 MiB message limit goes in (InstallRange, streamed) and
 // comes back out (SaveRange) unchanged, as when a lost shard's job is
-// placed again from its checkpoint; a Python model's buffer region with it.
+// placed again from its checkpoint; a Python model's buffer region with it;
+// pulls of rows checked before they wait, and bounded while they do.
 #include "server/data/shard_service.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <future>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proto/errors.h"
+#include "proto/transport.h"
 #include "server/control/remote_shard_control.h"
 #include "server/tally_server.h"
 #include "tests/test_util.h"
@@ -57,6 +63,49 @@ TEST(ShardHostTest, SharedRegionsStayWithinTheirBounds) {
   for (int i = 0; i < ShardHost::kMaxSharedRegions; ++i)
     ASSERT_TRUE(host.ReserveSharedRegion(owner(i), 1)) << i;
   EXPECT_FALSE(host.ReserveSharedRegion(owner(1000), 1));
+}
+
+// Pulls of rows waiting on a shard hold their requests within bounds: so
+// much a worker of a job, so much in all; a refusal counts nothing.
+TEST(ShardHostTest, WaitingPullsOfRowsStayWithinTheirBounds) {
+  ShardHost host(nullptr);
+  host.set_waiting_rows(/*per_worker=*/100, /*in_all=*/150);
+  TALLY_EXPECT_OK(host.ReserveWaitingRows("job-1\nw", 60));
+  TALLY_EXPECT_OK(host.ReserveWaitingRows("job-1\nw", 40));
+  EXPECT_THAT(host.ReserveWaitingRows("job-1\nw", 1),
+              testing::HasReason(absl::StatusCode::kResourceExhausted,
+                                 v1::PULLS_WAITING));
+  EXPECT_THAT(host.ReserveWaitingRows("job-1\nv", 51),
+              testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                ::testing::HasSubstr("150")));
+  TALLY_EXPECT_OK(host.ReserveWaitingRows("job-1\nv", 50));
+  EXPECT_EQ(host.waiting_row_bytes(), 150);
+  host.ReleaseWaitingRows("job-1\nw", 60);
+  TALLY_EXPECT_OK(host.ReserveWaitingRows("job-1\nv", 50));
+  host.ReleaseWaitingRows("job-1\nw", 40);
+  host.ReleaseWaitingRows("job-1\nv", 100);
+  EXPECT_EQ(host.waiting_row_bytes(), 0);
+  // Unless set: 64 MiB a worker, 256 MiB in all.
+  ShardHost fresh(nullptr);
+  TALLY_EXPECT_OK(fresh.ReserveWaitingRows(
+      "a", ShardHost::kMaxWaitingRowBytesPerWorker));
+  EXPECT_THAT(fresh.ReserveWaitingRows("a", 1),
+              testing::HasReason(absl::StatusCode::kResourceExhausted,
+                                 v1::PULLS_WAITING));
+  for (const char* w : {"b", "c", "d"}) {
+    TALLY_EXPECT_OK(fresh.ReserveWaitingRows(
+        w, ShardHost::kMaxWaitingRowBytesPerWorker));
+  }
+  EXPECT_EQ(fresh.waiting_row_bytes(), ShardHost::kMaxWaitingRowBytes);
+  EXPECT_THAT(fresh.ReserveWaitingRows("e", 1),
+              testing::HasReason(absl::StatusCode::kResourceExhausted,
+                                 v1::PULLS_WAITING));
+}
+
+// A shard bounds its tables unless told not to (--max_table_bytes=0):
+// without a bound a flood of new ids made rows as fast as it came.
+TEST(ShardHostTest, TablesAreBoundedByDefault) {
+  EXPECT_EQ(ServerOptions().max_table_bytes, int64_t{4} << 30);
 }
 
 // A range sums pushes as they arrive when it is large, or when its job's
@@ -206,6 +255,102 @@ training: {workers: 1}
   EXPECT_THAT(shard->Install(req),
               testing::StatusIs(absl::StatusCode::kInvalidArgument,
                                 ::testing::HasSubstr("buffers do not fit")));
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// A pull of rows is checked whole before it waits for its version (a
+// waiting pull holds its request: one of a few million rows, checked only
+// after its wait, was held for all of it), and the pulls waiting hold a
+// bounded part of the shard: so much a worker, so much in all.
+TEST(ShardServiceTest, PullsOfRowsAreCheckedBeforeTheyWaitAndBounded) {
+  ServerOptions o;
+  o.join = "127.0.0.1:1";
+  auto server = TallyServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ShardHost* host = (*server)->shard_host();
+  // A pull of 60,000 rows holds 512 KiB: one a worker, one in all.
+  host->set_waiting_rows(/*per_worker=*/800 << 10, /*in_all=*/900 << 10);
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  std::unique_ptr<ShardControl> shard =
+      MakeRemoteShardControl(address, TransportOptions{});
+  v1::InstallRangeRequest req;
+  req.set_job_id("job-4");
+  req.set_spec(R"(
+name: rows
+model: {python: {file: m.py, code: x, params: [{name: fc.weight, shape: [2, 4]}]},
+        embeddings: [{name: emb, ids: direct, num_embeddings: 1000000, dim: 1}]}
+dataset: {name: synthetic, features: 4, classes: 2, train_size: 64}
+training: {workers: 2}
+)");
+  req.set_map_version(1);
+  req.set_offset(0);
+  req.set_count(8);
+  req.set_slot(0);
+  req.set_slots(1);
+  req.mutable_schedule()->set_train_size(64);
+  req.mutable_schedule()->set_steps_per_epoch(2);
+  req.mutable_schedule()->set_total_steps(2);
+  const std::vector<float> w(8, 0.5f);
+  req.mutable_state()->set_weights(w.data(), 4 * w.size());
+  TALLY_ASSERT_OK(shard->Install(req));
+  absl::StatusOr<Range> range = host->Find("job-4");
+  ASSERT_TRUE(range.ok());
+  range->shard->AddMember("w", 1);
+  range->shard->AddMember("v", 1);
+  auto params = v1::ParameterService::NewStub(Dial(address));
+  // Pulls of version 1, which the range (at 0) does not reach.
+  auto pull = [](const std::string& worker, int64_t rows, int64_t wait_ms) {
+    v1::PullRowsRequest r;
+    r.set_job_id("job-4");
+    r.set_worker_id(worker);
+    r.set_incarnation(1);
+    r.set_min_version(1);
+    r.set_max_wait_ms(wait_ms);
+    v1::TableRows* t = r.add_tables();
+    for (int64_t i = 0; i < rows; ++i) t->add_rows(i);
+    return r;
+  };
+  auto call = [&params](const v1::PullRowsRequest& r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    v1::PullRowsResponse resp;
+    return FromGrpc(params->PullRows(&ctx, r, &resp));
+  };
+  // Refused at once, not after a wait of 5 s (DEADLINE_EXCEEDED).
+  EXPECT_THAT(call(pull("w", 300000, 5000)),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("300000 row values")));
+  v1::PullRowsRequest twice = pull("w", 3, 5000);
+  *twice.add_tables() = v1::TableRows(twice.tables(0));
+  EXPECT_THAT(call(twice),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("row 0 is listed twice")));
+  EXPECT_THAT(call(pull("stranger", 3, 5000)),
+              testing::HasReason(absl::StatusCode::kPermissionDenied,
+                                 v1::NOT_A_MEMBER));
+  EXPECT_EQ(host->waiting_row_bytes(), 0);
+  // w's pull waits; its next one would pass w's bound, v's everyone's.
+  std::future<absl::Status> waiting = std::async(
+      std::launch::async, [&] { return call(pull("w", 60000, 2000)); });
+  for (int i = 0; i < 500 && host->waiting_row_bytes() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_GE(host->waiting_row_bytes(), 60000 * 8);
+  const absl::Status mine = call(pull("w", 60000, 2000));
+  EXPECT_THAT(mine, testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                      ::testing::HasSubstr("this worker's")));
+  EXPECT_THAT(mine, testing::HasReason(absl::StatusCode::kResourceExhausted,
+                                       v1::PULLS_WAITING));
+  EXPECT_THAT(call(pull("v", 60000, 2000)),
+              testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                ::testing::HasSubstr("in all")));
+  // A small one still waits, and its wait runs out as any does.
+  EXPECT_THAT(call(pull("v", 100, 100)),
+              testing::StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                ::testing::_));
+  EXPECT_THAT(waiting.get(),
+              testing::StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                ::testing::_));
+  EXPECT_EQ(host->waiting_row_bytes(), 0);  // given back with the answers
   (*server)->Shutdown(absl::Seconds(1));
 }
 

@@ -1,10 +1,13 @@
 // Sparse embedding tables on a parameter shard: where rows live, their
 // initial values, the rows a step applies, and every refusal.
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <set>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/io/safetensors.h"
 #include "common/spec/embedding.h"
 #include "gtest/gtest.h"
@@ -305,6 +308,68 @@ TEST_F(TableShardTest, BadRowsAndGradientsAreRefusedAndChangeNothing) {
   EXPECT_EQ(shard_->Metrics().tables[0].rows_applied, 0);
 }
 
+// A row listed in two blocks of one request would be read twice, or
+// stepped twice as far (one SGD step moving it by both gradients):
+// refused, naming the row, with nothing made or staged.
+TEST_F(TableShardTest, ARowInTwoBlocksOfARequestIsRefused) {
+  v1::PullRowsRequest pull = PullReq("a", 0, {1, 5});
+  v1::TableRows* again = pull.add_tables();
+  again->set_table(0);
+  again->add_rows(5);
+  v1::PullRowsResponse resp;
+  EXPECT_THAT(shard_->CheckPullRows(pull),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("table 'emb': row 5 is listed twice")));
+  EXPECT_THAT(shard_->ReadRows(pull, &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row 5 is listed twice")));
+  EXPECT_EQ(shard_->Metrics().tables[0].rows, 0);  // nothing made
+  // Row 5 of another table is another row.
+  v1::PullRowsRequest two = PullReq("a", 0, {5});
+  v1::TableRows* bag = two.add_tables();
+  bag->set_table(1);
+  bag->add_rows(5);
+  TALLY_EXPECT_OK(shard_->ReadRows(two, &resp));
+  bool replaced = false;
+  v1::PushRowsRequest push = PushReq("a", 0, 1, 0, {5}, {1, 1, 1, 1});
+  const v1::TableRows same = push.tables(0);
+  *push.add_tables() = same;
+  EXPECT_THAT(shard_->StageRows(push, &replaced),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("table 'emb': row 5 is listed twice")));
+  Close(0, 1, 1);
+  EXPECT_EQ(Rows(0, {5}), Init(0, 5));  // nothing staged, nothing stepped
+  EXPECT_EQ(shard_->Metrics().tables[0].rows_pushed, 0);
+}
+
+// A request is checked whole, its sizes first: one of too many values is
+// refused as such before its rows are looked at (and the sets that look
+// takes are made), as is one of too many blocks.
+TEST_F(TableShardTest, ARequestIsCheckedWholeItsSizesFirst) {
+  v1::PullRowsRequest big = PullReq("a", 1, {});  // bag: 2 values a row
+  for (int i = 0; i < (1 << 17) + 1; ++i) big.mutable_tables(0)->add_rows(3);
+  EXPECT_THAT(shard_->CheckPullRows(big),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a pull of 262146 row values; at most "
+                                 "262144")));
+  v1::PullRowsRequest blocks = PullReq("a", 0, {1});
+  for (int i = 0; i < SparseTables::kMaxBlocksPerMessage; ++i)
+    blocks.add_tables()->set_table(1);
+  EXPECT_THAT(shard_->CheckPullRows(blocks),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1025 table blocks; at most 1024")));
+  blocks.mutable_tables()->RemoveLast();
+  TALLY_EXPECT_OK(shard_->CheckPullRows(blocks));  // 1024, most of them empty
+  EXPECT_THAT(shard_->CheckPullRows(PullReq("stranger", 0, {1})),
+              HasReason(absl::StatusCode::kPermissionDenied, v1::NOT_A_MEMBER));
+  bool replaced = false;
+  v1::PushRowsRequest push = PushReq("a", 0, 1, 1, {}, {});
+  for (int i = 0; i < (1 << 17) + 1; ++i) push.mutable_tables(0)->add_rows(3);
+  EXPECT_THAT(shard_->StageRows(push, &replaced),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a push of 262146 row values")));
+}
+
 TEST_F(TableShardTest, RowsOfAnotherShardAreRefused) {
   Make(/*slots=*/2, /*slot=*/0);
   const uint64_t salt = TableSalt("emb");
@@ -321,8 +386,8 @@ TEST_F(TableShardTest, RowsOfAnotherShardAreRefused) {
 }
 
 TEST_F(TableShardTest, TheTableBudgetBoundsTheRowsMade) {
-  // A row of emb: 4 values, one slot, and its index entry: 32 bytes.
-  Make(1, 0, /*budget=*/32 * 3);
+  // A row of emb: 4 values (sgd: no slots), and its index entry: 56 bytes.
+  Make(1, 0, /*budget=*/56 * 3);
   v1::PullRowsResponse resp;
   TALLY_EXPECT_OK(shard_->ReadRows(PullReq("a", 0, {1, 2}), &resp));
   v1::PullRowsResponse more;
@@ -335,12 +400,12 @@ TEST_F(TableShardTest, TheTableBudgetBoundsTheRowsMade) {
 }
 
 TEST_F(TableShardTest, ShortOfBudgetTheReclaimHookIsAskedOnceForRoom) {
-  auto budget = std::make_shared<std::atomic<int64_t>>(32);  // one emb row
+  auto budget = std::make_shared<std::atomic<int64_t>>(56);  // one emb row
   SparseTables tables(tables_, 3, 0, 1, budget);
   int asked = 0;
   tables.set_reclaim([&](int64_t need) {
     ++asked;
-    EXPECT_EQ(need, 32);  // the second row's bytes
+    EXPECT_EQ(need, 56);  // the second row's bytes
     budget->fetch_add(need);  // as dropping an ended job's tables does
     return true;
   });
@@ -432,7 +497,8 @@ TEST(DynamicTableTest, RowsNotSteppedForEvictAfterStepsAreDropped) {
   const int64_t ids[] = {1, 2, 3};
   std::vector<float> out(12), g(4, 1.0f);
   TALLY_EXPECT_OK(tables.Read(0, ids, 3, out.data()));
-  const int64_t row_bytes = 4 * 4 + 16 + 16;
+  const int64_t row_bytes = 4 * 4 + SparseTables::kIndexBytesPerRow +
+                            SparseTables::kEvictBytesPerRow;
   EXPECT_EQ(budget->load(), 1000 - 3 * row_bytes);
   tables.Apply(0, &ids[0], 1, g.data(), 3);  // 1 stepped at step 3
   for (int64_t step = 0; step < 4; ++step) tables.EndStep(step);
@@ -450,6 +516,31 @@ TEST(DynamicTableTest, RowsNotSteppedForEvictAfterStepsAreDropped) {
   EXPECT_NE(std::vector<float>(out.begin(), out.begin() + 4), one);
   tables.EndStep(7);  // 1: stepped at 3, four steps ago
   EXPECT_EQ(tables.Metrics()[0].rows_evicted, 3);
+}
+
+// What a row is counted against --max_table_bytes covers what it holds:
+// its values, and its share of the index's slots and control bytes at the
+// index's emptiest (just after it grew), replayed on a map of the same
+// kind; a frozen table's row order is counted too.
+TEST(TableBudgetTest, ARowIsCountedAtLeastWhatItHolds) {
+  constexpr int64_t kBudget = int64_t{1} << 40;
+  auto budget = std::make_shared<std::atomic<int64_t>>(kBudget);
+  SparseTables tables({Dynamic(2)}, 3, 0, 1, budget);
+  absl::flat_hash_map<int64_t, int64_t> index;  // as the table's own
+  constexpr int64_t kSlot = sizeof(std::pair<const int64_t, int64_t>) + 1;
+  std::vector<float> out(2);
+  for (int64_t row = 0; row < 20000; ++row) {
+    TALLY_ASSERT_OK(tables.Read(0, &row, 1, out.data()));
+    index.emplace(row, row);
+    const int64_t held =
+        (row + 1) * 2 * 4 + static_cast<int64_t>(index.capacity()) * kSlot;
+    ASSERT_GE(tables.bytes(), held) << (row + 1) << " rows";
+  }
+  EXPECT_EQ(budget->load(), kBudget - tables.bytes());
+  const int64_t before = tables.bytes();
+  tables.Freeze();
+  EXPECT_EQ(tables.bytes(), before + 20000 * 8);
+  EXPECT_EQ(budget->load(), kBudget - tables.bytes());
 }
 
 TEST(DynamicTableTest, AFloodOfNewIdsStopsAtMaxRows) {

@@ -71,6 +71,7 @@ class ParamClientTest : public ::testing::TestWithParam<Transport> {
     ASSERT_TRUE(jobs->SubmitJob(&c1, req, &job).ok());
     v1::RegisterWorkerRequest reg;
     reg.set_name("t");
+    reg.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     v1::RegisterWorkerResponse worker;
     ASSERT_TRUE(workers->RegisterWorker(&c2, reg, &worker).ok());
 
@@ -88,6 +89,8 @@ class ParamClientTest : public ::testing::TestWithParam<Transport> {
     v1::ShardMap::Entry* own = map.add_shards();  // the coordinator's shard
     own->set_address(absl::StrCat(":", server_->data_port()));
     own->set_count(kParams);
+    options_ = po;
+    map_ = map;
     auto client = ParameterClient::Create(map, kParams, address_, po);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
@@ -111,6 +114,8 @@ class ParamClientTest : public ::testing::TestWithParam<Transport> {
   }
 
   absl::Duration stream_lifetime_ = absl::Minutes(10);
+  ParamClientOptions options_;  // client_'s
+  v1::ShardMap map_;            // client_'s: no version (any placement)
   std::unique_ptr<TallyServer> server_;
   std::string address_;
   std::string job_id_;
@@ -241,6 +246,44 @@ TEST_P(ParamClientTest, TheBufferRegionGoesWithThePushAndComesBackWithThePull) {
   EXPECT_THAT(push->Wait(Soon()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("buffers of 2 bytes")));
+}
+
+// A client built from another placement's map (the job was placed again
+// since: a lost shard, a roll-back to a checkpoint) is answered NOT_FOUND,
+// a stale map, on every transport, and its push stages nothing: the
+// placement's own map then closes the step with its own gradient.
+TEST_P(ParamClientTest, AnotherPlacementsMapIsAnsweredAsStale) {
+  auto range = server_->shard_host()->Find(job_id_);
+  ASSERT_TRUE(range.ok()) << range.status();
+  const int64_t placed = range->map_version;
+  ASSERT_GT(placed, 1);
+  v1::ShardMap stale = map_;
+  stale.set_version(placed - 1);
+  auto old = ParameterClient::Create(stale, kParams, address_, options_);
+  ASSERT_TRUE(old.ok()) << old.status();
+  std::vector<float> w(kParams);
+  EXPECT_THAT((*old)->Pull(0, w.data())->WaitVersion(Soon()),
+              StatusIs(absl::StatusCode::kNotFound,
+                       ::testing::HasSubstr("map version")));
+  std::vector<float> twice(kParams);
+  for (int64_t i = 0; i < kParams; ++i) twice[i] = 2 * grads_[i];
+  auto refused = (*old)->Push(Step(0), twice.data());
+  EXPECT_THAT(refused->Wait(Soon()),
+              StatusIs(absl::StatusCode::kNotFound,
+                       ::testing::HasSubstr("map version")));
+  v1::ShardMap own = map_;
+  own.set_version(placed);
+  auto current = ParameterClient::Create(own, kParams, address_, options_);
+  ASSERT_TRUE(current.ok()) << current.status();
+  auto v = (*current)->Pull(0, w.data())->WaitVersion(Soon());
+  ASSERT_TRUE(v.ok()) << v.status();
+  const std::vector<float> w0 = w;
+  auto push = (*current)->Push(Step(0), grads_);
+  ASSERT_TRUE(push->Wait(Soon()).ok()) << push->Results()[0];
+  v = (*current)->Pull(1, w.data())->WaitVersion(Soon());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 1);
+  for (int64_t i = 0; i < kParams; ++i) EXPECT_EQ(w[i], w0[i] - grads_[i]);
 }
 
 class ShortStreamTest : public ParamClientTest {

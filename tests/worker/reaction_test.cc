@@ -96,5 +96,44 @@ TEST(ReactionTest, PullAndReportAnswers) {
             Reaction::kRetry);
 }
 
+// A row call fails inside a step, before its dense push: nothing was
+// committed, so every answer of the data path but a refusal of the rows
+// themselves does the step again. After a shard is lost and the job is
+// placed again from its checkpoint, a push of rows for a step past the
+// restored version is STEP_NOT_OPEN: pull again, never the job's failure.
+TEST(ReactionTest, RowAnswersDoTheStepAgain) {
+  EXPECT_EQ(ReactTo(Call::kRows, Why(absl::AbortedError("not open"),
+                                     v1::STEP_NOT_OPEN, 221)),
+            Reaction::kPullAgain);
+  EXPECT_EQ(ReactTo(Call::kRows, Why(absl::AbortedError(""), v1::STEP_CLOSED)),
+            Reaction::kRetry);
+  EXPECT_EQ(
+      ReactTo(Call::kRows, Why(absl::AbortedError(""), v1::JOIN_LATER, 9)),
+      Reaction::kJoinLater);
+  EXPECT_EQ(ReactTo(Call::kRows, absl::AbortedError("no reason")),
+            Reaction::kRetry);
+  EXPECT_EQ(ReactTo(Call::kRows, absl::NotFoundError("map version 7, not 6")),
+            Reaction::kStaleMap);
+  EXPECT_EQ(ReactTo(Call::kRows, absl::UnavailableError("away")),
+            Reaction::kRetry);
+  EXPECT_EQ(ReactTo(Call::kRows, absl::DeadlineExceededError("slow")),
+            Reaction::kRetry);
+  EXPECT_EQ(ReactTo(Call::kRows,
+                    Why(absl::FailedPreconditionError(""), v1::JOB_ENDED)),
+            Reaction::kLeave);
+  // The rows themselves refused, or a table past its memory bound (the
+  // step would ask for the same rows again): the job's failure.
+  EXPECT_EQ(ReactTo(Call::kRows, absl::InvalidArgumentError("another shard's")),
+            Reaction::kGiveUp);
+  EXPECT_EQ(
+      ReactTo(Call::kRows, Why(absl::InvalidArgumentError(""), v1::NON_FINITE)),
+      Reaction::kGiveUp);
+  EXPECT_EQ(ReactTo(Call::kRows, absl::ResourceExhaustedError("past bound")),
+            Reaction::kGiveUp);
+  // Elsewhere RESOURCE_EXHAUSTED stays busy-for-now.
+  EXPECT_EQ(ReactTo(Call::kPull, absl::ResourceExhaustedError("busy")),
+            Reaction::kRetry);
+}
+
 }  // namespace
 }  // namespace tally
