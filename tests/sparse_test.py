@@ -577,7 +577,7 @@ def criteo(cluster, tmp):
     bad = cluster.client.submit(dlrm_job(
         tmp, "dlrm-bad", f"{{name: criteo, train: {tmp}/dlrm/bad.tsv}}", 2, 4, "make_model"))
     bad = cluster.client.wait(bad.id, timeout=120)
-    want = f"{tmp}/dlrm/bad.tsv:10: field 15 (C1) is 'zz'"
+    want = f"{tmp}/dlrm/bad.tsv:10: field 15 (C1) is not 1 to 16 hexadecimal digits"
     if bad.state != pb.FAILED or want not in bad.message:
         fail(f"a bad Criteo line: {pb.JobState.Name(bad.state)} {bad.message!r}")
     print(f"criteo: the clicks samples as TSV files train bit for bit as clicks "

@@ -397,7 +397,7 @@ def count_tokens(data, name, vocabulary):
                 break
         else:
             if unknown is None:
-                raise SubmitError(f"{name}: byte {at} (0x{data[at]:02x}) starts no token of "
+                raise SubmitError(f"{name}: byte {at} starts no token of "
                                   f"the vocabulary, which has no <unk>")
             at += 1
         n += 1
