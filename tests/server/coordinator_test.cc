@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/io/safetensors.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint.pb.h"
 #include "server/data/local_shard_control.h"
@@ -25,6 +26,34 @@ absl::Status PushAndCommit(ParameterShard& s, const PushMeta& m,
   absl::Status st = s.Accept(m, g, dup);
   if (st.ok()) s.Commit(m.worker_id, m.incarnation, m.step, true);
   return st;
+}
+
+// Each worker's push of step 0 (one sample, `value` everywhere), committed.
+absl::Status CloseFirstStep(
+    ParameterShard& s, std::initializer_list<v1::RegisterWorkerResponse> workers,
+    float value = 0.1f) {
+  std::vector<float> g(s.num_params(), value);
+  for (const v1::RegisterWorkerResponse& w : workers) {
+    PushMeta m;
+    m.worker_id = w.worker_id();
+    m.incarnation = w.incarnation();
+    m.samples = 1;
+    bool dup;
+    TALLY_RETURN_IF_ERROR(PushAndCommit(s, m, g.data(), &dup));
+  }
+  return absl::OkStatus();
+}
+
+// A worker's report that it evaluated `steps` steps' weights.
+v1::ReportResultRequest Success(const v1::RegisterWorkerResponse& w,
+                                const std::string& job_id, int64_t steps) {
+  v1::ReportResultRequest r;
+  r.set_worker_id(w.worker_id());
+  r.set_incarnation(w.incarnation());
+  r.set_job_id(job_id);
+  r.set_ok(true);
+  r.set_steps(steps);
+  return r;
 }
 
 using ::tally::testing::HasReason;
@@ -403,16 +432,7 @@ TEST_F(CoordinatorTest, NoStallIsShownAtTheLastStepNorOnceTheJobEnded) {
   ASSERT_TRUE(job.ok()) << job.status();
   auto a = Register("a");
   auto b = Register("b");
-  auto shard = *Shard(job->id());
-  std::vector<float> g(shard->num_params(), 0.1f);
-  bool dup;
-  for (const auto& w : {a, b}) {
-    PushMeta m;
-    m.worker_id = w.worker_id();
-    m.incarnation = w.incarnation();
-    m.samples = 1;
-    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
-  }
+  TALLY_ASSERT_OK(CloseFirstStep(**Shard(job->id()), {a, b}));
   coord_.Tick();
   for (int i = 0; i < 3; ++i) {  // a long evaluation
     clock_.Advance(absl::Seconds(2));
@@ -423,13 +443,7 @@ TEST_F(CoordinatorTest, NoStallIsShownAtTheLastStepNorOnceTheJobEnded) {
   EXPECT_EQ(evaluating.step(), 1);
   EXPECT_TRUE(evaluating.waiting_on().empty());
   EXPECT_EQ(evaluating.stalled_seconds(), 0.0);
-  v1::ReportResultRequest r;
-  r.set_worker_id(a.worker_id());
-  r.set_incarnation(a.incarnation());
-  r.set_job_id(job->id());
-  r.set_ok(true);
-  r.set_steps(1);
-  TALLY_ASSERT_OK(coord_.ReportResult(r));
+  TALLY_ASSERT_OK(coord_.ReportResult(Success(a, job->id(), 1)));
   const v1::Job done = *coord_.Get(job->id());
   ASSERT_EQ(done.state(), v1::SUCCEEDED);
   EXPECT_TRUE(done.metrics().waiting_on().empty());
@@ -465,23 +479,9 @@ TEST_F(CoordinatorTest, AJobWithoutATestSplitSaysSo) {
   ASSERT_TRUE(job.ok()) << job.status();
   auto a = Register("a");
   auto b = Register("b");
-  auto shard = *Shard(job->id());
-  std::vector<float> g(shard->num_params(), 0.1f);
-  bool dup;
-  for (const auto& w : {a, b}) {
-    PushMeta m;
-    m.worker_id = w.worker_id();
-    m.incarnation = w.incarnation();
-    m.samples = 1;
-    TALLY_ASSERT_OK(PushAndCommit(*shard, m, g.data(), &dup));
-  }
+  TALLY_ASSERT_OK(CloseFirstStep(**Shard(job->id()), {a, b}));
   EXPECT_FALSE(coord_.Get(job->id())->metrics().no_test_split());
-  v1::ReportResultRequest r;
-  r.set_worker_id(b.worker_id());
-  r.set_incarnation(b.incarnation());
-  r.set_job_id(job->id());
-  r.set_ok(true);
-  r.set_steps(1);
+  v1::ReportResultRequest r = Success(b, job->id(), 1);
   r.set_no_test_split(true);
   TALLY_ASSERT_OK(coord_.ReportResult(r));
   const v1::Job done = *coord_.Get(job->id());
