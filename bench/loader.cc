@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
     return 1;
   }
-  absl::StatusOr<tally::TrainTest> data = tally::OpenDataset(spec->dataset);
+  absl::StatusOr<tally::TrainTest> data =
+      tally::OpenDataset(spec->dataset, tally::DataRoots::Any());
   if (!data.ok()) {
     std::fprintf(stderr, "%s\n", data.status().ToString().c_str());
     return 1;

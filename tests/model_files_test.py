@@ -49,7 +49,7 @@ class Refused(unittest.TestCase):
         self.assertEqual(_job_modules(), [])
 
     def test_json_py(self):
-        self.assertIn("json", mf.LOADED_BEFORE)
+        self.assertIn("json", mf.RESERVED)
         self._refused("json", {"json.py": "X = 1\n", "model.py": "import json\n"}, "json.py")
 
     def test_folder(self):
@@ -100,21 +100,22 @@ class Private(unittest.TestCase):
         self.assertFalse(os.path.exists(files.root))
 
     def test_a_free_name_is_the_jobs_inside_it_only(self):
-        """A file named as a module the process has not loaded (the
-        standard library's wave) stands for it in the job's code only."""
-        if "wave" in sys.modules:
-            self.skipTest("wave is loaded here already")
-        files = mf.ModelFiles({"wave.py": "MINE = True\n",
-                               "model.py": "import wave\nMINE = wave.MINE\n"},
-                              loaded_before=mf.LOADED_BEFORE)
+        """A file named as no module Tally reserves (layers.py) stands for
+        the job's file in the job's code only, and the standard library's
+        names are refused whether this process imported them or not."""
+        files = mf.ModelFiles({"layers.py": "MINE = True\n",
+                               "model.py": "import layers\nMINE = layers.MINE\n"},
+                              reserved=mf.RESERVED)
         try:
             self.assertTrue(files.import_module("model").MINE)
-            outside = importlib.import_module("wave")
-            self.assertFalse(hasattr(outside, "MINE"))
-            self.assertTrue(hasattr(outside, "open"))
+            self.assertNotIn("layers", sys.modules)
+            with self.assertRaises(ImportError):
+                importlib.import_module("layers")
         finally:
             files.close()
-        self.assertIs(importlib.import_module("wave"), outside)
+        self.assertIn("wave", mf.RESERVED)  # stdlib, loaded or not
+        with self.assertRaises(mf.ModelError):
+            mf.ModelFiles({"wave.py": "", "model.py": ""})
 
     def _unchecked(self, name):
         """Even a file named as a loaded module, were it let through (no
@@ -122,7 +123,7 @@ class Private(unittest.TestCase):
         before = sys.modules[name]
         files = mf.ModelFiles({f"{name}.py": "MINE = True\n",
                                "model.py": f"import {name}\nMINE = {name}.MINE\n"},
-                              loaded_before=frozenset())
+                              reserved=frozenset())
         try:
             self.assertTrue(files.import_module("model").MINE)
             self.assertIs(sys.modules[name], before)

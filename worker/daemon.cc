@@ -482,6 +482,8 @@ class WorkerDaemon::Impl {
   }
 
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
+    // Before DataKey, whose stamps stat the spec's paths and globs.
+    TALLY_RETURN_IF_ERROR(CheckDataPaths(spec.dataset, options_.data_roots));
     const std::string key = DataKey(spec);
     if (data_key_ != key || data_ == nullptr) {
       data_.reset();  // the last job's files, let go before the next's

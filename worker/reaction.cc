@@ -25,6 +25,8 @@ Reaction ReactTo(Call call, const absl::Status& s) {
       return Reaction::kNewPlan;
     case v1::PULLS_WAITING:  // the shard holds its bound of waiting pulls
       return Reaction::kRetry;
+    case v1::TABLE_FULL:  // the step would ask for the same rows again
+      return Reaction::kGiveUp;
     case v1::NON_FINITE:
     case v1::STALE_GRADIENT:
       return call == Call::kPush ? Reaction::kNotCounted : Reaction::kGiveUp;
@@ -41,9 +43,9 @@ Reaction ReactTo(Call call, const absl::Status& s) {
     case absl::StatusCode::kCancelled:
       return Reaction::kRetry;
     case absl::StatusCode::kResourceExhausted:
-      // Rows past a table's memory bound: the step would ask for them
-      // again. Anything else is busy for now.
-      return call == Call::kRows ? Reaction::kGiveUp : Reaction::kRetry;
+      // Busy for now (gRPC's memory quota, pushes in flight); a full table
+      // says so with TABLE_FULL, above.
+      return Reaction::kRetry;
     case absl::StatusCode::kNotFound:
       // An unknown job in a report is final; a shard without the range is
       // a stale shard map.

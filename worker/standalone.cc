@@ -121,7 +121,9 @@ class Progress {
 
 absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
                                              const StandaloneOptions& options) {
-  TALLY_ASSIGN_OR_RETURN(TrainTest data, OpenDataset(spec.dataset));
+  // The spec is the operator's own: any path it names is read.
+  TALLY_ASSIGN_OR_RETURN(TrainTest data,
+                         OpenDataset(spec.dataset, DataRoots::Any()));
   if (data.train.sample_shape != spec.input_shape) {
     return absl::FailedPreconditionError(absl::StrCat(
         "dataset samples are ", ShapeString(data.train.sample_shape),

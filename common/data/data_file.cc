@@ -86,8 +86,27 @@ std::string DataRoots::Text() const {
   return any_ ? "any path" : absl::StrJoin(dirs_, ", ");
 }
 
+std::string DataRoots::Absolute(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return Normalise(path);
+  char cwd[PATH_MAX];
+  if (::getcwd(cwd, sizeof(cwd)) == nullptr) return Normalise("/" + path);
+  return Normalise(absl::StrCat(cwd, "/", path));
+}
+
+absl::Status DataRoots::Outside(absl::string_view what,
+                                absl::string_view path) const {
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": ", path, " is outside this worker's data roots (", Text(),
+      "; tally-worker --data_root)"));
+}
+
 absl::StatusOr<std::string> DataRoots::Resolve(absl::string_view what,
                                                const std::string& path) const {
+  // Lexically first: a path outside the roots is refused before the file
+  // system is asked anything, so the answer never tells whether it exists.
+  if (!any_ && !path.empty() && !Contains(Absolute(path))) {
+    return Outside(what, path);
+  }
   char buf[PATH_MAX];
   if (path.empty() || ::realpath(path.c_str(), buf) == nullptr) {
     const int err = path.empty() ? ENOENT : errno;
@@ -105,11 +124,7 @@ absl::StatusOr<std::string> DataRoots::Resolve(absl::string_view what,
     }
   }
   std::string canonical(buf);
-  if (!Contains(canonical)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        what, ": ", path, " is outside this worker's data roots (", Text(),
-        "; tally-worker --data_root)"));
-  }
+  if (!Contains(canonical)) return Outside(what, path);  // through a link
   return canonical;
 }
 
@@ -126,7 +141,13 @@ absl::StatusOr<DataFile> DataFile::Open(const std::string& path) {
         absl::StrCat(path, ": cannot open: ", std::strerror(err)));
   }
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": cannot stat: ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
     const bool dir = S_ISDIR(st.st_mode);
     ::close(fd);
     return absl::FailedPreconditionError(absl::StrCat(

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -43,14 +44,21 @@ class DataRoots {
   static absl::StatusOr<DataRoots> Make(const std::vector<std::string>& dirs);
 
   // The canonical path of `path` (every link resolved) when it lies under a
-  // root. kNotFound: no such file; kFailedPrecondition: a link loop or a
-  // path too long; kPermissionDenied: outside every root (the message names
-  // the roots and the flag). `what` names the spec's field in the message
+  // root. kPermissionDenied: outside every root (the message names the
+  // roots and the flag), checked lexically before the file system is asked
+  // (so it does not tell whether such a file exists), then again after the
+  // links are resolved; kNotFound: no such file; kFailedPrecondition: a
+  // link loop or a path too long. `what` names the spec's field in the message
   // ("dataset.train").
   absl::StatusOr<std::string> Resolve(absl::string_view what,
                                       const std::string& path) const;
   // Whether the canonical `path` lies under a root.
   bool Contains(absl::string_view canonical) const;
+  // kPermissionDenied: `path` (named as given) is outside the roots.
+  absl::Status Outside(absl::string_view what, absl::string_view path) const;
+  // `path` made absolute (against the working directory) with "." and ".."
+  // folded, without asking the file system: what a lexical check compares.
+  static std::string Absolute(const std::string& path);
 
   bool any() const { return any_; }
   const std::vector<std::string>& dirs() const { return dirs_; }

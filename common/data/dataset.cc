@@ -149,9 +149,10 @@ absl::StatusOr<std::vector<int64_t>> ParseIdx(const std::string& path,
   }
   const uint32_t got = BigEndian32(data.data());
   if (got != magic) {
+    // The file's first bytes are not quoted: the file may be anything.
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": wrong magic number 0x", absl::Hex(got, absl::kZeroPad8),
-        " (expected 0x", absl::Hex(magic, absl::kZeroPad8),
+        path, ": wrong magic number (expected 0x",
+        absl::Hex(magic, absl::kZeroPad8),
         "): not an IDX file of the expected kind"));
   }
   if (data.size() < header) {

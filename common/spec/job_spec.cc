@@ -2007,13 +2007,40 @@ absl::StatusOr<TrainTest> OpenText(const TextSpec& t) {
 
 namespace {
 
-// Each path of a list (globs expanded) under the roots.
+// A field's path as its reader opens it, literally, under the roots.
+absl::Status CheckPath(absl::string_view what, const std::string& path,
+                       const DataRoots& roots) {
+  if (path.empty()) return absl::OkStatus();
+  return roots.Resolve(what, path).status();
+}
+
+// What a glob can match: at most this many files a pattern.
+constexpr size_t kMaxGlobMatches = size_t{1} << 20;
+
+// Each path of a list its reader expands (globs), under the roots: the
+// pattern's fixed directory first, lexically, so that a pattern outside
+// the roots is refused before it is expanded (its matches never reach a
+// message), then every match.
 absl::Status CheckPaths(absl::string_view what,
                         const std::vector<std::string>& paths,
                         const DataRoots& roots) {
   for (const std::string& p : paths) {
     if (p.empty()) continue;
+    const size_t glob = p.find_first_of("*?[");
+    if (glob != std::string::npos) {
+      const size_t slash = p.rfind('/', glob);
+      const std::string dir =
+          slash == std::string::npos ? "." : p.substr(0, slash + 1);
+      if (!roots.Contains(DataRoots::Absolute(dir))) {
+        return roots.Outside(what, p);
+      }
+    }
     TALLY_ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandGlob(p));
+    if (files.size() > kMaxGlobMatches) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": ", p, " matches more than ", kMaxGlobMatches,
+                       " files"));
+    }
     for (const std::string& file : files) {
       TALLY_RETURN_IF_ERROR(roots.Resolve(what, file).status());
     }
@@ -2026,13 +2053,13 @@ absl::Status CheckPaths(absl::string_view what,
 absl::Status CheckDataPaths(const DatasetSpec& spec, const DataRoots& roots) {
   if (roots.any()) return absl::OkStatus();
   if (spec.name == "fashion-mnist") {
-    std::vector<std::string> files;
     for (const char* f :
          {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
-      files.push_back(absl::StrCat(spec.root, "/", f));
+      TALLY_RETURN_IF_ERROR(CheckPath(
+          "dataset.root", absl::StrCat(spec.root, "/", f), roots));
     }
-    return CheckPaths("dataset.root", files, roots);
+    return absl::OkStatus();
   }
   if (spec.name == "arrays") {
     const ArraysSpec& a = spec.arrays;
@@ -2048,18 +2075,18 @@ absl::Status CheckDataPaths(const DatasetSpec& spec, const DataRoots& roots) {
     return absl::OkStatus();
   }
   if (spec.name == "csv") {
-    TALLY_RETURN_IF_ERROR(CheckPaths("dataset.train", {spec.csv.train}, roots));
-    return CheckPaths("dataset.test", {spec.csv.test}, roots);
+    TALLY_RETURN_IF_ERROR(CheckPath("dataset.train", spec.csv.train, roots));
+    return CheckPath("dataset.test", spec.csv.test, roots);
   }
   if (spec.name == "image_folder") {
     TALLY_RETURN_IF_ERROR(
-        CheckPaths("dataset.train", {spec.images.train}, roots));
-    return CheckPaths("dataset.test", {spec.images.test}, roots);
+        CheckPath("dataset.train", spec.images.train, roots));
+    return CheckPath("dataset.test", spec.images.test, roots);
   }
   if (spec.name == "text") {
     TALLY_RETURN_IF_ERROR(CheckPaths("dataset.train", spec.text.train, roots));
     TALLY_RETURN_IF_ERROR(CheckPaths("dataset.test", spec.text.test, roots));
-    return CheckPaths("dataset.vocab", {spec.text.vocab}, roots);
+    return CheckPath("dataset.vocab", spec.text.vocab, roots);
   }
   if (spec.name == "criteo") {
     TALLY_RETURN_IF_ERROR(
@@ -2159,8 +2186,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   absl::StatusOr<std::string> text = ReadWholeFile(path);
   if (!text.ok()) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot read the job spec: ", text.status().message()));
+    return absl::Status(text.status().code(),
+                        absl::StrCat("cannot read the job spec: ",
+                                     text.status().message()));
   }
   auto spec = ParseJobSpec(*text);
   if (!spec.ok()) {

@@ -340,8 +340,9 @@ absl::Status CheckDataPaths(const DatasetSpec& spec, const DataRoots& roots);
 // Loads (or generates) the train and test sets a spec names, after
 // CheckDataPaths. Every file is opened as common/data/data_file.h says
 // (regular files only, without blocking, within size bounds).
-absl::StatusOr<TrainTest> OpenDataset(
-    const DatasetSpec& spec, const DataRoots& roots = DataRoots::Any());
+// DataRoots::Any() opens any path (a standalone run of one's own spec).
+absl::StatusOr<TrainTest> OpenDataset(const DatasetSpec& spec,
+                                      const DataRoots& roots);
 
 // The layers of a preset for a sample shape and class count:
 //   mlp: flatten, linear(in, 256), relu, linear(256, 128), relu,

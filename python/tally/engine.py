@@ -35,8 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import parallel_apply
 
-# After PyTorch: what the process has loaded by now is what a model's
-# files may not be named as (tally.model_files.LOADED_BEFORE).
 from tally.model_files import ModelError, ModelFiles  # noqa: F401 - both are engine's API
 
 LOSSES = ("cross_entropy", "mse", "model", "binary_cross_entropy")

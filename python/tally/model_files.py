@@ -18,15 +18,14 @@ every other import is Python's own. So:
   - the next job's modules of the same names are its own: close() takes
     the job's package, its finder and its directory away.
 
-A file whose top-level name is a module the process had loaded before it
-loaded any model (torch, numpy, tally, the standard library's modules in
-use: LOADED_BEFORE) is refused, naming the file. Inside the job's code it
-would stand for that module (as a script's directory does), which is never
-what such a file is for, and it would mean something else on a machine
-where the name is free; a clear refusal at submission (the client loads
-the files the same way) is better than a model that half works. Names
-taken later (a package an earlier job imported) do not count, so whether
-a job is refused does not depend on the jobs a worker ran before.
+A file whose top-level name is one of the standard library's modules or
+of the packages a worker runs on (torch, numpy, tally, ...: RESERVED) is
+refused, naming the file. Inside the job's code it would stand for that
+module (as a script's directory does), which is never what such a file is
+for, and it would mean something else on a machine where the name is free;
+a clear refusal at submission is better than a model that half works. The
+set is fixed, not what a process happens to have imported, so the client
+and every worker refuse the same files, whatever jobs they ran before.
 
 Not thread-safe for one instance; instances of different jobs are
 independent (each has its own package and finder).
@@ -53,14 +52,12 @@ class ModelError(Exception):
     """The submitted model cannot be built or run; the message says why."""
 
 
-def _top_level(names: Iterable[str]) -> FrozenSet[str]:
-    return frozenset(n for n in names if "." not in n and not n.startswith(PACKAGE_PREFIX))
-
-
-# The modules the process had loaded before its first model (a worker
-# imports this module at start-up, after PyTorch): the names a model's file
-# may not take.
-LOADED_BEFORE = _top_level(list(sys.modules))
+# The names a model's file may not take: the standard library's, and the
+# packages a worker runs on and their own dependencies.
+RESERVED = frozenset(sys.stdlib_module_names) | frozenset({
+    "torch", "torchvision", "torchaudio", "numpy", "tally", "grpc", "google",
+    "typing_extensions", "sympy", "networkx", "jinja2", "fsspec", "filelock",
+    "yaml", "PIL", "pybind11"})
 
 
 def module_names(paths: Iterable[str]) -> Dict[str, str]:
@@ -150,18 +147,18 @@ class ModelFiles:
     one of them; close() takes them all away."""
 
     def __init__(self, files: Mapping[str, str],
-                 loaded_before: FrozenSet[str] = LOADED_BEFORE):
+                 reserved: FrozenSet[str] = RESERVED):
         for path in files:
             if os.path.isabs(path) or ".." in path.split("/") or not path.endswith(".py"):
                 raise ModelError(f"model.python.files: {path} is not a .py file inside the model")
         self._names = module_names(files)
-        taken = sorted(n for n in self._names if "." not in n and n in loaded_before)
+        taken = sorted(n for n in self._names if "." not in n and n in reserved)
         if taken:
             raise ModelError(
                 "model.python.files: " +
                 ", ".join(f"{self._names[n]} takes the name of the module '{n}'" for n in taken) +
-                ", which Tally's Python process has imported: in the model's code the file "
-                "would stand for that module; rename it")
+                " (the standard library's or a package Tally runs on): in the model's code "
+                "the file would stand for that module; rename it")
         self._tops = frozenset(n for n in self._names if "." not in n)
         self.package = f"{PACKAGE_PREFIX}{os.getpid()}_{next(_serial)}"
         self.root = tempfile.mkdtemp(prefix="tally-model-")

@@ -1328,13 +1328,18 @@ absl::Status Coordinator::ReportResult(const v1::ReportResultRequest& req) {
     const std::string who =
         absl::StrCat(req.worker_id(), " (", wit->second.name, ")");
     if (!req.ok() && req.reason() != v1::SCHEDULE_MISMATCH &&
-        req.map_version() != 0 && req.map_version() != job.map_version) {
+        req.map_version() != 0 && req.map_version() < job.map_version) {
       // A runner of a placement the job has left (a shard was lost, the
       // job rolled back): its step's answers came from shards that are no
-      // longer the job's, and its runner on the new map goes on.
-      EventLocked(job, absl::StrCat(who, " stopped on an earlier placement "
-                                         "of the job (map version ",
-                                    req.map_version(), "): ", req.message()));
+      // longer the job's, and its runner on the new map goes on. Noted
+      // once a worker and map, the message cut (reports can be repeated).
+      const std::string key = absl::StrCat(req.worker_id(), "@", req.map_version());
+      if (job.stale_reports.insert(key).second) {
+        EventLocked(job, absl::StrCat(who, " stopped on an earlier placement "
+                                           "of the job (map version ",
+                                      req.map_version(), "): ",
+                                      absl::string_view(req.message()).substr(0, 1024)));
+      }
       return absl::OkStatus();
     }
     if (!req.ok() && req.reason() == v1::SCHEDULE_MISMATCH) {

@@ -273,6 +273,9 @@ class Coordinator {
     // Workers that said they cannot train this job (another dataset): they
     // are never given it again.
     std::set<std::string> barred;
+    // "worker@map" of failures reported from placements the job has left
+    // (noted once each; map versions below the job's own, so bounded).
+    std::set<std::string> stale_reports;
     // The data plane: the shard map (ranges in order) and its version.
     int64_t map_version = 0;
     std::vector<Placement> ranges;

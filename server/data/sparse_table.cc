@@ -133,12 +133,26 @@ absl::Status SparseTables::CheckRowsIn(
   return absl::OkStatus();
 }
 
+namespace {
+
+// Room for `more` values in `v`, growing it by an eighth rather than the
+// library's doubling: the rows a table holds are counted against the
+// shard's budget, and a doubled vector would hold up to twice them.
+void GrowByAnEighth(std::vector<float>& v, int64_t more) {
+  const size_t need = v.size() + static_cast<size_t>(more);
+  if (more > 0 && need > v.capacity()) v.reserve(need + need / 8);
+}
+
+}  // namespace
+
 int64_t SparseTables::Make(Table& t, int64_t row) {
   auto [it, made] = t.index.try_emplace(row, t.metrics.rows);
   if (!made) return it->second;
   const int64_t dim = t.spec.dim;
+  GrowByAnEighth(t.values, dim);
   t.values.resize(t.values.size() + dim);
   InitRow(t.spec, seed_, row, t.values.data() + it->second * dim);
+  GrowByAnEighth(t.accum, t.spec.optimizer.slots() * dim);
   if (t.spec.optimizer.type == TableOptimizer::Type::kAdagrad) {
     t.accum.resize(t.accum.size() + dim,
                    static_cast<float>(t.spec.optimizer.initial_accumulator_value));
@@ -173,10 +187,12 @@ absl::Status SparseTables::Reserve(const Table& t, int64_t missing,
     reclaimed = true;
     left = budget_->load();
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "table ", Quoted(t.spec.name), ": ", missing,
-      " new rows would take this shard past its --max_table_bytes (", left,
-      " bytes left)"));
+  return WithReason(
+      absl::ResourceExhaustedError(absl::StrCat(
+          "table ", Quoted(t.spec.name), ": ", missing,
+          " new rows would take this shard past its --max_table_bytes (",
+          left, " bytes left)")),
+      v1::TABLE_FULL);
 }
 
 bool SparseTables::Seen(Table& t, int64_t row) {
@@ -205,10 +221,12 @@ absl::Status SparseTables::Read(int table, const int64_t* rows, int64_t n,
     ++missing;
   }
   if (t.max_rows > 0 && t.metrics.rows + missing > t.max_rows) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table ", Quoted(t.spec.name), ": ", missing,
-        " new rows would pass its max_rows (", t.max_rows,
-        " on this shard, which holds ", t.metrics.rows, ")"));
+    return WithReason(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "table ", Quoted(t.spec.name), ": ", missing,
+            " new rows would pass its max_rows (", t.max_rows,
+            " on this shard, which holds ", t.metrics.rows, ")")),
+        v1::TABLE_FULL);
   }
   TALLY_RETURN_IF_ERROR(Reserve(t, missing, missing * RowBytes(t)));
   const int64_t dim = t.spec.dim;

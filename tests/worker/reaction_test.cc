@@ -128,9 +128,16 @@ TEST(ReactionTest, RowAnswersDoTheStepAgain) {
   EXPECT_EQ(
       ReactTo(Call::kRows, Why(absl::InvalidArgumentError(""), v1::NON_FINITE)),
       Reaction::kGiveUp);
-  EXPECT_EQ(ReactTo(Call::kRows, absl::ResourceExhaustedError("past bound")),
+  EXPECT_EQ(ReactTo(Call::kRows, Why(absl::ResourceExhaustedError("full"),
+                                     v1::TABLE_FULL)),
             Reaction::kGiveUp);
-  // Elsewhere RESOURCE_EXHAUSTED stays busy-for-now.
+  // A bare RESOURCE_EXHAUSTED (gRPC's memory quota) and waiting pulls at
+  // their bound are busy-for-now, on rows as elsewhere.
+  EXPECT_EQ(ReactTo(Call::kRows, absl::ResourceExhaustedError("quota")),
+            Reaction::kRetry);
+  EXPECT_EQ(ReactTo(Call::kRows, Why(absl::ResourceExhaustedError(""),
+                                     v1::PULLS_WAITING)),
+            Reaction::kRetry);
   EXPECT_EQ(ReactTo(Call::kPull, absl::ResourceExhaustedError("busy")),
             Reaction::kRetry);
 }

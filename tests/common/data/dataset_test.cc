@@ -100,7 +100,7 @@ TEST_F(IdxTest, WrongMagicIsInvalidArgument) {
   WriteGz(Path("lab.gz"), Labels({1, 2}));
   EXPECT_THAT(LoadIdx(Path("img.gz"), Path("lab.gz"), 10),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("img.gz: wrong magic number 0x00000801")));
+                       HasSubstr("img.gz: wrong magic number (expected 0x00000803)")));
 }
 
 TEST_F(IdxTest, MismatchedCountsAndBadLabelsAreReported) {

@@ -170,7 +170,7 @@ TEST_F(TextTest, OpenDatasetChecksTheSubmittedCounts) {
   spec.dataset.text.seq_len = 9;
   spec.dataset.text.test_fraction = 0.1;
   spec.dataset.text.train_size = 90;  // 900 tokens / 10
-  auto d = OpenDataset(spec.dataset);
+  auto d = OpenDataset(spec.dataset, DataRoots::Any());
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->train.size(), 90);
   EXPECT_EQ(d->test.size(), 10);
@@ -179,13 +179,13 @@ TEST_F(TextTest, OpenDatasetChecksTheSubmittedCounts) {
   EXPECT_EQ(d->train.num_classes, 256);
   EXPECT_FALSE(d->fingerprint.empty());
   spec.dataset.text.train_size = 91;
-  EXPECT_THAT(OpenDataset(spec.dataset),
+  EXPECT_THAT(OpenDataset(spec.dataset, DataRoots::Any()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("hold 90 training windows of 10 tokens (900 "
                                  "tokens); the job was submitted with "
                                  "dataset.train_size 91")));
   spec.dataset.text.train = {dir_ + "/none-*.txt"};
-  EXPECT_THAT(OpenDataset(spec.dataset),
+  EXPECT_THAT(OpenDataset(spec.dataset, DataRoots::Any()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("none-*.txt: the pattern matches no file")));
 }

@@ -515,7 +515,7 @@ TEST(JobSpecTest, AnArraysDatasetGivesItsShapeClassesAndSize) {
   EXPECT_EQ(TrainSize(spec->dataset), 60000);
   EXPECT_EQ(spec->dataset.arrays.test.labels, "/d/ty.npy");
   // The files are the workers' to open: one that is not there says so.
-  EXPECT_THAT(OpenDataset(spec->dataset),
+  EXPECT_THAT(OpenDataset(spec->dataset, DataRoots::Any()),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("/d/x.npy: no such file")));
 }
@@ -535,7 +535,7 @@ TEST(JobSpecTest, AnImageFolderGivesItsShapeAndOptions) {
   EXPECT_EQ(f.crop_padding, 2);
   EXPECT_TRUE(f.hflip && f.skip_bad);
   EXPECT_EQ(spec->dataset.threads, 3);
-  EXPECT_THAT(OpenDataset(spec->dataset),
+  EXPECT_THAT(OpenDataset(spec->dataset, DataRoots::Any()),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("/d/train: no such directory")));
 }
@@ -556,7 +556,7 @@ TEST(JobSpecTest, ATextDatasetGivesTokenWindows) {
   EXPECT_DOUBLE_EQ(spec->dataset.text.test_fraction, 0.05);
   EXPECT_STREQ(MetricLossName(*spec), "token_cross_entropy");
   // Globs are expanded before any file is opened.
-  EXPECT_THAT(OpenDataset(spec->dataset),
+  EXPECT_THAT(OpenDataset(spec->dataset, DataRoots::Any()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("/d/b-*.txt: the pattern matches no file")));
   auto vocab = ParseJobSpec(
