@@ -35,7 +35,7 @@
 #include "proto/tally.grpc.pb.h"
 #include "proto/transport.h"
 #include "proto/transport_flags.h"
-#include "server/dashboard/page.h"
+#include "common/page/page.h"
 
 ABSL_FLAG(std::string, server, "localhost:7070",
           "tally-server address HOST:PORT");

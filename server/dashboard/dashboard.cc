@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/control/coordinator.h"
-#include "server/dashboard/page.h"
+#include "common/page/page.h"
 
 namespace tally {
 

@@ -1,7 +1,7 @@
 // The coordinator's dashboard (tally-server --http_port): the page, and the
 // JSON it refreshes from every 2 s, read from the same state JobService
 // serves:
-//   /                 the page (server/dashboard/index.html)
+//   /                 the page (common/page/index.html)
 //   /api/jobs         {"jobs": [Job, ...]} without specs, in submission order
 //   /api/jobs/ID      {"job", "history", "workers", "shards",
 //                      "checkpoint_age_seconds"}

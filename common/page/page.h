@@ -1,7 +1,8 @@
-// The dashboard's one page (server/dashboard/index.html, compiled in): the
+// The dashboard's one page (common/page/index.html, compiled in): the
 // coordinator serves it live, `tally report` writes it with one job's data.
-#ifndef TALLY_SERVER_DASHBOARD_PAGE_H_
-#define TALLY_SERVER_DASHBOARD_PAGE_H_
+// In common/ because both stand on it, and a client includes no server.
+#ifndef TALLY_COMMON_PAGE_PAGE_H_
+#define TALLY_COMMON_PAGE_PAGE_H_
 
 #include <string>
 #include <vector>
@@ -26,4 +27,4 @@ std::string JobShardsJson(const std::vector<v1::ShardInfo>& shards,
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_DASHBOARD_PAGE_H_
+#endif  // TALLY_COMMON_PAGE_PAGE_H_

@@ -1,7 +1,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
-#include "server/dashboard/page.h"
+#include "common/page/page.h"
 
 namespace tally {
 
