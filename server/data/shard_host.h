@@ -32,6 +32,7 @@
 #include "common/clock.h"
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
+#include "server/data/request_waits.h"
 #include "server/data/shard.h"
 
 namespace tally {
@@ -54,6 +55,9 @@ class ShardHost {
   explicit ShardHost(const Clock* clock, const SpecLimits& limits = {});
   ShardHost(const ShardHost&) = delete;
   ShardHost& operator=(const ShardHost&) = delete;
+
+  // How long this host's services hold a request for what it waits on.
+  const RequestWaits& waits() const { return waits_; }
 
   // Whether ranges installed from now on sum pushes as they arrive where
   // their job allows (ParameterShard::SetStreamedSums): ranges of at least
@@ -198,6 +202,7 @@ class ShardHost {
   void Tick();
 
  private:
+  const RequestWaits waits_;
   // Install's range: from the spec's initial weights, or from the state
   // the request carries (a Python model's always), checked against it.
   absl::StatusOr<std::shared_ptr<ParameterShard>> MakeShard(

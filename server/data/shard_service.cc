@@ -275,10 +275,8 @@ class PullServing {
     }
     range_ = std::move(range);
     shard_ = range_.shard;
-    const int64_t wait_ms = req.max_wait_ms() > 0
-                                ? std::min<int64_t>(req.max_wait_ms(), 600000)
-                                : 30000;
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
+    const absl::Time deadline =
+        absl::Now() + host->waits().For(req.max_wait_ms());
     if (req.has_clock()) {
       shard_->WhenClock(req.worker_id(), req.clock(), req.min_version(),
                         deadline, std::move(ready));
@@ -867,9 +865,8 @@ class SaveReactor final
  public:
   SaveReactor(ShardHost* host, const v1::SaveRangeRequest* req)
       : weights_only_(req->weights_only()) {
-    const int64_t wait_ms = std::clamp<int64_t>(req->max_wait_ms(), 0, 600000);
     host->SaveAt(req->job_id(), req->map_version(), req->version(),
-                 absl::Now() + absl::Milliseconds(wait_ms),
+                 absl::Now() + host->waits().For(req->max_wait_ms()),
                  WhileLive([](SaveReactor* r, absl::StatusOr<ShardState> s) {
                    r->Ready(std::move(s));
                  }),
@@ -1063,13 +1060,9 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PullRows(
   auto counted =
       std::make_shared<WaitingRows>(host_, std::move(owner), bytes);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  // At most a minute.
-  const int64_t wait_ms = req->max_wait_ms() > 0
-                              ? std::min<int64_t>(req->max_wait_ms(), 60000)
-                              : 30000;
   // Answered once the version is there (perhaps at once, on this thread).
   shard->WhenVersion(
-      req->min_version(), absl::Now() + absl::Milliseconds(wait_ms),
+      req->min_version(), absl::Now() + host_->waits().For(req->max_wait_ms()),
       [reactor, shard, req, resp,
        counted = std::move(counted)](absl::Status s) mutable {
         counted.reset();  // it waits no more
@@ -1103,7 +1096,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::HoldRange(
     return Reply(ctx, st);
   absl::StatusOr<HoldReport> r = host_->Hold(
       req->job_id(), req->map_version(), req->hold_id(),
-      absl::Milliseconds(std::clamp<int64_t>(req->hold_ms(), 0, 60000)));
+      host_->waits().Hold(req->hold_ms()));
   if (!r.ok()) return Reply(ctx, r.status());
   resp->set_version(r->version);
   for (const MemberProgress& m : r->members) *resp->add_members() = ToProto(m);
