@@ -18,6 +18,7 @@ if [[ "${1:-}" != "--build-only" ]]; then  # to test
   PACKAGES+=(
     python3 python3-numpy curl
     python3-grpcio python3-protobuf   # the Python client's wire test
+    mypy python3-typeshed     # the Python package's types (python_types)
     docker-compose iproute2   # compose-file validation, multi-host tests
     prometheus                # the scrape test (prometheus, promtool)
     clang libclang-rt-14-dev libfuzzer-14-dev   # bench/fuzz.sh (libFuzzer, sanitizers)

@@ -9,10 +9,10 @@ cluster); the PyTorch cases run where python3-torch is installed.
   model_files_test.py
 """
 import importlib
-import importlib.util
 import json
 import os
 import sys
+import types
 import unittest
 
 try:
@@ -22,12 +22,14 @@ except ImportError:  # the cases that need it are skipped
 
 # After json and torch: both are modules the process had loaded before it
 # loaded a model, as they are on a worker.
+# The source tree's package without its __init__ (which needs the build's
+# tally_pb2 and grpcio): model_files imports tally.errors alone.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SPEC = importlib.util.spec_from_file_location(
-    "model_files_under_test",
-    os.path.join(os.path.dirname(_HERE), "python", "tally", "model_files.py"))
-mf = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(mf)
+_PACKAGE = types.ModuleType("tally")
+_PACKAGE.__path__ = [os.path.join(os.path.dirname(_HERE), "python", "tally")]
+sys.modules["tally"] = _PACKAGE
+mf = importlib.import_module("tally.model_files")
+errors = importlib.import_module("tally.errors")
 
 
 def _job_modules():
@@ -74,6 +76,13 @@ class Refused(unittest.TestCase):
         with self.assertRaises(mf.ModelError) as e:
             mf.ModelFiles({"../evil.py": ""})
         self.assertIn("../evil.py is not a .py file inside the model", str(e.exception))
+
+    def test_the_error_is_the_packages(self):
+        """model_files.ModelError is tally.errors' (one class, wherever it
+        is imported from), a TallyError."""
+        self.assertIs(mf.ModelError, errors.ModelError)
+        with self.assertRaises(errors.TallyError):
+            mf.ModelFiles({"notes.txt": ""})
 
 
 class Private(unittest.TestCase):

@@ -74,7 +74,6 @@ import numpy as np
 
 try:
     from cluster_util import Cluster, fail
-    import grpc
     import torch
     import torch.nn.functional as F
     import tally
@@ -805,7 +804,7 @@ def restart(cluster, tmp):
                 live = sum(s.live for s in shards.shards)
                 if live == 2:
                     break
-            except grpc.RpcError:  # the old connection closing, the new not up
+            except tally.RpcError:  # the old connection closing, the new not up
                 pass
             time.sleep(0.1)
         if live != 2:
@@ -847,8 +846,8 @@ def errors(cluster, tmp):
                                    [{"name": "emb", "dynamic": "true", "num_embeddings": 256}],
                                    name="dynamic"))
         fail("a dynamic table with num_embeddings was accepted")
-    except Exception as e:  # noqa: BLE001 - the coordinator's INVALID_ARGUMENT
-        if "model.embeddings[0].num_embeddings: is for a fixed table" not in str(e):
+    except tally.InvalidArgument as e:  # the coordinator's
+        if "model.embeddings[0].num_embeddings: is for a fixed table" not in e.details:
             fail(f"dynamic: {e}")
     run(cluster, spec(tmp, "make_sparse", 2, SGD_TABLES, steps=5, name="after"))
     print("errors: bad tables refused at submit; the next job SUCCEEDED")

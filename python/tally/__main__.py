@@ -5,13 +5,25 @@ Submits a job as `tally submit` does; a job whose model is Python code
 parameter layout. Prints the job's id; with --wait, waits for its end and
 prints its state and test figures.
 """
+from __future__ import annotations
+
 import argparse
 import sys
+from collections.abc import Sequence
 
-import grpc
+__all__ = ["main"]
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command.
+
+    Args:
+        argv: the arguments; None: the process's.
+
+    Returns:
+        The exit status: 0 submitted (with --wait: the job SUCCEEDED), 1
+        the job did not succeed, 2 the job was not submitted.
+    """
     p = argparse.ArgumentParser(prog="python3 -m tally", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["submit"])
@@ -23,24 +35,23 @@ def main(argv=None):
     p.add_argument("--tls_key")
     p.add_argument("--token_file")
     args = p.parse_args(argv)
-    from tally import Client, SubmitError, tally_pb2 as pb
-    from tally.engine import ModelError
-    c = Client(args.server, args.tls_ca, args.tls_cert, args.tls_key, args.token_file)
-    try:
-        job = c.submit(args.spec)
-    except (SubmitError, ModelError, OSError) as e:
-        print(f"{args.spec}: {e}", file=sys.stderr)
-        return 2
-    except grpc.RpcError as e:
-        print(f"{args.spec}: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 2
-    print(job.id, flush=True)
-    if not args.wait:
-        return 0
-    for job in c.watch(job.id):
-        m = job.metrics
-        print(f"{job.id} {pb.JobState.Name(job.state)} step {m.step}/{m.total_steps} "
-              f"loss {m.loss:.4f} {m.samples_per_sec:.0f} samples/s", flush=True)
+    from tally import Client, ModelError, RpcError, SubmitError, tally_pb2 as pb
+    with Client(args.server, args.tls_ca, args.tls_cert, args.tls_key, args.token_file) as c:
+        try:
+            job = c.submit(args.spec)
+        except (SubmitError, ModelError, OSError) as e:
+            print(f"{args.spec}: {e}", file=sys.stderr)
+            return 2
+        except RpcError as e:
+            print(f"{args.spec}: {e.code.name}: {e.details}", file=sys.stderr)
+            return 2
+        print(job.id, flush=True)
+        if not args.wait:
+            return 0
+        for job in c.watch(job.id):
+            m = job.metrics
+            print(f"{job.id} {pb.JobState.Name(job.state)} step {m.step}/{m.total_steps} "
+                  f"loss {m.loss:.4f} {m.samples_per_sec:.0f} samples/s", flush=True)
     m = job.metrics
     if m.no_test_split:  # nothing was evaluated: no figures, not zeros
         figures = "no test split"

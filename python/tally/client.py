@@ -6,32 +6,55 @@ the job's seed. Errors in the model (a file that does not import, a missing
 build function, a module without parameters, a forward that raises or whose
 output the loss cannot take) are raised here, before anything is sent.
 
-  c = tally.Client("localhost:7070")
-  job = c.submit("examples/resnet.yaml")          # the Job message
-  job = c.wait(job.id)                            # until it ends
-  c.fetch(job.id, "resnet.safetensors")
+  with tally.Client("localhost:7070") as c:
+      job = c.submit("examples/resnet.yaml")      # the Job message
+      job = c.wait(job.id)                        # until it ends
+      c.fetch(job.id, "resnet.safetensors")
   model.load_state_dict(tally.load_state_dict("resnet.safetensors"))
+
+Every error is a tally.TallyError (tally/errors.py): SubmitError and
+ModelError before anything is sent, an RpcError (NotFound, Unavailable, ...)
+for a call that failed; grpc's own exceptions never leave the Client.
 """
+from __future__ import annotations
+
 import json
 import os
 import re
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from tally import tally_pb2 as pb
+from tally.errors import FailedPrecondition, ModelError, RpcError, SubmitError, rpc_error
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+
+__all__ = [
+    "Client", "SubmitError", "TERMINAL", "count_tokens", "list_image_folder",
+    "load_state_dict", "prepare_spec", "read_vocabulary",
+]
 
 TERMINAL = (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED)
 MAX_MODEL_BYTES = 1 << 20  # the coordinator's default max_model_bytes
 INPUT_SHAPES = {"fashion-mnist": (1, 28, 28)}
 
+# One split's shards: (inputs, labels, (their names)) each.
+Shards = list[tuple["npt.NDArray[Any]", "npt.NDArray[Any]", tuple[str, str]]]
+# A vocabulary as the workers read it: {token: id}, <unk>'s id, the count.
+Vocabulary = tuple[dict[bytes, int], "int | None", int]
 
-class SubmitError(ValueError):
-    """The job cannot be submitted; the message names the field or file."""
+_Response = TypeVar("_Response")
 
 
-def _read_spec(path):
+def _read_spec(path: str) -> Any:
     with open(path) as f:
         text = f.read()
     try:
@@ -41,7 +64,7 @@ def _read_spec(path):
         return json.loads(text)
 
 
-def _sample_shape(dataset):
+def _sample_shape(dataset: dict[str, Any]) -> tuple[tuple[int, ...], int]:
     name = dataset.get("name")
     if name == "synthetic":  # the coordinator's defaults (docs/job-spec.md)
         return (int(dataset.get("features", 32)),), int(dataset.get("classes", 4))
@@ -57,13 +80,14 @@ def _sample_shape(dataset):
     raise SubmitError(f"dataset.name: unknown dataset '{name}'")
 
 
-def _check_forward(module, loss, shape, classes, tokens=False, ids=False):
+def _check_forward(module: torch.nn.Module, loss: str, shape: Sequence[int], classes: int,
+                   tokens: bool = False, ids: bool = False) -> None:
     """A forward pass on two zero samples: the output the loss needs. With
     `tokens` (text), the samples are int64 ids and the labels one a token,
     and cross_entropy needs logits [2, seq_len, vocabulary]; with `ids`
     (clicks), the samples are int64 and the labels one a sample."""
     import torch
-    from tally.engine import ModelError, _cut
+    from tally.engine import _cut
     import traceback
     x = torch.zeros((2,) + tuple(shape),
                     dtype=torch.long if tokens or ids else torch.float32)
@@ -91,7 +115,7 @@ def _check_forward(module, loss, shape, classes, tokens=False, ids=False):
                          f"{want} ({classes} {what})")
 
 
-def _read(where):
+def _read(where: str) -> str:
     """A model file's text."""
     try:
         with open(where, "rb") as f:
@@ -104,10 +128,11 @@ def _read(where):
     return code.decode("utf-8")
 
 
-def _pack(root):
+def _pack(root: str) -> dict[str, str]:
     """A model directory's .py files, {relative path: text}, in path
     order (hidden directories and __pycache__ left out)."""
-    files, total = {}, 0
+    files: dict[str, str] = {}
+    total = 0
     for d, dirs, names in os.walk(root):
         dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x != "__pycache__")
         for name in sorted(names):
@@ -129,7 +154,7 @@ SAFETENSORS_DTYPES = {"BOOL": "|b1", "U8": "|u1", "I8": "|i1", "U16": "<u2", "I1
                       "F32": "<f4", "F64": "<f8"}
 
 
-def _expand(path):
+def _expand(path: str) -> list[str]:
     """The files a path names, as the workers expand it: itself, or a glob's
     matches sorted (none: an error)."""
     import glob
@@ -141,7 +166,7 @@ def _expand(path):
     return found
 
 
-def _map_array(path, key, labels=False):
+def _map_array(path: str, key: str, labels: bool = False) -> npt.NDArray[Any]:
     """The array `key` of a .npz or .safetensors file, or a .npy file,
     memory-mapped (nothing read but its header)."""
     import numpy as np
@@ -161,11 +186,11 @@ def _map_array(path, key, labels=False):
                 read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                         else np.lib.format.read_array_header_2_0)
                 shape, fortran, dtype = read(f)
-                header = f.tell()
+                array_at = f.tell()  # in the member, after the .npy header
         with open(path, "rb") as f:
             f.seek(info.header_offset + 26)
             n, extra = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
-        offset = info.header_offset + 30 + n + extra + header
+        offset = info.header_offset + 30 + n + extra + array_at
         if fortran:
             raise SubmitError(f"{path}[{key}]: Fortran order")
         return np.memmap(path, dtype, "r", offset, shape) if np.prod(shape) else \
@@ -188,7 +213,7 @@ def _map_array(path, key, labels=False):
     return np.load(path, mmap_mode="r")
 
 
-def _split_shards(split):
+def _split_shards(split: dict[str, Any]) -> Shards | None:
     """(inputs, labels, names) of each shard of one split; None when its
     files are not on this machine."""
     file, inputs, labels = split.get("file"), split.get("inputs"), split.get("labels")
@@ -207,7 +232,7 @@ def _split_shards(split):
     return [(_map_array(i, ""), _map_array(l, "", True), (i, l)) for i, l in zip(ins, labs)]
 
 
-def _fill_arrays(dataset):
+def _fill_arrays(dataset: dict[str, Any]) -> None:
     """An arrays dataset whose files this machine can read (the workers'
     paths, on a shared mount or here): its shape and train_size filled in
     from the headers (.npy, .npz, .safetensors; every shard of a glob),
@@ -231,7 +256,8 @@ def _fill_arrays(dataset):
                               f"files hold {total} samples")
 
 
-def _check_shard(dataset, x, y, inputs, labels):
+def _check_shard(dataset: dict[str, Any], x: npt.NDArray[Any], y: npt.NDArray[Any],
+                 inputs: str, labels: str) -> None:
     if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
         raise SubmitError(f"{inputs} is {list(x.shape)}, {labels} {list(y.shape)}: inputs "
                           f"[n, ...] and labels [n] are needed")
@@ -255,15 +281,26 @@ def _check_shard(dataset, x, y, inputs, labels):
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 
 
-def list_image_folder(root):
+def list_image_folder(root: str) -> tuple[list[str], list[str], list[int]]:
     """An image folder as the workers list it (common/data/image_folder.h):
     the class directories sorted by name, and each class's .png, .jpg and
-    .jpeg files at any depth, sorted by path. Returns (classes, files,
-    labels)."""
+    .jpeg files at any depth, sorted by path.
+
+    Args:
+        root: the folder, a directory per class.
+
+    Returns:
+        (classes, files, labels): the class names, every image's path, and
+        each image's class index.
+
+    Raises:
+        OSError: `root` cannot be listed.
+    """
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-    files, labels = [], []
+    files: list[str] = []
+    labels: list[int] = []
     for label, c in enumerate(classes):
-        mine = []
+        mine: list[str] = []
         for where, _, names in os.walk(os.path.join(root, c), followlinks=True):
             mine += [os.path.join(where, n) for n in names
                      if os.path.splitext(n)[1].lower() in IMAGE_EXTENSIONS]
@@ -273,7 +310,7 @@ def list_image_folder(root):
     return classes, files, labels
 
 
-def _fill_image_folder(dataset):
+def _fill_image_folder(dataset: dict[str, Any]) -> None:
     """An image folder this machine can see: its classes and train_size
     filled in from the directories and checked against what the spec says."""
     train = dataset.get("train")
@@ -288,7 +325,7 @@ def _fill_image_folder(dataset):
                               f"images in {len(classes)} class directories")
 
 
-def _trim(cell):
+def _trim(cell: str) -> str:
     """A cell as the workers read it: spaces around it and one pair of
     double quotes taken away."""
     cell = cell.lstrip(" \t").rstrip(" \t\r")
@@ -300,7 +337,7 @@ def _trim(cell):
 NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?$")
 
 
-def _fill_csv(dataset):
+def _fill_csv(dataset: dict[str, Any]) -> None:
     """A csv dataset whose training file this machine can read: its shape
     (the feature columns) and train_size (the rows) filled in and checked,
     and its labels against its classes, reading the file as the workers do
@@ -345,15 +382,26 @@ def _fill_csv(dataset):
 ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "s": b" ", "\\": b"\\"}
 
 
-def read_vocabulary(path):
+def read_vocabulary(path: str) -> Vocabulary:
     """A vocabulary file as the workers read it (common/data/text.h): one
-    token a line, escapes \\n \\r \\t \\s \\\\ \\xHH; {token bytes: id}, the
-    id of <unk> (or None) and the count of tokens."""
+    token a line, escapes \\n \\r \\t \\s \\\\ \\xHH.
+
+    Args:
+        path: the vocabulary file.
+
+    Returns:
+        ({token bytes: id}, the id of <unk> or None, the count of tokens).
+
+    Raises:
+        OSError: the file cannot be read.
+        SubmitError: a line is not a token (empty, a bad escape, twice).
+    """
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    tokens, unknown = {}, None
+    tokens: dict[bytes, int] = {}
+    unknown: int | None = None
     for n, line in enumerate(lines, start=1):
         if not line:
             raise SubmitError(f"{path}:{n}: an empty line (a token has at least one byte)")
@@ -384,9 +432,21 @@ def read_vocabulary(path):
     return tokens, unknown, len(lines)
 
 
-def count_tokens(data, name, vocabulary):
-    """The tokens of `data` (bytes) as the workers tokenize it: the longest
-    token that matches at each place."""
+def count_tokens(data: bytes, name: str, vocabulary: Vocabulary) -> int:
+    """The tokens of `data` as the workers tokenize it: the longest token
+    that matches at each place.
+
+    Args:
+        data: the text.
+        name: its file's name, for the message.
+        vocabulary: what read_vocabulary returns.
+
+    Returns:
+        The count of tokens.
+
+    Raises:
+        SubmitError: a byte starts no token and the vocabulary has no <unk>.
+    """
     tokens, unknown, _ = vocabulary
     longest = max(len(t) for t in tokens) if tokens else 0
     at, n = 0, 0
@@ -404,11 +464,11 @@ def count_tokens(data, name, vocabulary):
     return n
 
 
-def _paths(value):
+def _paths(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value or [])
 
 
-def _fill_text(dataset):
+def _fill_text(dataset: dict[str, Any]) -> None:
     """A text corpus this machine can read: its vocab_size and train_size
     (the training windows) filled in and checked, counting tokens as the
     workers do. A vocabulary's train_size, when the spec states it, is
@@ -452,7 +512,7 @@ def _fill_text(dataset):
                           f"not one window of seq_len + 1")
 
 
-def _count_lines(path):
+def _count_lines(path: str) -> int:
     """Lines of a file as the workers count them: its newlines, and one
     more for a last line without one."""
     n, last = 0, b"\n"
@@ -466,7 +526,7 @@ def _count_lines(path):
     return n + (last != b"\n")
 
 
-def _fill_criteo(dataset):
+def _fill_criteo(dataset: dict[str, Any]) -> None:
     """Criteo logs this machine can read: train_size (the training lines)
     filled in and checked, counting lines as the workers do (they check
     every line's fields)."""
@@ -486,13 +546,27 @@ def _fill_criteo(dataset):
         raise SubmitError(f"dataset.train: {', '.join(train)} hold no training line")
 
 
-def prepare_spec(path):
+def prepare_spec(path: str) -> str:
     """The spec at `path` as the coordinator takes it: a Python model's code
-    and parameter layout filled in, and an arrays dataset's shape and size
-    when its files are here. Returns the spec's text."""
+    and parameter layout filled in, and a dataset's shape and size from its
+    files when they are here (arrays, csv, image_folder, text, criteo).
+
+    Args:
+        path: the spec, YAML (JSON without PyYAML).
+
+    Returns:
+        The spec's text: as it is, or as JSON where something was filled in.
+
+    Raises:
+        OSError: the spec cannot be read.
+        SubmitError: the spec or its data are not what the workers take.
+        ModelError: a Python model does not build, has no parameters, or
+            its forward pass does not give what the loss takes.
+    """
     spec = _read_spec(path)
-    dataset = spec.get("dataset") if isinstance(spec, dict) else None
-    named = dataset.get("name") if isinstance(dataset, dict) else None
+    found = spec.get("dataset") if isinstance(spec, dict) else None
+    dataset: dict[str, Any] = found if isinstance(found, dict) else {}
+    named = dataset.get("name")
     if named == "arrays":
         _fill_arrays(dataset)
     elif named == "csv":
@@ -504,12 +578,12 @@ def prepare_spec(path):
     elif named == "criteo":
         _fill_criteo(dataset)
     model = spec.get("model") if isinstance(spec, dict) else None
-    py = model.get("python") if isinstance(model, dict) else None
-    if not isinstance(py, dict):
+    if not isinstance(model, dict) or not isinstance(model.get("python"), dict):
         if named in ("arrays", "csv", "image_folder", "text", "criteo"):
             return json.dumps(spec)
         with open(path) as f:
             return f.read()
+    py = model["python"]
     from tally.engine import ModelFiles, load_module, layout_of, state_of
     file = py.get("file")
     if not file:
@@ -526,7 +600,6 @@ def prepare_spec(path):
         if packed is not None:
             packed.close()
     if not layout_of(module):
-        from tally.engine import ModelError
         raise ModelError("the module has no parameters to train")
     shape, classes = _sample_shape(spec.get("dataset") or {})
     _check_forward(module, model.get("loss", "cross_entropy"), shape, classes,
@@ -540,7 +613,6 @@ def prepare_spec(path):
         swap_tables(module, tables)
     layout = layout_of(module)
     if not layout:
-        from tally.engine import ModelError
         raise ModelError("the module has no parameters to train besides its tables")
     if files:
         py["files"] = files
@@ -555,47 +627,193 @@ def prepare_spec(path):
     return json.dumps(spec)
 
 
+def _rpc_error(e: grpc.RpcError) -> RpcError:
+    """A failed call as Tally's exception: its code and message, and the
+    tally.v1.ErrorDetail (reason, step) the server put in the status
+    trailer (grpc-status-details-bin: an RpcStatus, which is
+    google.rpc.Status on the wire; proto/tally.proto)."""
+    # An error raised by the channel is a grpc.Call too; one raised
+    # elsewhere (an interceptor) may lack what a Call has.
+    if not isinstance(e, grpc.Call):
+        return rpc_error(grpc.StatusCode.UNKNOWN, str(e))
+    code, details = e.code(), e.details() or ""
+    reason: str | None = None
+    step = 0
+    for key, value in e.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        try:
+            found = [pb.ErrorDetail.FromString(d.value)
+                     for d in pb.RpcStatus.FromString(value).details
+                     if d.type_url.endswith("/tally.v1.ErrorDetail")]
+        except DecodeError:  # not Tally's: the code and message say it all
+            continue
+        for detail in found:
+            step = detail.step
+            if detail.reason == pb.ERROR_REASON_UNSPECIFIED:
+                reason = None
+            elif detail.reason in pb.ErrorReason.values():
+                reason = pb.ErrorReason.Name(detail.reason)
+            else:  # a reason newer than this client: its number
+                reason = str(detail.reason)
+    return rpc_error(code, details, reason, step)
+
+
 class Client:
-    def __init__(self, server="localhost:7070", tls_ca=None, tls_cert=None, tls_key=None,
-                 token_file=None, timeout=30.0):
+    """Tally's JobService from Python: submit, status, wait, watch, cancel,
+    fetch, as the `tally` CLI does them. A context manager: leaving the
+    `with` block closes the channel (close()).
+
+    Every call has a deadline (`timeout` seconds; watch's its own). A call
+    that fails raises an RpcError of the class its code calls for (see
+    tally.errors); grpc's own exceptions do not leave the Client.
+
+    Thread-safe as gRPC channels are: calls from several threads share the
+    one channel.
+    """
+
+    def __init__(self, server: str = "localhost:7070", tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 token_file: str | None = None, timeout: float = 30.0) -> None:
+        """Opens a channel to the coordinator.
+
+        Args:
+            server: the coordinator, host:port.
+            tls_ca: the CA certificate (PEM) that signed the server's; TLS
+                when given, else plaintext.
+            tls_cert: this client's certificate (PEM), for mutual TLS.
+            tls_key: its private key (PEM).
+            token_file: a file holding a bearer token (TLS only).
+            timeout: each call's deadline, in seconds.
+
+        Raises:
+            ValueError: a token without TLS (it is never sent in
+                plaintext), or tls_ca without tls_cert and tls_key.
+            OSError: a certificate, key or token file cannot be read.
+        """
         self.timeout = timeout
+        if token_file and not tls_ca:
+            raise ValueError("a token needs TLS (tls_ca, tls_cert, tls_key): a bearer "
+                             "token is never sent in plaintext")
+        self.metadata: list[tuple[str, str]] = []
+        if token_file:
+            with open(token_file) as f:
+                self.metadata = [("authorization", "Bearer " + f.read().strip())]
         opts = [("grpc.max_receive_message_length", 8 << 20)]
         if tls_ca:
-            def read(p):
+            if not (tls_cert and tls_key):
+                raise ValueError("TLS needs all of tls_ca, tls_cert and tls_key (mTLS: every "
+                                 "program presents its own certificate)")
+
+            def read(p: str) -> bytes:
                 with open(p, "rb") as f:
                     return f.read()
             creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
             self.channel = grpc.secure_channel(server, creds, options=opts)
         else:
             self.channel = grpc.insecure_channel(server, options=opts)
-        self.metadata = []
-        if token_file and not tls_ca:
-            raise ValueError("a token needs TLS (tls_ca, tls_cert, tls_key): a bearer "
-                             "token is never sent in plaintext")
-        if token_file:
-            with open(token_file) as f:
-                self.metadata = [("authorization", "Bearer " + f.read().strip())]
+        self._closed = False
 
-    def _call(self, method, req, resp, kind="unary_unary"):
+    def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled. Twice is
+        harmless; a call afterwards raises ValueError."""
+        if not self._closed:
+            self._closed = True
+            self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @overload
+    def _call(self, method: str, request_type: type[Any], response_type: type[_Response],
+              kind: Literal["unary_unary"] = ...) -> Callable[..., _Response]: ...
+
+    @overload
+    def _call(self, method: str, request_type: type[Any], response_type: type[_Response],
+              kind: Literal["unary_stream"]) -> Callable[..., Iterator[_Response]]: ...
+
+    def _call(self, method: str, request_type: type[Any], response_type: type[Any],
+              kind: str = "unary_unary") -> Callable[..., Any]:
+        """The JobService method `method`, as a function of its request
+        (and grpc's keyword arguments: timeout, metadata, wait_for_ready)
+        that raises RpcError for a failed call. The timeout is the
+        Client's and the metadata its token unless given.
+
+        Raises:
+            ValueError: the Client is closed.
+        """
+        if self._closed:
+            raise ValueError("the Client is closed")
         rpc = getattr(self.channel, kind)(f"/tally.v1.JobService/{method}",
-                                          request_serializer=req.SerializeToString,
-                                          response_deserializer=resp.FromString)
-        return rpc
+                                          request_serializer=request_type.SerializeToString,
+                                          response_deserializer=response_type.FromString)
 
-    def submit(self, path):
-        """Submits the job spec at `path`; the Job as queued."""
+        def unary(request: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", self.timeout)
+            kwargs.setdefault("metadata", self.metadata)
+            try:
+                return rpc(request, **kwargs)
+            except grpc.RpcError as e:
+                raise _rpc_error(e) from e
+
+        def stream(request: Any, **kwargs: Any) -> Iterator[Any]:
+            kwargs.setdefault("timeout", self.timeout)
+            kwargs.setdefault("metadata", self.metadata)
+            try:
+                yield from rpc(request, **kwargs)
+            except grpc.RpcError as e:
+                raise _rpc_error(e) from e
+        return stream if kind == "unary_stream" else unary
+
+    def submit(self, path: str) -> pb.Job:
+        """Submits the job spec at `path`, prepared as prepare_spec does.
+
+        Returns:
+            The Job as queued.
+
+        Raises:
+            OSError: the spec or a file it names cannot be read.
+            SubmitError: the spec or its data are refused here, before
+                anything is sent.
+            ModelError: a Python model cannot be built or run here.
+            InvalidArgument: the coordinator refused a field (named).
+            ResourceExhausted: too many jobs wait already.
+            PermissionDenied: the token may not submit.
+            Unavailable: the coordinator cannot be reached.
+        """
         text = prepare_spec(path)
         rpc = self._call("SubmitJob", pb.SubmitJobRequest, pb.SubmitJobResponse)
-        return rpc(pb.SubmitJobRequest(spec=text), timeout=self.timeout,
-                   metadata=self.metadata).job
+        return rpc(pb.SubmitJobRequest(spec=text)).job
 
-    def status(self, job_id):
+    def status(self, job_id: str) -> pb.Job:
+        """The job as it is now.
+
+        Raises:
+            NotFound: no such job.
+            PermissionDenied: another submitter's job.
+            Unavailable: the coordinator cannot be reached.
+        """
         rpc = self._call("GetJob", pb.GetJobRequest, pb.Job)
-        return rpc(pb.GetJobRequest(job_id=job_id), timeout=self.timeout,
-                   metadata=self.metadata)
+        return rpc(pb.GetJobRequest(job_id=job_id))
 
-    def wait(self, job_id, timeout=None, poll=0.5):
-        """The job once it has ended (or at `timeout` seconds, as it is)."""
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 0.5) -> pb.Job:
+        """The job once it has ended, polled every `poll` seconds. A job
+        that FAILED or was CANCELLED is returned as one that SUCCEEDED is:
+        its state says which.
+
+        Args:
+            job_id: the job.
+            timeout: seconds to wait at most; then the job as it is. None:
+                until it ends.
+            poll: seconds between two looks.
+
+        Raises:
+            NotFound, PermissionDenied, Unavailable: as status() does.
+        """
         end = None if timeout is None else time.time() + timeout
         while True:
             job = self.status(job_id)
@@ -603,37 +821,65 @@ class Client:
                 return job
             time.sleep(poll)
 
-    def watch(self, job_id, timeout=24 * 3600):
+    def watch(self, job_id: str, timeout: float = 24 * 3600) -> Iterator[pb.Job]:
         """The job as it changes (WatchJob), from now until it has ended: a
         generator of Job messages whose last one is terminal. A job that
-        ended already gives that one message."""
+        ended already gives that one message.
+
+        Args:
+            job_id: the job.
+            timeout: the stream's deadline, in seconds.
+
+        Raises:
+            NotFound: no such job.
+            PermissionDenied: another submitter's job.
+            Unavailable: the coordinator cannot be reached, or `timeout`
+                passed (code DEADLINE_EXCEEDED).
+        """
         rpc = self._call("WatchJob", pb.WatchJobRequest, pb.Job, "unary_stream")
         try:
-            for job in rpc(pb.WatchJobRequest(job_id=job_id), timeout=timeout,
-                           metadata=self.metadata):
+            for job in rpc(pb.WatchJobRequest(job_id=job_id), timeout=timeout):
                 yield job
                 if job.state in TERMINAL:
                     return
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                raise
+        except FailedPrecondition:
             yield self.status(job_id)  # ended before the stream began
 
-    def cancel(self, job_id):
-        rpc = self._call("CancelJob", pb.CancelJobRequest, pb.Job)
-        return rpc(pb.CancelJobRequest(job_id=job_id), timeout=self.timeout,
-                   metadata=self.metadata)
+    def cancel(self, job_id: str) -> pb.Job:
+        """Cancels the job.
 
-    def fetch(self, job_id, path):
-        """Writes the job's weights (safetensors) to `path`; their bytes. A
-        Python model's file without its buffers (which load_state_dict with
-        strict=True refuses) is written with a warning saying why."""
+        Returns:
+            The job, CANCELLED.
+
+        Raises:
+            NotFound: no such job.
+            FailedPrecondition: it has ended already (reason JOB_ENDED).
+            PermissionDenied: the token may not cancel it.
+            Unavailable: the coordinator cannot be reached.
+        """
+        rpc = self._call("CancelJob", pb.CancelJobRequest, pb.Job)
+        return rpc(pb.CancelJobRequest(job_id=job_id))
+
+    def fetch(self, job_id: str, path: str) -> int:
+        """Writes the job's weights (safetensors) to `path`. A Python
+        model's file without its buffers (which load_state_dict with
+        strict=True refuses) is written with a warning saying why.
+
+        Returns:
+            The file's size in bytes.
+
+        Raises:
+            OSError: `path` cannot be written.
+            NotFound: no such job.
+            FailedPrecondition: it has no weights yet (JOB_NOT_STARTED).
+            PermissionDenied: another submitter's job.
+            Unavailable: the coordinator cannot be reached.
+        """
         rpc = self._call("FetchWeights", pb.FetchWeightsRequest, pb.FileChunk, "unary_stream")
         n = 0
         note = ""
         with open(path, "wb") as f:
-            for chunk in rpc(pb.FetchWeightsRequest(job_id=job_id), timeout=self.timeout,
-                             metadata=self.metadata):
+            for chunk in rpc(pb.FetchWeightsRequest(job_id=job_id)):
                 f.write(chunk.data)
                 n += len(chunk.data)
                 note = note or chunk.buffers_note
@@ -647,11 +893,17 @@ DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float6
           "BOOL": "bool"}
 
 
-def load_state_dict(path):
+def load_state_dict(path: str) -> dict[str, torch.Tensor]:
     """A .safetensors file as {name: torch.Tensor} (what `tally fetch` and
     Client.fetch write), for module.load_state_dict(..., strict=True): the
     parameters, the buffers of a Python model, and tied weights under each
-    of their names (stored once, their aliases in the metadata)."""
+    of their names (stored once, their aliases in the metadata).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a safetensors file (its header does not parse).
+        KeyError: a dtype PyTorch's safetensors files do not use.
+    """
     import struct
     import torch
     with open(path, "rb") as f:
@@ -660,7 +912,7 @@ def load_state_dict(path):
     header = json.loads(data[8:8 + n])
     body = memoryview(data)[8 + n:]
     aliases = json.loads((header.get("__metadata__") or {}).get("aliases", "{}"))
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue

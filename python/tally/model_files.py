@@ -30,6 +30,8 @@ and every worker refuse the same files, whatever jobs they ran before.
 Not thread-safe for one instance; instances of different jobs are
 independent (each has its own package and finder).
 """
+from __future__ import annotations
+
 import builtins
 import importlib
 import importlib.abc
@@ -40,16 +42,17 @@ import shutil
 import sys
 import tempfile
 import types
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tally.errors import ModelError
+
+__all__ = ["ModelError", "ModelFiles", "PACKAGE_PREFIX", "RESERVED", "module_names"]
 
 PACKAGE_PREFIX = "_tally_job_"
 
 _serial = itertools.count(1)
 _real_import = builtins.__import__
-
-
-class ModelError(Exception):
-    """The submitted model cannot be built or run; the message says why."""
 
 
 # The names a model's file may not take: the standard library's, and the
@@ -60,11 +63,18 @@ RESERVED = frozenset(sys.stdlib_module_names) | frozenset({
     "yaml", "PIL", "pybind11"})
 
 
-def module_names(paths: Iterable[str]) -> Dict[str, str]:
+def module_names(paths: Iterable[str]) -> dict[str, str]:
     """The module and package names the files define, each with the file or
-    folder that defines it ({"parts.blocks": "parts/blocks.py",
-    "parts": "parts/", ...})."""
-    names: Dict[str, str] = {}
+    folder that defines it.
+
+    Args:
+        paths: the files' paths, relative, "/"-separated, each ending .py.
+
+    Returns:
+        {name: file or folder}: {"parts.blocks": "parts/blocks.py",
+        "parts": "parts/", ...}.
+    """
+    names: dict[str, str] = {}
     for path in paths:
         parts = path[:-len(".py")].split("/")
         if parts[-1] == "__init__":
@@ -81,7 +91,7 @@ class _Loader(importlib.abc.Loader):
     folder without __init__.py) with the job's builtins, whose __import__
     maps the job's own names into its package."""
 
-    def __init__(self, path: Optional[str], job_builtins: Dict[str, Any]):
+    def __init__(self, path: str | None, job_builtins: dict[str, Any]) -> None:
         self._path = path
         self._builtins = job_builtins
 
@@ -109,14 +119,14 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Finds the modules of one job's package in its directory, and
     nothing else: a name outside the package is left to Python's finders."""
 
-    def __init__(self, package: str, root: str, job_builtins: Dict[str, Any]):
+    def __init__(self, package: str, root: str, job_builtins: dict[str, Any]) -> None:
         self._package = package
         self._root = root
         self._builtins = job_builtins
 
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
-                  target: Optional[types.ModuleType] = None
-                  ) -> Optional[importlib.machinery.ModuleSpec]:
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: types.ModuleType | None = None
+                  ) -> importlib.machinery.ModuleSpec | None:
         if fullname == self._package:
             # The package itself runs no file (a top-level __init__.py is
             # not the model's: where it was written it was never imported).
@@ -131,8 +141,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             return self._spec(fullname, base + ".py", None)
         return None
 
-    def _spec(self, fullname: str, path: Optional[str],
-              folder: Optional[str]) -> importlib.machinery.ModuleSpec:
+    def _spec(self, fullname: str, path: str | None,
+              folder: str | None) -> importlib.machinery.ModuleSpec:
         spec = importlib.machinery.ModuleSpec(fullname, _Loader(path, self._builtins),
                                               origin=path, is_package=folder is not None)
         if folder is not None:
@@ -147,7 +157,19 @@ class ModelFiles:
     one of them; close() takes them all away."""
 
     def __init__(self, files: Mapping[str, str],
-                 reserved: FrozenSet[str] = RESERVED):
+                 reserved: frozenset[str] = RESERVED) -> None:
+        """Writes the files under a directory of their own and installs the
+        job's finder.
+
+        Args:
+            files: {relative path: text}, each path a .py file inside the model.
+            reserved: the top-level names no file may take (RESERVED).
+
+        Raises:
+            ModelError: a path outside the model or not a .py file, or a
+                file or folder that takes a reserved name.
+            OSError: the files cannot be written.
+        """
         for path in files:
             if os.path.isabs(path) or ".." in path.split("/") or not path.endswith(".py"):
                 raise ModelError(f"model.python.files: {path} is not a .py file inside the model")
@@ -162,7 +184,7 @@ class ModelFiles:
         self._tops = frozenset(n for n in self._names if "." not in n)
         self.package = f"{PACKAGE_PREFIX}{os.getpid()}_{next(_serial)}"
         self.root = tempfile.mkdtemp(prefix="tally-model-")
-        self._finder: Optional[_Finder] = None
+        self._finder: _Finder | None = None
         try:
             self._write(files)
         except BaseException:
@@ -180,8 +202,8 @@ class ModelFiles:
             with open(where, "w", encoding="utf-8") as f:
                 f.write(text)
 
-    def _import(self, name: str, globals: Optional[Dict[str, Any]] = None,
-                locals: Optional[Mapping[str, Any]] = None, fromlist: Sequence[str] = (),
+    def _import(self, name: str, globals: dict[str, Any] | None = None,
+                locals: Mapping[str, Any] | None = None, fromlist: Sequence[str] = (),
                 level: int = 0) -> types.ModuleType:
         """__import__ for the job's code: its own top-level names within its
         package, everything else (and relative imports) as Python does."""
@@ -193,12 +215,24 @@ class ModelFiles:
         return module if fromlist else sys.modules[f"{self.package}.{top}"]
 
     def import_module(self, name: str) -> types.ModuleType:
-        """The job's module `name` (dotted, as the files' paths are)."""
+        """The job's module `name`, imported (its code run) once.
+
+        Args:
+            name: the module's name, dotted, as the files' paths are
+                ("parts.blocks" for parts/blocks.py).
+
+        Returns:
+            The module.
+
+        Raises:
+            ModuleNotFoundError: no file defines `name`.
+            BaseException: whatever the job's code raises while it runs.
+        """
         if name not in self._names:
             raise ModuleNotFoundError(f"No module named '{name}' among the model's files")
         return importlib.import_module(f"{self.package}.{name}")
 
-    def modules(self) -> List[str]:
+    def modules(self) -> list[str]:
         """The job's modules imported so far, by their names in the process."""
         inside = self.package + "."
         return [n for n in list(sys.modules) if n == self.package or n.startswith(inside)]

@@ -17,14 +17,21 @@ one thread and runs one replica per device on parallel_apply's threads, so
 cpu:N uses N cores, as tally-worker's cpu:N does (set OMP_NUM_THREADS to
 change the intra-op count; it is read once, at start-up).
 """
+from __future__ import annotations
+
 import argparse
 import os
 import signal
 import socket
 import sys
+import types
+from collections.abc import Sequence
+
+__all__ = ["main", "parse_args", "set_threads"]
 
 
-def parse_args(argv):
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The worker's flags (--help lists them)."""
     p = argparse.ArgumentParser(prog="python3 -m tally.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", default="localhost:7070", help="the coordinator, host:port")
@@ -43,7 +50,9 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def set_threads():
+def set_threads() -> None:
+    """PyTorch's thread pools as the worker runs them: the intra-op pool of
+    OMP_NUM_THREADS threads (1 when unset), one inter-op thread."""
     import torch
     intra = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     torch.set_num_threads(max(1, intra))
@@ -53,7 +62,16 @@ def set_threads():
         pass  # set already in this process (it may be set once)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the worker until it is stopped (SIGTERM, SIGINT) or fails.
+
+    Args:
+        argv: the flags; None: the process's.
+
+    Returns:
+        The exit status: 0 stopped as asked, 1 the daemon failed (saying
+        why on stderr), 2 bad flags.
+    """
     args = parse_args(sys.argv[1:] if argv is None else argv)
     set_threads()
     from tally import _native, engine
@@ -66,9 +84,9 @@ def main(argv=None):
     except ValueError as e:
         print(f"tally.worker: {e}", file=sys.stderr)
         return 2
-    stopping = []
+    stopping: list[int] = []
 
-    def stop(signum, _frame):
+    def stop(signum: int, _frame: types.FrameType | None) -> None:
         stopping.append(signum)
         w.stop()
     signal.signal(signal.SIGTERM, stop)
