@@ -245,6 +245,9 @@ class Calls(unittest.TestCase):
         with self.assertRaises(tally.FailedPrecondition) as e:
             c.fetch("j", os.path.join(_TMP, "w.safetensors"))
         self.assertEqual(e.exception.reason, "JOB_NOT_STARTED")
+        # Nothing written: neither the file nor its .part.
+        self.assertFalse(os.path.exists(os.path.join(_TMP, "w.safetensors")))
+        self.assertFalse(os.path.exists(os.path.join(_TMP, "w.safetensors.part")))
 
     def test_nothing_listens(self):
         s = socket.socket()

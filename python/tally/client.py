@@ -661,7 +661,8 @@ def _rpc_error(e: grpc.RpcError) -> RpcError:
 
 class Client:
     """Tally's JobService from Python: submit, status, wait, watch, cancel,
-    fetch, as the `tally` CLI does them. A context manager: leaving the
+    fetch, list_jobs, shards, history and health, as the `tally` CLI does
+    them (python3 -m tally is that CLI over this class). A context manager: leaving the
     `with` block closes the channel (close()).
 
     Every call has a deadline (`timeout` seconds; watch's its own). A call
@@ -860,10 +861,18 @@ class Client:
         rpc = self._call("CancelJob", pb.CancelJobRequest, pb.Job)
         return rpc(pb.CancelJobRequest(job_id=job_id))
 
-    def fetch(self, job_id: str, path: str) -> int:
-        """Writes the job's weights (safetensors) to `path`. A Python
-        model's file without its buffers (which load_state_dict with
-        strict=True refuses) is written with a warning saying why.
+    def fetch(self, job_id: str, path: str, timeout: float | None = None) -> int:
+        """Writes the job's weights (safetensors) to `path`: streamed to
+        `path`.part (a job's tables may be larger than this machine's
+        memory), renamed into place once whole, so that `path` is never a
+        partial file. A Python model's file without its buffers (which
+        load_state_dict with strict=True refuses) is written with a warning
+        saying why.
+
+        Args:
+            job_id: the job.
+            path: the file to write.
+            timeout: the stream's deadline, in seconds; None: the Client's.
 
         Returns:
             The file's size in bytes.
@@ -878,14 +887,163 @@ class Client:
         rpc = self._call("FetchWeights", pb.FetchWeightsRequest, pb.FileChunk, "unary_stream")
         n = 0
         note = ""
-        with open(path, "wb") as f:
-            for chunk in rpc(pb.FetchWeightsRequest(job_id=job_id)):
-                f.write(chunk.data)
-                n += len(chunk.data)
-                note = note or chunk.buffers_note
+        part = path + ".part"
+        try:
+            with open(part, "wb") as f:
+                for chunk in rpc(pb.FetchWeightsRequest(job_id=job_id),
+                                 timeout=self.timeout if timeout is None else timeout):
+                    f.write(chunk.data)
+                    n += len(chunk.data)
+                    note = note or chunk.buffers_note
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, path)
+        except BaseException:
+            if os.path.exists(part):
+                os.remove(part)
+            raise
         if note:
             warnings.warn(f"{path} has no buffers of the model: {note}", stacklevel=2)
         return n
+
+    def list_jobs(self, omit_spec: bool = False, page_size: int = 500) -> Iterator[pb.Job]:
+        """Every job the caller may see, a page at a time (ListJobs with
+        its page tokens).
+
+        Args:
+            omit_spec: leave each Job's spec empty (smaller pages).
+            page_size: jobs a page (the server takes at most 1000).
+
+        Raises:
+            PermissionDenied: the token may not list jobs.
+            Unavailable: the coordinator cannot be reached.
+        """
+        rpc = self._call("ListJobs", pb.ListJobsRequest, pb.ListJobsResponse)
+        request = pb.ListJobsRequest(omit_spec=omit_spec, page_size=page_size)
+        while True:
+            page = rpc(request)
+            yield from page.jobs
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+    def shards(self) -> list[pb.ShardInfo]:
+        """The parameter shards and the ranges of jobs each holds.
+
+        Raises:
+            PermissionDenied: the token may not see the shards.
+            Unavailable: the coordinator cannot be reached.
+        """
+        rpc = self._call("ListShards", pb.ListShardsRequest, pb.ListShardsResponse)
+        return list(rpc(pb.ListShardsRequest()).shards)
+
+    def history(self, job_id: str) -> pb.JobHistory:
+        """The job's curve (at most 1000 points) and its last 200 events.
+
+        Raises:
+            NotFound: no such job.
+            PermissionDenied: another submitter's job.
+            Unavailable: the coordinator cannot be reached.
+        """
+        rpc = self._call("GetJobHistory", pb.GetJobRequest, pb.JobHistory)
+        return rpc(pb.GetJobRequest(job_id=job_id))
+
+    def health(self, service: str = "") -> str:
+        """The grpc.health.v1 check of `service` ("": the server itself).
+
+        Returns:
+            The status's name: "SERVING", "NOT_SERVING", "UNKNOWN" or
+            "SERVICE_UNKNOWN" (a number a newer server may send, as text).
+
+        Raises:
+            NotFound: no such service.
+            Unavailable: the server cannot be reached.
+            ValueError: the Client is closed.
+        """
+        if self._closed:
+            raise ValueError("the Client is closed")
+        # grpc.health.v1's two messages by hand (the package carries no
+        # health_pb2): HealthCheckRequest{string service = 1} and
+        # HealthCheckResponse{ServingStatus status = 1}.
+        name = service.encode("utf-8")
+        request = b"\x0a" + _varint(len(name)) + name if name else b""
+        rpc = self.channel.unary_unary("/grpc.health.v1.Health/Check")
+        try:
+            reply = rpc(request, timeout=self.timeout, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise _rpc_error(e) from e
+        status = _field_one_varint(reply)
+        return _SERVING_STATUS.get(status, str(status))
+
+
+def resolve_shard_address(coordinator: str, address: str) -> str:
+    """Where a shard named in a shard map or by ListShards is reached, for
+    a client of the coordinator at `coordinator`: "host:port" as it is;
+    ":port" on the coordinator's host (the coordinator's own shard, which
+    listens apart from its control plane); empty, the coordinator itself.
+    As ResolveShardAddress in proto/transport.cc."""
+    if not address:
+        return coordinator
+    if not address.startswith(":"):
+        return address
+    colon = coordinator.rfind(":")
+    return (coordinator[:colon] if colon >= 0 else coordinator) + address
+
+
+_SERVING_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def _varint(n: int) -> bytes:
+    """`n` (not negative) as a protobuf varint."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at data[at:] and where it ends.
+
+    Raises:
+        DecodeError: it runs past the end.
+    """
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise DecodeError("a truncated varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _field_one_varint(data: bytes) -> int:
+    """Field 1 (a varint) of a serialized message; 0 where it is absent
+    (proto3's default). Other fields are skipped by their wire type.
+
+    Raises:
+        DecodeError: the bytes are not a message.
+    """
+    value, at = 0, 0
+    while at < len(data):
+        tag, at = _read_varint(data, at)
+        wire = tag & 7
+        if wire == 0:
+            v, at = _read_varint(data, at)
+            if tag >> 3 == 1:
+                value = v
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        elif wire == 2:
+            size, at = _read_varint(data, at)
+            at += size
+        else:
+            raise DecodeError(f"wire type {wire}")
+    return value
 
 
 DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
