@@ -872,7 +872,9 @@ class Client:
         Args:
             job_id: the job.
             path: the file to write.
-            timeout: the stream's deadline, in seconds; None: the Client's.
+            timeout: the stream's deadline, in seconds; None: 30 times the
+                Client's (as `tally fetch` gives a file's stream; a job's
+                tables may be gigabytes).
 
         Returns:
             The file's size in bytes.
@@ -891,7 +893,7 @@ class Client:
         try:
             with open(part, "wb") as f:
                 for chunk in rpc(pb.FetchWeightsRequest(job_id=job_id),
-                                 timeout=self.timeout if timeout is None else timeout):
+                                 timeout=30 * self.timeout if timeout is None else timeout):
                     f.write(chunk.data)
                     n += len(chunk.data)
                     note = note or chunk.buffers_note

@@ -10,9 +10,11 @@
 #include <jpeglib.h>
 // clang-format on
 #include <png.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -158,7 +160,12 @@ TEST(ImageTest, FitCopiesCropsTheCentreAndStretches) {
 class ImageFolderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::path(::testing::TempDir()) / "image_folder_test";
+    // A directory of the test's own: ctest runs these tests as processes
+    // side by side, and one's SetUp would empty another's folder.
+    root_ = fs::path(::testing::TempDir()) /
+            (std::string("image_folder_test_") +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+             "_" + std::to_string(::getpid()));
     fs::remove_all(root_);
   }
   void TearDown() override { fs::remove_all(root_); }
