@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data/data_file.h"
 #include "common/status_macros.h"
 
 namespace tally {
@@ -194,38 +195,21 @@ float HalfToFloat(uint16_t h) {
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(
     const std::string& path) {
-  // Non-blocking: a FIFO named by mistake must not hang the open.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const std::string why = std::strerror(errno);
-    if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot open: ", why));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": not a regular file"));
-  }
+  // A regular file only, opened without blocking (data_file.h).
+  TALLY_ASSIGN_OR_RETURN(DataFile file, DataFile::Open(path));
   std::shared_ptr<MappedFile> f(new MappedFile);
   f->path_ = path;
-  f->size_ = st.st_size;
+  f->size_ = file.size();
   if (f->size_ > 0) {
     void* p = ::mmap(nullptr, static_cast<size_t>(f->size_), PROT_READ,
-                     MAP_SHARED, fd, 0);
+                     MAP_SHARED, file.fd(), 0);
     if (p == MAP_FAILED) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
       return absl::FailedPreconditionError(
-          absl::StrCat(path, ": cannot map: ", why));
+          absl::StrCat(path, ": cannot map: ", std::strerror(errno)));
     }
     f->data_ = static_cast<const char*>(p);
   }
-  ::close(fd);  // the mapping stays
-  return std::shared_ptr<const MappedFile>(std::move(f));
+  return std::shared_ptr<const MappedFile>(std::move(f));  // the mapping stays
 }
 
 void MappedFile::AdviseRandom() const {
