@@ -1,17 +1,6 @@
 """python3 -m tally: the `tally` command line from Python.
 
-  python3 -m tally [--server=HOST:PORT] [--tls_ca=F --tls_cert=F --tls_key=F]
-                   [--token_file=F] COMMAND
-    submit FILE [--wait]     submit a job spec; prints the job id first
-    list                     all jobs
-    status JOB [--json]      one job
-    watch JOB                live progress until the job ends
-    cancel JOB
-    fetch JOB PATH           trained weights as .safetensors (or --output=PATH)
-    report JOB F.html        curves, events and record in one HTML file (or
-                             --output=F.html); runs the C++ `tally`
-    shards                   parameter shards and the ranges they hold
-    health [--service=NAME]  grpc.health.v1 check
+  python3 -m tally [--server=HOST:PORT] [TLS flags] COMMAND ...  (USAGE below)
 
 The same commands, flags (--flag=value or --flag value), output and exit
 codes as the C++ `tally` (client/main.cc): 0 success, 1 the request failed

@@ -546,6 +546,12 @@ def _fill_criteo(dataset: dict[str, Any]) -> None:
         raise SubmitError(f"dataset.train: {', '.join(train)} hold no training line")
 
 
+# The datasets whose files the client reads to fill in the spec.
+_DATASET_FILLERS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "arrays": _fill_arrays, "csv": _fill_csv, "image_folder": _fill_image_folder,
+    "text": _fill_text, "criteo": _fill_criteo}
+
+
 def prepare_spec(path: str) -> str:
     """The spec at `path` as the coordinator takes it: a Python model's code
     and parameter layout filled in, and a dataset's shape and size from its
@@ -567,22 +573,24 @@ def prepare_spec(path: str) -> str:
     found = spec.get("dataset") if isinstance(spec, dict) else None
     dataset: dict[str, Any] = found if isinstance(found, dict) else {}
     named = dataset.get("name")
-    if named == "arrays":
-        _fill_arrays(dataset)
-    elif named == "csv":
-        _fill_csv(dataset)
-    elif named == "image_folder":
-        _fill_image_folder(dataset)
-    elif named == "text":
-        _fill_text(dataset)
-    elif named == "criteo":
-        _fill_criteo(dataset)
+    fill = _DATASET_FILLERS.get(named) if isinstance(named, str) else None
+    if fill is not None:
+        fill(dataset)
     model = spec.get("model") if isinstance(spec, dict) else None
     if not isinstance(model, dict) or not isinstance(model.get("python"), dict):
-        if named in ("arrays", "csv", "image_folder", "text", "criteo"):
+        if fill is not None:
             return json.dumps(spec)
         with open(path) as f:
             return f.read()
+    _fill_python_model(path, spec, model, named)
+    return json.dumps(spec)
+
+
+def _fill_python_model(path: str, spec: dict[str, Any], model: dict[str, Any],
+                       named: Any) -> None:
+    """Builds model.python's module here (seeded as the job's) and writes
+    its code or files, parameter layout, buffers and aliases into the spec;
+    raises as prepare_spec says."""
     py = model["python"]
     from tally.engine import ModelFiles, load_module, layout_of, state_of
     file = py.get("file")
@@ -624,7 +632,6 @@ def prepare_spec(path: str) -> str:
     py["buffers"] = [{"name": n, "dtype": d, "shape": s} for n, d, s in buffers]
     if aliases:
         py["aliases"] = aliases
-    return json.dumps(spec)
 
 
 def _rpc_error(e: grpc.RpcError) -> RpcError:
