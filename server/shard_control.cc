@@ -89,6 +89,26 @@ void DecodeRangeRecord(const v1::RangeState& in, ShardState* out) {
   out->table_files.assign(in.table_files().begin(), in.table_files().end());
 }
 
+void FiguresToJob(const ShardMetrics& in, v1::JobMetrics* out) {
+  out->set_step(in.version);
+  out->set_samples(in.samples);
+  out->set_loss(in.loss);
+  out->set_accuracy(in.accuracy);
+  out->set_train_seconds(in.train_seconds);
+  out->set_rejected_pushes(in.rejected_pushes);
+}
+
+ShardMetrics FiguresOfJob(const v1::JobMetrics& in) {
+  ShardMetrics out;
+  out.version = in.step();
+  out.samples = in.samples();
+  out.loss = in.loss();
+  out.accuracy = in.accuracy();
+  out.train_seconds = in.train_seconds();
+  out.rejected_pushes = in.rejected_pushes();
+  return out;
+}
+
 void EncodeRangeState(const ShardState& state, v1::RangeState* out) {
   EncodeRangeRecord(state, out);
   const std::vector<float>& w = *state.weights;

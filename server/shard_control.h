@@ -131,7 +131,7 @@ struct ShardState {
 };
 
 // A job's new plan, set with its membership (a worker joined: the schedule
-// changed, ParameterShard::SetPlan). plan 0: unchanged.
+// changed, ParameterShard::SetMembers). plan 0: unchanged.
 struct PlanChange {
   int64_t plan = 0;
   int64_t total_steps = 0;
@@ -193,6 +193,10 @@ v1::MemberProgress ToProto(const MemberProgress& m);
 // tensors as parts (part 0 the weights, part k the slot k - 1).
 void EncodeRangeRecord(const ShardState& state, v1::RangeState* out);
 void DecodeRangeRecord(const v1::RangeState& in, ShardState* out);
+// A job's figures as clients see them (JobMetrics: step, samples, loss,
+// accuracy, train seconds, rejected pushes) from a record's, and back.
+void FiguresToJob(const ShardMetrics& in, v1::JobMetrics* out);
+ShardMetrics FiguresOfJob(const v1::JobMetrics& in);
 // The record and the tensors (state.weights must be set).
 void EncodeRangeState(const ShardState& state, v1::RangeState* out);
 // kInvalidArgument when a tensor is not `count` values.

@@ -118,19 +118,22 @@ absl::Status TallyServer::Listen(const std::string& address, Plane plane) {
 // The data wing: this process's shard host and its services.
 void TallyServer::MakeDataWing() {
   const ServerOptions& o = options_;
-  host_ = std::make_unique<ShardHost>(o.coordinator.clock,
-                                      o.coordinator.spec_limits);
-  host_->set_streamed_sums(o.streamed_sums, o.streamed_sums_min_bytes / 4);
-  host_->set_shared_memory(o.shared_memory_max_bytes);
-  host_->set_max_table_bytes(o.max_table_bytes);
-  host_->set_table_dir(o.table_dir);
+  ShardHost::Options ho;
+  ho.streamed_sums = o.streamed_sums;
+  ho.streamed_sums_min_elements = o.streamed_sums_min_bytes / 4;
+  ho.shared_memory_max_bytes = o.shared_memory_max_bytes;
+  ho.max_table_bytes = o.max_table_bytes;
+  ho.table_dir = o.table_dir;
+  ho.waiting_rows_per_worker = o.waiting_rows_per_worker;
+  ho.waiting_rows_in_all = o.waiting_rows_in_all;
   if (o.metrics != nullptr) {
     data_metrics_ = std::make_unique<DataPlaneMetrics>(o.metrics->registry());
-    host_->set_publish_observer(
-        [m = data_metrics_.get()](const ParameterShard::PublishTimes& t) {
-          m->Published(t.since_push, t.since_commit);
-        });
+    ho.publish_observer = [m = data_metrics_.get()](const PublishTimes& t) {
+      m->Published(t.since_push, t.since_commit);
+    };
   }
+  host_ = std::make_unique<ShardHost>(o.coordinator.clock,
+                                      o.coordinator.spec_limits, std::move(ho));
   params_ =
       std::make_unique<ParameterServiceImpl>(host_.get(), data_metrics_.get());
   shard_service_ = std::make_unique<ShardServiceImpl>(host_.get());

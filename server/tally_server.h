@@ -60,16 +60,20 @@ struct ServerOptions {
   int64_t streamed_sums_min_bytes = int64_t{16} << 20;
   // A worker on this host may share memory with a shard for its pushes and
   // pulls, in ranges of at most this many bytes (0: never; ShardHost::
-  // set_shared_memory).
+  // Options::shared_memory_max_bytes).
   int64_t shared_memory_max_bytes = int64_t{16} << 20;
   // The bytes every job's embedding tables on this shard may take (0:
-  // unbounded; ShardHost::set_max_table_bytes). A fixed default, not a
+  // unbounded; ShardHost::Options::max_table_bytes). A fixed default, not a
   // share of the machine's memory: the same bound on every host, and in
   // a container, which sees the host's memory rather than its own limit.
   int64_t max_table_bytes = int64_t{4} << 30;
-  // Where the shard checkpoints its tables' rows (ShardHost::
-  // set_table_dir); empty: nowhere.
+  // Where the shard checkpoints its tables' rows (ShardHost::Options::
+  // table_dir); empty: nowhere.
   std::string table_dir;
+  // What pulls of rows waiting on this shard may hold, a job's worker's
+  // and all together (ShardHost::Options::waiting_rows_*).
+  int64_t waiting_rows_per_worker = ShardHost::kMaxWaitingRowBytesPerWorker;
+  int64_t waiting_rows_in_all = ShardHost::kMaxWaitingRowBytes;
   // Each stream's receive window (proto/transport.h): a push waiting for
   // lower ranks holds up to this much (and 1 MiB more) of shard memory.
   int stream_window_bytes = kServerStreamWindowBytes;

@@ -113,7 +113,7 @@ class WorkerDaemon::Impl {
     // coordinator gives jobs only to workers that can follow them.
     req.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
     v1::RegisterWorkerResponse resp;
-    auto ctx = Context(absl::Seconds(5));
+    auto ctx = Context(options_.register_timeout);
     TALLY_RETURN_IF_ERROR(
         FromGrpc(workers_->RegisterWorker(ctx.get(), req, &resp)));
     absl::MutexLock lock(&mu_);
@@ -151,14 +151,14 @@ class WorkerDaemon::Impl {
   }
 
   void HeartbeatLoop() {
-    absl::Duration backoff = absl::Milliseconds(100);
+    absl::Duration backoff = options_.min_backoff;
     bool registered = false;
     while (!Stopped()) {
       if (!registered) {
         absl::Status s = Register();
         if (s.ok()) {
           registered = true;
-          backoff = absl::Milliseconds(100);
+          backoff = options_.min_backoff;
           absl::MutexLock lock(&mu_);
           Log(absl::StrCat("registered with ", options_.server, " as ",
                            lease_.worker_id, " (incarnation ",

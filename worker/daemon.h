@@ -22,6 +22,7 @@
 #include "common/data/data_file.h"
 #include "common/device.h"
 #include "proto/transport.h"
+#include "worker/internal/waits.h"
 #include "worker/model_engine.h"
 
 namespace tally {
@@ -42,11 +43,16 @@ struct DaemonOptions {
   std::string devices_text = "cpu:1";
   std::string name;
   std::string address;  // advertised health endpoint
-  absl::Duration rpc_timeout = absl::Seconds(30);
+  absl::Duration rpc_timeout = internal::kDefaultRpcTimeout;
+  // A RegisterWorker call.
+  absl::Duration register_timeout = absl::Seconds(5);
+  // Retries (registering again, a job's step again) wait min_backoff
+  // first, twice as long each time after, up to max_backoff.
+  absl::Duration min_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
   // What a shard waits for a pull's version (PullRequest.max_wait_ms); the
   // worker waits that plus rpc_timeout for the pull's answer.
-  absl::Duration pull_wait = absl::Seconds(5);
+  absl::Duration pull_wait = internal::kDefaultPullWait;
   // One ReportResult call.
   absl::Duration report_timeout = absl::Seconds(10);
   // A cancelled push or pull to let go of the buffers it reads or writes
@@ -54,7 +60,7 @@ struct DaemonOptions {
   absl::Duration release_wait = absl::Minutes(1);
   // The loader's next batch (a stuck data source is reported, not waited
   // for forever).
-  absl::Duration batch_wait = absl::Minutes(1);
+  absl::Duration batch_wait = internal::kDefaultBatchWait;
   // At most one progress line per job this often.
   absl::Duration log_every = absl::Seconds(5);
   int64_t chunk_elements = 262144;  // push chunks: 1 MiB

@@ -77,7 +77,7 @@ JobRunner::State JobRunner::Overlapped() {
   work.pull = pull.get();
   absl::StatusOr<StepStats> stats = Compute(step_, work);
   if (stats.ok()) {
-    backoff_ = absl::Milliseconds(100);
+    backoff_ = options_.min_backoff;
     stats_ = *stats;
     return State::kPush;
   }
@@ -129,7 +129,7 @@ JobRunner::State JobRunner::Pull() {
     Backoff();
     return State::kNextStep;
   }
-  backoff_ = absl::Milliseconds(100);
+  backoff_ = options_.min_backoff;
   const int64_t version = *pulled;
   if (version >= end_version_) {
     final_version_ = version;

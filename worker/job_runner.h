@@ -259,7 +259,7 @@ class JobRunner {
   bool buffers_on_ = false;
   std::shared_ptr<std::string> pulled_buffers_;
   std::string pushed_buffers_;
-  absl::Duration backoff_ = absl::Milliseconds(100);
+  absl::Duration backoff_ = options_.min_backoff;
   absl::Time last_log_ = absl::Now();
 };
 

@@ -52,6 +52,7 @@
 #include "absl/time/time.h"
 #include "proto/tally.grpc.pb.h"
 #include "proto/transport.h"
+#include "worker/internal/waits.h"
 
 namespace grpc {
 class ByteBuffer;
@@ -66,7 +67,8 @@ namespace tally {
 // One asynchronous operation over every shard of a job: the handle its
 // caller holds, an interface as c10d's Work is. Its completion (each
 // shard's part starting, arriving, ending) is the implementation's own
-// (internal::ShardWork in param_client.cc), not part of this contract.
+// (internal::ShardWork, worker/internal/shard_work.h), not part of this
+// contract.
 class Work {
  public:
   Work(const Work&) = delete;
@@ -97,13 +99,21 @@ class Work {
   Work() = default;
 };
 
+// The transports, one a file under worker/internal/: the Work's completion
+// (shard_work.h), the codec (codec.h), a call a part (unary_calls.h), the
+// Exchange stream (exchange_stream.h) and its shared memory
+// (shared_memory.h).
 namespace internal {
 class ShardWork;
 // Pushes and pulls are written and read as raw bytes (the .proto's wire,
 // proto/tensor_chunk.h), so they go through a generic stub.
 using RawStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
-// Calls whose reactor has not finished deleting itself (param_client.cc).
+// Calls whose reactor has not finished deleting itself (shard_work.h).
 struct InFlightCalls;
+class FedPart;
+class ShardStream;
+class StreamOp;
+struct ShardStreamSlot;
 }  // namespace internal
 
 struct ParamClientOptions {
@@ -114,8 +124,8 @@ struct ParamClientOptions {
   int64_t chunk_elements = 262144;  // push chunks (1 MiB of float32)
   // How long a pull may wait on a shard for its version (the server's
   // bound); the RPC's own deadline is this plus rpc_timeout.
-  absl::Duration pull_wait = absl::Seconds(5);
-  absl::Duration rpc_timeout = absl::Seconds(30);
+  absl::Duration pull_wait = internal::kDefaultPullWait;
+  absl::Duration rpc_timeout = internal::kDefaultRpcTimeout;
   // The worker's view of the schedule, sent with pulls (0: no claim).
   int64_t total_steps = 0;
   int64_t steps_per_epoch = 0;
@@ -136,6 +146,10 @@ struct ParamClientOptions {
   // each. A stream is replaced once it is half this old (its deadline).
   bool exchange = true;
   absl::Duration stream_lifetime = absl::Minutes(10);
+  // How long the client's destructor waits for the calls it started to
+  // end. Every call has a deadline, so they do; the bound is for a stuck
+  // library.
+  absl::Duration close_wait = absl::Minutes(5);
   // On an Exchange stream, ask the shard for memory to share
   // (proto/shared_memory.h): a shard on this host then takes pushes and
   // gives pulls through it, not through loopback TCP. Where it cannot be
@@ -159,11 +173,6 @@ struct PushInfo {
   // Push returns (the header is encoded there).
   const std::string* buffers = nullptr;
 };
-
-class FedPart;
-class ShardStream;
-class StreamOp;
-struct ShardStreamSlot;
 
 // The gradient of a push still being produced (ParameterClient::Push with
 // a feed): each range is offered once it is final, in any order, and every
@@ -189,8 +198,8 @@ class PushFeed {
   friend class ParameterClient;
   PushFeed() = default;
   struct Part {
-    FedPart* part;  // alive while `remaining` > 0 (it is held open)
-    std::shared_ptr<FedPart> keep;  // or kept alive by this
+    internal::FedPart* part;  // alive while `remaining` > 0 (held open)
+    std::shared_ptr<internal::FedPart> keep;  // or kept alive by this
     int64_t begin, end;
     int64_t remaining;
   };
@@ -238,6 +247,9 @@ class ParameterClient {
 
  private:
   using RawStub = internal::RawStub;
+  using ShardStream = internal::ShardStream;
+  using ShardStreamSlot = internal::ShardStreamSlot;
+  using StreamOp = internal::StreamOp;
   struct Shard {
     std::string address;
     int64_t offset = 0;

@@ -21,12 +21,11 @@ namespace {
 constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 18;
 
 // Calls start(i, ctx, done) for every i in [0, n) at once, each again
-// (after a short backoff) while it fails with UNAVAILABLE, until
-// `deadline` or until `keep_trying` (if set) says no more; waits for all.
-// The first failure, if any.
+// (after o.retry_backoff, growing) while it fails with UNAVAILABLE, until
+// `deadline` is less than o.retry_min_left away or until o.keep_trying (if
+// set) says no more; waits for all. The first failure, if any.
 template <typename Start>
-absl::Status RunAll(int n, absl::Time deadline,
-                    const std::function<bool()>& keep_trying,
+absl::Status RunAll(int n, absl::Time deadline, const RowClientOptions& o,
                     const Start& start) {
   std::vector<absl::Status> results(n);
   for (int attempt = 0;; ++attempt) {
@@ -36,11 +35,11 @@ absl::Status RunAll(int n, absl::Time deadline,
     }
     if (todo.empty()) break;
     if (attempt > 0) {
-      if (absl::Now() + absl::Milliseconds(200) > deadline) break;
+      if (absl::Now() + o.retry_min_left > deadline) break;
       // A shard that is gone may come back as another placement's: its
       // answer would be to a step the job no longer takes.
-      if (keep_trying && !keep_trying()) break;
-      absl::SleepFor(absl::Milliseconds(100) * std::min(attempt, 5));
+      if (o.keep_trying && !o.keep_trying()) break;
+      absl::SleepFor(o.retry_backoff * std::min(attempt, 5));
     }
     absl::BlockingCounter left(static_cast<int>(todo.size()));
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
@@ -129,8 +128,7 @@ absl::Status RowClient::PullAll(
   resps->assign(calls.size(), v1::PullRowsResponse());
   return RunAll(
       static_cast<int>(calls.size()),
-      absl::Now() + options_.pull_wait + options_.rpc_timeout,
-      options_.keep_trying,
+      absl::Now() + options_.pull_wait + options_.rpc_timeout, options_,
       [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         stubs_[calls[i].first]->async()->PullRows(ctx, &calls[i].second,
                                                   &(*resps)[i], std::move(done));
@@ -142,7 +140,7 @@ absl::Status RowClient::PushAll(
   std::vector<v1::PushRowsResponse> resps(calls.size());
   return RunAll(
       static_cast<int>(calls.size()), absl::Now() + options_.rpc_timeout,
-      options_.keep_trying,
+      options_,
       [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         stubs_[calls[i].first]->async()->PushRows(ctx, &calls[i].second,
                                                   &resps[i], std::move(done));

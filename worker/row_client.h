@@ -36,6 +36,7 @@
 #include "common/spec/embedding.h"
 #include "proto/tally.grpc.pb.h"
 #include "proto/transport.h"
+#include "worker/internal/waits.h"
 #include "worker/model_engine.h"
 
 namespace tally {
@@ -44,8 +45,13 @@ struct RowClientOptions {
   std::string job_id;
   std::string worker_id;
   int64_t incarnation = 0;
-  absl::Duration pull_wait = absl::Seconds(5);  // the shard's bound
-  absl::Duration rpc_timeout = absl::Seconds(30);
+  absl::Duration pull_wait = internal::kDefaultPullWait;  // the shard's bound
+  absl::Duration rpc_timeout = internal::kDefaultRpcTimeout;
+  // A call answered UNAVAILABLE is tried again after this times its
+  // attempts (at most five times this), unless less than retry_min_left
+  // is left of its deadline.
+  absl::Duration retry_backoff = absl::Milliseconds(100);
+  absl::Duration retry_min_left = absl::Milliseconds(200);
   TransportOptions transport;
   // Asked before each retry of an UNAVAILABLE call: false once the answer
   // no longer matters (the job was placed again or taken away), so that a

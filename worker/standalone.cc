@@ -153,7 +153,7 @@ absl::StatusOr<TrainSummary> TrainStandalone(const JobSpec& spec,
   Progress progress(spec, options, total_steps);
   int64_t step = 0, epoch = 0;
   while (true) {
-    auto next = loader.Next(absl::Minutes(1));
+    auto next = loader.Next(options.batch_wait);
     if (absl::IsOutOfRange(next.status())) break;
     if (!next.ok()) return next.status();
     std::unique_ptr<HostBatch> batch = *std::move(next);

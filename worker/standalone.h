@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/device.h"
 #include "common/spec/job_spec.h"
+#include "worker/internal/waits.h"
 
 namespace tally {
 
@@ -30,6 +31,9 @@ struct StandaloneOptions {
   // each epoch; may be empty.
   std::function<void(const ProgressReport&)> on_progress;
   double report_every_sec = 1.0;
+  // The loader's next batch (a stuck data source is reported, not waited
+  // for forever).
+  absl::Duration batch_wait = internal::kDefaultBatchWait;
 };
 
 struct TrainSummary {

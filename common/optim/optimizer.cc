@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/optim/internal/kernels.h"
 #include "common/vectorize.h"
 
 namespace tally {
@@ -70,7 +71,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   return absl::OkStatus();
 }
 
-namespace {
+namespace optim_internal {
 
 // The update loops live in free functions with restrict pointers and no
 // branch inside, so that they vectorise.
@@ -92,6 +93,12 @@ TALLY_VECTORIZE void SgdPlain(int64_t n, float lr, float wd,
     p[i] = std::fma(d, -lr, p[i]);             // param.add_(d_p, alpha=-lr)
   }
 }
+
+}  // namespace optim_internal
+
+namespace {
+
+using optim_internal::SgdPlain;
 
 TALLY_VECTORIZE void SgdMomentumFirst(int64_t n, float lr, float wd,
                                       float momentum, bool nesterov,

@@ -5,6 +5,10 @@
 // (python/tally/engine.py), on the flat float32 vectors that object owns,
 // so pulls write into and pushes read from the module's own memory.
 //
+// The contract with Python is python/tally/engine_contract.py: the factory
+// gets a Job (a dataclass, made here by JobOf) and returns an Engine (a
+// typing.Protocol: the attributes and methods PyEngine uses).
+//
 //   w = _native.Worker(server=..., devices="cpu:2", factory=make_engine, ...)
 //   w.start(); w.wait(0.2) ...; w.stop(); w.result()
 //
@@ -52,10 +56,10 @@ absl::Status FromPython(const std::exception& e, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", text));
 }
 
-// A module that is not the job's (tally.engine.LayoutError): this worker
+// A module that is not the job's (tally.errors.LayoutError): this worker
 // cannot train the job, others may (SCHEDULE_MISMATCH bars it alone).
 absl::Status FromBuild(py::error_already_set& e) {
-  if (e.matches(py::module_::import("tally.engine").attr("LayoutError"))) {
+  if (e.matches(py::module_::import("tally.errors").attr("LayoutError"))) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "the module built here is not the job's: ",
                           std::string(py::str(e.value())).substr(0, 1000))),
@@ -197,21 +201,36 @@ class Rows {
   const std::vector<int64_t> dims_;
 };
 
+// The memory of the engine's vector `name` (params or grads): float32
+// [n], one writable piece. It stays where it is while the engine lives
+// (tally.engine_contract.Engine), and PyEngine holds the engine.
+float* HostVector(const py::object& engine, const char* name, int64_t n) {
+  py::buffer_info b =
+      engine.attr(name).cast<py::buffer>().request(/*writable=*/true);
+  const bool f32 = b.itemsize == static_cast<py::ssize_t>(sizeof(float)) &&
+                   (b.format == "f" || b.format == "<f" || b.format == "=f");
+  if (!f32 || b.ndim != 1 || b.shape[0] != n ||
+      b.strides[0] != static_cast<py::ssize_t>(sizeof(float))) {
+    throw std::invalid_argument(absl::StrCat(
+        "the engine's ", name, " is not one piece of float32[", n, "]"));
+  }
+  return static_cast<float*>(b.ptr);
+}
+
 class PyEngine : public ModelEngine {
  public:
-  // `impl` is the Python engine: num_params, replicas, params_ptr,
-  // grads_ptr, step(x, y, seed), evaluate(x, y), buffers() and
-  // load_buffers(bytes).
+  // `impl` is the Python engine (tally.engine_contract.Engine): num_params,
+  // replicas, params, grads, step(x, y, seed), evaluate(x, y), buffers(),
+  // load_buffers(bytes) and attach_rows(rows). Throws for an engine whose
+  // vectors are not what the contract says.
   PyEngine(py::object impl, const JobSpec& spec)
       : impl_(std::move(impl)),
         input_shape_(spec.input_shape),
         label_shape_(spec.label_shape) {
     num_params_ = impl_.attr("num_params").cast<int64_t>();
     replicas_ = impl_.attr("replicas").cast<int>();
-    params_ =
-        reinterpret_cast<float*>(impl_.attr("params_ptr").cast<uintptr_t>());
-    grads_ =
-        reinterpret_cast<float*>(impl_.attr("grads_ptr").cast<uintptr_t>());
+    params_ = HostVector(impl_, "params", num_params_);
+    grads_ = HostVector(impl_, "grads", num_params_);
     for (const EmbeddingTableSpec& t : spec.embeddings) dims_.push_back(t.dim);
   }
   ~PyEngine() override {
@@ -269,7 +288,7 @@ class PyEngine : public ModelEngine {
         }
         // A ModelError names what is wrong (a bad id, a bad loss): its
         // message alone; anything else with its traceback.
-        if (e.matches(py::module_::import("tally.engine").attr("ModelError"))) {
+        if (e.matches(py::module_::import("tally.errors").attr("ModelError"))) {
           return absl::InvalidArgumentError(absl::StrCat(
               "the model's step: ",
               std::string(py::str(e.value())).substr(0, kMaxTraceback)));
@@ -401,57 +420,64 @@ class PyEngine : public ModelEngine {
   std::shared_ptr<Rows> rows_;  // while the runner lends its tables
 };
 
-// What the Python factory gets: the parsed job, as plain Python values.
-py::dict JobDict(const JobSpec& spec, const EngineOptions& options) {
-  py::dict job;
-  job["name"] = spec.name;
-  job["file"] = spec.python.file;
-  job["build"] = spec.python.build;
-  job["code"] = spec.python.code;
-  py::dict files;
-  for (const auto& [path, text] : spec.python.files) files[py::str(path)] = text;
-  job["files"] = files;
-  job["loss"] = LossName(spec.loss);
-  job["seed"] = spec.training.seed;
-  job["clip_grad_norm"] = spec.optimizer.clip_grad_norm;
-  job["batch_size"] = spec.training.batch_size;
-  job["input_shape"] = std::vector<int64_t>(spec.input_shape.begin(),
-                                            spec.input_shape.end());
-  job["num_classes"] = spec.num_classes;
+const char* TableIdsName(TableIds ids) {
+  switch (ids) {
+    case TableIds::kHashed:
+      return "hashed";
+    case TableIds::kDirect:
+      return "direct";
+    case TableIds::kDynamic:
+      return "dynamic";
+  }
+  return "hashed";
+}
+
+// model.embeddings as tally.engine_contract.Table objects.
+py::list TablesOf(const JobSpec& spec, const py::module_& contract) {
+  py::list tables;
+  for (const EmbeddingTableSpec& t : spec.embeddings) {
+    tables.append(contract.attr("Table")(
+        py::arg("name") = t.name, py::arg("dim") = t.dim,
+        py::arg("num_embeddings") = t.num_embeddings,
+        py::arg("ids") = TableIdsName(t.ids), py::arg("combiner") = t.combiner,
+        py::arg("salt") = t.salt, py::arg("features") = t.features));
+  }
+  return tables;
+}
+
+// What the Python factory gets: a tally.engine_contract.Job, the one place
+// where the parsed spec becomes Python values.
+py::object JobOf(const JobSpec& spec, const EngineOptions& options) {
+  py::module_ contract = py::module_::import("tally.engine_contract");
   py::list params;
   for (const ParamInfo& p : spec.layout.params) {
     params.append(py::make_tuple(
         p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end())));
   }
-  job["params"] = params;
   py::list buffers;
   for (const BufferInfo& b : spec.python.buffers) {
     buffers.append(py::make_tuple(
         b.name, b.dtype, std::vector<int64_t>(b.shape.begin(), b.shape.end())));
   }
-  job["buffers"] = buffers;
-  py::list tables;
-  for (const EmbeddingTableSpec& t : spec.embeddings) {
-    py::dict d;
-    d["name"] = t.name;
-    d["dim"] = t.dim;
-    d["num_embeddings"] = t.num_embeddings;
-    d["ids"] = t.ids == TableIds::kHashed   ? "hashed"
-               : t.ids == TableIds::kDirect ? "direct"
-                                            : "dynamic";
-    d["combiner"] = t.combiner;
-    d["salt"] = t.salt;
-    d["features"] = t.features;
-    tables.append(d);
-  }
-  job["embeddings"] = tables;
   py::list devices;
   for (const DeviceId& d : options.devices) {
     devices.append(d.type == DeviceType::kCpu ? std::string("cpu")
                                               : absl::StrCat("cuda:", d.index));
   }
-  job["devices"] = devices;
-  return job;
+  return contract.attr("Job")(
+      py::arg("name") = spec.name, py::arg("file") = spec.python.file,
+      py::arg("build") = spec.python.build, py::arg("code") = spec.python.code,
+      py::arg("files") = spec.python.files,
+      py::arg("loss") = LossName(spec.loss),
+      py::arg("seed") = spec.training.seed,
+      py::arg("clip_grad_norm") = spec.optimizer.clip_grad_norm,
+      py::arg("batch_size") = spec.training.batch_size,
+      py::arg("input_shape") = std::vector<int64_t>(spec.input_shape.begin(),
+                                                    spec.input_shape.end()),
+      py::arg("num_classes") = spec.num_classes, py::arg("params") = params,
+      py::arg("buffers") = buffers,
+      py::arg("embeddings") = TablesOf(spec, contract),
+      py::arg("devices") = devices);
 }
 
 // The daemon on its own thread, for Python to start, wait for and stop.
@@ -489,12 +515,12 @@ class Worker {
         -> absl::StatusOr<std::unique_ptr<ModelEngine>> {
       py::gil_scoped_acquire gil;
       try {
-        py::object impl = factory_(JobDict(spec, eo));
+        py::object impl = factory_(JobOf(spec, eo));
         return std::unique_ptr<ModelEngine>(
             new PyEngine(std::move(impl), spec));
       } catch (py::error_already_set& e) {
         return FromBuild(e);
-      } catch (const std::exception& e) {  // an engine without its fields
+      } catch (const std::exception& e) {  // an engine not as the contract says
         return FromPython(e, "building the model");
       }
     };

@@ -1,11 +1,15 @@
 """tally._native (python/tally/_native.cc, pybind11): the Python worker's
 native core. The worker daemon, the job runner and the parameter client are
-Tally's C++ ones; Python brings the model alone (tally.engine)."""
+Tally's C++ ones; Python brings the model alone (tally.engine), on the
+contract of tally.engine_contract: the factory takes a Job and returns an
+Engine."""
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from tally.engine_contract import Engine, Job
 
 class Rows:
     """A job's embedding tables as the engine reaches them, lent by the job
@@ -41,10 +45,17 @@ def init_table(name: str, num_embeddings: int, dim: int, seed: int, init: str = 
 class Worker:
     """The worker daemon on a thread of its own (start, wait, stop, result)."""
     def __init__(self, server: str, devices: str, name: str, python_runtime: str,
-                 factory: Callable[[Any], Any], tls_ca: str = "", tls_cert: str = "",
+                 factory: Callable[[Job], Engine], tls_ca: str = "", tls_cert: str = "",
                  tls_key: str = "", token_file: str = "", verbose: bool = True,
                  data_root: list[str] = ...) -> None:
-        """Raises ValueError for bad devices, data roots or TLS files."""
+        """The daemon, not started yet. `factory` is called, on the daemon's
+        thread with the GIL, for each job whose model is Python code; what
+        it raises fails the job's assignment on this worker
+        (tally.errors.LayoutError: this worker alone).
+
+        Raises:
+            ValueError: bad devices, data roots or TLS files.
+        """
     def start(self) -> None: ...
     def wait(self, seconds: float) -> bool:
         """Whether the daemon ended within `seconds`."""

@@ -2,7 +2,8 @@
 over the worker's devices with PyTorch's own torch.nn.parallel.
 
 The native job runner (tally._native, over worker/) calls step() and
-evaluate() and reads the flat vectors whose addresses this engine gives:
+evaluate() and reads the flat vectors this engine lends it, as
+tally.engine_contract.Engine says:
 
   params  float32[num_params]: replica 0's parameters are views into it
           (on the CPU), so a pull writes straight into the module;
@@ -24,6 +25,10 @@ Across workers they follow DDP's broadcast_buffers: before a step, the
 native runner loads the job's buffer region (the lowest live rank's after
 the last step) into replica 0 (load_buffers), and pushes replica 0's
 after it (buffers).
+
+Building the module and its layout (tally.model) and the tables whose
+rows live on the shards (tally.tables) have modules of their own; their
+names are importable from here too.
 """
 from __future__ import annotations
 
@@ -31,16 +36,18 @@ import copy
 import sys
 import threading
 import traceback
-import types
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import parallel_apply
 
+from tally.engine_contract import Buffer, Job, Param  # noqa: F401 - Buffer, Param: re-exported
 from tally.errors import LayoutError, ModelError
+from tally.model import (DTYPES, check_layout, cut_traceback,  # noqa: F401 - DTYPES: re-exported
+                         layout_of, load_module, state_of)
 from tally.model_files import ModelFiles
+from tally.tables import ShardedEmbedding, TableHub, swap_tables
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,361 +64,43 @@ __all__ = [
 LOSSES = ("cross_entropy", "mse", "model", "binary_cross_entropy")
 EVAL_BATCH = 1024
 
-# A parameter as a job lists it: (name, shape).
-Param = tuple[str, list[int]]
-# A persistent buffer as a job lists it: (name, safetensors dtype, shape).
-Buffer = tuple[str, str, list[int]]
-
-
-class JobDict(TypedDict):
-    """What the native worker's factory passes make_engine for each Python
-    job (JobDict in python/tally/_native.cc): the parsed spec as plain
-    values."""
-    name: str
-    file: str
-    build: str
-    code: str
-    files: dict[str, str]        # a directory model's {path: text}, else empty
-    loss: str                    # one of LOSSES
-    seed: int
-    clip_grad_norm: float
-    batch_size: int
-    input_shape: list[int]
-    num_classes: int
-    params: list[Param]
-    buffers: list[Buffer]
-    embeddings: list[dict[str, Any]]  # model.embeddings: name, dim, ids, salt, ...
-    devices: list[str]           # "cpu" or "cuda:N", one a replica
-
-
-def _cut(text: str, limit: int = 2000) -> str:
-    return text if len(text) <= limit else "..." + text[-limit:]
-
-
-def _import(code: str | None, file: str, build: str,
-            files: ModelFiles | None) -> Callable[[], Any]:
-    """The build function: `build` in the file's code, or for a
-    directory (its ModelFiles), `module.function` (the module's path,
-    dotted)."""
-    if files is not None:
-        module_name, _, fn_name = build.rpartition(".")
-        if not module_name:
-            raise ModelError(f"model.python.build: name the function as module.function "
-                             f"(for {file}/net.py: net.make_model), not '{build}'")
-        where = f"{file}/{module_name.replace('.', '/')}.py"
-        try:
-            mod = files.import_module(module_name)
-        except BaseException:  # noqa: B902 - the user's code may raise anything
-            raise ModelError(f"{where} does not import:\n" + _cut(traceback.format_exc()))
-    else:
-        assert code is not None, "a single file comes with its code"
-        fn_name, where = build, file or "model.py"
-        mod = types.ModuleType("tally_model")
-        mod.__file__ = where
-        try:
-            exec(compile(code, mod.__file__, "exec"), mod.__dict__)
-        except BaseException:  # noqa: B902
-            raise ModelError(f"{where} does not import:\n" + _cut(traceback.format_exc()))
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        raise ModelError(f"{where} has no function '{fn_name}' (model.python.build)")
-    return fn
-
-
-def load_module(code: str | None, file: str, build: str, seed: int,
-                files: ModelFiles | None = None) -> torch.nn.Module:
-    """Runs the submitted file (or imports the submitted directory's
-    module from `files`) and calls its build function under the job's seed.
-
-    Args:
-        code: the file's text (model.python.code); None for a directory.
-        file: the file's or directory's name, for messages and tracebacks.
-        build: the build function's name (model.python.build): a name in
-            the file, or `module.function` in a directory.
-        seed: torch.manual_seed's, before the build function runs.
-        files: the directory's files, open; None for a single file.
-
-    Returns:
-        The module the build function returns.
-
-    Raises:
-        ModelError: the code does not import, has no such function, the
-            function raises or returns something other than a torch.nn.Module.
-    """
-    fn = _import(code, file, build, files)
-    torch.manual_seed(seed)
-    try:
-        module = fn()
-    except BaseException:  # noqa: B902
-        raise ModelError(f"{build}() raised:\n" + _cut(traceback.format_exc()))
-    if not isinstance(module, torch.nn.Module):
-        raise ModelError(f"{build}() returned {type(module).__name__}, not a torch.nn.Module")
-    return module
-
-
-DTYPES: dict[torch.dtype, str] = {
-    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL"}
-
-
-def layout_of(module: torch.nn.Module) -> list[Param]:
-    """The parameters as a job lists them: (name, shape) in order."""
-    return [(n, list(p.shape)) for n, p in module.named_parameters()]
-
-
-def state_of(module: torch.nn.Module) -> tuple[list[Buffer], dict[str, str]]:
-    """The rest of the module's state_dict.
-
-    Returns:
-        Its persistent buffers as (name, dtype, shape) in order, and the
-        names that are another parameter's (tied weights) as {alias:
-        parameter name}.
-
-    Raises:
-        ModelError: a buffer of a dtype Tally cannot keep.
-    """
-    names = {id(p): n for n, p in module.named_parameters()}
-    buffers: list[Buffer] = []
-    aliases: dict[str, str] = {}
-    for key, t in module.state_dict(keep_vars=True).items():
-        if isinstance(t, torch.nn.Parameter):
-            if names.get(id(t), key) != key:
-                aliases[key] = names[id(t)]
-            continue
-        if t.dtype not in DTYPES:
-            raise ModelError(f"buffer {key} is {t.dtype}, which Tally cannot keep")
-        buffers.append((key, DTYPES[t.dtype], list(t.shape)))
-    return buffers, aliases
-
-
-def check_layout(module: torch.nn.Module, expected: Sequence[tuple[str, Sequence[int]]]) -> None:
-    """Checks the module's parameters against the job's.
-
-    Args:
-        module: the module built here.
-        expected: the job's parameters, (name, shape) in order.
-
-    Raises:
-        ModelError: the module has no parameters.
-        LayoutError: a parameter's name or shape, or their number, differs.
-    """
-    got = layout_of(module)
-    if not got:
-        raise ModelError("the module has no parameters to train")
-    want = [(n, list(s)) for n, s in expected]
-    if got == want:
-        return
-    for i, (g, w) in enumerate(zip(got, want)):
-        if g != w:
-            raise LayoutError(f"the module's parameter {i} is {g[0]} {g[1]}, the job's "
-                              f"{w[0]} {w[1]}: the worker built another model")
-    raise LayoutError(f"the module has {len(got)} parameters, the job {len(want)}")
-
-
-class _TableHub:
-    """What a job's ShardedEmbedding modules share: the native Rows (the
-    job runner's tables, tally._native.Rows) and each replica's record of
-    the rows a step pulled. Not copied with a replica (deepcopy)."""
-
-    def __init__(self) -> None:
-        self.rows: _native.Rows | None = None
-        # Each replica's lookups of the step: (table, its unique rows, the
-        # pulled values, a leaf whose .grad the backward pass fills).
-        self.records: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = []
-        # The step's rows pulled before its forward pass (tables with
-        # features): table -> (its sorted rows, their values).
-        self.prefetched: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _TableHub:
-        return self
-
-    def pull(self, table: int, rows: npt.NDArray[np.int64]) -> torch.Tensor:
-        """The values of `rows` (sorted, unique) of `table`: from the
-        step's prefetched rows where they are all there, else from the
-        shards."""
-        have = self.prefetched.get(table)
-        if have is not None and len(rows):
-            known, values = have
-            at = torch.searchsorted(known, torch.from_numpy(rows)).clamp(max=len(known) - 1)
-            if bool((known[at] == torch.from_numpy(rows)).all()):
-                return values[at]
-        if self.rows is None:
-            raise ModelError("the job's tables are not reachable (no shard map yet)")
-        return torch.from_numpy(self.rows.pull(table, rows))
-
-    def prefetch(self, modules: Sequence[ShardedEmbedding], x: npt.NDArray[np.int64]) -> None:
-        """Every table with features: the unique rows of its columns of the
-        batch `x` (int64 [batch, width]), pulled at once."""
-        asks: list[tuple[int, npt.NDArray[np.int64]]] = []
-        tables: list[int] = []
-        for m in modules:
-            cols = m.features
-            if not cols or m.index in tables:
-                continue
-            rows = m.rows_of(torch.from_numpy(x[:, cols]))
-            asks.append((m.index, torch.unique(rows.reshape(-1), sorted=True).numpy()))
-            tables.append(m.index)
-        if not asks:
-            return
-        if self.rows is None:
-            raise ModelError("the job's tables are not reachable (no shard map yet)")
-        for (t, unique), values in zip(asks, self.rows.pull_tables(asks)):
-            self.prefetched[t] = (torch.from_numpy(unique), torch.from_numpy(values))
-
-
-class ShardedEmbedding(torch.nn.Module):
-    """A table of model.embeddings, in place of the model's nn.Embedding or
-    nn.EmbeddingBag of that name. Its forward takes what the module's
-    takes; it maps the ids to rows (ids: hashed, with the table's salt; or
-    direct), pulls the unique rows the batch touches from the shards that
-    hold them, and looks them up as the module would in its own weight, so
-    the step computes what the dense module computes. In training, the
-    pulled rows are a leaf whose gradient the engine pushes after the
-    backward pass."""
-
-    def __init__(self, index: int, table: dict[str, Any],
-                 original: torch.nn.Embedding | torch.nn.EmbeddingBag, hub: _TableHub) -> None:
-        """Takes the place of `original` for the table `table`.
-
-        Args:
-            index: the table's index in model.embeddings.
-            table: the table's spec (name, dim, num_embeddings, ids, salt,
-                features, ...).
-            original: the module it replaces; its pooling is kept.
-            hub: what the job's tables share.
-        """
-        super().__init__()
-        self.index, self.name = index, table["name"]
-        self.dim, self.num = int(table["dim"]), int(table.get("num_embeddings") or 0)
-        self.hashed = table.get("ids", "hashed") == "hashed"
-        self.dynamic = table.get("ids") == "dynamic" or bool(table.get("dynamic"))
-        self.salt = int(table["salt"]) if "salt" in table else None
-        self.bag = isinstance(original, torch.nn.EmbeddingBag)
-        self.mode = original.mode if isinstance(original, torch.nn.EmbeddingBag) else None
-        self.include_last_offset = getattr(original, "include_last_offset", False)
-        self.features = list(table.get("features") or [])
-        self.hub = hub
-        self.replica = 0
-
-    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """The table's rows that `ids` map to, an int64 tensor of their shape.
-
-        Raises:
-            ModelError: an id outside a direct table's rows, or a hashed
-                table without its salt.
-        """
-        ids = ids.detach().cpu().long()
-        if self.dynamic:  # a row for each id, keyed by the id itself
-            return ids
-        if self.hashed:
-            from tally import _native
-            if self.salt is None:  # the job's tables always carry theirs
-                raise ModelError(f"table {self.name}: a hashed table without its salt")
-            return torch.from_numpy(_native.hash_rows(ids.numpy(), self.salt, self.num))
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise ModelError(f"table {self.name}: id {bad} is outside its {self.num} rows "
-                             f"(ids: direct)")
-        return ids
-
-    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
-                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        rows = self.rows_of(input)
-        unique, inverse = torch.unique(rows.reshape(-1), sorted=True, return_inverse=True)
-        device = input.device
-        weight = self.hub.pull(self.index, unique.numpy()).to(device)
-        if self.training and torch.is_grad_enabled():
-            weight.requires_grad_(True)  # a fresh tensor: the pull's own
-            self.hub.records[self.replica].append((self.index, unique, weight))
-        local = inverse.reshape(input.shape).to(device)
-        if self.mode is None:  # an nn.Embedding's
-            return F.embedding(local, weight)
-        return F.embedding_bag(local, weight, offsets, mode=self.mode,
-                               per_sample_weights=per_sample_weights,
-                               include_last_offset=self.include_last_offset)
-
-    def extra_repr(self) -> str:
-        rows = "dynamic" if self.dynamic else self.num
-        return f"{self.name}: {rows} x {self.dim} on the shards"
-
-
-def _submodule(module: torch.nn.Module, name: str) -> torch.nn.Module | None:
-    """The submodule `name` (dotted) of `module`; None where there is none."""
-    try:
-        return module.get_submodule(name)
-    except AttributeError:
-        return None
-
-
-def swap_tables(module: torch.nn.Module, tables: Sequence[dict[str, Any]],
-                hub: _TableHub | None = None) -> list[str]:
-    """Replaces each table's module (named by model.embeddings) with a
-    ShardedEmbedding. The modules' weights leave the module's parameters
-    (they live on the shards).
-
-    Args:
-        module: the model, changed in place.
-        tables: model.embeddings; each table's dim, num_embeddings and
-            combiner are filled in from its module where they are left out,
-            and checked where they are given.
-        hub: what the tables share on a worker; None: one of their own.
-
-    Returns:
-        The names of the modules swapped, in order.
-
-    Raises:
-        ModelError: a table names no module, or one that is not an
-            nn.Embedding or nn.EmbeddingBag, or one with options a table on
-            the shards lacks, or the spec's figures are not the module's.
-    """
-    swapped: list[str] = []
-    for i, t in enumerate(tables):
-        name = t.get("name")
-        if not isinstance(name, str) or (original := _submodule(module, name)) is None:
-            raise ModelError(f"model.embeddings[{i}]: the model has no module '{name}'")
-        if not isinstance(original, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-            raise ModelError(f"model.embeddings[{i}]: '{name}' is a "
-                             f"{type(original).__name__}, not an nn.Embedding or "
-                             f"nn.EmbeddingBag")
-        unsupported = [a for a in ("padding_idx", "max_norm") if getattr(original, a) is not None]
-        if getattr(original, "scale_grad_by_freq", False):
-            unsupported.append("scale_grad_by_freq")
-        if unsupported:
-            raise ModelError(f"model.embeddings[{i}]: '{name}' has {', '.join(unsupported)}, "
-                             f"which a table on the shards does not support")
-        rows, dim = original.weight.shape
-        mode = original.mode if isinstance(original, torch.nn.EmbeddingBag) else ""
-        if mode not in ("", "sum", "mean"):
-            raise ModelError(f"model.embeddings[{i}]: '{name}' pools by {mode}; a table "
-                             f"pools by sum or mean")
-        # A dynamic table's rows are keyed by id: the module's row count
-        # is not the table's.
-        dynamic = t.get("ids") == "dynamic" or t.get("dynamic") in (True, "true")
-        checked = (("dim", dim), ("combiner", mode)) if dynamic else \
-            (("dim", dim), ("num_embeddings", rows), ("combiner", mode))
-        for key, have in checked:
-            if t.get(key) in (None, ""):
-                t[key] = have
-            elif t[key] != have:
-                raise ModelError(f"model.embeddings[{i}].{key} is {t[key]}, the module "
-                                 f"'{name}' has {have!r}")
-        parent_name, _, leaf = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, leaf, ShardedEmbedding(i, t, original, hub or _TableHub()))
-        swapped.append(name)
-    return swapped
+# The factory's argument, under its earlier name.
+JobDict = Job
 
 
 class _Step(torch.nn.Module):
     """One replica's part of a step: forward, loss, backward; returns the
-    summed loss and the correct predictions of its micro-batch."""
+    summed loss and the correct predictions of its micro-batch. A module,
+    so that torch.nn.parallel.parallel_apply runs it on the replica's
+    device."""
 
     def __init__(self, model: torch.nn.Module, loss: str, batch: int) -> None:
+        """A replica's step.
+
+        Args:
+            model: the replica.
+            loss: one of LOSSES.
+            batch: the whole batch's samples (each micro-batch's loss is
+                divided by it).
+        """
         super().__init__()
         self.model, self.loss, self.batch = model, loss, batch
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+        """Forward, loss (scaled so that the replicas' sum is the batch's
+        mean) and backward on a micro-batch.
+
+        Args:
+            x: its inputs, on the replica's device.
+            y: its labels, there too.
+
+        Returns:
+            The micro-batch's summed loss and its correct predictions; the
+            gradients are in the replica's .grad.
+
+        Raises:
+            ModelError: the loss is not a scalar.
+        """
         n = x.shape[0]
         loss: torch.Tensor
         correct: int
@@ -429,10 +118,24 @@ class _Step(torch.nn.Module):
 def _loss_sum(kind: str, out: torch.Tensor, y: torch.Tensor,
               batch: int = 1) -> tuple[torch.Tensor, int]:
     """The summed loss of a micro-batch's samples, divided by `batch`, and
-    its correct predictions. Labels y are [n] (a class each) or, for text,
-    [n, T] (the next tokens): then out is [n, T, vocab], each sample's loss
-    is the mean over its tokens, and nothing is counted as correct
-    (accuracy is a classifier's)."""
+    its correct predictions.
+
+    Args:
+        kind: cross_entropy, mse or binary_cross_entropy (LOSSES but model,
+            whose module returns its loss itself).
+        out: the module's output for the micro-batch.
+        y: its labels, [n] (a class each) or, for text, [n, T] (the next
+            tokens): then out is [n, T, vocab], each sample's loss is the
+            mean over its tokens, and nothing is counted as correct
+            (accuracy is a classifier's).
+        batch: the divisor (the whole batch's samples).
+
+    Returns:
+        The loss (a scalar tensor, for backward) and the correct count.
+
+    Raises:
+        ModelError: binary_cross_entropy's output is not one logit a sample.
+    """
     if y.dim() > 1:
         tokens = y.shape[1]
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1),
@@ -452,7 +155,17 @@ def _loss_sum(kind: str, out: torch.Tensor, y: torch.Tensor,
 
 
 def _one_logit(out: torch.Tensor) -> torch.Tensor:
-    """binary_cross_entropy's output: one logit a sample ([n] or [n, 1])."""
+    """binary_cross_entropy's output as one logit a sample.
+
+    Args:
+        out: the module's output, [n] or [n, 1].
+
+    Returns:
+        The logits, [n].
+
+    Raises:
+        ModelError: `out` is neither [n] nor [n, 1].
+    """
     if out.dim() == 2 and out.shape[1] == 1:
         out = out[:, 0]
     if out.dim() != 1:
@@ -476,12 +189,10 @@ def _flat_views(module: torch.nn.Module, flat: torch.Tensor, grads: torch.Tensor
 class TorchEngine:
     """The engine of one Python job on this worker: the module replicated
     over the worker's devices, stepped and evaluated by the native job
-    runner (tally._native's PyEngine), which reads num_params, replicas,
-    params_ptr and grads_ptr, and calls step, evaluate, buffers,
-    load_buffers and attach_rows. Not thread-safe: the runner calls it from
-    one thread at a time."""
+    runner (tally._native's PyEngine) as tally.engine_contract.Engine
+    says. Not thread-safe: the runner calls it from one thread at a time."""
 
-    def __init__(self, job: JobDict) -> None:
+    def __init__(self, job: Job) -> None:
         """Builds the module as the job says and checks it against the job.
 
         Args:
@@ -492,30 +203,29 @@ class TorchEngine:
             LayoutError: the module built here is not the job's.
         """
         self._files: ModelFiles | None = None
-        if job["loss"] not in LOSSES:
-            raise ModelError(f"unknown loss {job['loss']}")
-        self.loss = job["loss"]
-        self.clip = job.get("clip_grad_norm", 0.0)
+        if job.loss not in LOSSES:
+            raise ModelError(f"unknown loss {job.loss}")
+        self.loss = job.loss
+        self.clip = job.clip_grad_norm
         self._intra = torch.get_num_threads()  # as the worker set it
         self._seen_threads: set[int] = set()
-        self.devices = [torch.device(d) for d in job["devices"]] or [torch.device("cpu")]
-        files = job.get("files") or {}
-        self._files = ModelFiles(files) if files else None
+        self.devices = [torch.device(d) for d in job.devices] or [torch.device("cpu")]
+        self._files = ModelFiles(job.files) if job.files else None
         try:
             self._build(job)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, job: JobDict) -> None:
+    def _build(self, job: Job) -> None:
         """The module and its replicas, checked against the job's layout."""
-        module = load_module(job["code"], job["file"], job["build"], job["seed"], self._files)
-        self.hub = _TableHub()
-        self.tables: list[dict[str, Any]] = job.get("embeddings") or []
+        module = load_module(job.code, job.file, job.build, job.seed, self._files)
+        self.hub = TableHub()
+        self.tables: list[dict[str, Any]] = [t.as_spec() for t in job.embeddings]
         swap_tables(module, self.tables, self.hub)
-        check_layout(module, job["params"])
+        check_layout(module, job.params)
         buffers, _ = state_of(module)
-        want = [(n, d, list(s)) for n, d, s in job.get("buffers", [])]
+        want = [(n, d, list(s)) for n, d, s in job.buffers]
         if buffers != want:
             raise LayoutError(f"the module's buffers {[b[0] for b in buffers][:8]} are not the "
                              f"job's {[b[0] for b in want][:8]}: the worker built another model")
@@ -540,14 +250,15 @@ class TorchEngine:
                 if isinstance(m, ShardedEmbedding):
                     m.replica = r
         self.buffer_bytes = sum(t.numel() * t.element_size() for t in self._buffers_of(0))
-        # What the native side reads and writes: host memory.
+        # What the native side reads and writes: host memory, lent to it as
+        # NumPy views (the Engine's params and grads).
         if self.devices[0].type == "cpu":
-            self.params, self.grads = self.flats[0], self.grad_flats[0]
+            self._params, self._grads = self.flats[0], self.grad_flats[0]
         else:
-            self.params = self.flats[0].cpu().pin_memory()
-            self.grads = torch.zeros(self.num_params).pin_memory()
-        self.params_ptr: int = self.params.data_ptr()
-        self.grads_ptr: int = self.grads.data_ptr()
+            self._params = self.flats[0].cpu().pin_memory()
+            self._grads = torch.zeros(self.num_params).pin_memory()
+        self.params: npt.NDArray[np.float32] = self._params.numpy()
+        self.grads: npt.NDArray[np.float32] = self._grads.numpy()
 
     def _apply(self, steps: list[_Step],
                inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, int]]:
@@ -578,39 +289,12 @@ class TorchEngine:
 
     def attach_rows(self, rows: _native.Rows | None) -> None:
         """The job runner's tables (tally._native.Rows), or None once it is
-        done with them."""
-        self.hub.rows = rows
+        done with them.
 
-    def _push_rows(self, used: int, batch: int) -> None:
-        """The step's row gradients, summed per row over every lookup and
-        replica (in rank order), to the shards; a non-finite one makes the
-        dense gradient non-finite too, so the shards refuse the whole step."""
-        blocks: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float32]]] = []
-        for t, table in enumerate(self.tables):
-            rows: list[torch.Tensor] = []
-            grads: list[torch.Tensor] = []
-            for r in range(used):
-                for index, unique, weight in self.hub.records[r]:
-                    if index != t:
-                        continue
-                    rows.append(unique)
-                    grads.append(weight.grad.cpu() if weight.grad is not None
-                                 else torch.zeros(weight.shape))
-            if not rows:
-                continue
-            if len(rows) == 1:
-                u, g = rows[0], grads[0]
-            else:
-                u, inverse = torch.unique(torch.cat(rows), sorted=True, return_inverse=True)
-                g = torch.zeros(len(u), int(table["dim"])).index_add_(0, inverse, torch.cat(grads))
-            if not bool(torch.isfinite(g).all()):
-                self.grads[0] = float("nan")
-                return
-            blocks.append((t, u.numpy(), g.contiguous().numpy()))
-        if blocks:
-            if self.hub.rows is None:
-                raise ModelError("the job's tables are not reachable (no shard map yet)")
-            self.hub.rows.push(batch, blocks)
+        Args:
+            rows: the tables; None: none from now on.
+        """
+        self.hub.rows = rows
 
     def _buffers_of(self, r: int) -> list[torch.Tensor]:
         """Replica r's buffer tensors, in the job's order, as the module
@@ -633,8 +317,16 @@ class TorchEngine:
 
     @staticmethod
     def split(batch: int, replicas: int) -> list[int]:
-        """The micro-batches' sizes: `batch` cut over at most `replicas`,
-        differing by at most one, the larger first."""
+        """The micro-batches' sizes.
+
+        Args:
+            batch: the batch's samples.
+            replicas: the replicas it may be cut over.
+
+        Returns:
+            At most `replicas` sizes summing to `batch`, differing by at
+            most one, the larger first.
+        """
         used = min(batch, replicas)
         return [batch // used + (1 if r < batch % used else 0) for r in range(used)]
 
@@ -673,7 +365,7 @@ class TorchEngine:
         with torch.no_grad():
             for r in range(len(sizes)):
                 if r > 0 or self.devices[0].type != "cpu":
-                    self.flats[r].copy_(self.params, non_blocking=True)
+                    self.flats[r].copy_(self._params, non_blocking=True)
                 self.grad_flats[r].zero_()
                 if r > 0 and self.buffer_names:
                     for mine, first in zip(self._buffers_of(r), self._buffers_of(0)):
@@ -692,7 +384,7 @@ class TorchEngine:
         except ModelError:
             raise
         except BaseException as e:  # noqa: B902
-            raise ModelError("the model's step raised:\n" + _cut(
+            raise ModelError("the model's step raised:\n" + cut_traceback(
                 "".join(traceback.format_exception(type(e), e, e.__traceback__))))
         # Reduce in rank order into replica 0's gradient, then to the host.
         for r in range(1, len(sizes)):
@@ -701,17 +393,22 @@ class TorchEngine:
             # This worker's batch's gradient, as a plain loop clips it.
             torch.nn.utils.clip_grad_norm_(self.models[0].parameters(), self.clip)
         if self.devices[0].type != "cpu":
-            self.grads.copy_(self.grad_flats[0])
+            self._grads.copy_(self.grad_flats[0])
         if self.tables:
             try:
-                self._push_rows(len(sizes), batch)
+                if not self.hub.push(self.tables, len(sizes), batch):
+                    self._grads[0] = float("nan")  # the shards refuse the step
             finally:
                 self.hub.records = []
                 self.hub.prefetched = {}
         return (sum(r[0] for r in results), sum(r[1] for r in results))
 
     def buffers(self) -> bytes:
-        """Replica 0's persistent buffers, their bytes in the job's order."""
+        """Replica 0's persistent buffers.
+
+        Returns:
+            Their bytes, one after another in the job's order.
+        """
         state = self.models[0].state_dict()
         out = []
         for name in self.buffer_names:
@@ -723,8 +420,10 @@ class TorchEngine:
 
     @torch.no_grad()
     def load_buffers(self, data: bytes) -> None:
-        """Replica 0's persistent buffers from their bytes in the job's
-        order (as buffers() gives them).
+        """Replica 0's persistent buffers from their bytes.
+
+        Args:
+            data: the bytes, as buffers() gives them.
 
         Raises:
             ModelError: `data` is not the buffers' size.
@@ -746,7 +445,13 @@ class TorchEngine:
     def evaluate(self, x: npt.NDArray[Any], y: npt.NDArray[Any],
                  scores_out: bool = False
                  ) -> tuple[float, int] | tuple[float, int, float | npt.NDArray[np.float64]]:
-        """The model's figures over the samples `x` with labels `y`.
+        """The model's figures over some samples.
+
+        Args:
+            x: the samples, [n, ...].
+            y: their labels, [n] or, for text, [n, seq_len].
+            scores_out: for binary cross-entropy, give the scores instead
+                of their AUC.
 
         Returns:
             (loss sum, correct), and for binary cross-entropy a third: the
@@ -757,7 +462,7 @@ class TorchEngine:
         self._threads()
         model, device = self.models[0], self.devices[0]
         if device.type != "cpu":
-            self.flats[0].copy_(self.params)
+            self.flats[0].copy_(self._params)
         model.eval()
         loss_sum, correct = 0.0, 0
         scores: list[torch.Tensor] = []
@@ -789,8 +494,14 @@ class TorchEngine:
         return loss_sum, correct
 
 
-def make_engine(job: JobDict) -> TorchEngine:
+def make_engine(job: Job) -> TorchEngine:
     """The factory the native worker calls for each Python job.
+
+    Args:
+        job: the job, as the native worker hands it over.
+
+    Returns:
+        The job's engine (a tally.engine_contract.Engine).
 
     Raises:
         ModelError, LayoutError: as TorchEngine does.
@@ -799,8 +510,13 @@ def make_engine(job: JobDict) -> TorchEngine:
 
 
 def runtime() -> str:
-    """What this worker offers, as it registers ("Python 3.11.2, PyTorch
-    1.13.1, CPU")."""
+    """What this worker offers, as it registers.
+
+    Returns:
+        Python's, PyTorch's and CUDA's versions, e.g. "Python 3.11.2,
+        PyTorch 1.13.1, CPU".
+    """
     cuda = f"CUDA {torch.version.cuda}" if torch.cuda.is_available() else "CPU"
     return (f"Python {sys.version.split()[0]}, PyTorch {torch.__version__.split('+')[0]}, "
             f"{cuda}")
+

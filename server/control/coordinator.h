@@ -43,6 +43,15 @@
 // calling thread, serialised, each call to a shard bounded; what fails is
 // tried again at the next Tick.
 //
+// Parts. The coordinator holds the locks, the order of operations and the
+// protocol above, and owns its parts, each not thread-safe and guarded by
+// one of its locks: JobQueue (the jobs and their queue, job_queue.h),
+// Registry (workers, shards and their leases, registry.h), Planner (slots,
+// placement, plans and membership decisions, planner.h), Reconciler (the
+// control round's calls to shards, reconciler.h) and JobArchive
+// (persistence, job_archive.h). What a client sees of a job is rendered by
+// job_render.h, and its weights file made by job_export.h.
+//
 // Thread-safe. Subscriber callbacks run without the coordinator's lock.
 // Errors carry an ErrorReason (proto/errors.h) wherever a caller must tell
 // situations apart; proto/tally.proto lists them per RPC.
@@ -52,7 +61,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -64,8 +72,13 @@
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
 #include "proto/transport.h"
-#include "server/control/job_store.h"
-#include "server/control/leases.h"
+#include "server/control/control_task.h"
+#include "server/control/job_archive.h"
+#include "server/control/job_entry.h"
+#include "server/control/job_queue.h"
+#include "server/control/planner.h"
+#include "server/control/reconciler.h"
+#include "server/control/registry.h"
 #include "server/control/table_export.h"
 #include "server/control/weight_offers.h"
 #include "server/shard_control.h"
@@ -135,13 +148,6 @@ struct CoordinatorStats {
   double checkpoint_seconds = 0.0;  // spent writing them
   // Running jobs that have a checkpoint: seconds since it was written.
   std::map<std::string, double> checkpoint_age_seconds;
-};
-
-struct JobQuery {
-  int page_size = 100;     // 0 or less: 100
-  std::string page_token;  // empty: from the first job
-  bool omit_spec = false;
-  std::string owner;  // non-empty: only this submitter's jobs
 };
 
 struct JobPage {
@@ -260,299 +266,57 @@ class Coordinator {
   int DropOldJobs();
 
  private:
-  struct Placement {
-    std::string shard_id;
-    int64_t offset = 0;
-    int64_t count = 0;
-  };
-  struct JobEntry {
-    v1::Job proto;
-    JobSpec spec;
-    Schedule schedule;               // fixed at submission, from the spec alone
-    std::vector<std::string> slots;  // worker id per rank; "" = vacant
-    // Workers that said they cannot train this job (another dataset): they
-    // are never given it again.
-    std::set<std::string> barred;
-    // "worker@map" of failures reported from placements the job has left
-    // (noted once each; map versions below the job's own, so bounded).
-    std::set<std::string> stale_reports;
-    // The data plane: the shard map (ranges in order) and its version.
-    int64_t map_version = 0;
-    std::vector<Placement> ranges;
-    bool installed = false;  // every range installed at map_version
-    // The membership every range has (set after a hold of every range).
-    std::vector<MemberSpec> members;
-    // What the ranges start from when (re)installed: a checkpoint's state;
-    // null: the spec's initial weights.
-    std::shared_ptr<const StoredJob> start;
-    // A Python model without weights yet: whom the coordinator asked for
-    // them, and since when.
-    std::string weights_asked_of;
-    absl::Time weights_asked_at;
-    // After the end: the final weights, kept here; the shards drop the job.
-    std::shared_ptr<const std::vector<float>> final_weights;
-    // A job with tables: the shard of each slot when it ended, which keeps
-    // the tables (ShardHost::ReadTable); empty when one was away.
-    std::vector<std::shared_ptr<ShardControl>> table_homes;
-    // Their addresses, kept with the job (JobCheckpoint.table_homes): a
-    // restarted coordinator finds the shards by them.
-    std::vector<std::string> table_home_addresses;
-    // A Python model's buffers: from the report that ended the job, or
-    // (no report: it failed or was cancelled) its retired ranges' region.
-    std::string final_buffers;
-    bool retired = false;  // the ranges were retired (and dropped)
-    // After a success: the members that have not reported yet, for whom the
-    // ranges keep serving the final weights until retire_after.
-    std::set<std::string> awaiting_reports;
-    absl::Time retire_after = absl::InfinitePast();
-    // A shard of the job was lost: its checkpoint is being read; it is
-    // placed again once `start` is set.
-    bool awaiting_start = false;
-    // What the job waits for now (a restart, a lost shard), shown before
-    // its message until its ranges are installed again; the events keep
-    // the history.
-    std::string condition;
-    // The highest plan number sent to any range (Schedule.plan): a new
-    // plan is numbered past it, even when a round that sent one failed.
-    int64_t plan_sent = 0;
-    // A worker could not join: no epoch is left, and none will be.
-    bool grown_out = false;
-    bool dirty = true;       // control-plane work pending
-    int64_t generation = 0;  // bumped with every change that needs work
-    // Leave steps decided and sent to some range: never decided again
-    // (a range that took one may already have closed that step).
-    // (leave step, whether its last commit said "nothing").
-    std::map<std::pair<std::string, int64_t>, std::pair<int64_t, bool>> leaves;
-    int64_t notified_version = -1;
-    // When the weights last moved (Tick), for the stall report; and when
-    // watchers were last told about a stall.
-    absl::Time moved_at = absl::InfinitePast();
-    absl::Time stall_noted = absl::InfinitePast();
-    // What the last checkpoint holds: state, version, and when.
-    v1::JobState saved_state = v1::JOB_STATE_UNSPECIFIED;
-    int64_t saved_version = -1;
-    absl::Time saved_at = absl::InfinitePast();
-    // The dashboard's curves and events (v1::JobHistory says the bounds).
-    v1::JobHistory history;
-    absl::Time last_point = absl::InfinitePast();
-    absl::Duration point_every = absl::Milliseconds(500);
-  };
-  struct WorkerEntry {
-    std::string name, devices, address;
-    std::string python;       // the Python runtime it offers; "": none
-    int64_t incarnation = 0;  // its lease's (leases_)
-    std::string job_id;       // "" = idle
-    int rank = -1;
-    // Its step times on job_id, as its heartbeats say (v1::WorkerProgress).
-    double compute_seconds = 0, wait_seconds = 0, push_seconds = 0,
-           loader_seconds = 0;
-  };
-  // An ended job's table homes: as it ended, or after a restart the live
-  // shards at its addresses (*map_version then 0); empty, with *away
-  // naming the shard, when one is not here.
-  std::vector<std::shared_ptr<ShardControl>> TableHomesLocked(
-      const JobEntry& job, int64_t* map_version, std::string* away) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The export of an ended job's tables from their homes, or null with
-  // *note saying why the file has none.
-  std::unique_ptr<TableExport> TablesLocked(const std::string& job_id,
-                                            const JobEntry& job,
-                                            std::string* note) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct ShardEntry {
-    std::string address;      // "" for the coordinator's own
-    int64_t incarnation = 0;  // its lease's (leases_)
-    absl::Time last_seen;
-    bool live = true;
-    std::shared_ptr<ShardControl> control;
-    std::vector<v1::RangeStatus> ranges;  // last reported (remote shards)
-  };
   using Notes = std::vector<std::function<void()>>;
 
-  v1::Job Render(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits (10 s at most) until an ended job with tables has retired its
-  // ranges: ExportWeights' file then has the tables.
-  void AwaitRetiredLocked(const std::string& job_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool AnyPythonWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Heartbeat's answer of the worker's assignment, if it is a member.
-  void AssignmentLocked(const v1::HeartbeatRequest& req, const WorkerEntry& w,
-                        const JobEntry& job, v1::HeartbeatResponse* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ReportResult's success: the job ends with the report's figures.
-  absl::Status SucceedLocked(JobEntry& job, const v1::ReportResultRequest& req,
-                             Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `worker_id` is to build `job`'s initial weights (its lowest
-  // rank, the job without them); notes when it was first asked.
-  bool AskForWeightsLocked(JobEntry& job, const std::string& worker_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails the Python jobs whose asked worker has not sent their initial
-  // weights within initial_weights_timeout.
-  void ExpireInitialWeightsLocked(Notes* notes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<int64_t> CheckOfferLocked(const std::string& job_id,
-                                           const std::string& worker_id,
-                                           int64_t incarnation) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::string> EligibleLocked(
-      const JobEntry& job, const std::vector<std::string>& idle) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A pending job whose slots are filled and ranges placed: RUNNING.
-  void StartLocked(JobEntry& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Growth (training.workers: {min, max}): running jobs take idle workers
-  // (ScheduleLocked, last); a decided plan becomes the job's.
-  void GrowLocked(std::vector<std::string>& idle, Notes* notes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AdoptPlanLocked(JobEntry& job, const Schedule& grown)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job's schedule into its record (Job.membership, workers_max, plan).
-  static void RecordPlan(JobEntry& job);
-  // The schedule and slots of a job read back from its record.
-  static void RestorePlan(JobEntry& job);
-  // Steps between the furthest a worker may have begun and the first it
-  // may join at (a step computed beside its pull, and one more).
-  static constexpr int64_t kJoinMargin = 2;
-  // The worker in the job's lowest occupied rank; "" if none.
-  std::string LowestRankLocked(const JobEntry& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every worker's clock, lag and times; the slowest; a stall and whom it
-  // waits on (after kStallReport seconds).
-  void RenderProgressLocked(const JobEntry& job, int64_t version,
-                            const std::vector<v1::RangeStatus>& ranges,
-                            v1::JobMetrics* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RenderStallLocked(const JobEntry& job, int64_t version,
-                         v1::JobMetrics* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static constexpr double kStallReport = 3.0;
-  // Append to the job's history (bounded; a step is on the curve once).
-  // Tick adds a point every point_every; the end adds one always.
-  void EventLocked(JobEntry& job, std::string text)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CurvePointLocked(JobEntry& job, const v1::JobMetrics& m)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Jobs PENDING (of `owner` alone when given).
-  int64_t QueuedLocked(const std::string* owner = nullptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // kResourceExhausted when the queue, or `owner`'s share of it, is full.
-  absl::Status AdmitLocked(const std::string& owner) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The live progress of a job's ranges, in map order (empty entries for
-  // ranges not reported yet).
-  std::vector<v1::RangeStatus> RangeStatusLocked(const JobEntry& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t VersionLocked(const JobEntry& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time Now() const { return options_.clock->Now(); }
+  // Gives idle workers to jobs (Planner::ScheduleJobs); their watchers
+  // hear.
   void ScheduleLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tick's phases. Expires leases; a lost shard's jobs lose their ranges
-  // (returned: their checkpoints are read next, without the lock).
-  std::vector<std::string> ExpireLocked(Notes* notes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A lost shard's job starts again from `start` (null: the beginning).
-  void RestartLocked(JobEntry& job, std::shared_ptr<const StoredJob> start)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NoteProgressLocked(Notes* notes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Splits the job over live shards (a new map version); false when too
-  // few are live.
-  bool PlaceLocked(JobEntry& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AssignLocked(JobEntry& job, int rank, const std::string& worker_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job ends in `state`: the figures as they stand are kept with its
+  // record, its workers go idle, its ranges are retired by the next
+  // control round (a success's after final_pull_grace at most), and an
+  // offer of its initial weights being read ends.
   void FinishLocked(JobEntry& job, v1::JobState state,
                     const std::string& message, Notes* notes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropWorkerLocked(const std::string& worker_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a worker off its job's slot; the worker stays registered, idle.
   void VacateLocked(JobEntry& job, const std::string& worker_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLocked(const std::string& job_id, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  JobEntry FromStored(StoredJob stored) const;
-  // DropOldJobs' phases: which ended jobs go (under mu_), then their
-  // weights and files (without it).
-  struct DroppedJob;
-  std::vector<DroppedJob> TakeDroppableLocked()
+  // Tick's first phase. Expires leases; a lost shard's jobs lose their
+  // ranges (returned: their checkpoints are read next, without the lock).
+  std::vector<std::string> ExpireLocked(Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ForgetDropped(const DroppedJob& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) ABSL_LOCKS_EXCLUDED(mu_);
-  // Checkpoint's phases: which jobs are due (under mu_), then each one's
-  // file (without it).
-  struct CheckpointDue;
-  std::vector<CheckpointDue> DueLocked(bool force)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteCheckpoint(CheckpointDue& due)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) ABSL_LOCKS_EXCLUDED(mu_);
-  // The job needs control-plane work (RunControl).
-  static void MarkDirty(JobEntry& job) {
-    job.dirty = true;
-    ++job.generation;
-  }
-
-  // Control-plane work for every job that needs it, outside mu_.
+  // Control-plane work for every job that needs it (Reconciler): taken
+  // under mu_, done without it, applied under mu_ again.
   void RunControl() ABSL_LOCKS_EXCLUDED(mu_);
-  struct ControlTask;
-  // RunControl's phases: the jobs' pending work taken under mu_, done
-  // without it (Reconcile), and what it did applied under mu_ again.
-  std::vector<ControlTask> TakeTasksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a control task did, into its job (unless the job was placed
+  // again since); whether another round is worth it.
   bool ApplyTaskLocked(ControlTask& task, Notes* notes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reconcile's phases: the end (retire, keep the final weights, drop),
-  // the install, the membership.
-  void Reconcile(ControlTask& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
-  void RetireRanges(ControlTask& task)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
-  void InstallRanges(ControlTask& task)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
-  void SetMembership(ControlTask& task)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
-  static std::vector<MemberSpec> DecideMembers(
-      ControlTask& task, const std::vector<MemberSpec>& active,
-      const std::vector<HoldReport>& reports);
-  // The first epoch a worker may join at: no earlier than the last world
-  // decided, starting at or past `bound`, before the end and max_steps;
-  // -1 when there is none.
-  static int64_t JoinEpoch(const Schedule& s, int64_t bound,
-                           int64_t max_steps);
-  // The furthest clock the held ranges saw a member at (async), ignoring
-  // values past the schedule's end.
-  static int64_t MaxClock(const std::vector<HoldReport>& reports,
-                          int64_t total_steps);
-  // DecideMembers' joiners past the world: their epoch and the new plan.
-  static void Grow(ControlTask& task, int64_t vmax,
-                   const std::vector<HoldReport>& reports,
-                   std::vector<MemberSpec>& growing,
-                   std::vector<MemberSpec>* next);
   // Runs `notes`, then the control work they may have made due.
   void Settle(Notes& notes) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Time Now() const { return options_.clock->Now(); }
 
   CoordinatorOptions options_;
-  // In every worker and shard id ("worker-k3x9a2-1"): ids never repeat
-  // across the coordinator's lifetimes.
-  const std::string lifetime_;
   RealClock real_clock_;
-  std::unique_ptr<JobStore> store_;  // with a state_dir, after Restore
   // Initial weights being read; let in under mu_, ended by Notes.
   WeightOffers offers_;
+  // The jobs in state_dir (job_archive.h says which calls need which
+  // lock).
+  JobArchive archive_;
 
   // Serialises Checkpoint calls and DropOldJobs (taken first).
   absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serialises RunControl
+  Reconciler reconciler_ ABSL_GUARDED_BY(control_mu_);
   mutable absl::Mutex mu_;
-  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
+  JobQueue jobs_ ABSL_GUARDED_BY(mu_);
+  Registry registry_ ABSL_GUARDED_BY(mu_);
+  Planner planner_ ABSL_GUARDED_BY(mu_);  // borrows jobs_ and registry_
   int64_t checkpoints_written_ ABSL_GUARDED_BY(mu_) = 0;
   double checkpoint_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
-  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_shard_ ABSL_GUARDED_BY(mu_) = 1;
-  // Workers' and shard processes' registrations.
-  Leases leases_ ABSL_GUARDED_BY(mu_);
   int64_t next_subscription_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_hold_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, ShardEntry> shards_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::pair<std::string, std::function<void()>>> subscribers_
       ABSL_GUARDED_BY(mu_);
 };

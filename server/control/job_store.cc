@@ -25,7 +25,7 @@ namespace tally {
 
 namespace {
 
-constexpr uint32_t kFormat = 1;
+constexpr uint32_t kFormat = 2;
 
 absl::string_view FloatBytes(const std::vector<float>& v) {
   return absl::string_view(reinterpret_cast<const char*>(v.data()),
@@ -56,14 +56,6 @@ bool ValidJobId(const std::string& id) {
   return true;
 }
 
-bool BytesToFloats(const std::string& bytes, int64_t want,
-                   std::vector<float>* out) {
-  if (static_cast<int64_t>(bytes.size()) != want * 4) return false;
-  out->resize(want);
-  std::memcpy(out->data(), bytes.data(), bytes.size());
-  return true;
-}
-
 // The key and length of a bytes field, so that a large field is written
 // from its own memory after the serialised message: a message followed by
 // more of its fields parses as one message.
@@ -82,36 +74,17 @@ std::string BytesFieldPrefix(int field, size_t size) {
 
 }  // namespace
 
-ShardState StoredJob::Record() const {
-  ShardState record;
-  record.metrics.version = version;
-  record.metrics.samples = samples;
-  record.metrics.rejected_pushes = rejected_pushes;
-  record.metrics.loss = loss;
-  record.metrics.accuracy = accuracy;
-  record.metrics.train_seconds = train_seconds;
-  record.optimizer.step = optimizer_step;
-  record.table_files = table_files;
-  return record;
-}
-
-void StoredJob::SetRecord(const ShardState& range) {
-  version = range.metrics.version;
-  samples = range.metrics.samples;
-  rejected_pushes = range.metrics.rejected_pushes;
-  loss = range.metrics.loss;
-  accuracy = range.metrics.accuracy;
-  train_seconds = range.metrics.train_seconds;
-  optimizer_step = range.optimizer.step;
-}
-
 void StoredJob::EncodeRange(int64_t offset, int64_t count,
                             v1::RangeState* out) const {
-  EncodeRangeRecord(Record(), out);
-  out->set_weights(weights->data() + offset, 4 * count);
-  if (offset == 0) out->set_buffers(buffers);
+  ShardState record;
+  record.metrics = state.metrics;
+  record.optimizer.step = state.optimizer.step;
+  record.table_files = state.table_files;
+  if (offset == 0) record.buffers = state.buffers;
+  EncodeRangeRecord(record, out);
+  out->set_weights(state.weights->data() + offset, 4 * count);
   out->clear_optimizer_slots();
-  for (const std::vector<float>& slot : optimizer_slots)
+  for (const std::vector<float>& slot : state.optimizer.slots)
     out->add_optimizer_slots(slot.data() + offset, 4 * count);
 }
 
@@ -182,9 +155,10 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   v1::JobCheckpoint ck;
   if (!ck.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
     return bad("not a job checkpoint");
-  if (ck.format() != kFormat) {
-    return bad(
-        absl::StrCat("format ", ck.format(), ", this server reads ", kFormat));
+  if (ck.format() == 1) UpgradeFormat1(&ck);
+  if (ck.format() != 1 && ck.format() != kFormat) {
+    return bad(absl::StrCat("format ", ck.format(), ", this server reads 1 and ",
+                            kFormat));
   }
   if (!ValidJobId(ck.job().id())) {
     return bad(absl::StrCat("the job id ", Quoted(ck.job().id()),
@@ -201,47 +175,39 @@ absl::StatusOr<StoredJob> JobStore::ParseCheckpoint(absl::string_view bytes,
   out.history = ck.history();
   out.has_state = ck.has_shard();
   if (!out.has_state) return out;
+  const v1::RangeState& st = ck.state();
   if (ck.has_data_crc32()) {
-    uint32_t crc = Crc32(0, ck.weights());
-    for (const std::string& slot : ck.optimizer_slots()) crc = Crc32(crc, slot);
-    if (Crc32(crc, ck.buffers()) != ck.data_crc32()) {
+    uint32_t crc = Crc32(0, st.weights());
+    for (const std::string& slot : st.optimizer_slots()) crc = Crc32(crc, slot);
+    if (Crc32(crc, st.buffers()) != ck.data_crc32()) {
       return bad("its parameters do not match their checksum (damaged)");
     }
   }
-  out.version = ck.version();
-  out.samples = ck.samples();
-  out.rejected_pushes = ck.rejected_pushes();
-  out.loss = ck.loss();
-  out.accuracy = ck.accuracy();
-  out.train_seconds = ck.train_seconds();
-  if (absl::string_view why = ReadTensors(ck, *spec, &out); !why.empty())
-    return bad(why);
+  absl::StatusOr<ShardState> state =
+      DecodeRangeState(st, spec->layout.num_params);
+  if (!state.ok()) return bad(state.status().message());
+  if (!st.buffers().empty() &&
+      static_cast<int64_t>(st.buffers().size()) != spec->python.buffer_bytes) {
+    return bad("the buffers do not match the model's");
+  }
+  out.state = *std::move(state);
+  out.table_homes.assign(ck.table_homes().begin(), ck.table_homes().end());
   return out;
 }
 
-// The tensors of a checkpoint with state, each against the model's size;
-// what does not match, or nothing.
-absl::string_view JobStore::ReadTensors(const v1::JobCheckpoint& ck,
-                                        const JobSpec& spec, StoredJob* out) {
-  const int64_t n = spec.layout.num_params;
-  auto weights = std::make_shared<std::vector<float>>();
-  if (!BytesToFloats(ck.weights(), n, weights.get()))
-    return "the weights do not match the model's size";
-  out->weights = std::move(weights);
-  if (!ck.buffers().empty() && static_cast<int64_t>(ck.buffers().size()) !=
-                                   spec.python.buffer_bytes) {
-    return "the buffers do not match the model's";
-  }
-  out->buffers = ck.buffers();
-  out->table_files.assign(ck.table_files().begin(), ck.table_files().end());
-  out->table_homes.assign(ck.table_homes().begin(), ck.table_homes().end());
-  out->optimizer_step = ck.optimizer_step();
-  for (const std::string& slot : ck.optimizer_slots()) {
-    out->optimizer_slots.emplace_back();
-    if (!BytesToFloats(slot, n, &out->optimizer_slots.back()))
-      return "the optimizer state does not match the model's size";
-  }
-  return "";
+void JobStore::UpgradeFormat1(v1::JobCheckpoint* ck) {
+  v1::RangeState& st = *ck->mutable_state();
+  st.set_version(ck->version());
+  st.set_samples(ck->samples());
+  st.set_rejected_pushes(ck->rejected_pushes());
+  st.set_loss(ck->loss());
+  st.set_accuracy(ck->accuracy());
+  st.set_train_seconds(ck->train_seconds());
+  st.set_optimizer_step(ck->optimizer_step());
+  st.set_allocated_weights(ck->release_weights());  // moved, not copied
+  st.mutable_optimizer_slots()->Swap(ck->mutable_optimizer_slots());
+  st.set_allocated_buffers(ck->release_buffers());
+  st.mutable_table_files()->Swap(ck->mutable_table_files());
 }
 
 absl::StatusOr<std::vector<StoredJob>> JobStore::LoadAll() const {
@@ -300,31 +266,32 @@ absl::Status JobStore::Save(const StoredJob& job) const {
   std::vector<std::string> prefixes;
   std::vector<absl::string_view> data;
   if (job.has_state) {
+    // The state's record goes in the message; its tensors follow in a
+    // second occurrence of the field, which a reader merges into the first.
+    const ShardState& st = job.state;
     ck.set_has_shard(true);
-    ck.set_version(job.version);
-    ck.set_samples(job.samples);
-    ck.set_rejected_pushes(job.rejected_pushes);
-    ck.set_loss(job.loss);
-    ck.set_accuracy(job.accuracy);
-    ck.set_train_seconds(job.train_seconds);
-    ck.set_optimizer_step(job.optimizer_step);
-    data.push_back(FloatBytes(*job.weights));
-    uint32_t crc = Crc32(0, data.back());
-    for (const auto& slot : job.optimizer_slots)
-      crc = Crc32(crc, FloatBytes(slot));
-    ck.set_data_crc32(Crc32(crc, job.buffers));
-    ck.set_buffers(job.buffers);
-    ck.mutable_table_files()->Assign(job.table_files.begin(),
-                                     job.table_files.end());
+    EncodeRangeRecord(st, ck.mutable_state());
     ck.mutable_table_homes()->Assign(job.table_homes.begin(),
                                      job.table_homes.end());
-    prefixes.push_back(BytesFieldPrefix(v1::JobCheckpoint::kWeightsFieldNumber,
+    data.push_back(FloatBytes(*st.weights));
+    prefixes.push_back(BytesFieldPrefix(v1::RangeState::kWeightsFieldNumber,
                                         data.back().size()));
-    for (const auto& slot : job.optimizer_slots) {
+    for (const auto& slot : st.optimizer.slots) {
       data.push_back(FloatBytes(slot));
       prefixes.push_back(BytesFieldPrefix(
-          v1::JobCheckpoint::kOptimizerSlotsFieldNumber, data.back().size()));
+          v1::RangeState::kOptimizerSlotsFieldNumber, data.back().size()));
     }
+    uint32_t crc = 0;
+    size_t tensors = 0;
+    for (size_t i = 0; i < data.size(); ++i) {
+      crc = Crc32(crc, data[i]);
+      tensors += prefixes[i].size() + data[i].size();
+    }
+    ck.set_data_crc32(Crc32(crc, ck.state().buffers()));
+    prefixes.insert(prefixes.begin(),
+                    BytesFieldPrefix(v1::JobCheckpoint::kStateFieldNumber,
+                                     tensors));
+    data.insert(data.begin(), absl::string_view());
   }
   const std::string head = ck.SerializeAsString();
   std::vector<absl::string_view> pieces = {head};

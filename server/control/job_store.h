@@ -30,23 +30,15 @@ class JobCheckpoint;
 struct StoredJob {
   v1::Job job;
   bool has_state = false;
-  int64_t version = 0;  // steps closed: the weights below
-  int64_t samples = 0;
-  int64_t rejected_pushes = 0;
-  double loss = 0.0;
-  double accuracy = 0.0;
-  double train_seconds = 0.0;
-  std::shared_ptr<const std::vector<float>> weights;  // num_params
-  int64_t optimizer_step = 0;
-  std::vector<std::vector<float>> optimizer_slots;  // num_params each
+  // The job's whole flat vector at one version (has_state): the record a
+  // range keeps of its own elements (server/shard_control.h), with
+  // weights and each optimizer slot of num_params values. Its buffers: a
+  // running job's buffer region, as its first range keeps it; an ended
+  // job's, as the report that ended it gave them. Its table files: a job
+  // whose shards checkpoint its tables, every range's chain in shard-map
+  // order.
+  ShardState state;
   v1::JobHistory history;  // curves and events (the dashboard's)
-  // A Python model's buffers (JobCheckpoint.buffers): a running job's
-  // buffer region, as its first range keeps it; an ended job's, as the
-  // report that ended it gave them.
-  std::string buffers;
-  // A job whose shards checkpoint its tables: the files of its rows at
-  // `version`, every range's chain in shard-map order.
-  std::vector<std::string> table_files;
   // An ended job's table homes (JobCheckpoint.table_homes): each slot's
   // shard address.
   std::vector<std::string> table_homes;
@@ -56,9 +48,6 @@ struct StoredJob {
   // The record through the range codec (server/shard_control.h), the
   // tensors copied once, straight from this job's vectors.
   void EncodeRange(int64_t offset, int64_t count, v1::RangeState* out) const;
-  // The record (version, counters, optimizer step) to and from a range's.
-  ShardState Record() const;
-  void SetRecord(const ShardState& range);
 };
 
 class JobStore {
@@ -87,8 +76,8 @@ class JobStore {
   static absl::StatusOr<StoredJob> ParseCheckpoint(absl::string_view bytes,
                                                    const std::string& path,
                                                    const SpecLimits& limits);
-  static absl::string_view ReadTensors(const v1::JobCheckpoint& ck,
-                                       const JobSpec& spec, StoredJob* out);
+  // A format 1 file's state, moved into JobCheckpoint.state.
+  static void UpgradeFormat1(v1::JobCheckpoint* ck);
   // The next job number, kept beside the jobs (<dir>/NEXT_JOB) so that
   // numbers are not given again after every file was dropped; 0 when none.
   absl::Status SaveNextJob(int64_t next) const;

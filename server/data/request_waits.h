@@ -1,7 +1,8 @@
 // How long a shard holds a request for what it waits on: a version to
-// pull (weights or rows), a version to save, a hold of its ranges. One
-// named bound each, where literals in each handler used to disagree (a
-// weights pull waited up to ten minutes, a pull of rows one).
+// pull (weights or rows), a version to save, a hold of its ranges, a
+// worker's answer to an offer of shared memory. One named bound each,
+// where literals in each handler used to disagree (a weights pull waited
+// up to ten minutes, a pull of rows one).
 #ifndef TALLY_SERVER_DATA_REQUEST_WAITS_H_
 #define TALLY_SERVER_DATA_REQUEST_WAITS_H_
 
@@ -20,6 +21,10 @@ struct RequestWaits {
   absl::Duration most = absl::Minutes(10);
   // The most a HoldRange holds a range still.
   absl::Duration hold_most = absl::Minutes(1);
+  // How long the shard's descriptor of a region offered to a worker stays
+  // open for the worker to map it (SharedMemorySession): one that has not
+  // answered by then has no more use of it.
+  absl::Duration offer_answer = absl::Seconds(5);
 
   // What a request asking `asked_ms` (0: nothing said) is given.
   absl::Duration For(int64_t asked_ms) const {

@@ -32,16 +32,16 @@
 // between its pushes to two shards has committed on neither, so no shard
 // counts a push another shard lacks.
 //
-// Buffers (a Python model's running statistics; SetBufferBytes): the
-// range at offset 0 keeps a buffer region. A push may carry the pusher's
-// buffers after its step's forward pass; when the step closes, the region
-// becomes those of the lowest rank whose push of it counted (async: a
-// push applied from the lowest member's rank), as DDP's broadcast_buffers
-// makes rank 0's every rank's. Pulls return the region with the weights.
-// It is never summed nor stepped.
+// Buffers (a Python model's running statistics; Options::buffer_bytes):
+// the range at offset 0 keeps a buffer region. A push may carry the
+// pusher's buffers after its step's forward pass; when the step closes,
+// the region becomes those of the lowest rank whose push of it counted
+// (async: a push applied from the lowest member's rank), as DDP's
+// broadcast_buffers makes rank 0's every rank's. Pulls return the region
+// with the weights. It is never summed nor stepped.
 //
-// The job's consistency rule (SetConsistency, docs/cluster.md) changes
-// what is open and when things close:
+// The job's consistency rule (Options::consistency, docs/cluster.md;
+// StepRules) changes what is open and when things close:
 //   bsp     as above: one open step; with backup_workers b, a step closes
 //           once all but b required members committed it, and the others'
 //           pushes of it are late (STEP_CLOSED, counted).
@@ -65,16 +65,23 @@
 // hold not released by its deadline lapses (the old membership stands).
 // AddMember/RemoveMember are the one-shard forms of the same decisions.
 //
+// The shard holds the lock and the step protocol (check a push, accept
+// it, commit, close the step, advance the version) and owns its parts, each
+// a class of its own that it guards with its lock: the members and their
+// staged pushes (ShardMembers), the consistency rule's checks (StepRules),
+// the streamed sum (StreamedSum), the staging buffers (StagingPool), the
+// rows of its tables (RowStaging), the waiters (VersionWaiters), the
+// schedule and plan (ShardSchedule), the published weights and their
+// bfloat16 copy (PublishedWeights), and its figures (ShardStats).
+//
 // Thread-safe: every method may be called from any thread. Callbacks given
 // to WhenVersion run without the shard's lock held.
 #ifndef TALLY_SERVER_DATA_SHARD_H_
 #define TALLY_SERVER_DATA_SHARD_H_
 
-#include <climits>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -88,17 +95,55 @@
 #include "common/clock.h"
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
-#include "server/data/internal/intervals.h"
+#include "server/data/published_weights.h"
+#include "server/data/row_staging.h"
+#include "server/data/shard_member.h"
+#include "server/data/shard_members.h"
+#include "server/data/shard_schedule.h"
+#include "server/data/shard_stats.h"
 #include "server/data/sparse_table.h"
+#include "server/data/staging_pool.h"
+#include "server/data/step_rules.h"
+#include "server/data/streamed_sum.h"
+#include "server/data/version_waiters.h"
 #include "server/shard_control.h"
 
 namespace tally {
 
 class ParameterShard {
  public:
+  // What a range is given at construction; nothing changes it later.
+  struct Options {
+    Options();  // the defaults below (declared: a default argument names it)
+    // The job's consistency rule (default: bsp).
+    ConsistencySpec consistency;
+    // Pushes of more samples than this (the job's batch size) are refused,
+    // so the weighted sums and counters stay bounded. 0: no bound.
+    int64_t max_samples = 0;
+    // The range keeps the job's buffer region (above): pushes may carry
+    // buffers of exactly `buffer_bytes` bytes. 0: it keeps none, and a push
+    // with buffers is refused (kInvalidArgument).
+    int64_t buffer_bytes = 0;
+    // Whether pushes of the open step are summed as they arrive where the
+    // rule allows (streamed sums, above). Such a range makes its sum
+    // buffer at construction, not at the step's first push.
+    bool streamed_sums = true;
+    // The plan the range is installed with (a restored one carries none of
+    // its own).
+    int64_t plan = 0;
+    // Called, without the shard's lock, for every step that closes (bsp
+    // and ssp; async has no steps) with the seconds from the step's last
+    // push, and from its last commit, to its version being published.
+    std::function<void(const PublishTimes&)> publish_observer;
+    // The job's embedding tables (model.embeddings): the rows this range's
+    // slot owns. Null: the job has none.
+    std::shared_ptr<SparseTables> tables;
+  };
+
   // `weights` are the initial weights (the shard owns them from now on).
   ParameterShard(std::vector<float> weights,
-                 std::unique_ptr<Optimizer> optimizer, const Clock* clock);
+                 std::unique_ptr<Optimizer> optimizer, const Clock* clock,
+                 Options options = {});
   ParameterShard(const ParameterShard&) = delete;
   ParameterShard& operator=(const ParameterShard&) = delete;
 
@@ -112,7 +157,7 @@ class ParameterShard {
   };
   // A consistent copy for a checkpoint (the optimizer state is copied; the
   // weights are the immutable snapshot), and the tables' rows into
-  // `capture` when given.
+  // `capture` when given and the job has tables.
   ShardState Save(TableCapture* capture = nullptr) const;
   // The state at exactly version `v`, for a checkpoint consistent across a
   // job's shards: if the shard is below v, it closes steps up to v and no
@@ -129,7 +174,7 @@ class ParameterShard {
   // (initial weights given). A retired state gives a retired shard.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Restore(
       const ShardState& state, std::unique_ptr<Optimizer> optimizer,
-      const Clock* clock);
+      const Clock* clock, Options options = {});
 
   int64_t num_params() const { return num_params_; }
 
@@ -140,13 +185,12 @@ class ParameterShard {
   // it, so this one has it too). With `hold_id`, releases that hold:
   // kFailedPrecondition (nothing changed) when that hold is not the one in
   // force (it lapsed, or another replaced it). With a plan (a worker
-  // joined: SetPlan), the plan and the members are taken together or not
-  // at all.
+  // joined: the job's plan `plan.plan` runs `plan.total_steps` versions),
+  // the plan and the members are taken together or not at all: an older
+  // or the same plan changes nothing; kInvalidArgument when the range is
+  // past that total already.
   absl::Status SetMembers(const std::vector<MemberSpec>& members,
                           int64_t hold_id = 0, const PlanChange& plan = {});
-  std::vector<MemberSpec> Members() const;
-  // Every member's progress (for the straggler report).
-  std::vector<MemberProgress> Progress() const;
   // Freezes step closing until SetMembers(…, hold_id) or `deadline` (checked
   // by ExpireWaiters), and reports the version and each member's progress.
   HoldReport Hold(int64_t hold_id, absl::Time deadline);
@@ -156,7 +200,6 @@ class ParameterShard {
   // if it already committed it. A new incarnation replaces the old one.
   void AddMember(const std::string& worker_id, int64_t incarnation);
   void RemoveMember(const std::string& worker_id);
-  bool IsMember(const std::string& worker_id, int64_t incarnation) const;
   // OK when (worker_id, incarnation) is a member; else kPermissionDenied +
   // NOT_A_MEMBER, or kFailedPrecondition with JOB_ENDED (retired) or
   // REGISTER_AGAIN (another incarnation is the member).
@@ -175,46 +218,18 @@ class ParameterShard {
   absl::Status SetSchedule(int64_t total_steps, int64_t steps_per_epoch,
                            const std::string& fingerprint = "",
                            int64_t plan = 0);
-  // The job grew (a worker joined): its plan `plan` runs `total_steps`
-  // versions. An older or the same plan changes nothing; kInvalidArgument
-  // when the range is past that total already.
-  absl::Status SetPlan(int64_t plan, int64_t total_steps);
-  // The plan a range is installed with, before it serves anyone (a
-  // restored range carries none of its own).
-  void InstallPlan(int64_t plan);
-  // The job's consistency rule; before the first member joins (default:
-  // bsp).
-  void SetConsistency(const ConsistencySpec& consistency);
 
-  // Pushes of more samples than this (the job's batch size) are refused,
-  // so the weighted sums and counters stay bounded. 0: no bound.
-  void SetMaxSamples(int64_t max_samples);
-
-  // The steps this range closed lately, by membership (bsp, ssp): runs of
-  // steps closed with the same members, oldest first, the last kMaxSpans.
-  struct ClosedSpan {
-    int64_t first_step = 0, end_step = 0;
-    int members = 0;
-    uint64_t members_hash = 0;  // FNV-1a of "id/incarnation\n" in rank order
-    int64_t samples = 0;
+  // The range as its status shows it, taken at once: the members as the
+  // coordinator decided them, every member's progress (for the straggler
+  // report), and the steps it closed lately, by membership (bsp, ssp): runs
+  // of steps closed with the same members, oldest first, the last
+  // ShardStats::kMaxSpans.
+  struct Report {
+    std::vector<MemberSpec> members;
+    std::vector<MemberProgress> progress;
+    std::vector<ClosedSpan> closed;
   };
-  static constexpr size_t kMaxSpans = 32;
-  std::vector<ClosedSpan> ClosedSpans() const;
-
-  // Called, without the shard's lock, for every step that closes (bsp and
-  // ssp; async has no steps) with the seconds from the step's last push,
-  // and from its last commit, to its version being published (on one
-  // shard a push is its own commit; on several the commits come with the
-  // members' next pulls). Set before the range serves.
-  struct PublishTimes {
-    double since_push = 0, since_commit = 0;
-  };
-  void SetPublishObserver(std::function<void(const PublishTimes&)> observer);
-
-  // The range keeps the job's buffer region (above): pushes may carry
-  // buffers of exactly `bytes` bytes. 0 (the default): it keeps none, and a
-  // push with buffers is refused (kInvalidArgument).
-  void SetBufferBytes(int64_t bytes);
+  Report Describe() const;
 
   // Checks a push before its data is read (codes and their ErrorReason,
   // proto/errors.h):
@@ -245,11 +260,8 @@ class ParameterShard {
 
   // Whether pushes of the open step are summed as they arrive (streamed
   // sums, above) rather than staged: bsp (ssp(0)) without backup workers,
-  // unless SetStreamedSums(false).
+  // unless Options::streamed_sums is false.
   bool StreamsPushes() const;
-  // Called after SetConsistency: a shard that streams makes its sum buffer
-  // here, not at the step's first push.
-  void SetStreamedSums(bool on);
 
   // A push with samples > 0 whose header CheckPush passed (not a
   // duplicate), to be streamed: its token for AddStreamed and
@@ -263,7 +275,7 @@ class ParameterShard {
   // kept and called once, without the shard's lock, when something changed
   // (then call again). The push was validated by BeginStreamed and is not
   // again: only the shard, the member and the token are looked at
-  // (StreamedPartLocked). kAborted + PUSH_AGAIN: the sum was dropped or
+  // (StreamedSum::Find). kAborted + PUSH_AGAIN: the sum was dropped or
   // moved on (push the step again); kFailedPrecondition + REGISTER_AGAIN or
   // kPermissionDenied + NOT_A_MEMBER: the member changed; the shard's
   // closing status once it is closed.
@@ -290,16 +302,6 @@ class ParameterShard {
   // required member of the open step, its push is settled as nothing here.
   void Reject(const PushMeta& meta);
 
-  // The job's embedding tables (model.embeddings): the rows this range's
-  // slot owns. Set once, before the first member joins.
-  void SetTables(std::shared_ptr<SparseTables> tables);
-  bool has_tables() const {
-    absl::MutexLock lock(&mu_);
-    return tables_ != nullptr;
-  }
-  // Once retired, the job's tables as they ended (frozen: SparseTables::
-  // Freeze), which outlive the range; null before, or without tables.
-  std::shared_ptr<const SparseTables> RetiredTables() const;
   // A member's pull of rows as it comes, before it waits for its version
   // (a waiting pull holds its request): CheckMember's codes;
   // kInvalidArgument for a job without tables here, or a request
@@ -347,10 +349,9 @@ class ParameterShard {
       int64_t version);
 
   // Staging buffers of num_params() floats for pushes in flight or staged,
-  // recycled: allocating megabytes per push costs page faults on every
-  // step. At most (2 + s) * members + 4 are out at once (s: the ssp
-  // staleness, else 0), so that a flood of open push streams cannot exhaust
-  // the server's memory (kResourceExhausted beyond that).
+  // recycled (StagingPool). At most (2 + s) * members + 4 are out at once
+  // (s: the ssp staleness, else 0), so that a flood of open push streams
+  // cannot exhaust the server's memory (kResourceExhausted beyond that).
   absl::StatusOr<std::unique_ptr<std::vector<float>>> AcquireStaging();
   void ReleaseStaging(std::unique_ptr<std::vector<float>> buffer);
 
@@ -364,293 +365,68 @@ class ParameterShard {
                  std::function<void(absl::Status)> done);
   // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
   // `deadline` (checked by ExpireWaiters), or done(kFailedPrecondition +
-  // JOB_ENDED) on CancelWaiters. The first call starts the training clock.
+  // JOB_ENDED) when the job is retired. The first call starts the training
+  // clock. A member's wait (`worker_id`, WhenClock's) for a step its push
+  // is no longer in (the sum was dropped) is kAborted + PUSH_AGAIN, at once
+  // or when the sum drops.
   void WhenVersion(int64_t v, absl::Time deadline,
-                   std::function<void(absl::Status)> done);
+                   std::function<void(absl::Status)> done,
+                   const std::string& worker_id = "");
   // Releases waiters and a hold whose deadlines passed.
   void ExpireWaiters();
-  // Releases every waiter with `why` (default kFailedPrecondition +
-  // JOB_ENDED; a range that moves elsewhere says kUnavailable: retry).
-  void CancelWaiters(absl::Status why = absl::Status());
-  // The range is gone from its server: waiters are released with `why`, and
-  // every later wait (WhenVersion, SaveAt) fails with it at once, so
-  // nothing waits on a range nobody ticks any more.
+  // The range is gone from its server: waiters are released with `why` (a
+  // range that moves elsewhere says kUnavailable: retry), and every later
+  // wait (WhenVersion, SaveAt) fails with it at once, so nothing waits on a
+  // range nobody ticks any more.
   void Close(absl::Status why);
 
-  // The job ended: frees aggregation and optimizer memory, keeping only the
-  // final weights (for fetching); later pushes get kFailedPrecondition.
-  void Retire();
+  // The job ended: waiters are released (kFailedPrecondition + JOB_ENDED),
+  // aggregation and optimizer memory freed, keeping only the final weights
+  // (for fetching); later pushes get kFailedPrecondition. Returns the
+  // job's tables as they ended (frozen: SparseTables::Freeze), which
+  // outlive the range; null without tables.
+  std::shared_ptr<const SparseTables> Retire();
 
  private:
-  // A push kept until its step closes (async: until it is applied).
-  struct Staged {
-    std::unique_ptr<std::vector<float>> grads;  // null: contributes nothing
-    int64_t base = 0;  // the version it was computed from
-    int64_t samples = 0;
-    double loss_sum = 0.0;
-    int64_t correct = 0;
-    // async, in the apply queue: the pusher's buffers and rank.
-    std::shared_ptr<const std::string> buffers;
-    int rank = 0;
-  };
-  // The pieces of one member's rows of a step (PushRowsRequest.piece):
-  // with SparseTables::kMaxValuesPerMessage values each, 64 MiB at most.
-  static constexpr int kMaxRowPieces = 64;
-  // A member's row gradients of one step (StageRows).
-  struct RowGrads {
-    int table = 0;
-    std::vector<int64_t> rows;
-    std::vector<float> grads;  // rows.size() * dim
-  };
-  struct StagedRows {
-    int64_t samples = 0;
-    std::map<int, std::vector<RowGrads>> pieces;  // by PushRowsRequest.piece
-  };
-  struct Member {
-    MemberSpec spec;
-    std::map<int64_t, StagedRows> rows;  // by step
-    int64_t pushed_step = -1;          // last step pushed (staged or rejected)
-    int64_t committed_step = -1;       // last step committed
-    std::map<int64_t, Staged> staged;  // by step: at most staleness + 1
-    int64_t clock = -1;                // MemberProgress
-    bool waiting = false;
-    bool last_refused = false;
-    // The step whose streamed sum lost its push: it pushes it again
-    // before it may commit it or wait for the step's end (-1: none).
-    int64_t push_again = -1;
-    // The buffers its pushes carried, by step, until the step closes.
-    std::map<int64_t, std::shared_ptr<const std::string>> buffers;
-  };
-  struct Waiter {
-    int64_t version;
-    absl::Time deadline;
-    std::function<void(absl::Status)> done;
-    std::string worker_id;  // WhenClock's; empty for WhenVersion
-  };
-  // One member's push of the open step in a streamed sum.
-  struct SumPart {
-    int64_t incarnation = 0;
-    int64_t samples = 0;
-    double loss_sum = 0.0;
-    int64_t correct = 0;
-    float weight = 0;           // samples, scaled by staleness
-    internal::Intervals added;  // what of it is in sum_
-    bool complete = false;      // pushed whole (FinishStreamed, Accept)
-    // Accept's whole push, added once its turn comes.
-    std::unique_ptr<std::vector<float>> whole;
-  };
-  using Ready =
-      std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
+  using Ready = ReadyCalls;
 
-  absl::Status CheckPushLocked(const PushMeta& meta, bool* duplicate) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CheckPushLocked's two rules: async (a member's own clock) and bsp/ssp
-  // (the open steps); a push too stale, counted.
-  absl::Status CheckAsyncPushLocked(const PushMeta& meta, const Member& m,
-                                    bool* duplicate) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckStepPushLocked(const PushMeta& meta, const Member& m,
-                                   bool* duplicate) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status StaleLocked(const PushMeta& meta, int64_t staleness) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AcceptLocked(const PushMeta& meta,
-                            std::unique_ptr<std::vector<float>> grads,
-                            bool* duplicate, Ready* ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckMemberLocked(const std::string& worker_id,
-                                 int64_t incarnation) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool RequiredLocked(const Member& m, int64_t step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands staged buffers back to the pool: all of a member's, or one.
-  void UnstageLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseLocked(std::unique_ptr<std::vector<float>> buffer)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return total_steps_ > 0 && version_ >= total_steps_;
-  }
-  // How much a gradient of staleness `tau` weighs (lr_scaling).
-  float ScaleLocked(int64_t tau) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes the open step (bsp, ssp) if it may; false if not.
-  bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A push (or a commit) of `step` is whole here; the step `closed` is
-  // published.
-  void NoteLocked(int64_t step, bool commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SetPlanLocked(int64_t plan, int64_t total_steps)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Step version_ closes with `required` (in rank order), `samples`.
-  void NoteClosedLocked(const std::vector<Member*>& required, int64_t samples)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps a staging buffer for reuse (bounded), or frees it.
-  void PoolLocked(std::unique_ptr<std::vector<float>> b)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotePublishedLocked(int64_t closed, Ready* ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What AddStreamed and FinishStreamed check of a push that BeginStreamed
-  // checked in full (the push is validated once): the shard open, the
-  // member the same, and the push either counted already (*duplicate:
-  // another stream of it finished it) or its part, the same push (its
-  // samples, loss and counts), still in this step's sum (*part). The step's rules need no second look: a sum that moved on
-  // (a step closed, a reset) has a new generation, which the push's token
-  // no longer matches (PUSH_AGAIN).
-  absl::Status StreamedPartLocked(const PushMeta& meta, int64_t token,
-                                  SumPart** part, bool* duplicate)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CloseStepLocked's parts: whether the open step can close (its required
-  // members, in the order of summation); the staged pushes' weighted sum
-  // (made in the first one's buffer; null when none contributed).
-  bool ReadyToCloseLocked(std::vector<Member*>* required)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::unique_ptr<std::vector<float>> SumStagedLocked(
-      const std::vector<Member*>& required, int64_t* samples, double* loss,
-      int64_t* correct) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Streamed: the closing step's figures from its parts (`required` in rank
-  // order, all committed), which leave; false (the sum dropped) if a
-  // committed push is not whole in the sum.
-  bool TallyStreamedLocked(const std::vector<Member*>& required,
-                           int64_t* samples, double* loss, int64_t* correct,
-                           Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // async: member m's commit of `step` queues its push (as nothing unless
-  // `contributed`) to be applied as one version, with its buffers.
-  void QueueCommittedLocked(Member& m, int64_t step, bool contributed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps a push's buffers with its member until its step closes.
-  void KeepBuffersLocked(const PushMeta& meta)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The closing step's buffer region: the first of `required` (in rank
-  // order) whose push of the step counted and carried buffers; every
-  // member's buffers of the step and before go.
-  void TakeBuffersLocked(const std::vector<Member*>& required)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // StageRows' parts: with tables: async, the rows of `req` stepped now,
-  // once a piece; the step's rules for member m's rows of `step`; the
-  // request's row gradients, checked, copied and counted.
-  absl::Status StepRowsNowLocked(Member& m, const v1::PushRowsRequest& req)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckRowsStepLocked(const Member& m, int64_t step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status DecodeRowGradsLocked(const v1::PushRowsRequest& req,
-                                    std::vector<RowGrads>* blocks)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The closing step's row gradients of `required` (rank order) that
-  // count, summed, divided by `samples` and applied; every member's staged
-  // rows of the step and before go.
-  void ApplyRowsLocked(const std::vector<Member*>& required, int64_t samples)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Steps the optimizer with `mean` (if `samples` > 0) and publishes the
-  // weights as version + 1.
-  void AdvanceLocked(int64_t samples, double loss, int64_t correct,
-                     const float* mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetMembersLocked(const std::vector<MemberSpec>& members, Ready* ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes every step that may close (async: applies committed pushes)
   // unless a hold or a save is in force; collects released waiters into
   // `ready` (run them after unlocking).
   void MaybeCloseLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void RunReady(Ready& ready);
+  // Closes the open step (bsp, ssp) if it may: its sum (streamed, or of
+  // the staged pushes) becomes the mean the optimizer steps with, its rows
+  // are applied and its buffers taken; false if not.
+  bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps the optimizer with `mean` (if tally.samples > 0) and publishes
+  // the weights as version + 1.
+  void AdvanceLocked(const StepTally& tally, const float* mean)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardMetrics MetricsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WhenVersionFor(const std::string& worker_id, int64_t v,
-                      absl::Time deadline,
-                      std::function<void(absl::Status)> done);
-
-  // Streamed sums.
-  bool StreamedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // kAborted + PUSH_AGAIN for the open step.
-  absl::Status PushAgainLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether member `id` may add [b, e) now: every lower rank required at
-  // the open step has added it or contributes nothing; *first: nobody did.
-  bool TurnLocked(const std::string& id, int64_t b, int64_t e,
-                  bool* first) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `g` (values of [b, e)) with weight w: the sum's first values, or
-  // onto them.
-  void SumInLocked(SumPart& part, int64_t b, int64_t e, const float* g,
-                   bool first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds Accept's whole pushes whose turn came; then wakes every waiting
-  // block (into `ready`).
-  void ProgressLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the open step's sum: every part but `keep_out`'s must be pushed
-  // again (their pushed and committed steps go back; their pulls are told
-  // PUSH_AGAIN). `keep_out` (may be empty) contributes nothing.
-  void ResetSumLocked(const std::string& keep_out, Ready* ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `id` (about to push) ranks below a push already partly in the sum: the
-  // sum starts over.
-  void RestartIfLateLocked(const std::string& id, Ready* ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `id`'s push of the open step counts as nothing: its part goes (and the
-  // sum with it if anything of it was added).
-  void DropPartLocked(const std::string& id, Ready* ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a membership change: a part whose member is gone or no longer
-  // required drops the sum.
-  void CheckPartsLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t num_params_;
   const Clock* clock_;  // borrowed
+  // The job's rule and bounds: fixed at construction, read without the lock.
+  const StepRules rules_;
 
   mutable absl::Mutex mu_;
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<SparseTables> tables_ ABSL_GUARDED_BY(mu_);
-  // The current weights, which Snapshot() hands out: stepped in place when
-  // no reader holds them, else copied first (AdvanceLocked).
-  std::shared_ptr<std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
-  // Earlier weights, reused once no reader holds them any more.
-  std::vector<std::shared_ptr<std::vector<float>>> spare_weights_
-      ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<std::vector<float>>> staging_pool_
-      ABSL_GUARDED_BY(mu_);
-  // Bfloat16Of's: the version encoded last, and its encoding.
-  int64_t bf16_version_ ABSL_GUARDED_BY(mu_) = -1;
-  std::shared_ptr<const std::vector<uint16_t>> bf16_ ABSL_GUARDED_BY(mu_);
-  int staging_out_ ABSL_GUARDED_BY(mu_) = 0;
+  PublishedWeights weights_ ABSL_GUARDED_BY(mu_);
+  ShardSchedule schedule_ ABSL_GUARDED_BY(mu_);
+  StagingPool pool_ ABSL_GUARDED_BY(mu_);
+  ShardMembers members_ ABSL_GUARDED_BY(mu_);
+  VersionWaiters waiters_ ABSL_GUARDED_BY(mu_);
+  StreamedSum sum_ ABSL_GUARDED_BY(mu_);
+  RowStaging rows_ ABSL_GUARDED_BY(mu_);
+  ShardStats stats_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t max_samples_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const std::string> buffers_ ABSL_GUARDED_BY(mu_);
-  int64_t total_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t plan_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string data_fingerprint_ ABSL_GUARDED_BY(mu_);
-  absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time finished_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
-  ConsistencySpec consistency_ ABSL_GUARDED_BY(mu_);
   // async: committed pushes in commit order, applied as holds allow.
-  std::deque<Staged> apply_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<StagedPush> apply_queue_ ABSL_GUARDED_BY(mu_);
   int64_t hold_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no hold
+  absl::Time hold_deadline_ ABSL_GUARDED_BY(mu_);
   // Versions a SaveAt waits for: no step closes at or past the lowest.
   std::multiset<int64_t> save_at_ ABSL_GUARDED_BY(mu_);
-  absl::Time hold_deadline_ ABSL_GUARDED_BY(mu_);
-  // Metrics.
-  double last_loss_ ABSL_GUARDED_BY(mu_) = 0.0;
-  double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0.0;
-  int64_t samples_total_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
-  // Counted where a push is checked, which is const.
-  mutable int64_t stale_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable int64_t late_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::pair<absl::Time, int64_t>> closes_ ABSL_GUARDED_BY(mu_);
-  // When each open step's last push and last commit so far arrived
-  // (NoteLocked), for publish_observer_.
-  struct LastArrivals {
-    absl::Time push = absl::InfinitePast(), commit = absl::InfinitePast();
-  };
-  std::map<int64_t, LastArrivals> last_at_ ABSL_GUARDED_BY(mu_);
-  std::deque<ClosedSpan> spans_ ABSL_GUARDED_BY(mu_);
-  std::function<void(const PublishTimes&)> publish_observer_
-      ABSL_GUARDED_BY(mu_);
-  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  // Streamed sums: the open step's sum (kept for the next step), its
-  // generation (a new one at each close or drop; tokens of another are
-  // stale), the parts in it, and the waiting blocks' wake calls.
-  bool streamed_sums_ ABSL_GUARDED_BY(mu_) = true;
-  std::unique_ptr<std::vector<float>> sum_ ABSL_GUARDED_BY(mu_);
-  int64_t sum_generation_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<std::string, SumPart> parts_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void()>> parked_ ABSL_GUARDED_BY(mu_);
-  int64_t sum_resets_ ABSL_GUARDED_BY(mu_) = 0;
   bool retired_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // not OK once Closed
 };

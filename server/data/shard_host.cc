@@ -24,11 +24,24 @@ absl::Status NoRange(const std::string& job_id) {
 
 }  // namespace
 
-ShardHost::ShardHost(const Clock* clock, const SpecLimits& limits)
-    : clock_(clock != nullptr ? clock : &real_clock_), limits_(limits) {}
+ShardHost::Options::Options() = default;
+
+ShardHost::ShardHost(const Clock* clock, const SpecLimits& limits,
+                     Options options)
+    : waits_(options.waits),
+      clock_(clock != nullptr ? clock : &real_clock_),
+      options_(std::move(options)),
+      table_budget_(
+          options_.max_table_bytes > 0
+              ? std::make_shared<std::atomic<int64_t>>(options_.max_table_bytes)
+              : nullptr),
+      shared_memory_max_bytes_(std::clamp<int64_t>(
+          options_.shared_memory_max_bytes, 0, kMaxSharedBytes / 2)),
+      limits_(limits) {}
 
 absl::StatusOr<std::shared_ptr<ParameterShard>> ShardHost::MakeShard(
-    const v1::InstallRangeRequest& req, const JobSpec& spec) const {
+    const v1::InstallRangeRequest& req, const JobSpec& spec,
+    ParameterShard::Options options) {
   const int64_t n = spec.layout.num_params;
   const int64_t count = req.count();
   TALLY_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
@@ -46,8 +59,9 @@ absl::StatusOr<std::shared_ptr<ParameterShard>> ShardHost::MakeShard(
       init = std::vector<float>(init.begin() + req.offset(),
                                 init.begin() + req.offset() + count);
     }
+    TALLY_ASSIGN_OR_RETURN(options.tables, MakeTables(req, spec));
     return std::make_shared<ParameterShard>(std::move(init), std::move(opt),
-                                            clock_);
+                                            clock_, std::move(options));
   }
   TALLY_ASSIGN_OR_RETURN(ShardState st, DecodeRangeState(req.state(), count));
   if (st.buffers != nullptr &&
@@ -58,15 +72,16 @@ absl::StatusOr<std::shared_ptr<ParameterShard>> ShardHost::MakeShard(
   }
   st.metrics.total_steps = req.schedule().total_steps();
   st.metrics.steps_per_epoch = req.schedule().steps_per_epoch();
-  TALLY_ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> restored,
-                         ParameterShard::Restore(st, std::move(opt), clock_));
+  TALLY_ASSIGN_OR_RETURN(options.tables, MakeTables(req, spec));
+  TALLY_ASSIGN_OR_RETURN(
+      std::unique_ptr<ParameterShard> restored,
+      ParameterShard::Restore(st, std::move(opt), clock_, std::move(options)));
   return std::shared_ptr<ParameterShard>(std::move(restored));
 }
 
-absl::Status ShardHost::AttachTables(const v1::InstallRangeRequest& req,
-                                     const JobSpec& spec,
-                                     ParameterShard& shard) {
-  if (spec.embeddings.empty()) return absl::OkStatus();
+absl::StatusOr<std::shared_ptr<SparseTables>> ShardHost::MakeTables(
+    const v1::InstallRangeRequest& req, const JobSpec& spec) {
+  if (spec.embeddings.empty()) return nullptr;
   if (req.slots() < 1 || req.slot() < 0 || req.slot() >= req.slots()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a job with tables is installed with its range's slot: got ",
@@ -87,9 +102,8 @@ absl::Status ShardHost::AttachTables(const v1::InstallRangeRequest& req,
                            ReadTableFile(path, req.job_id()));
     TALLY_RETURN_IF_ERROR(tables->Load(file));
   }
-  if (!table_dir_.empty()) tables->set_checkpointed();
-  shard.SetTables(std::move(tables));
-  return absl::OkStatus();
+  if (!options_.table_dir.empty()) tables->set_checkpointed();
+  return tables;
 }
 
 absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
@@ -108,20 +122,20 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
                      ") is outside the job's ", n, " parameters"));
   }
   const int64_t count = req.count();
-  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<ParameterShard> shard,
-                         MakeShard(req, spec));
-  shard->SetConsistency(spec.training.consistency);
-  shard->SetStreamedSums(StreamsSums(spec, count));
-  shard->InstallPlan(req.schedule().plan());
-  TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
-                                           req.schedule().steps_per_epoch(),
-                                           "", req.schedule().plan()));
-  shard->SetMaxSamples(spec.training.batch_size);
-  if (publish_observer_ != nullptr) shard->SetPublishObserver(publish_observer_);
+  ParameterShard::Options o;
+  o.consistency = spec.training.consistency;
+  o.max_samples = spec.training.batch_size;
   // The buffer region rides with the range that starts the vector.
   if (spec.is_python && req.offset() == 0)
-    shard->SetBufferBytes(spec.python.buffer_bytes);
-  TALLY_RETURN_IF_ERROR(AttachTables(req, spec, *shard));
+    o.buffer_bytes = spec.python.buffer_bytes;
+  o.streamed_sums = StreamsSums(spec, count);
+  o.plan = req.schedule().plan();
+  o.publish_observer = options_.publish_observer;
+  TALLY_ASSIGN_OR_RETURN(std::shared_ptr<ParameterShard> shard,
+                         MakeShard(req, spec, std::move(o)));
+  TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
+                                           req.schedule().steps_per_epoch(), "",
+                                           req.schedule().plan()));
   std::vector<MemberSpec> members;
   for (const v1::MemberSpec& m : req.members()) members.push_back(FromProto(m));
   TALLY_RETURN_IF_ERROR(shard->SetMembers(members));
@@ -153,7 +167,8 @@ bool ShardHost::StreamsSums(const JobSpec& spec, int64_t count) const {
   // from its first step.
   const int64_t most = std::max<int64_t>(
       1, std::max(spec.training.workers, spec.training.max_workers));
-  return streamed_sums_ && count * most >= streamed_sums_min_elements_;
+  return options_.streamed_sums &&
+         count * most >= options_.streamed_sums_min_elements;
 }
 
 absl::StatusOr<Range> ShardHost::Find(const std::string& job_id,
@@ -194,9 +209,7 @@ absl::Status ShardHost::SetMembers(const std::string& job_id,
 
 absl::Status ShardHost::Retire(const std::string& job_id, int64_t map_version) {
   TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
-  r.shard->CancelWaiters();
-  r.shard->Retire();
-  std::shared_ptr<const SparseTables> tables = r.shard->RetiredTables();
+  std::shared_ptr<const SparseTables> tables = r.shard->Retire();
   if (tables == nullptr) return absl::OkStatus();
   std::shared_ptr<const SparseTables> older;  // freed without the lock
   absl::MutexLock lock(&ended_tables_mu_);
@@ -299,12 +312,12 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
     dropped = std::move(it->second.shard);
     ranges_.erase(it);
   }
-  if (ended && !table_dir_.empty()) {
+  if (ended && !options_.table_dir.empty()) {
     absl::MutexLock lock(&chains_mu_);
     chains_.erase(job_id);
     std::error_code ec;
-    std::filesystem::remove_all(std::filesystem::path(table_dir_) / job_id,
-                                ec);
+    std::filesystem::remove_all(
+        std::filesystem::path(options_.table_dir) / job_id, ec);
   }
   dropped->Close(
       ended ? WithReason(absl::FailedPreconditionError("the job ended"),
@@ -324,7 +337,8 @@ void ShardHost::SaveAt(const std::string& job_id, int64_t map_version,
   // The callback keeps the shard alive until it has run.
   std::shared_ptr<ParameterShard> shard = r->shard;
   std::shared_ptr<ParameterShard::TableCapture> capture;
-  if (!weights_only && !table_dir_.empty() && shard->has_tables()) {
+  // (Save fills it only if the job has tables.)
+  if (!weights_only && !options_.table_dir.empty()) {
     capture = std::make_shared<ParameterShard::TableCapture>();
     capture->base = NextSaveIsBase(job_id, r->map_version);
   }
@@ -363,7 +377,7 @@ bool ShardHost::NextSaveIsBase(const std::string& job_id,
 absl::StatusOr<std::vector<std::string>> ShardHost::WriteTables(
     const std::string& job_id, int64_t map_version, const TableRowsFile& file) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(table_dir_) / job_id;
+  const fs::path dir = fs::path(options_.table_dir) / job_id;
   const std::string path =
       (dir / absl::StrCat("m", map_version, "-s", file.slot, "-v",
                           file.version, "-n", table_files_written_++,
@@ -405,8 +419,8 @@ absl::StatusOr<std::vector<std::string>> ShardHost::WriteTables(
 
 namespace {
 
-void AddClosedSpans(const ParameterShard& shard, v1::RangeStatus* s) {
-  for (const ParameterShard::ClosedSpan& c : shard.ClosedSpans()) {
+void AddClosedSpans(const std::vector<ClosedSpan>& spans, v1::RangeStatus* s) {
+  for (const ClosedSpan& c : spans) {
     v1::ClosedSpan* out = s->add_closed();
     out->set_first_step(c.first_step);
     out->set_end_step(c.end_step);
@@ -457,7 +471,8 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
       ts->set_rows_evicted(t.rows_evicted);
       ts->set_rows_filtered(t.rows_filtered);
     }
-    for (const MemberProgress& p : r.shard->Progress()) {
+    const ParameterShard::Report report = r.shard->Describe();
+    for (const MemberProgress& p : report.progress) {
       v1::MemberProgress* mp = s.add_member_progress();
       mp->set_worker_id(p.worker_id);
       mp->set_incarnation(p.incarnation);
@@ -467,7 +482,7 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
       mp->set_waiting(p.waiting);
     }
     s.set_members(m.members);
-    AddClosedSpans(*r.shard, &s);
+    AddClosedSpans(report.closed, &s);
     s.set_train_seconds(m.train_seconds);
     out.push_back(std::move(s));
   }
@@ -518,15 +533,16 @@ absl::Status ShardHost::ReserveWaitingRows(const std::string& owner,
                                            int64_t bytes) {
   absl::MutexLock lock(&waiting_rows_mu_);
   int64_t& mine = waiting_rows_owners_[owner];
-  const bool over_mine = mine + bytes > waiting_rows_per_worker_;
-  if (over_mine || waiting_rows_bytes_ + bytes > waiting_rows_in_all_) {
+  const int64_t per_worker = options_.waiting_rows_per_worker;
+  const int64_t in_all = options_.waiting_rows_in_all;
+  const bool over_mine = mine + bytes > per_worker;
+  if (over_mine || waiting_rows_bytes_ + bytes > in_all) {
     const std::string held =
         over_mine ? absl::StrCat("this worker's pulls of rows waiting here "
                                  "hold ", mine, " bytes")
                   : absl::StrCat("pulls of rows waiting here hold ",
                                  waiting_rows_bytes_, " bytes in all");
-    const int64_t bound =
-        over_mine ? waiting_rows_per_worker_ : waiting_rows_in_all_;
+    const int64_t bound = over_mine ? per_worker : in_all;
     if (mine == 0) waiting_rows_owners_.erase(owner);
     return WithReason(
         absl::ResourceExhaustedError(absl::StrCat(

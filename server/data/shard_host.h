@@ -50,61 +50,68 @@ struct Range {
 
 class ShardHost {
  public:
+  // Shared memory with workers (Options::shared_memory_max_bytes): at most
+  // kMaxSharedRegions regions and kMaxSharedBytes at once, and
+  // kMaxSharedRegionsPerWorker for one worker of a job (its stream and the
+  // one replacing it). A region holds one push and one pull of the range:
+  // twice its size, counted in both processes' memory.
+  static constexpr int kMaxSharedRegions = 256;
+  static constexpr int kMaxSharedRegionsPerWorker = 2;
+  static constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
+  // What pulls of rows waiting for their version (ParameterService.
+  // PullRows) may hold by default: each keeps its request until it is
+  // answered (at most about 2 MiB once checked: SparseTables::
+  // kMaxValuesPerMessage row numbers), so a job's worker may have
+  // kMaxWaitingRowBytesPerWorker of them waiting here and all of them
+  // together kMaxWaitingRowBytes.
+  static constexpr int64_t kMaxWaitingRowBytes = int64_t{256} << 20;
+  static constexpr int64_t kMaxWaitingRowBytesPerWorker = int64_t{64} << 20;
+
+  // What a host is given at construction; nothing changes it later.
+  struct Options {
+    Options();  // the defaults below (declared: a default argument names it)
+    // Whether ranges sum pushes as they arrive where their job allows
+    // (ParameterShard::Options::streamed_sums): ranges of at least
+    // `streamed_sums_min_elements` values, or whose job's workers (its
+    // most, if it may grow) would stage that many in all (smaller ones
+    // stage each push whole, which costs little memory there and was
+    // faster).
+    bool streamed_sums = true;
+    int64_t streamed_sums_min_elements = 0;
+    // The bytes every job's embedding tables here may take together
+    // (--max_table_bytes; 0: unbounded).
+    int64_t max_table_bytes = 0;
+    // Given to every range (ParameterShard::Options::publish_observer):
+    // the metrics' publish latency. Null: none.
+    std::function<void(const PublishTimes&)> publish_observer;
+    // Where this shard checkpoints its ranges' tables (--table_dir; empty:
+    // they are not): a directory every shard of the cluster reads at the
+    // same path, since a range placed again elsewhere loads its rows from
+    // the files the lost one wrote. Under it, a directory a job, removed
+    // when the job ends.
+    std::string table_dir;
+    // Whether an Exchange stream may share memory with its worker
+    // (proto/shared_memory.h): for ranges of at most this many bytes (4
+    // bytes a value; 0: never), within kMaxSharedBytes / 2.
+    int64_t shared_memory_max_bytes = 0;
+    // What pulls of rows waiting here may hold: a job's worker's, and all
+    // of them together.
+    int64_t waiting_rows_per_worker = kMaxWaitingRowBytesPerWorker;
+    int64_t waiting_rows_in_all = kMaxWaitingRowBytes;
+    // How long this host's services hold a request for what it waits on.
+    RequestWaits waits;
+  };
+
   // `clock` is borrowed (null: real time); specs are checked against
   // `limits` before a range is allocated.
-  explicit ShardHost(const Clock* clock, const SpecLimits& limits = {});
+  explicit ShardHost(const Clock* clock, const SpecLimits& limits = {},
+                     Options options = {});
   ShardHost(const ShardHost&) = delete;
   ShardHost& operator=(const ShardHost&) = delete;
 
   // How long this host's services hold a request for what it waits on.
   const RequestWaits& waits() const { return waits_; }
 
-  // Whether ranges installed from now on sum pushes as they arrive where
-  // their job allows (ParameterShard::SetStreamedSums): ranges of at least
-  // `min_elements` values, or whose job's workers (its most, if it may
-  // grow) would stage that many in all (smaller ones stage each push
-  // whole, which costs little memory there and was faster).
-  void set_streamed_sums(bool on, int64_t min_elements) {
-    streamed_sums_ = on;
-    streamed_sums_min_elements_ = min_elements;
-  }
-
-  // The bytes every job's embedding tables here may take together
-  // (--max_table_bytes; 0: unbounded), for ranges installed from now on.
-  void set_max_table_bytes(int64_t bytes) {
-    table_budget_ =
-        bytes > 0 ? std::make_shared<std::atomic<int64_t>>(bytes) : nullptr;
-  }
-
-  // Given to every range installed from now on
-  // (ParameterShard::SetPublishObserver): the metrics' publish latency.
-  // Set before the host serves (not guarded: read by Install).
-  void set_publish_observer(
-      std::function<void(const ParameterShard::PublishTimes&)> observer) {
-    publish_observer_ = std::move(observer);
-  }
-
-  // Where this shard checkpoints its ranges' tables (--table_dir; empty:
-  // they are not): a directory every shard of the cluster reads at the
-  // same path, since a range placed again elsewhere loads its rows from
-  // the files the lost one wrote. Under it, a directory a job, removed
-  // when the job ends.
-  void set_table_dir(std::string dir) { table_dir_ = std::move(dir); }
-
-  // Whether an Exchange stream may share memory with its worker
-  // (proto/shared_memory.h): for ranges of at most `max_range_bytes` (4
-  // bytes a value; 0: never), at most kMaxSharedRegions and
-  // kMaxSharedBytes at once, and kMaxSharedRegionsPerWorker for one
-  // worker of a job (its stream and the one replacing it). A region holds
-  // one push and one pull of the range: twice its size, counted in both
-  // processes' memory.
-  static constexpr int kMaxSharedRegions = 256;
-  static constexpr int kMaxSharedRegionsPerWorker = 2;
-  static constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
-  void set_shared_memory(int64_t max_range_bytes) {
-    shared_memory_max_bytes_ =
-        std::clamp<int64_t>(max_range_bytes, 0, kMaxSharedBytes / 2);
-  }
   // A region for a stream of `owner` (a job's worker) over a range of
   // `count` values may be made now: true, and counted until
   // ReleaseSharedRegion(owner, count); false when sharing is off, the range
@@ -120,23 +127,10 @@ class ShardHost {
   int64_t shared_pushed_bytes() const { return shared_pushed_; }
   int64_t shared_pulled_bytes() const { return shared_pulled_; }
 
-  // What pulls of rows waiting for their version (ParameterService.
-  // PullRows) may hold: each keeps its request until it is answered (at
-  // most about 2 MiB once checked: SparseTables::kMaxValuesPerMessage row
-  // numbers), so a job's worker may have kMaxWaitingRowBytesPerWorker of
-  // them waiting here and all of them together kMaxWaitingRowBytes
-  // (set_waiting_rows changes both).
-  static constexpr int64_t kMaxWaitingRowBytes = int64_t{256} << 20;
-  static constexpr int64_t kMaxWaitingRowBytesPerWorker = int64_t{64} << 20;
-  void set_waiting_rows(int64_t per_worker, int64_t in_all) {
-    absl::MutexLock lock(&waiting_rows_mu_);
-    waiting_rows_per_worker_ = per_worker;
-    waiting_rows_in_all_ = in_all;
-  }
-  // Counts `bytes` for a waiting pull of `owner` (a job's worker) until
-  // ReleaseWaitingRows(owner, bytes); kResourceExhausted + PULLS_WAITING,
-  // naming the bound, when they would take the owner's or everyone's past
-  // it (nothing counted then).
+  // Counts `bytes` for a waiting pull of rows of `owner` (a job's worker)
+  // until ReleaseWaitingRows(owner, bytes); kResourceExhausted +
+  // PULLS_WAITING, naming the bound (Options::waiting_rows_*), when they
+  // would take the owner's or everyone's past it (nothing counted then).
   absl::Status ReserveWaitingRows(const std::string& owner, int64_t bytes);
   void ReleaseWaitingRows(const std::string& owner, int64_t bytes);
   // The bytes counted now.
@@ -204,20 +198,22 @@ class ShardHost {
  private:
   const RequestWaits waits_;
   // Install's range: from the spec's initial weights, or from the state
-  // the request carries (a Python model's always), checked against it.
+  // the request carries (a Python model's always), checked against it,
+  // with `options` and the job's tables.
   absl::StatusOr<std::shared_ptr<ParameterShard>> MakeShard(
-      const v1::InstallRangeRequest& req, const JobSpec& spec) const;
-  // The job's tables (model.embeddings), on the range's slot.
-  absl::Status AttachTables(const v1::InstallRangeRequest& req,
-                            const JobSpec& spec, ParameterShard& shard);
+      const v1::InstallRangeRequest& req, const JobSpec& spec,
+      ParameterShard::Options options);
+  // The job's tables (model.embeddings), on the range's slot; null when
+  // it has none.
+  absl::StatusOr<std::shared_ptr<SparseTables>> MakeTables(
+      const v1::InstallRangeRequest& req, const JobSpec& spec);
   // Whether a range of `count` values of the job sums pushes as they
-  // arrive (set_streamed_sums).
+  // arrive (Options::streamed_sums).
   bool StreamsSums(const JobSpec& spec, int64_t count) const;
   const Clock* clock_;
-  bool streamed_sums_ = true;
-  std::shared_ptr<std::atomic<int64_t>> table_budget_;
-  int64_t streamed_sums_min_elements_ = 0;
-  std::atomic<int64_t> shared_memory_max_bytes_{0};
+  const Options options_;
+  std::shared_ptr<std::atomic<int64_t>> table_budget_;  // null: unbounded
+  const int64_t shared_memory_max_bytes_;
   std::atomic<int64_t> shared_pushed_{0}, shared_pulled_{0};
   // Drops ended jobs' tables, oldest first, until they held `missing`
   // bytes; whether there was one (SparseTables::set_reclaim's hook: under
@@ -237,8 +233,6 @@ class ShardHost {
       const std::string& job_id, int64_t map_version,
       const TableRowsFile& file);
   bool NextSaveIsBase(const std::string& job_id, int64_t map_version);
-  std::string table_dir_;
-  std::function<void(const ParameterShard::PublishTimes&)> publish_observer_;
   // Names each file once (two saves at one step must not overwrite).
   std::atomic<int64_t> table_files_written_{0};
   absl::Mutex chains_mu_;
@@ -261,10 +255,6 @@ class ShardHost {
   // Waiting pulls of rows (ReserveWaitingRows): their own lock, not the
   // one every push and pull finds its range under.
   mutable absl::Mutex waiting_rows_mu_;
-  int64_t waiting_rows_per_worker_ ABSL_GUARDED_BY(waiting_rows_mu_) =
-      kMaxWaitingRowBytesPerWorker;
-  int64_t waiting_rows_in_all_ ABSL_GUARDED_BY(waiting_rows_mu_) =
-      kMaxWaitingRowBytes;
   int64_t waiting_rows_bytes_ ABSL_GUARDED_BY(waiting_rows_mu_) = 0;
   std::map<std::string, int64_t> waiting_rows_owners_
       ABSL_GUARDED_BY(waiting_rows_mu_);

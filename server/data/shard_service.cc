@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -20,6 +22,7 @@
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
 #include "server/data/push_session.h"
+#include "server/data/shared_memory_session.h"
 #include "server/internal/event_reactor.h"
 
 namespace tally {
@@ -46,6 +49,14 @@ bool LoopbackPeer(const std::string& peer) {
 // Runs a push's wake. A wake that comes while this thread is already in
 // one (a resumed push's block let another in) waits until that one is
 // done, so no thread holds two readers' locks, whatever their order.
+//
+// The queue is the thread's (thread_local), not a reader's: the wake that
+// must wait is another reader's, called by the shard from inside the first
+// one's (ParameterShard runs the wakes of the pushes a block lets in on
+// the thread that added it), and nothing but the thread links the two. A
+// reader's own flag cannot tell that its thread is inside another
+// reader's wake, and the wake's signature (PushSession's) carries nothing
+// that could.
 void RunWake(std::function<void()> wake) {
   thread_local std::deque<std::function<void()>>* later = nullptr;
   if (later != nullptr) {
@@ -125,10 +136,6 @@ class Parking {
   State state_ ABSL_GUARDED_BY(mu_) = kIdle;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
-
-// The handle whose lock this thread holds while it resumes that reader (a
-// pull begun there may be ready at once, on this thread).
-thread_local const void* resuming_handle = nullptr;
 
 // PushGradients: one push a call, read as raw PushRequest bytes.
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
@@ -446,8 +453,8 @@ class ExchangeReactor final
   ExchangeReactor(ShardHost* host, DataPlaneMetrics* metrics, bool colocated)
       : host_(host),
         metrics_(metrics),
-        colocated_(colocated),
-        handle_(std::make_shared<Handle>()) {
+        handle_(std::make_shared<Handle>()),
+        shared_memory_(host, colocated) {
     handle_->reactor = this;
     StartRead(&req_);
   }
@@ -499,19 +506,19 @@ class ExchangeReactor final
       absl::MutexLock lock(&handle_->mu);
       handle_->reactor = nullptr;
     }
-    delete this;  // an open push returns its staging buffer
-  }
-
-  ~ExchangeReactor() {
-    if (shared_ == nullptr) return;
-    shared_.reset();  // unmapped before it stops counting
-    host_->ReleaseSharedRegion(shared_owner_, shared_count_);
+    // An open push returns its staging buffer; the shared memory session
+    // its region.
+    delete this;
   }
 
  private:
   struct Handle {
     absl::Mutex mu;
     ExchangeReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    // The thread that holds mu while it resumes the reader (Waker): a pull
+    // begun there may be ready at once, on that thread, which must not
+    // take mu again. Written by that thread alone, under mu.
+    std::atomic<std::thread::id> resuming{};
   };
 
   // A push's wake: the reader goes on where its push waited.
@@ -522,9 +529,9 @@ class ExchangeReactor final
         if (h == nullptr) return;
         absl::MutexLock lock(&h->mu);
         if (h->reactor != nullptr && h->reactor->parking_.Wake()) {
-          resuming_handle = h.get();
+          h->resuming.store(std::this_thread::get_id());
           h->reactor->Continue();
-          resuming_handle = nullptr;
+          h->resuming.store(std::thread::id());
         }
       });
     };
@@ -559,14 +566,9 @@ class ExchangeReactor final
       return absl::InvalidArgumentError(
           absl::StrCat("exchange message: ", s.message()));
     }
-    // A worker that does not answer an offer soon has no more use of the
-    // shard's descriptor (it would have opened it by now).
-    if (shared_ != nullptr && !shared_replied_ &&
-        absl::Now() - offered_at_ > kOfferAnswerTime) {
-      shared_->CloseDescriptor();
-    }
+    shared_memory_.CloseIfUnanswered(absl::Now());
     if (msg_.has(2) && msg_.chunk().shared) {
-      TALLY_RETURN_IF_ERROR(UseSharedChunk());
+      TALLY_RETURN_IF_ERROR(shared_memory_.UsePushChunk(&msg_));
     }
     if (msg_.has(1) || msg_.has(2)) {
       if (msg_.has(1) && push_ != nullptr) {
@@ -640,11 +642,9 @@ class ExchangeReactor final
     auto pull = std::make_unique<PullServing>();
     PullServing* p = pull.get();
     if (req.into_shared_memory()) {
-      if (!shared_mapped_) {
-        return absl::InvalidArgumentError(
-            "a pull into shared memory on a stream with no region mapped");
-      }
-      p->ShareInto(shared_.get());
+      TALLY_ASSIGN_OR_RETURN(SharedRegion * region,
+                             shared_memory_.PullRegion());
+      p->ShareInto(region);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -655,9 +655,13 @@ class ExchangeReactor final
     }
     // The offer goes before the pull's answer (nothing else is being
     // answered now), ...
-    if (req.offer_shared_memory() && !shared_asked_) {
-      shared_asked_ = true;
-      OfferSharedMemory(req);
+    if (v1::ExchangeResponse offer;
+        shared_memory_.Offer(req, absl::Now(), &offer)) {
+      // ExchangeResponse: 5 shared.
+      grpc::Slice slice(offer.SerializeAsString());
+      absl::MutexLock lock(&mu_);
+      out_.emplace_back(&slice, 1);
+      WriteNextLocked();
     }
     {
       absl::MutexLock lock(&mu_);
@@ -670,7 +674,8 @@ class ExchangeReactor final
         [weak = std::weak_ptr<Handle>(handle_)](const absl::Status& st) {
           std::shared_ptr<Handle> h = weak.lock();
           if (h == nullptr) return;
-          if (resuming_handle == h.get()) {  // its lock is this thread's
+          if (h->resuming.load() == std::this_thread::get_id()) {
+            h->mu.AssertHeld();  // by this thread, in Waker
             h->reactor->Ready(st);
             return;
           }
@@ -681,84 +686,16 @@ class ExchangeReactor final
     return absl::OkStatus();
   }
 
+  // The worker's answer to the offer (the session checks it was made).
   absl::Status TakeSharedReply() {
     v1::SharedMemoryReply reply;
     if (!reply.ParseFromString(msg_.bytes(5))) {
       return absl::InvalidArgumentError("malformed SharedMemoryReply");
     }
-    if (!shared_asked_ || shared_replied_) {
-      return absl::InvalidArgumentError(
-          shared_replied_ ? "a second SharedMemoryReply"
-                          : "a SharedMemoryReply to no offer");
-    }
-    shared_replied_ = true;
-    if (metrics_ != nullptr && shared_ != nullptr)
-      metrics_->SharedMemory(reply.mapped());
-    if (shared_ != nullptr && reply.mapped()) {
-      shared_->CloseDescriptor();  // the worker's mapping holds it now
-      shared_mapped_ = true;
-    } else if (shared_ != nullptr) {
-      shared_.reset();  // nothing used it
-      host_->ReleaseSharedRegion(shared_owner_, shared_count_);
-    }
-    return absl::OkStatus();
-  }
-
-  // Offers the worker a region for this stream's values, if the job has a
-  // range here, the worker is a member, and the host will (ShardHost::
-  // ReserveSharedRegion). Otherwise nothing: the pull says what is wrong,
-  // if anything, and the stream goes on without one.
-  void OfferSharedMemory(const v1::PullRequest& req) {
-    if (!colocated_) return;
-    absl::StatusOr<Range> range = host_->Find(req.job_id(), req.map_version());
-    const std::string owner = absl::StrCat(req.job_id(), "\n", req.worker_id());
-    if (!range.ok() ||
-        !range->shard->CheckMember(req.worker_id(), req.incarnation()).ok() ||
-        !host_->ReserveSharedRegion(owner, range->count)) {
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-        SharedRegion::Create(range->count * 4, range->count * 4);
-    if (!region.ok()) {
-      host_->ReleaseSharedRegion(owner, range->count);
-      return;
-    }
-    shared_ = *std::move(region);
-    shared_owner_ = owner;
-    shared_count_ = range->count;
-    offered_at_ = absl::Now();
-    // ExchangeResponse: 5 shared.
-    v1::ExchangeResponse offer;
-    *offer.mutable_shared() = shared_->Offer();
-    grpc::Slice slice(offer.SerializeAsString());
-    absl::MutexLock lock(&mu_);
-    out_.emplace_back(&slice, 1);
-    WriteNextLocked();
-  }
-
-  // A push chunk whose values lie in the region's push part: they are read
-  // from there.
-  absl::Status UseSharedChunk() {
-    const WireChunk& c = msg_.chunk();
-    if (!shared_mapped_) {
-      return absl::InvalidArgumentError(
-          "a chunk in shared memory on a stream with no region mapped");
-    }
-    if (c.data_size != 0) {
-      return absl::InvalidArgumentError(
-          "a chunk with values both in data and in shared memory");
-    }
-    TALLY_ASSIGN_OR_RETURN(const int width, DTypeWidth(c.dtype));
-    const char* at =
-        shared_->Values(SharedRegion::kPush, c.shared_offset, c.count, width);
-    if (at == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a chunk's ", c.count, " values at byte ", c.shared_offset,
-          " are outside the shared region's part for pushes [",
-          shared_->push_at(), ", ", shared_->pull_at(), ")"));
-    }
-    msg_.UseData(at, c.count * width);
-    host_->CountShared(c.count * width, 0);
+    const bool offered =
+        shared_memory_.state() == SharedMemorySession::State::kOffered;
+    TALLY_RETURN_IF_ERROR(shared_memory_.Reply(reply));
+    if (metrics_ != nullptr && offered) metrics_->SharedMemory(reply.mapped());
     return absl::OkStatus();
   }
 
@@ -826,7 +763,6 @@ class ExchangeReactor final
 
   ShardHost* host_;            // borrowed
   DataPlaneMetrics* metrics_;  // borrowed; may be null
-  const bool colocated_;
   std::shared_ptr<Handle> handle_;
   // The reading side's (one read at a time).
   grpc::ByteBuffer req_;
@@ -835,16 +771,10 @@ class ExchangeReactor final
   // is done (reads_done_ or an error), under mu_.
   std::unique_ptr<PushSession> push_;
   Parking parking_;  // the reading side's, while its push waits
-  // Memory shared with the worker (the reading side's; a pull being
-  // served borrows it while mapped). Counted by the host while it exists.
-  std::unique_ptr<SharedRegion> shared_;
-  std::string shared_owner_;  // its job and worker, for the host
-  int64_t shared_count_ = 0;  // values of the range it was made for
-  static constexpr absl::Duration kOfferAnswerTime = absl::Seconds(5);
-  absl::Time offered_at_;
-  bool shared_asked_ = false;  // offered once a stream, at most
-  bool shared_replied_ = false;
-  bool shared_mapped_ = false;
+  // Memory shared with the worker: the reading side's; a pull being served
+  // borrows its region while mapped (declared before pull_, it outlives
+  // it).
+  SharedMemorySession shared_memory_;
 
   absl::Mutex mu_;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,13 +1,13 @@
 #include "server/data/sparse_table.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <new>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/optim/row_optimizer.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
@@ -244,35 +244,6 @@ absl::Status SparseTables::Read(int table, const int64_t* rows, int64_t n,
   return absl::OkStatus();
 }
 
-namespace {
-
-// torch.optim.SparseAdam on one row, op for op in float32 (its functional
-// sparse_adam), at step `step` (1-based): m and v are the row's moments.
-void AdamRow(const TableOptimizer& o, int64_t step, const float* g,
-             int64_t dim, float* p, float* mv) {
-  float* m = mv;
-  float* v = mv + dim;
-  const float one_b1 = static_cast<float>(1.0 - o.beta1);
-  const float one_b2 = static_cast<float>(1.0 - o.beta2);
-  const float eps = static_cast<float>(o.eps);
-  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  const float neg_step =
-      static_cast<float>(-(o.lr * std::sqrt(bc2) / bc1));
-  for (int64_t j = 0; j < dim; ++j) {
-    const float old_m = m[j], old_v = v[j];
-    const float dm = (g[j] - old_m) * one_b1;
-    const float dv = (g[j] * g[j] - old_v) * one_b2;
-    m[j] = old_m + dm;
-    v[j] = old_v + dv;
-    const float numer = dm + old_m;
-    const float denom = std::sqrt(dv + old_v) + eps;
-    p[j] = p[j] + neg_step * (numer / denom);
-  }
-}
-
-}  // namespace
-
 void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
                          const float* g, int64_t step) {
   Table& t = tables_[table];
@@ -298,24 +269,14 @@ void SparseTables::Apply(int table, const int64_t* rows, int64_t n,
       budget_->fetch_sub(t.metrics.bytes - before);
     float* p = t.values.data() + at * dim;
     const float* gi = g + i * dim;
+    // The rules: common/optim/row_optimizer.h.
     if (o.type == TableOptimizer::Type::kAdam) {
-      AdamRow(o, step + 1, gi, dim, p, t.accum.data() + at * 2 * dim);
+      SparseAdamRow(o.lr, o.beta1, o.beta2, o.eps, step + 1, dim, gi, p,
+                    t.accum.data() + at * 2 * dim);
     } else if (o.type == TableOptimizer::Type::kSgd) {
-      // As the dense SGD's kernel (common/optim): d = g + wd * p, then
-      // p += -lr * d, each one rounding.
-      for (int64_t j = 0; j < dim; ++j) {
-        const float d = std::fma(p[j], wd, gi[j]);
-        p[j] = std::fma(d, -lr, p[j]);
-      }
+      SgdRow(lr, wd, dim, gi, p);
     } else {
-      float* s = t.accum.data() + at * dim;
-      for (int64_t j = 0; j < dim; ++j) {
-        const float d = wd != 0.0f ? gi[j] + wd * p[j] : gi[j];
-        s[j] = s[j] + d * d;                     // state_sum.addcmul_(g, g)
-        const float std_dev = std::sqrt(s[j]) + eps;  // .sqrt().add_(eps)
-        // param.add_(g / std, alpha=-clr): a sparse add, fused (axpy).
-        p[j] = std::fma(-lr, d / std_dev, p[j]);
-      }
+      AdagradRow(lr, wd, eps, dim, gi, p, t.accum.data() + at * dim);
     }
   }
   t.metrics.rows_applied += applied;

@@ -14,14 +14,10 @@
 // until then it reads as its initial values and its gradients are
 // dropped.
 //
-// The optimizers are PyTorch's rules on the rows a step touched:
-//   sgd      p -= lr * (g + weight_decay * p)     (torch.optim.SGD, plain)
-//   adagrad  s += g*g; p -= lr * g / (sqrt(s) + eps), the last step
-//            fused (torch.optim.Adagrad, lr_decay 0, on the touched rows,
-//            as its sparse-gradient path does: bit for bit)
-//   adam     lazy Adam, torch.optim.SparseAdam op for op: the moments of
-//            the rows a step touched, bias correction by the job's step
-//            (the step closing, counted from 1)
+// The optimizers are PyTorch's rules on the rows a step touched (sgd,
+// adagrad, lazy adam: common/optim/row_optimizer.h, beside the dense
+// ones), a row's slots kept with it; adam's bias correction counts the
+// job's steps (the step closing, counted from 1).
 //
 // Not thread-safe: the ParameterShard that owns it guards it with its lock.
 // CheckRows and CheckRequest read only what construction set (the specs,

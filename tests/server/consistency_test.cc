@@ -26,10 +26,11 @@ std::unique_ptr<ParameterShard> MakeShard(const ConsistencySpec& c,
   OptimizerConfig oc;
   oc.lr = 0.01;
   oc.momentum = 0.9;  // state that remembers the order of steps
+  ParameterShard::Options o;
+  o.consistency = c;
   auto shard = std::make_unique<ParameterShard>(
-      std::vector<float>(kParams, 1.0f), *Optimizer::Create(oc, kParams),
-      clock);
-  shard->SetConsistency(c);
+      std::vector<float>(kParams, 1.0f), *Optimizer::Create(oc, kParams), clock,
+      o);
   EXPECT_TRUE(shard->SetSchedule(total_steps, 1000).ok());
   return shard;
 }
@@ -301,8 +302,8 @@ TEST(ConsistencyTest, AsyncLeaverWhoseLastCommitReachedOneShard) {
     EXPECT_EQ(a->version(), 2);
     EXPECT_EQ(b->version(), 2);
     EXPECT_EQ(*a->Snapshot(nullptr), *b->Snapshot(nullptr));
-    EXPECT_FALSE(a->IsMember("w", 1));
-    EXPECT_FALSE(b->IsMember("w", 1));
+    EXPECT_FALSE(a->CheckMember("w", 1).ok());
+    EXPECT_FALSE(b->CheckMember("w", 1).ok());
     // Sent again (a round that failed half-way), or twice in one list, it
     // changes nothing.
     TALLY_ASSERT_OK(b->SetMembers({leaver, leaver, stays}));
@@ -385,9 +386,10 @@ TEST(ConsistencyTest, StalenessScalingWeighsAGradientByOneOverTau) {
   c.lr_scaling = LrScaling::kStaleness;
   OptimizerConfig oc;
   oc.lr = 1.0;  // plain SGD: weights -= mean
+  ParameterShard::Options o;
+  o.consistency = c;
   ParameterShard shard(std::vector<float>{10}, *Optimizer::Create(oc, 1),
-                       &clock);
-  shard.SetConsistency(c);
+                       &clock, o);
   ASSERT_TRUE(shard.SetSchedule(100, 100).ok());
   shard.AddMember("a", 1);
   bool dup = false;

@@ -41,9 +41,16 @@ class MembershipTest : public ::testing::TestWithParam<bool> {
  protected:
   virtual const char* Spec() const { return kSpec; }
 
-  MembershipTest() : local_(&clock_), remote_(&clock_), coord_(Options()) {
-    local_.set_streamed_sums(GetParam(), 0);
-    remote_.set_streamed_sums(GetParam(), 0);
+  MembershipTest()
+      : local_(&clock_, {}, HostOptions()),
+        remote_(&clock_, {}, HostOptions()),
+        coord_(Options()) {}
+
+  static ShardHost::Options HostOptions() {
+    ShardHost::Options o;
+    o.streamed_sums = GetParam();
+    o.streamed_sums_min_elements = 0;
+    return o;
   }
 
   CoordinatorOptions Options() {
@@ -231,7 +238,7 @@ TEST_P(MembershipTest, AJoiningWorkerStartsAtTheSameStepOnEveryShard) {
   ASSERT_TRUE(Beat(c)->has_assignment());
   for (const Range& r : ranges_) {
     bool found = false;
-    for (const MemberSpec& m : r.shard->Members()) {
+    for (const MemberSpec& m : r.shard->Describe().members) {
       if (m.worker_id != c.worker_id()) continue;
       found = true;
       EXPECT_EQ(m.join_step, 1);  // the highest version any range had
@@ -301,7 +308,7 @@ class GrowingMembershipTest : public MembershipTest {
     std::vector<int64_t> out;
     for (const Range& r : ranges_) {
       int64_t join = -1;
-      for (const MemberSpec& m : r.shard->Members())
+      for (const MemberSpec& m : r.shard->Describe().members)
         if (m.worker_id == w.worker_id()) join = m.join_step;
       out.push_back(join);
     }

@@ -1245,6 +1245,20 @@ struct SharedStream {
 
 class SharedMemoryTest : public ServiceTest {
  protected:
+  // The server started afresh (no jobs) with `o`, as SetUp starts it.
+  void Restart(ServerOptions o) {
+    server_.reset();
+    o.coordinator.lease_timeout = absl::Seconds(30);
+    auto s = TallyServer::Start(absl::StrCat(host_, ":0"), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    channel_ = Dial(absl::StrCat(host_, ":", server_->port()));
+    jobs_ = v1::JobService::NewStub(channel_);
+    workers_ = v1::WorkerService::NewStub(channel_);
+    params_ = v1::ParameterService::NewStub(
+        Dial(absl::StrCat(host_, ":", server_->data_port())));
+  }
+
   SharedStream Open(bool reply = true) {
     // The streams before it have ended; their regions go as the shard
     // retires them (at most two live a worker).
@@ -1304,7 +1318,9 @@ TEST_F(SharedMemoryTest, AWorkerOnTheShardsHostPushesAndPullsThroughIt) {
 // The same when the shard adds each push to the step's sum as it arrives
 // (a small range streams when many workers would stage on it).
 TEST_F(SharedMemoryTest, AStreamedRangeTakesPushesFromTheRegion) {
-  server_->shard_host()->set_streamed_sums(true, 0);
+  ServerOptions streams;
+  streams.streamed_sums_min_bytes = 0;
+  Restart(streams);
   StartJob();
   absl::StatusOr<Range> range = server_->shard_host()->Find(job_);
   ASSERT_TRUE(range.ok()) << range.status();
@@ -1507,8 +1523,13 @@ TEST_F(SharedMemoryTest, AWorkerThatCannotMapItOrAShardThatWillNotGoesOnOverTcp)
   // The region went at the decline (and would at the stream's end).
   EXPECT_EQ(server_->shard_host()->shared_regions(), 0);
   EXPECT_EQ(server_->shard_host()->shared_pushed_bytes(), 0);
-  // A shard that shares nothing answers the pull alone.
-  server_->shard_host()->set_shared_memory(0);
+  // A shard that shares nothing answers the pull alone (the job again on
+  // such a server: its worker commits step 0 without a push, which closes
+  // it as nothing).
+  ServerOptions shares_nothing;
+  shares_nothing.shared_memory_max_bytes = 0;
+  Restart(shares_nothing);
+  StartJob();
   ExchangeStream stream(params_.get(), absl::Seconds(10));
   v1::ExchangeRequest pull;
   *pull.mutable_pull() = PullRequest(1);

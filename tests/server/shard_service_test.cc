@@ -32,9 +32,10 @@ optimizer: {type: adam, lr: 0.001}
 // Memory shared with workers is offered within its bounds: the range's
 // size, the number of regions and their bytes at once.
 TEST(ShardHostTest, SharedRegionsStayWithinTheirBounds) {
-  ShardHost host(nullptr);
-  EXPECT_FALSE(host.ReserveSharedRegion("w", 10));  // off until set
-  host.set_shared_memory(int64_t{16} << 20);
+  EXPECT_FALSE(ShardHost(nullptr).ReserveSharedRegion("w", 10));  // off: 0
+  ShardHost::Options o;
+  o.shared_memory_max_bytes = int64_t{16} << 20;
+  ShardHost host(nullptr, {}, o);
   EXPECT_FALSE(host.ReserveSharedRegion("w", (int64_t{16} << 20) / 4 + 1));
   EXPECT_FALSE(host.ReserveSharedRegion("w", 0));
   // Two a worker: its stream and the one replacing it.
@@ -68,8 +69,10 @@ TEST(ShardHostTest, SharedRegionsStayWithinTheirBounds) {
 // Pulls of rows waiting on a shard hold their requests within bounds: so
 // much a worker of a job, so much in all; a refusal counts nothing.
 TEST(ShardHostTest, WaitingPullsOfRowsStayWithinTheirBounds) {
-  ShardHost host(nullptr);
-  host.set_waiting_rows(/*per_worker=*/100, /*in_all=*/150);
+  ShardHost::Options o;
+  o.waiting_rows_per_worker = 100;
+  o.waiting_rows_in_all = 150;
+  ShardHost host(nullptr, {}, o);
   TALLY_EXPECT_OK(host.ReserveWaitingRows("job-1\nw", 60));
   TALLY_EXPECT_OK(host.ReserveWaitingRows("job-1\nw", 40));
   EXPECT_THAT(host.ReserveWaitingRows("job-1\nw", 1),
@@ -112,9 +115,11 @@ TEST(ShardHostTest, TablesAreBoundedByDefault) {
 // workers would stage as much in all (its most workers, if it may grow);
 // otherwise it stages each push whole.
 TEST(ShardHostTest, StreamsLargeRangesAndRangesOfManyWorkers) {
-  ShardHost host(nullptr);
-  host.set_streamed_sums(true, 1000);
-  auto streams = [&host](const std::string& workers, int64_t count) {
+  ShardHost::Options o;
+  o.streamed_sums = true;
+  o.streamed_sums_min_elements = 1000;
+  ShardHost host(nullptr, {}, o);
+  auto streams = [](ShardHost& on, const std::string& workers, int64_t count) {
     static int job = 0;
     v1::InstallRangeRequest req;
     req.set_job_id(absl::StrCat("job-", ++job));
@@ -128,19 +133,21 @@ TEST(ShardHostTest, StreamsLargeRangesAndRangesOfManyWorkers) {
     req.mutable_schedule()->set_train_size(64);
     req.mutable_schedule()->set_steps_per_epoch(1);
     req.mutable_schedule()->set_total_steps(1);
-    absl::Status s = host.Install(req);
+    absl::Status s = on.Install(req);
     EXPECT_TRUE(s.ok()) << s;
-    absl::StatusOr<Range> range = host.Find(req.job_id());
+    absl::StatusOr<Range> range = on.Find(req.job_id());
     return range.ok() && range->shard->StreamsPushes();
   };
-  EXPECT_FALSE(streams("2", 100));    // 200 values staged at most
-  EXPECT_FALSE(streams("9", 100));    // 900
-  EXPECT_TRUE(streams("10", 100));    // 1000
-  EXPECT_TRUE(streams("1", 1000));    // the range alone
-  EXPECT_FALSE(streams("{min: 2, max: 9}", 100));
-  EXPECT_TRUE(streams("{min: 2, max: 16}", 100));  // from the start
-  host.set_streamed_sums(false, 0);
-  EXPECT_FALSE(streams("16", 2000));
+  EXPECT_FALSE(streams(host, "2", 100));  // 200 values staged at most
+  EXPECT_FALSE(streams(host, "9", 100));  // 900
+  EXPECT_TRUE(streams(host, "10", 100));  // 1000
+  EXPECT_TRUE(streams(host, "1", 1000));  // the range alone
+  EXPECT_FALSE(streams(host, "{min: 2, max: 9}", 100));
+  EXPECT_TRUE(streams(host, "{min: 2, max: 16}", 100));  // from the start
+  ShardHost::Options off;
+  off.streamed_sums = false;
+  ShardHost staging(nullptr, {}, off);
+  EXPECT_FALSE(streams(staging, "16", 2000));
 }
 
 TEST(ShardServiceTest, ALargeRangeStateGoesInAndComesBackWhole) {
@@ -265,11 +272,12 @@ training: {workers: 1}
 TEST(ShardServiceTest, PullsOfRowsAreCheckedBeforeTheyWaitAndBounded) {
   ServerOptions o;
   o.join = "127.0.0.1:1";
+  // A pull of 60,000 rows holds 512 KiB: one a worker, one in all.
+  o.waiting_rows_per_worker = 800 << 10;
+  o.waiting_rows_in_all = 900 << 10;
   auto server = TallyServer::Start("127.0.0.1:0", o);
   ASSERT_TRUE(server.ok()) << server.status();
   ShardHost* host = (*server)->shard_host();
-  // A pull of 60,000 rows holds 512 KiB: one a worker, one in all.
-  host->set_waiting_rows(/*per_worker=*/800 << 10, /*in_all=*/900 << 10);
   const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
   std::unique_ptr<ShardControl> shard =
       MakeRemoteShardControl(address, TransportOptions{});

@@ -223,7 +223,35 @@ TEST_P(ParamClientTest, APullsRangesAreThereOnceArrivedAndItsErrorIfItFails) {
 TEST_P(ParamClientTest, TheBufferRegionGoesWithThePushAndComesBackWithThePull) {
   auto range = server_->shard_host()->Find(job_id_);
   ASSERT_TRUE(range.ok()) << range.status();
-  range->shard->SetBufferBytes(5);
+  // The job's range placed again here as a Python model's of the same
+  // shape, with 5 bytes of buffers (a range keeps its region from its
+  // install on); the client's map names no placement, so it follows.
+  v1::InstallRangeRequest req;
+  req.set_job_id(job_id_);
+  req.set_spec(R"(
+name: tiny
+model: {python: {file: m.py, code: x,
+                 params: [{name: fc.weight, shape: [3, 4]},
+                          {name: fc.bias, shape: [3]}],
+                 buffers: [{name: bn.stats, dtype: U8, shape: [5]}]}}
+dataset: {name: synthetic, features: 4, classes: 3}
+training: {workers: 1}
+optimizer: {type: sgd, lr: 1.0}
+)");
+  req.set_map_version(range->map_version + 1);
+  req.set_offset(0);
+  req.set_count(kParams);
+  const ShardMetrics placed = range->shard->Metrics();
+  req.mutable_schedule()->set_total_steps(placed.total_steps);
+  req.mutable_schedule()->set_steps_per_epoch(placed.steps_per_epoch);
+  int64_t at = 0;
+  const std::vector<float> w0 = *range->shard->Snapshot(&at);
+  req.mutable_state()->set_version(at);
+  req.mutable_state()->set_weights(w0.data(), 4 * w0.size());
+  v1::MemberSpec* member = req.add_members();
+  member->set_worker_id(options_.worker_id);
+  member->set_incarnation(options_.incarnation);
+  TALLY_ASSERT_OK(server_->shard_host()->Install(req));
   std::vector<float> w(kParams);
   auto buffers = std::make_shared<std::string>("untouched");
   auto v = client_->Pull(0, w.data(), nullptr, -1, buffers)->WaitVersion(Soon());

@@ -1,0 +1,497 @@
+#include "server/control/planner.h"
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/schedule.h"
+#include "server/control/job_store.h"
+#include "server/control/partition.h"
+
+namespace tally {
+
+// ------------------------------------------------------------ scheduling --
+
+std::vector<std::string> Planner::ScheduleJobs(absl::Time now) {
+  std::vector<std::string> changed;
+  std::vector<std::string> idle = registry_.Idle();
+  auto take = [&idle](const std::string& id) {
+    idle.erase(std::find(idle.begin(), idle.end(), id));
+  };
+  // Running jobs first: place those without shards (restored, or whose
+  // shard was lost), then refill vacated slots; then start pending jobs in
+  // submission order once all their slots can be filled.
+  for (const std::string& jid : jobs_.order()) {
+    JobEntry& job = jobs_.at(jid);
+    if (job.proto.state() != v1::RUNNING || job.awaiting_start) continue;
+    if (job.ranges.empty() && !Place(job, now)) continue;
+    std::vector<std::string> free = Eligible(job, idle);
+    for (size_t r = 0; r < job.slots.size() && !free.empty(); ++r) {
+      if (!job.slots[r].empty()) continue;
+      AssignSlot(job, static_cast<int>(r), free.back(), now);
+      take(free.back());
+      free.pop_back();
+      changed.push_back(jid);
+    }
+  }
+  for (const std::string& jid : jobs_.order()) {
+    JobEntry& job = jobs_.at(jid);
+    if (job.proto.state() != v1::PENDING) continue;
+    std::vector<std::string> free = Eligible(job, idle);
+    if (free.size() < job.slots.size()) {
+      // First come, first served; but a job no registered worker can run
+      // (a Python model, no Python worker) does not hold up the others.
+      if (job.spec.is_python && !registry_.AnyPythonWorker()) {
+        job.condition =
+            "waiting for Python workers (python3 -m tally.worker): no "
+            "registered worker runs Python models";
+        continue;
+      }
+      break;
+    }
+    if (!Place(job, now)) break;  // no shard yet
+    for (size_t r = 0; r < job.slots.size(); ++r) {
+      AssignSlot(job, static_cast<int>(r), free.back(), now);
+      take(free.back());
+      free.pop_back();
+    }
+    Start(job, now);
+    changed.push_back(jid);
+  }
+  GrowJobs(idle, now, &changed);
+  return changed;
+}
+
+// Running jobs that may grow (training.workers: {min, max}) take the idle
+// workers left, in submission order, while no job waits for workers (a
+// job that grows must not starve the queue). Each joins at the start of a
+// later epoch, which the control round decides; a job too near its end to
+// have one left takes nobody.
+void Planner::GrowJobs(std::vector<std::string>& idle, absl::Time now,
+                       std::vector<std::string>* changed) {
+  if (idle.empty()) return;
+  for (const std::string& jid : jobs_.order()) {
+    const JobEntry& job = jobs_.at(jid);
+    // A pending job that these workers could start comes first.
+    if (job.proto.state() == v1::PENDING && !Eligible(job, idle).empty())
+      return;
+  }
+  for (const std::string& jid : jobs_.order()) {
+    JobEntry& job = jobs_.at(jid);
+    if (job.proto.state() != v1::RUNNING || !job.installed ||
+        job.awaiting_start || job.grown_out ||
+        static_cast<int64_t>(job.slots.size()) >= job.spec.training.max_workers)
+      continue;
+    // A first look (the control round decides, from every range held):
+    // none when no epoch is left past where the workers are (in async, a
+    // version is a member's push: about world versions a step).
+    const int64_t bound =
+        job.schedule.ClockOfVersion(registry_.Version(job)) +
+        job.spec.training.consistency.Window() + kJoinMargin;
+    if (JoinEpoch(job.schedule, bound, job.spec.training.max_steps) < 0)
+      continue;
+    std::vector<std::string> free = Eligible(job, idle);
+    while (!free.empty() && static_cast<int64_t>(job.slots.size()) <
+                                job.spec.training.max_workers) {
+      job.slots.push_back("");
+      AssignSlot(job, static_cast<int>(job.slots.size() - 1), free.back(),
+                 now);
+      idle.erase(std::find(idle.begin(), idle.end(), free.back()));
+      free.pop_back();
+      changed->push_back(jid);
+    }
+  }
+}
+
+// Those the job has not barred; for a Python model, Python workers alone.
+std::vector<std::string> Planner::Eligible(
+    const JobEntry& job, const std::vector<std::string>& idle) const {
+  std::vector<std::string> out;
+  for (const std::string& id : idle) {
+    if (job.barred.count(id)) continue;
+    if (job.spec.is_python && registry_.worker(id)->python.empty()) continue;
+    out.push_back(id);
+  }
+  return out;
+}
+
+void Planner::AssignSlot(JobEntry& job, int rank, const std::string& worker_id,
+                         absl::Time now) {
+  WorkerEntry& w = *registry_.worker(worker_id);
+  w.job_id = job.id();
+  w.rank = rank;
+  w.compute_seconds = w.wait_seconds = w.push_seconds = w.loader_seconds = 0;
+  job.slots[rank] = worker_id;
+  job.AddEvent(now, absl::StrCat(worker_id, " (", w.name, ") joined as rank ",
+                                 rank));
+  job.MarkDirty();  // a member to add on every range
+}
+
+void Planner::Start(JobEntry& job, absl::Time now) {
+  job.condition.clear();
+  job.proto.set_state(v1::RUNNING);
+  job.AddEvent(now, absl::StrCat("started: ", job.slots.size(), " worker",
+                                 job.slots.size() == 1 ? "" : "s", ", ",
+                                 job.ranges.size(), " parameter shard",
+                                 job.ranges.size() == 1 ? "" : "s"));
+}
+
+// ------------------------------------------------------------- placement --
+
+bool Planner::Place(JobEntry& job, absl::Time now) {
+  // Live shards, least loaded first.
+  std::map<std::string, int64_t> load;
+  for (const auto& [id, s] : registry_.shards()) {
+    if (s.live) load[id] = 0;
+  }
+  for (const auto& [jid, j] : jobs_.entries()) {
+    if (j.ended()) continue;
+    for (const Placement& p : j.ranges) {
+      if (load.count(p.shard_id)) load[p.shard_id] += p.count;
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [id, bytes] : load) order.emplace_back(bytes, id);
+  std::sort(order.begin(), order.end());
+  const int64_t n = job.spec.layout.num_params;
+  // Backup workers need one shard: shards would each pick the late pushes.
+  const int wanted = job.spec.training.consistency.backup_workers > 0
+                         ? 1
+                         : static_cast<int>(job.spec.training.shards);
+  // Tables spread over shards too: their values count with the vector's
+  // when the spec leaves the number of shards to us (saturating).
+  int64_t values = n;
+  for (const EmbeddingTableSpec& t : job.spec.embeddings) {
+    const int64_t table = t.num_embeddings > INT64_MAX / t.dim
+                              ? INT64_MAX
+                              : t.num_embeddings * t.dim;
+    values = table > INT64_MAX - values ? INT64_MAX : values + table;
+  }
+  int k = ShardCount(values, wanted, static_cast<int>(order.size()));
+  k = std::min<int64_t>(k, n);  // every shard holds some of the vector
+  if (k == 0) return false;
+  job.ranges.clear();
+  const auto parts = PartitionRanges(n, k);
+  for (int i = 0; i < k; ++i) {
+    job.ranges.push_back({order[i].second, parts[i].first, parts[i].second});
+  }
+  // Map versions never repeat, across coordinator restarts too (a shard
+  // process may still hold an older placement of the job).
+  job.map_version = std::max(job.map_version + 1, absl::ToUnixMicros(now));
+  job.installed = false;
+  job.members.clear();
+  job.leaves.clear();
+  job.MarkDirty();
+  return true;
+}
+
+std::vector<std::string> Planner::LoseShard(const std::string& shard_id) {
+  std::vector<std::string> lost;
+  for (const std::string& jid : jobs_.order()) {
+    JobEntry& job = jobs_.at(jid);
+    if (job.ended()) continue;
+    bool hit = false;
+    for (const Placement& p : job.ranges) hit = hit || p.shard_id == shard_id;
+    if (!hit) continue;
+    // The other ranges go too: every range must restart from one step.
+    for (const Placement& p : job.ranges) {
+      if (p.shard_id != shard_id)
+        registry_.shard(p.shard_id).control->Drop(jid, /*ended=*/false);
+    }
+    job.ranges.clear();
+    job.installed = false;
+    job.members.clear();
+    job.leaves.clear();
+    job.awaiting_start = true;
+    ++job.map_version;  // work in flight for the old map is void
+    job.MarkDirty();
+    lost.push_back(jid);
+  }
+  return lost;
+}
+
+void Planner::Restart(JobEntry& job, std::shared_ptr<const StoredJob> start,
+                      absl::Time now) {
+  // A Python model without a checkpoint starts again from what it started
+  // from (its worker-built initial weights), not from nothing.
+  if (start != nullptr || !job.spec.is_python) job.start = std::move(start);
+  job.weights_asked_of.clear();
+  job.awaiting_start = false;
+  // The event is the history; the condition is the job's message only
+  // until the ranges are installed again.
+  const std::string from =
+      job.start != nullptr
+          ? absl::StrCat("the checkpoint of step ", job.start->state.metrics.version)
+          : "the initial weights (there is no checkpoint)";
+  job.AddEvent(now, absl::StrCat("a parameter shard was lost; the job "
+                                 "starts again from ",
+                                 from));
+  job.condition = absl::StrCat("a parameter shard was lost; resuming from ",
+                               from, " once its ranges are placed");
+  job.proto.mutable_metrics()->set_step(
+      job.start != nullptr ? job.start->state.metrics.version : 0);
+}
+
+std::set<std::string> Planner::PlacedShards() const {
+  std::set<std::string> placed;
+  for (const auto& [jid, job] : jobs_.entries()) {
+    for (const Placement& p : job.ranges) placed.insert(p.shard_id);
+  }
+  return placed;
+}
+
+// The assignment goes out once the worker is a member on every range; one
+// it holds already stands without being sent again: no spec again (a
+// Python model's code can be megabytes, and every worker heartbeats about
+// once a second).
+void Planner::Assignment(const v1::HeartbeatRequest& req, const WorkerEntry& w,
+                         const JobEntry& job,
+                         v1::HeartbeatResponse* out) const {
+  if (!job.installed) return;
+  const MemberSpec* member = nullptr;
+  for (const MemberSpec& m : job.members) {
+    if (m.worker_id == req.worker_id() && m.incarnation == w.incarnation &&
+        m.leave_step == MemberSpec::kNoStep) {
+      member = &m;
+    }
+  }
+  if (member == nullptr) return;
+  const std::string key =
+      absl::StrCat(w.job_id, "/", job.map_version, "/", job.schedule.plan, "/",
+                   w.rank, "/", member->join_step, "/", w.incarnation);
+  if (req.held() == key) {
+    out->set_unchanged(true);
+    return;
+  }
+  v1::Assignment* a = out->mutable_assignment();
+  a->set_key(key);
+  a->set_job_id(w.job_id);
+  a->set_spec(job.proto.spec());
+  a->set_rank(w.rank);
+  a->set_world(job.schedule.last_world());
+  a->set_join_step(member->join_step);
+  EncodeSchedule(job.schedule, a->mutable_schedule());
+  v1::ShardMap* map = a->mutable_shard_map();
+  map->set_version(job.map_version);
+  for (const Placement& p : job.ranges) {
+    v1::ShardMap::Entry* e = map->add_shards();
+    e->set_address(registry_.shard(p.shard_id).address);
+    e->set_offset(p.offset);
+    e->set_count(p.count);
+  }
+}
+
+// ----------------------------------------------------------------- plans --
+
+void Planner::RestorePlan(JobEntry& job) {
+  // A job that grew keeps its worlds with its record.
+  std::vector<WorldPeriod> worlds;
+  for (const v1::MembershipPeriod& p : job.proto.membership())
+    worlds.push_back(WorldPeriod{p.first_epoch(), p.world()});
+  if (worlds.empty())
+    worlds.push_back({0, static_cast<int>(job.spec.training.workers)});
+  job.schedule = ScheduleOf(job.spec, TrainSize(job.spec.dataset), worlds,
+                            job.proto.plan());
+  job.plan_sent = job.schedule.plan;
+  job.slots.assign(job.schedule.last_world(), "");
+  RecordPlan(job);
+}
+
+void Planner::RecordPlan(JobEntry& job) {
+  const Schedule& s = job.schedule;
+  job.proto.set_workers_max(
+      static_cast<int32_t>(job.spec.training.max_workers));
+  job.proto.set_plan(s.plan);
+  job.proto.clear_membership();
+  for (const WorldPeriod& p : s.worlds) {
+    v1::MembershipPeriod* m = job.proto.add_membership();
+    m->set_first_epoch(p.first_epoch);
+    m->set_first_step(s.EpochStartVersion(p.first_epoch));
+    m->set_world(p.world);
+    m->set_global_batch(p.world * job.spec.training.batch_size);
+    m->set_steps_per_epoch(s.StepsPerEpoch(p.world));
+  }
+}
+
+void Planner::AdoptPlan(JobEntry& job, const Schedule& grown, absl::Time now) {
+  const WorldPeriod& p = grown.worlds.back();
+  const bool grew = grown.worlds.size() != job.schedule.worlds.size() ||
+                    p.world != job.schedule.worlds.back().world ||
+                    p.first_epoch != job.schedule.worlds.back().first_epoch;
+  job.schedule = grown;
+  RecordPlan(job);
+  if (!grew) return;  // the same worlds, numbered again (a stray plan)
+  job.AddEvent(now,
+               absl::StrCat("grows to ", p.world, " workers from step ",
+                            grown.EpochStartVersion(p.first_epoch), " (epoch ",
+                            p.first_epoch, "): global batch ",
+                            p.world * job.spec.training.batch_size, ", ",
+                            grown.total_steps, " steps in all"));
+}
+
+// ------------------------------------------------------------ membership --
+
+namespace {
+
+bool SameMember(const MemberSpec& a, const MemberSpec& b) {
+  return a.worker_id == b.worker_id && a.incarnation == b.incarnation &&
+         a.rank == b.rank;
+}
+
+bool Contains(const std::vector<MemberSpec>& members, const MemberSpec& m) {
+  for (const MemberSpec& x : members) {
+    if (SameMember(x, m)) return true;
+  }
+  return false;
+}
+
+// A member's last commit any range saw, and whether it said "nothing".
+int64_t LastCommit(const std::vector<HoldReport>& reports, const MemberSpec& m,
+                   bool* refused) {
+  int64_t c = -1;
+  *refused = false;
+  for (const HoldReport& h : reports) {
+    for (const MemberProgress& p : h.members) {
+      if (p.worker_id == m.worker_id && p.incarnation == m.incarnation &&
+          p.committed_step > c) {
+        c = p.committed_step;
+        *refused = p.last_refused;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+bool Planner::MembersDiffer(const ControlTask& t,
+                            std::vector<MemberSpec>* active) {
+  active->clear();
+  for (const MemberSpec& m : t.members) {
+    if (m.leave_step == MemberSpec::kNoStep) active->push_back(m);
+  }
+  bool changed = active->size() != t.desired.size();
+  for (const MemberSpec& d : t.desired)
+    changed = changed || !Contains(*active, d);
+  return changed;
+}
+
+// Leavers belong to every step some range saw them commit (that push
+// reached every range); joiners join at the highest version any range has
+// (no range has closed it).
+std::vector<MemberSpec> Planner::DecideMembers(
+    ControlTask& t, const std::vector<MemberSpec>& active,
+    const std::vector<HoldReport>& reports) {
+  int64_t vmin = INT64_MAX, vmax = 0;
+  for (const HoldReport& h : reports) {
+    vmin = std::min(vmin, h.version);
+    vmax = std::max(vmax, h.version);
+  }
+  // Async steps are each worker's own: versions do not bound them.
+  const bool async = t.async;
+  std::vector<MemberSpec> next;
+  for (MemberSpec m : t.members) {
+    if (m.leave_step == MemberSpec::kNoStep && !Contains(t.desired, m)) {
+      auto decided = t.leaves.find({m.worker_id, m.incarnation});
+      if (decided != t.leaves.end()) {
+        m.leave_step = decided->second.first;
+        m.last_refused = decided->second.second;
+      } else {
+        bool refused = false;
+        const int64_t c = LastCommit(reports, m, &refused);
+        m.leave_step = async ? c + 1 : std::max(c + 1, m.join_step);
+        m.last_refused = refused && c + 1 == m.leave_step;
+      }
+      t.new_leaves[{m.worker_id, m.incarnation}] = {m.leave_step,
+                                                    m.last_refused};
+      // Async ranges drop a leaver at once: it goes out in this round, and
+      // one that committed nothing anywhere just goes (nothing to settle).
+      if (async && m.leave_step > 0) next.push_back(m);
+      if (async) continue;
+    }
+    if (async) {
+      if (m.leave_step == MemberSpec::kNoStep) next.push_back(m);  // stays
+    } else if (m.leave_step > vmin) {
+      // Keep a leaver while some range may still need its last step.
+      next.push_back(m);
+    }
+  }
+  std::vector<MemberSpec> growing;
+  for (const MemberSpec& d : t.desired) {
+    if (Contains(active, d)) continue;
+    MemberSpec m = d;
+    // Async steps are each worker's own: a refill starts near the others'.
+    // Not before its rank has data (a slot of a world still to come: the
+    // joiner that took it left before its epoch), or it would push empty
+    // steps, each one of an async job's versions.
+    m.join_step = std::max(
+        async ? MaxClock(reports, t.schedule.total_steps) : vmax,
+        t.schedule.FirstStepOfRank(m.rank));
+    // A rank past the job's world joins it as it grows; one within
+    // refills a vacant slot, from the next step.
+    if (m.rank >= t.schedule.last_world()) {
+      growing.push_back(m);
+    } else {
+      next.push_back(m);
+    }
+  }
+  if (!growing.empty()) GrowMembers(t, vmax, reports, growing, &next);
+  return next;
+}
+
+// Joiners start an epoch with the world that includes them: the first
+// whose first step no worker can have begun (bsp and ssp: past the
+// versions any range has, the staleness and a step being computed beside
+// its pull; async: past every member's own clock), and no earlier than the
+// last world decided. Its split and every later epoch's follow the new
+// world; epochs before it are as they were.
+void Planner::GrowMembers(ControlTask& t, int64_t vmax,
+                          const std::vector<HoldReport>& reports,
+                          std::vector<MemberSpec>& growing,
+                          std::vector<MemberSpec>* next) {
+  const Schedule& s = t.schedule;
+  const int64_t bound =
+      t.async ? MaxClock(reports, s.total_steps) + kJoinMargin
+              : vmax + t.window + kJoinMargin;
+  const int64_t epoch = JoinEpoch(s, bound, t.max_steps);
+  if (epoch < 0) {
+    for (const MemberSpec& m : growing) t.not_joined.push_back(m.worker_id);
+    return;
+  }
+  Schedule grown = GrowSchedule(s, epoch, t.world, t.max_steps);
+  grown.plan = t.next_plan;
+  for (MemberSpec& m : growing) {
+    m.join_step = grown.EpochStart(epoch);
+    next->push_back(m);
+  }
+  t.new_schedule = std::move(grown);
+}
+
+int64_t Planner::JoinEpoch(const Schedule& s, int64_t bound,
+                           int64_t max_steps) {
+  // The first epoch that starts at or past `bound`, in the last world.
+  const Schedule::Place at = s.Locate(bound);
+  const int64_t epoch = std::max(s.worlds.back().first_epoch,
+                                 at.index == 0 ? at.epoch : at.epoch + 1);
+  if (epoch >= s.epochs) return -1;
+  if (max_steps > 0 && s.EpochStartVersion(epoch) >= max_steps) return -1;
+  return epoch;
+}
+
+int64_t Planner::MaxClock(const std::vector<HoldReport>& reports,
+                          int64_t total_steps) {
+  int64_t clock = 0;
+  for (const HoldReport& h : reports) {
+    for (const MemberProgress& p : h.members) {
+      // A worker's word: one past the schedule is nonsense, not a bound.
+      if (p.clock <= total_steps) clock = std::max(clock, p.clock);
+      if (p.pushed_step < total_steps)
+        clock = std::max(clock, p.pushed_step + 1);
+    }
+  }
+  return clock;
+}
+
+}  // namespace tally

@@ -1,0 +1,275 @@
+// The plans: which workers a job gets and when it starts, where its ranges
+// go, what a lost shard does to it, the assignment a worker is sent, the
+// plan kept in the record, and the membership decisions of a control
+// round.
+#include "server/control/planner.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/control/job_store.h"
+#include "tests/server/fake_shard_control.h"
+#include "tests/test_util.h"
+
+namespace tally {
+namespace {
+
+using ::tally::testing::FakeShardControl;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] =
+    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
+    "dataset: {name: synthetic, features: 4, classes: 2}\n"
+    "training: {workers: 2, shards: 2}\n";
+constexpr char kOneWorker[] =
+    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
+    "dataset: {name: synthetic, features: 4, classes: 2}\n"
+    "training: {workers: 1}\n";
+constexpr char kPythonSpec[] =
+    "model: {python: {code: x, params: [{name: w, shape: [2, 4]}]}}\n"
+    "dataset: {name: synthetic, features: 4, classes: 2}\n";
+constexpr char kGrowing[] =
+    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
+    "dataset: {name: synthetic, features: 4, classes: 2, train_size: 8}\n"
+    "training: {workers: {min: 2, max: 3}, batch_size: 1, epochs: 10}\n";
+
+const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+
+class PlannerTest : public ::testing::Test {
+ protected:
+  PlannerTest()
+      : jobs_(JobQueue::Options()),
+        registry_(absl::Seconds(3), 100, kNow),
+        planner_(&jobs_, &registry_) {}
+
+  JobEntry& Submit(const char* text) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(text, SpecLimits());
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    JobEntry& job = jobs_.Add(*std::move(spec), text, "", kNow);
+    Planner::RecordPlan(job);
+    return job;
+  }
+  std::string AddWorker(const std::string& python = "") {
+    v1::RegisterWorkerRequest r;
+    r.set_protocol_version(v1::WORKER_PROTOCOL_CURRENT);
+    r.set_python(python);
+    return registry_.AddWorker(r, kNow)->worker_id();
+  }
+  std::shared_ptr<FakeShardControl> AddShard(const std::string& address) {
+    auto shard = std::make_shared<FakeShardControl>();
+    registry_.AddShard(address, shard, kNow);
+    return shard;
+  }
+
+  JobQueue jobs_;
+  Registry registry_;
+  Planner planner_;
+};
+
+TEST_F(PlannerTest, AJobStartsOnceEverySlotAndItsShardsAreThere) {
+  JobEntry& job = Submit(kSpec);
+  const std::string a = AddWorker();
+  EXPECT_TRUE(planner_.ScheduleJobs(kNow).empty());
+  EXPECT_EQ(job.proto.state(), v1::PENDING);
+  const std::string b = AddWorker();
+  EXPECT_TRUE(planner_.ScheduleJobs(kNow).empty());  // no shard yet
+  AddShard("h:1");
+  AddShard("h:2");
+  EXPECT_THAT(planner_.ScheduleJobs(kNow), ElementsAre("job-1"));
+  EXPECT_EQ(job.proto.state(), v1::RUNNING);
+  ASSERT_EQ(job.ranges.size(), 2u);
+  EXPECT_EQ(job.ranges[0].offset + job.ranges[0].count, job.ranges[1].offset);
+  EXPECT_EQ(job.ranges[1].offset + job.ranges[1].count, 10);
+  EXPECT_EQ(job.map_version, absl::ToUnixMicros(kNow));
+  EXPECT_TRUE(job.dirty);
+  EXPECT_EQ(registry_.worker(a)->job_id, "job-1");
+  EXPECT_EQ(registry_.worker(b)->job_id, "job-1");
+  EXPECT_NE(registry_.worker(a)->rank, registry_.worker(b)->rank);
+  EXPECT_THAT(job.history.events(job.history.events_size() - 1).text(),
+              HasSubstr("started: 2 workers, 2 parameter shards"));
+}
+
+TEST_F(PlannerTest, JobsStartInSubmissionOrderButAJobNobodyRunsWaitsAside) {
+  AddShard("h:1");
+  AddShard("h:2");
+  JobEntry& py = Submit(kPythonSpec);
+  JobEntry& first = Submit(kSpec);
+  JobEntry& second = Submit(kOneWorker);
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  EXPECT_THAT(py.condition, HasSubstr("waiting for Python workers"));
+  // First come, first served: the second waits behind the first.
+  EXPECT_EQ(first.proto.state(), v1::PENDING);
+  EXPECT_EQ(second.proto.state(), v1::PENDING);
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  EXPECT_EQ(first.proto.state(), v1::RUNNING);
+  EXPECT_EQ(second.proto.state(), v1::PENDING);
+}
+
+TEST_F(PlannerTest, AVacantSlotIsRefilledAndTheLeastLoadedShardTakesAJob) {
+  AddShard("h:1");
+  AddShard("h:2");
+  JobEntry& job = Submit(kOneWorker);
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(job.ranges.size(), 1u);
+  const std::string first_home = job.ranges[0].shard_id;
+  JobEntry& other = Submit(kOneWorker);
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(other.ranges.size(), 1u);
+  EXPECT_NE(other.ranges[0].shard_id, first_home);
+  // A slot vacated (its worker left) is the next idle worker's.
+  job.slots[0].clear();
+  const std::string c = AddWorker();
+  EXPECT_THAT(planner_.ScheduleJobs(kNow), ElementsAre(job.id()));
+  EXPECT_EQ(job.slots[0], c);
+}
+
+TEST_F(PlannerTest, ALostShardTakesEveryRangeOfItsJobs) {
+  auto s1 = AddShard("h:1");
+  auto s2 = AddShard("h:2");
+  JobEntry& job = Submit(kSpec);
+  AddWorker();
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(job.ranges.size(), 2u);
+  job.installed = true;
+  const std::string lost = job.ranges[0].shard_id;
+  const int64_t map_version = job.map_version;
+  EXPECT_THAT(planner_.LoseShard(lost), ElementsAre(job.id()));
+  EXPECT_TRUE(job.ranges.empty());
+  EXPECT_FALSE(job.installed);
+  EXPECT_TRUE(job.awaiting_start);
+  EXPECT_EQ(job.map_version, map_version + 1);
+  // The other range is dropped from its shard; the lost one is gone.
+  EXPECT_EQ(s1->drops.size() + s2->drops.size(), 1u);
+  EXPECT_TRUE(planner_.PlacedShards().empty());
+  auto start = std::make_shared<StoredJob>();
+  start->has_state = true;
+  start->state.metrics.version = 7;
+  Planner::Restart(job, start, kNow);
+  EXPECT_FALSE(job.awaiting_start);
+  EXPECT_EQ(job.proto.metrics().step(), 7);
+  EXPECT_THAT(job.condition, HasSubstr("resuming from the checkpoint of "
+                                       "step 7"));
+}
+
+TEST_F(PlannerTest, AMemberIsSentItsAssignmentOnce) {
+  AddShard("h:1");
+  JobEntry& job = Submit(kOneWorker);
+  const std::string a = AddWorker();
+  planner_.ScheduleJobs(kNow);
+  const WorkerEntry& w = *registry_.worker(a);
+  v1::HeartbeatRequest req;
+  req.set_worker_id(a);
+  v1::HeartbeatResponse out;
+  planner_.Assignment(req, w, job, &out);
+  EXPECT_FALSE(out.has_assignment());  // not installed yet
+  job.installed = true;
+  MemberSpec m;
+  m.worker_id = a;
+  m.incarnation = w.incarnation;
+  job.members = {m};
+  planner_.Assignment(req, w, job, &out);
+  ASSERT_TRUE(out.has_assignment());
+  EXPECT_EQ(out.assignment().shard_map().shards(0).address(), "h:1");
+  EXPECT_EQ(out.assignment().world(), 1);
+  req.set_held(out.assignment().key());
+  v1::HeartbeatResponse again;
+  planner_.Assignment(req, w, job, &again);
+  EXPECT_FALSE(again.has_assignment());
+  EXPECT_TRUE(again.unchanged());
+}
+
+TEST_F(PlannerTest, APlanIsReadBackFromItsRecord) {
+  JobEntry& job = Submit(kGrowing);
+  Schedule grown = GrowSchedule(job.schedule, 2, 3, 0);
+  Planner::AdoptPlan(job, grown, kNow);
+  EXPECT_THAT(job.history.events(job.history.events_size() - 1).text(),
+              HasSubstr("grows to 3 workers"));
+  ASSERT_EQ(job.proto.membership_size(), 2);
+  EXPECT_EQ(job.proto.membership(1).world(), 3);
+  JobEntry restored;
+  restored.proto = job.proto;
+  restored.spec = job.spec;
+  Planner::RestorePlan(restored);
+  EXPECT_EQ(restored.schedule.total_steps, job.schedule.total_steps);
+  EXPECT_EQ(restored.schedule.plan, job.schedule.plan);
+  EXPECT_EQ(restored.slots.size(), 3u);
+}
+
+// A control task of a job with members `a` (and `b` leaving) on two ranges.
+ControlTask Task(const JobEntry& job) {
+  ControlTask t;
+  t.schedule = job.schedule;
+  t.world = job.schedule.last_world();
+  t.next_plan = job.schedule.plan + 1;
+  MemberSpec a, b;
+  a.worker_id = "a";
+  a.rank = 0;
+  b.worker_id = "b";
+  b.rank = 1;
+  t.members = {a, b};
+  t.desired = {a};
+  return t;
+}
+
+TEST_F(PlannerTest, ALeaverBelongsToEveryStepItCommittedAndAJoinerComesNext) {
+  JobEntry& job = Submit(kSpec);
+  ControlTask t = Task(job);
+  MemberSpec c;
+  c.worker_id = "c";
+  c.rank = 1;
+  t.desired.push_back(c);
+  std::vector<MemberSpec> active;
+  EXPECT_TRUE(Planner::MembersDiffer(t, &active));
+  EXPECT_EQ(active.size(), 2u);
+  HoldReport r1, r2;
+  r1.version = 3;
+  r2.version = 4;
+  MemberProgress p;
+  p.worker_id = "b";
+  p.committed_step = 3;
+  r2.members = {p};
+  std::vector<MemberSpec> next = Planner::DecideMembers(t, active, {r1, r2});
+  ASSERT_EQ(next.size(), 3u);
+  EXPECT_EQ(next[1].worker_id, "b");
+  EXPECT_EQ(next[1].leave_step, 4);  // it belongs to step 3
+  EXPECT_EQ(next[2].worker_id, "c");
+  EXPECT_EQ(next[2].join_step, 4);  // the highest version any range has
+  EXPECT_EQ((t.new_leaves[{"b", 0}]), std::make_pair(int64_t{4}, false));
+  EXPECT_FALSE(t.new_schedule.has_value());
+}
+
+TEST_F(PlannerTest, AWorkerPastTheWorldJoinsALaterEpochWithANewPlan) {
+  JobEntry& job = Submit(kGrowing);  // 4 steps an epoch, 10 epochs
+  ControlTask t = Task(job);
+  t.members.pop_back();
+  MemberSpec c;
+  c.worker_id = "c";
+  c.rank = 2;
+  t.desired = {t.members[0], c};
+  t.world = 3;
+  std::vector<MemberSpec> active = t.members;
+  HoldReport r;
+  r.version = 5;
+  std::vector<MemberSpec> next = Planner::DecideMembers(t, active, {r});
+  ASSERT_TRUE(t.new_schedule.has_value());
+  EXPECT_EQ(t.new_schedule->plan, t.next_plan);
+  EXPECT_EQ(t.new_schedule->last_world(), 3);
+  ASSERT_EQ(next.size(), 2u);
+  // Past version 5 and the margin: the start of epoch 2.
+  EXPECT_EQ(next[1].join_step, t.new_schedule->EpochStart(2));
+  EXPECT_EQ(Planner::JoinEpoch(job.schedule, 5 + Planner::kJoinMargin, 0), 2);
+  // No epoch left near the end: nobody joins.
+  EXPECT_EQ(Planner::JoinEpoch(job.schedule, job.schedule.total_steps, 0), -1);
+  EXPECT_EQ(Planner::JoinEpoch(job.schedule, 3, /*max_steps=*/4), -1);
+}
+
+}  // namespace
+}  // namespace tally
