@@ -16,6 +16,17 @@ namespace tally {
 
 namespace {
 
+// A request of this worker's, about the job's placement `map_version`.
+template <typename Request>
+Request Addressed(const RowClientOptions& o, int64_t map_version) {
+  Request req;
+  req.set_job_id(o.job_id);
+  req.set_worker_id(o.worker_id);
+  req.set_incarnation(o.incarnation);
+  req.set_map_version(map_version);
+  return req;
+}
+
 // The most values in one request or answer (SparseTables::
 // kMaxValuesPerMessage on the shards: within the 4 MiB message limit).
 constexpr int64_t kMaxValuesPerMessage = int64_t{1} << 18;
@@ -167,11 +178,8 @@ absl::Status RowClient::PullTables(const std::vector<Rows>& pulls) {
     for (int64_t i = 0; i < r.n; ++i) {
       const int s = SlotOfRow(r.rows[i], t.salt, slots);
       if (open[s] < 0 || filled[s] + t.dim > kMaxValuesPerMessage) {
-        v1::PullRowsRequest req;
-        req.set_job_id(options_.job_id);
-        req.set_worker_id(options_.worker_id);
-        req.set_incarnation(options_.incarnation);
-        req.set_map_version(map_version_);
+        v1::PullRowsRequest req = Addressed<v1::PullRowsRequest>(
+            options_, map_version_);
         req.set_min_version(min_version_);
         req.set_max_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
         open[s] = static_cast<int>(calls.size());
@@ -201,11 +209,8 @@ absl::Status RowClient::Push(int64_t samples, const std::vector<Grads>& grads) {
   std::vector<int64_t> filled(slots, kMaxValuesPerMessage);  // of the last
   auto next = [&](int s, int64_t dim) -> v1::PushRowsRequest& {
     if (filled[s] + dim > kMaxValuesPerMessage) {
-      v1::PushRowsRequest req;
-      req.set_job_id(options_.job_id);
-      req.set_worker_id(options_.worker_id);
-      req.set_incarnation(options_.incarnation);
-      req.set_map_version(map_version_);
+      v1::PushRowsRequest req =
+          Addressed<v1::PushRowsRequest>(options_, map_version_);
       req.set_step(step_);
       req.set_samples(samples);
       req.set_piece(static_cast<int>(pieces[s].size()));

@@ -65,6 +65,21 @@ void ParameterShard::SaveAt(
     int64_t v, absl::Time deadline,
     std::function<void(absl::StatusOr<ShardState>)> done,
     std::shared_ptr<TableCapture> capture) {
+  // The state at v (or why not), then v's mark off: what it held from
+  // closing may close.
+  auto take = [this, v, done, capture](absl::Status s) {
+    absl::StatusOr<ShardState> state =
+        s.ok() ? absl::StatusOr<ShardState>(Save(capture.get()))
+               : absl::StatusOr<ShardState>(s);
+    Ready ready;
+    {
+      absl::MutexLock lock(&mu_);
+      save_at_.erase(save_at_.find(v));
+      MaybeCloseLocked(&ready);
+    }
+    RunReady(ready);
+    done(std::move(state));
+  };
   bool now = false;
   absl::Status closed;
   {
@@ -78,22 +93,7 @@ void ParameterShard::SaveAt(
       save_at_.insert(v);
       if (version_ < v) {
         // Released by the close that reaches v, or by its deadline.
-        waiters_.Add(
-            v, deadline,
-            [this, v, done, capture](absl::Status s) {
-              absl::StatusOr<ShardState> state =
-                  s.ok() ? absl::StatusOr<ShardState>(Save(capture.get()))
-                         : absl::StatusOr<ShardState>(s);
-              Ready ready;
-              {
-                absl::MutexLock lock(&mu_);
-                save_at_.erase(save_at_.find(v));
-                MaybeCloseLocked(&ready);
-              }
-              RunReady(ready);
-              done(std::move(state));
-            },
-            /*worker_id=*/"");
+        waiters_.Add(v, deadline, std::move(take), /*worker_id=*/"");
         return;
       }
     }
@@ -109,15 +109,7 @@ void ParameterShard::SaveAt(
     return;
   }
   // At v already: the state is taken before anything can close.
-  absl::StatusOr<ShardState> state = Save(capture.get());
-  Ready ready;
-  {
-    absl::MutexLock lock(&mu_);
-    save_at_.erase(save_at_.find(v));
-    MaybeCloseLocked(&ready);
-  }
-  RunReady(ready);
-  done(std::move(state));
+  take(absl::OkStatus());
 }
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(

@@ -566,7 +566,7 @@ TEST(CoordinatorStateTest, JobsSurviveARestartFromTheStateDirectory) {
     {
       v1::JobCheckpoint ck;
       ASSERT_TRUE(ck.ParseFromString(*ReadFile(o.state_dir + "/job-1.ckpt")));
-      EXPECT_EQ(ck.version(), 2);
+      EXPECT_EQ(ck.state().version(), 2);
       // The directory is this coordinator's while it lives.
       Coordinator second(o);
       EXPECT_THAT(second.Restore(),
