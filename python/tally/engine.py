@@ -56,16 +56,13 @@ if TYPE_CHECKING:
     from tally import _native
 
 __all__ = [
-    "EVAL_BATCH", "JobDict", "LOSSES", "LayoutError", "ModelError", "ModelFiles",
+    "EVAL_BATCH", "LOSSES", "LayoutError", "ModelError", "ModelFiles",
     "ShardedEmbedding", "TorchEngine", "check_layout", "layout_of", "load_module",
     "make_engine", "runtime", "state_of", "swap_tables",
 ]
 
 LOSSES = ("cross_entropy", "mse", "model", "binary_cross_entropy")
 EVAL_BATCH = 1024
-
-# The factory's argument, under its earlier name.
-JobDict = Job
 
 
 class _Step(torch.nn.Module):

@@ -106,7 +106,9 @@ class JobArchive {
 
  private:
   const Options options_;
-  std::unique_ptr<JobStore> store_;  // after Open
+  // Set by Open (under the coordinator's checkpoint_mu_), which Restore
+  // runs before the coordinator serves; read without that lock after.
+  std::unique_ptr<JobStore> store_;
 };
 
 }  // namespace tally

@@ -365,7 +365,8 @@ class ParameterShard {
                  std::function<void(absl::Status)> done);
   // Calls `done(OK)` once version() >= v, or `done(kDeadlineExceeded)` at
   // `deadline` (checked by ExpireWaiters), or done(kFailedPrecondition +
-  // JOB_ENDED) when the job is retired. The first call starts the training
+  // JOB_ENDED) for a wait still held when Retire runs (a wait begun after
+  // it lasts to its deadline). The first call starts the training
   // clock. A member's wait (`worker_id`, WhenClock's) for a step its push
   // is no longer in (the sum was dropped) is kAborted + PUSH_AGAIN, at once
   // or when the sum drops.
