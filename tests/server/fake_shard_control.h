@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/shard_control.h"
 
 namespace tally::testing {
@@ -94,6 +95,29 @@ class FakeShardControl final : public ShardControl {
  private:
   absl::Mutex mu_;
 };
+
+// The model and data the coordinator parts' tests place: a 4 -> 2 linear
+// layer (10 parameters) on synthetic data. A test's spec adds its
+// training line: TALLY_TINY_MODEL "training: {workers: 2}\n".
+#define TALLY_TINY_MODEL                                              \
+  "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n" \
+  "dataset: {name: synthetic, features: 4, classes: 2}\n"
+
+// Where the parts' tests' clocks stand.
+inline const absl::Time kPartsNow = absl::UnixEpoch() + absl::Hours(1);
+
+// Adds `n` fake shards ("h:0", "h:1", ...) to a registry at kPartsNow;
+// returns them in that order.
+template <typename Registry>
+std::vector<std::shared_ptr<FakeShardControl>> AddFakeShards(Registry& registry,
+                                                             int n) {
+  std::vector<std::shared_ptr<FakeShardControl>> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(std::make_shared<FakeShardControl>());
+    registry.AddShard("h:" + std::to_string(i), out.back(), kPartsNow);
+  }
+  return out;
+}
 
 }  // namespace tally::testing
 

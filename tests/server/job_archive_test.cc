@@ -19,12 +19,9 @@ using ::tally::testing::FakeShardControl;
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
 
-constexpr char kSpec[] =
-    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
-    "dataset: {name: synthetic, features: 4, classes: 2}\n"
-    "training: {workers: 2}\n";
+constexpr char kSpec[] = TALLY_TINY_MODEL "training: {workers: 2}\n";
 
-const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+const absl::Time kNow = ::tally::testing::kPartsNow;
 
 StoredJob Stored(v1::JobState state, bool with_state) {
   StoredJob s;

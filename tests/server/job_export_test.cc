@@ -22,16 +22,14 @@ using ::tally::testing::FakeShardControl;
 using ::tally::testing::HasReason;
 using ::testing::HasSubstr;
 
-constexpr char kSpec[] =
-    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
-    "dataset: {name: synthetic, features: 4, classes: 2}\n";
+constexpr char kSpec[] = TALLY_TINY_MODEL;
 constexpr char kBatchNormSpec[] =
     "model: {python: {code: x, params: [{name: w, shape: [2, 4]}], buffers: "
     "[{name: bn.running_mean, dtype: F32, shape: [2]}, {name: "
     "bn.num_batches_tracked, dtype: I64, shape: []}]}}\n"
     "dataset: {name: synthetic, features: 4, classes: 2}\n";
 
-const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+const absl::Time kNow = ::tally::testing::kPartsNow;
 
 JobEntry Job(const char* text) {
   JobEntry job;

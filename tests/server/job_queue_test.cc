@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "server/control/job_store.h"
+#include "tests/server/fake_shard_control.h"
 #include "tests/test_util.h"
 
 namespace tally {
@@ -20,15 +21,12 @@ using ::tally::testing::HasReason;
 using ::tally::testing::StatusIs;
 using ::testing::HasSubstr;
 
-constexpr char kSpec[] =
-    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
-    "dataset: {name: synthetic, features: 4, classes: 2}\n"
-    "training: {workers: 2}\n";
+constexpr char kSpec[] = TALLY_TINY_MODEL "training: {workers: 2}\n";
 constexpr char kPythonSpec[] =
     "model: {python: {code: x, params: [{name: w, shape: [2, 4]}]}}\n"
     "dataset: {name: synthetic, features: 4, classes: 2}\n";
 
-const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+const absl::Time kNow = ::tally::testing::kPartsNow;
 
 class JobQueueTest : public ::testing::Test {
  protected:

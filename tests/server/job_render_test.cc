@@ -18,11 +18,9 @@ using ::tally::testing::FakeShardControl;
 using ::testing::HasSubstr;
 
 constexpr char kSpec[] =
-    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
-    "dataset: {name: synthetic, features: 4, classes: 2}\n"
-    "training: {workers: 2, shards: 2}\n";
+    TALLY_TINY_MODEL "training: {workers: 2, shards: 2}\n";
 
-const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+const absl::Time kNow = ::tally::testing::kPartsNow;
 
 class JobRenderTest : public ::testing::Test {
  protected:
@@ -30,10 +28,7 @@ class JobRenderTest : public ::testing::Test {
       : jobs_(JobQueue::Options()),
         registry_(absl::Seconds(3), 10, kNow),
         planner_(&jobs_, &registry_) {
-    for (int i = 0; i < 2; ++i) {
-      shards_.push_back(std::make_shared<FakeShardControl>());
-      registry_.AddShard("h:" + std::to_string(i), shards_.back(), kNow);
-    }
+    shards_ = ::tally::testing::AddFakeShards(registry_, 2);
   }
   // A running job, installed, both workers members from step 0.
   JobEntry& Running() {

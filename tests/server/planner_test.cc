@@ -21,9 +21,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr char kSpec[] =
-    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
-    "dataset: {name: synthetic, features: 4, classes: 2}\n"
-    "training: {workers: 2, shards: 2}\n";
+    TALLY_TINY_MODEL "training: {workers: 2, shards: 2}\n";
 constexpr char kOneWorker[] =
     "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
     "dataset: {name: synthetic, features: 4, classes: 2}\n"
@@ -36,7 +34,7 @@ constexpr char kGrowing[] =
     "dataset: {name: synthetic, features: 4, classes: 2, train_size: 8}\n"
     "training: {workers: {min: 2, max: 3}, batch_size: 1, epochs: 10}\n";
 
-const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+const absl::Time kNow = ::tally::testing::kPartsNow;
 
 class PlannerTest : public ::testing::Test {
  protected:

@@ -41,9 +41,12 @@ constexpr int kParams = 10;
 
 class ServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    CoordinatorOptions o;
-    o.lease_timeout = absl::Seconds(30);
+  void SetUp() override { StartServer(ServerOptions()); }
+
+  // The server started afresh (no jobs) with `o` and a 30 s lease.
+  void StartServer(ServerOptions o) {
+    server_.reset();
+    o.coordinator.lease_timeout = absl::Seconds(30);
     auto s = TallyServer::Start(absl::StrCat(host_, ":0"), o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
@@ -1245,20 +1248,6 @@ struct SharedStream {
 
 class SharedMemoryTest : public ServiceTest {
  protected:
-  // The server started afresh (no jobs) with `o`, as SetUp starts it.
-  void Restart(ServerOptions o) {
-    server_.reset();
-    o.coordinator.lease_timeout = absl::Seconds(30);
-    auto s = TallyServer::Start(absl::StrCat(host_, ":0"), o);
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = *std::move(s);
-    channel_ = Dial(absl::StrCat(host_, ":", server_->port()));
-    jobs_ = v1::JobService::NewStub(channel_);
-    workers_ = v1::WorkerService::NewStub(channel_);
-    params_ = v1::ParameterService::NewStub(
-        Dial(absl::StrCat(host_, ":", server_->data_port())));
-  }
-
   SharedStream Open(bool reply = true) {
     // The streams before it have ended; their regions go as the shard
     // retires them (at most two live a worker).
@@ -1320,7 +1309,7 @@ TEST_F(SharedMemoryTest, AWorkerOnTheShardsHostPushesAndPullsThroughIt) {
 TEST_F(SharedMemoryTest, AStreamedRangeTakesPushesFromTheRegion) {
   ServerOptions streams;
   streams.streamed_sums_min_bytes = 0;
-  Restart(streams);
+  StartServer(streams);
   StartJob();
   absl::StatusOr<Range> range = server_->shard_host()->Find(job_);
   ASSERT_TRUE(range.ok()) << range.status();
@@ -1528,7 +1517,7 @@ TEST_F(SharedMemoryTest, AWorkerThatCannotMapItOrAShardThatWillNotGoesOnOverTcp)
   // it as nothing).
   ServerOptions shares_nothing;
   shares_nothing.shared_memory_max_bytes = 0;
-  Restart(shares_nothing);
+  StartServer(shares_nothing);
   StartJob();
   ExchangeStream stream(params_.get(), absl::Seconds(10));
   v1::ExchangeRequest pull;
