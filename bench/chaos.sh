@@ -14,6 +14,9 @@
 # p50 / p99 / max, the job's outcome, and
 # whether its fetched weights equal the undisturbed run's byte for byte
 # (the tensors; else the largest difference and the tensor it is in).
+# RANKS=4: the job has fixed ranks (training.ranks: 4 on its two workers,
+# docs/cluster.md "Ranks that outlive workers"); its global batch is then
+# 4 x 64, its learning rate the example's.
 #   bench/chaos.sh [EPOCHS] [EVERY] [DELAY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +39,9 @@ sed -e "s/epochs: 2/epochs: $epochs/" -e "s/^  workers: 2 /  workers: 2\n  shard
   examples/fashion-mnist-mlp.yaml > "$tmp/job.yaml"
 grep -q "shards: 3" "$tmp/job.yaml" ||
   { echo "examples/fashion-mnist-mlp.yaml changed: fix bench/chaos.sh" >&2; exit 1; }
+[[ -n ${RANKS:-} ]] && sed -i "s/^  shards: 3 /  shards: 3\n  ranks: $RANKS /" "$tmp/job.yaml"
+echo "job: $(grep -E '^  (workers|shards|ranks):' "$tmp/job.yaml" | awk '{printf "%s %s  ", $1, $2}')"
+
 
 # Every process a name, its pid in $tmp/pid.NAME (a restart writes it anew).
 start() {  # NAME

@@ -43,12 +43,21 @@ fi
 ((build_only)) && exit 0
 
 status=0
+# What a harness must never touch: data_paths builds trees of links to "..",
+# /etc/passwd and /dev/zero, and must write beneath its own scratch root
+# only (its names, written through a link to "..", would land in /tmp).
+outside() {
+  sha256sum /etc/passwd
+  for n in d t.csv l e v.txt; do [[ -e /tmp/$n || -L /tmp/$n ]] && echo "/tmp/$n"; done
+  return 0
+}
 printf '%-13s %12s %10s %8s  %s\n' harness executions "exec/s" corpus result
 for h in "${harnesses[@]}"; do
   corpus=$B/corpus/$h
   rm -rf "$B/crashes/$h"  # only this run's findings
   mkdir -p "$corpus" "$B/crashes/$h"
   log=$B/$h-${seconds}s.log
+  before=$(outside)
   set +e
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -60,7 +69,10 @@ for h in "${harnesses[@]}"; do
   runs=$(grep -oE "stat::number_of_executed_units: *[0-9]+" "$log" | grep -oE "[0-9]+$" || echo 0)
   rate=$(grep -oE "stat::average_exec_per_sec: *[0-9]+" "$log" | grep -oE "[0-9]+$" || echo 0)
   size=$(find "$corpus" "tests/fuzz/corpus/$h" -type f -printf '%f\n' | sort -u | wc -l)
-  if ((rc == 0)); then
+  if [[ $(outside) != "$before" ]]; then
+    result="WROTE OUTSIDE ITS SCRATCH ROOT: /etc/passwd or /tmp changed"
+    status=1
+  elif ((rc == 0)); then
     result=ok
   else
     result="CRASH (exit $rc): $(ls "$B/crashes/$h" | head -n 1), see $log"

@@ -4,12 +4,25 @@
 #ifndef TALLY_PROTO_SCHEDULE_H_
 #define TALLY_PROTO_SCHEDULE_H_
 
+#include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
 
 namespace tally {
+
+// training.ranks: rank `rank` held by worker `worker_id` is the member
+// "WORKER_ID#RANK" on every range (v1::Assignment.ranks); the worker a
+// member id names (itself, for a member of a job without ranks).
+inline std::string RankMember(const std::string& worker_id, int rank) {
+  return absl::StrCat(worker_id, "#", rank);
+}
+inline std::string MemberWorker(const std::string& member_id) {
+  return member_id.substr(0, member_id.find('#'));
+}
 
 inline void EncodeSchedule(const Schedule& s, v1::Schedule* out) {
   out->set_train_size(s.train_size);

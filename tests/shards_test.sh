@@ -12,6 +12,11 @@
 #            every shard alike, and finishes; no worker process restarts.
 # fresh      The same, but a new shard process (another port) takes the
 #            dead one's place.
+# ranks      A job with fixed ranks (training.ranks: 4 on 2 workers) gives
+#            the same weights, byte for byte, when a worker holding two
+#            ranks is killed for good (the survivor computes its ranks),
+#            and when a worker and a shard are killed at once (a spare
+#            takes the ranks; the ranges come back from the checkpoint).
 # coordinator  The coordinator is killed mid-job and started again on its
 #            state directory: the shards and workers register again by
 #            themselves and the job finishes from its checkpoint.
@@ -48,6 +53,30 @@ start_worker() {  # name [more flags]
   "$bin_worker" --server="$addr" "${worker_auth[@]}" --devices=cpu:1 --name="$1" --health_port=-1 "${@:2}" > "$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
+}
+ranks_spec() {  # -> a path: 4 ranks over 2 workers, 2 shards
+  local f=$dir/job-ranks.yaml
+  cat > "$f" <<YAML
+name: ranks
+model:
+  layers:
+    - linear: {in_features: 32, out_features: 256}
+    - relu
+    - linear: {in_features: 256, out_features: 64}
+    - relu
+    - linear: {in_features: 64, out_features: 4}
+dataset: {name: synthetic, train_size: 8192, test_size: 1024, features: 32, classes: 4, seed: 1}
+training: {epochs: 8, batch_size: 32, seed: 1, ranks: 4, workers: 2, shards: 2}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+YAML
+  echo "$f"
+}
+# The name of the worker holding rank $2 of job $1.
+rank_holder() {  # job rank
+  tally status "$1" --json | python3 -c "
+import json, sys
+for p in json.load(sys.stdin)['metrics'].get('progress', []):
+    if p.get('rank', 0) == $2: print(p.get('name', ''))"
 }
 job_spec() {  # shards optimizer epochs -> a path
   local f=$dir/job-$1-$2-$3.yaml
@@ -197,6 +226,50 @@ case $case_name in
     grep -q "finished at step" "$dir/w1.log" || fail "w1 did not train to the end"
     grep -q "finished at step" "$dir/w2.log" || fail "w2 did not train to the end"
     echo "$case_name: killed at step $step_at_kill, resumed at $resumed on every shard, test accuracy $acc"
+    ;;
+  ranks)
+    start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2
+    port2=$(free_port)
+    start_shard s1 "$(free_port)"
+    start_shard s2 "$port2"
+    start_worker w1
+    start_worker w2
+    # Fault-free.
+    id=$(submit "$(ranks_spec)" --wait)
+    [[ $(job_field "$id" "['state']") == SUCCEEDED ]] || fail "$id (fault-free) did not succeed"
+    tally fetch "$id" --output="$dir/free.safetensors" > /dev/null || fail "fetch $id"
+    grep -q "assigned $id as ranks [0-9], [0-9] of 4" "$dir/w1.log" || fail "w1 did not hold two ranks"
+    # A worker holding two ranks dies for good: the other computes all four.
+    id=$(submit "$(ranks_spec)")
+    wait_step "$id" 60 60
+    victim=$(rank_holder "$id" 3)
+    [[ $victim == w1 || $victim == w2 ]] || fail "no worker holds rank 3: '$victim'"
+    eval "kill -9 \$pid_$victim"
+    wait_state "$id" SUCCEEDED 120
+    survivor=w1; [[ $victim == w1 ]] && survivor=w2
+    grep -q "$id: rank 3 of 4 from step [1-9]" "$dir/$survivor.log" || fail "$survivor did not take rank 3"
+    tally fetch "$id" --output="$dir/worker-kill.safetensors" > /dev/null || fail "fetch $id"
+    tensor_bytes_equal "$dir/free.safetensors" "$dir/worker-kill.safetensors" ||
+      fail "a worker's death changed the weights"
+    # A worker and a shard at once, with a spare: the spare takes the dead
+    # worker's ranks, the ranges come back from the last checkpoint.
+    start_worker "${victim}b"
+    start_worker spare
+    sleep 0.5
+    id=$(submit "$(ranks_spec)")
+    wait_step "$id" 60 60
+    victim=$(rank_holder "$id" 0)
+    sleep 0.3  # a checkpoint past step 60
+    eval "kill -9 \$pid_$victim \$pid_s2"
+    sleep 1.5  # the shard's lease runs out
+    start_shard s2b "$port2"
+    wait_state "$id" SUCCEEDED 120
+    tally fetch "$id" --output="$dir/both.safetensors" > /dev/null || fail "fetch $id"
+    tensor_bytes_equal "$dir/free.safetensors" "$dir/both.safetensors" ||
+      fail "a worker's and a shard's deaths changed the weights"
+    tally report "$id" --output="$dir/report.html" > /dev/null || fail "report"
+    grep -q "starts again from the checkpoint of step" "$dir/report.html" || fail "no resume in the events"
+    echo "ranks: weights byte-identical to the fault-free run after a worker kill (its ranks computed by the survivor) and after a worker and a shard killed at once"
     ;;
   coordinator)
     start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <memory>
 #include <new>
 #include <thread>
 #include <utility>
@@ -14,9 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "proto/schedule.h"
 #include "proto/tally.grpc.pb.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
@@ -44,15 +48,18 @@ class WorkerDaemon::Impl {
   ~Impl() {
     Stop();
     if (heartbeat_.joinable()) heartbeat_.join();
+    if (attend_.joinable()) attend_.join();
   }
 
   void Stop() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    if (attend_call_ != nullptr) attend_call_->TryCancel();
   }
 
   absl::Status Run() {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    attend_ = std::thread([this] { AttendLoop(); });
     while (!Stopped()) {
       if (std::optional<v1::InitialWeightsWanted> want = InitialWeightsAsked();
           want.has_value()) {
@@ -63,8 +70,14 @@ class WorkerDaemon::Impl {
       std::optional<v1::Assignment> a =
           WaitForAssignment(absl::Milliseconds(500), &incarnation);
       if (!a.has_value()) continue;
-      Log(absl::StrCat("assigned ", a->job_id(), " as rank ", a->rank(), " of ",
-                       a->world(), " (", a->shard_map().shards_size(),
+      std::vector<int> ranks;
+      for (const v1::Assignment::HeldRank& h : a->ranks())
+        ranks.push_back(h.rank());
+      Log(absl::StrCat("assigned ", a->job_id(), " as rank",
+                       ranks.size() > 1 ? "s " : " ",
+                       ranks.empty() ? absl::StrCat(a->rank())
+                                     : absl::StrJoin(ranks, ", "),
+                       " of ", a->world(), " (", a->shard_map().shards_size(),
                        " parameter shard",
                        a->shard_map().shards_size() == 1 ? "" : "s", ")"));
       absl::Status s = RunJob(*a);
@@ -119,6 +132,8 @@ class WorkerDaemon::Impl {
     absl::MutexLock lock(&mu_);
     lease_.worker_id = resp.worker_id();
     lease_.incarnation = resp.incarnation();
+    // The last registration's Attend call ends; AttendLoop makes this one's.
+    if (attend_call_ != nullptr) attend_call_->TryCancel();
     lease_ms_ = std::max<int64_t>(resp.lease_ms(), 200);
     assignment_.reset();
     return absl::OkStatus();
@@ -209,6 +224,48 @@ class WorkerDaemon::Impl {
       // new shard map reaches the worker within a second.
       SleepUnlessStopped(
           absl::Milliseconds(std::clamp<int64_t>(lease_ms / 4, 50, 1000)));
+    }
+  }
+
+  // Holds an Attend call open for each registration, for as long as it
+  // lives: when this process dies, its connection closes and the
+  // coordinator ends the lease at once, rather than when it runs out. A
+  // coordinator without the call (UNIMPLEMENTED) is not asked again.
+  void AttendLoop() {
+    absl::Duration backoff = options_.min_backoff;
+    while (true) {
+      grpc::ClientContext ctx;
+      v1::AttendRequest req;
+      {
+        absl::MutexLock lock(&mu_);
+        auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || lease_.incarnation != 0;
+        };
+        mu_.Await(absl::Condition(&registered));
+        if (stop_) return;
+        req.set_worker_id(lease_.worker_id);
+        req.set_incarnation(lease_.incarnation);
+        attend_call_ = &ctx;
+      }
+      std::unique_ptr<grpc::ClientReader<v1::AttendResponse>> reader =
+          workers_->Attend(&ctx, req);
+      v1::AttendResponse ignored;
+      while (reader->Read(&ignored)) {
+      }
+      const grpc::Status st = reader->Finish();
+      absl::MutexLock lock(&mu_);
+      attend_call_ = nullptr;
+      if (stop_ || st.error_code() == grpc::StatusCode::UNIMPLEMENTED) return;
+      // Again at once for a new registration; after a backoff for the same
+      // one (the coordinator away, or restarting).
+      auto moved = [this, &req]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || lease_.incarnation != req.incarnation();
+      };
+      if (mu_.AwaitWithTimeout(absl::Condition(&moved), backoff)) {
+        backoff = options_.min_backoff;
+      } else {
+        backoff = std::min(backoff * 2, options_.max_backoff);
+      }
     }
   }
 
@@ -482,6 +539,7 @@ class WorkerDaemon::Impl {
   }
 
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
+    absl::MutexLock lock(&data_mu_);  // a runner a rank (training.ranks)
     // Before DataKey, whose stamps stat the spec's paths and globs.
     TALLY_RETURN_IF_ERROR(CheckDataPaths(spec.dataset, options_.data_roots));
     const std::string key = DataKey(spec);
@@ -495,40 +553,138 @@ class WorkerDaemon::Impl {
   }
 
   absl::Status RunJob(const v1::Assignment& a) {
-    const Lease lease = CurrentLease();
+    if (a.ranks().empty())
+      return RunRank(a, CurrentLease(), nullptr, /*reports=*/true);
+    return RunRanks(a);
+  }
+
+  // Runs assignment `a` (one rank's) to its end. `held`: with
+  // training.ranks, the rank it runs, as a member of its own, for as long
+  // as the worker holds it; null: the worker's one rank, as itself.
+  // `reports`: it evaluates the final weights and reports the result.
+  absl::Status RunRank(const v1::Assignment& a, const Lease& lease,
+                       const v1::Assignment::HeldRank* held, bool reports) {
     JobContext context;
     context.worker_id = lease.worker_id;
     context.incarnation = lease.incarnation;
     context.coordinator = options_.server;
     context.workers = workers_.get();
     context.data = [this](const JobSpec& spec) { return Data(spec); };
+    std::optional<v1::Assignment::HeldRank> rank;
+    if (held != nullptr) rank = *held;
     context.still_assigned = [this, job = a.job_id(), lease,
-                              map = a.shard_map().version()] {
-      return StillAssigned(job, lease.incarnation, map);
+                              map = a.shard_map().version(), rank] {
+      absl::MutexLock lock(&mu_);
+      return StillAssignedLocked(job, lease.incarnation, map) &&
+             (!rank.has_value() || RankView(*assignment_, *rank).has_value());
     };
     context.assignment = [this, job = a.job_id(), lease,
-                          map = a.shard_map().version()]()
+                          map = a.shard_map().version(), rank]()
         -> std::optional<v1::Assignment> {
       absl::MutexLock lock(&mu_);
       if (!StillAssignedLocked(job, lease.incarnation, map)) return std::nullopt;
-      return assignment_;
+      if (!rank.has_value()) return assignment_;
+      return RankView(*assignment_, *rank);
     };
     context.sleep = [this](absl::Duration d) { SleepUnlessStopped(d); };
     context.log = [this](const std::string& line) { Log(line); };
-    context.progress = [this](const JobProgress& p) {
-      absl::MutexLock lock(&mu_);
-      progress_ = p;
-    };
+    if (rank.has_value()) {
+      context.member_id = RankMember(lease.worker_id, rank->rank());
+      context.reports = reports;
+      context.log = [this, r = rank->rank()](const std::string& line) {
+        Log(absl::StrCat("rank ", r, ": ", line));
+      };
+    }
+    if (context.reports) {
+      context.progress = [this](const JobProgress& p) {
+        absl::MutexLock lock(&mu_);
+        progress_ = p;
+      };
+    }
     JobRunner runner(a, options_, std::move(context));
     return runner.Run();
+  }
+
+  // `a` as the runner of one held rank sees it (that rank and its join
+  // step), while the worker holds it from that step; none otherwise.
+  static std::optional<v1::Assignment> RankView(
+      const v1::Assignment& a, const v1::Assignment::HeldRank& h) {
+    for (const v1::Assignment::HeldRank& x : a.ranks()) {
+      if (x.rank() != h.rank() || x.join_step() != h.join_step()) continue;
+      v1::Assignment view = a;
+      view.clear_ranks();
+      view.set_rank(h.rank());
+      view.set_join_step(h.join_step());
+      return view;
+    }
+    return std::nullopt;
+  }
+
+  // training.ranks: a runner a held rank, each a member of its own (the
+  // lowest reports the result). A rank given later (a lost worker's) gets
+  // its runner then; one taken away (to a new worker) ends its own.
+  // Returns once every runner has ended and no new rank came; the first
+  // failure, if none finished the job.
+  absl::Status RunRanks(const v1::Assignment& first) {
+    const Lease lease = CurrentLease();
+    struct Runner {
+      std::thread thread;
+      absl::Notification done;
+      absl::Status result;
+    };
+    std::map<std::string, std::unique_ptr<Runner>> runners;  // "rank@join"
+    while (true) {
+      std::vector<v1::Assignment> start;
+      {
+        absl::MutexLock lock(&mu_);
+        if (StillAssignedLocked(first.job_id(), lease.incarnation,
+                                first.shard_map().version())) {
+          for (const v1::Assignment::HeldRank& h : assignment_->ranks()) {
+            if (runners.count(absl::StrCat(h.rank(), "@", h.join_step())))
+              continue;
+            start.push_back(*RankView(*assignment_, h));
+          }
+        }
+      }
+      for (v1::Assignment& a : start) {
+        auto r = std::make_unique<Runner>();
+        Runner* raw = r.get();
+        runners[absl::StrCat(a.rank(), "@", a.join_step())] = std::move(r);
+        Log(absl::StrCat(first.job_id(), ": rank ", a.rank(), " of ",
+                         a.world(), " from step ", a.join_step()));
+        raw->thread = std::thread([this, raw, a = std::move(a), lease,
+                                   lowest = first.rank()] {
+          v1::Assignment::HeldRank h;
+          h.set_rank(a.rank());
+          h.set_join_step(a.join_step());
+          raw->result = RunRank(a, lease, &h, a.rank() == lowest);
+          raw->done.Notify();
+        });
+      }
+      bool all_done = start.empty();
+      for (auto& [key, r] : runners)
+        all_done = all_done && r->done.HasBeenNotified();
+      if (all_done) break;
+      SleepUnlessStopped(absl::Milliseconds(50));
+    }
+    for (auto& [key, r] : runners) r->thread.join();
+    absl::Status result;
+    for (auto& [key, r] : runners) {
+      if (r->result.ok()) return absl::OkStatus();  // the job is done
+      if (result.ok()) result = r->result;
+    }
+    return result;
   }
 
   DaemonOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
   std::thread heartbeat_;
-  std::unique_ptr<TrainTest> data_;  // the last dataset, reused across jobs
-  std::string data_key_;
+  std::thread attend_;
+  absl::Mutex data_mu_;
+  // The last dataset, reused across jobs.
+  std::unique_ptr<TrainTest> data_ ABSL_GUARDED_BY(data_mu_);
+  std::string data_key_ ABSL_GUARDED_BY(data_mu_);
 
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -536,6 +692,9 @@ class WorkerDaemon::Impl {
   Lease lease_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 3000;
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
+  // The Attend call held open now (AttendLoop's), cancelled on Stop and
+  // when the worker registers again.
+  grpc::ClientContext* attend_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<v1::InitialWeightsWanted> initial_weights_
       ABSL_GUARDED_BY(mu_);
   // The job whose initial weights this registration offered (once).

@@ -479,7 +479,8 @@ absl::Status JobRunner::CheckSchedule() {
 absl::Status JobRunner::MakeClient() {
   ParamClientOptions po;
   po.job_id = assignment_.job_id();
-  po.worker_id = context_.worker_id;
+  po.worker_id =
+      context_.member_id.empty() ? context_.worker_id : context_.member_id;
   po.incarnation = context_.incarnation;
   po.dtype = spec_.training.wire_dtype == WireDtype::kBfloat16 ? v1::BFLOAT16
                                                                : v1::FLOAT32;
@@ -780,6 +781,8 @@ std::string TestFigures(const StepStats& test, bool classifies) {
 }  // namespace
 
 absl::Status JobRunner::Finish(int64_t version) {
+  // The worker's other ranks end here: its lowest evaluates and reports.
+  if (!context_.reports) return absl::OkStatus();
   // Evaluated (and reported) with the job's buffer region, which the last
   // pull brought: what the export holds.
   if (pulled_buffers_ != nullptr && !pulled_buffers_->empty()) {

@@ -139,6 +139,13 @@ struct TrainingSpec {
   // at the start of a later epoch (docs/cluster.md, "Growing a job").
   int64_t workers = 1;
   int64_t max_workers = 1;
+  // training.ranks: the job's data-parallel ranks, fixed (0: off, the
+  // world is the workers). Each worker holds one or more; the global batch
+  // is ranks x batch_size whoever computes them, and a step waits for every
+  // rank (docs/cluster.md, "Ranks that outlive workers").
+  int64_t ranks = 0;
+  // The job's world: its ranks, or else the workers it starts with.
+  int64_t World() const { return ranks > 0 ? ranks : workers; }
   // Parameter shards the job's vector is split over; 0: every live shard,
   // as many as keep each range at least 1 MiB (docs/cluster.md).
   int64_t shards = 0;

@@ -115,6 +115,43 @@ absl::Status ParseConsistency(const YAML::Node& n, const TrainingSpec& t,
   return absl::OkStatus();
 }
 
+// training.ranks: fixed ranks, held by between workers.min and
+// workers.max worker processes (unset: from 1 up to one a rank).
+absl::Status ParseRanks(const YAML::Node& n, const std::string& p,
+                        TrainingSpec* t) {
+  if (!n["ranks"]) return absl::OkStatus();
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "ranks", 1, 1024, &t->ranks));
+  if (!n["workers"]) {
+    t->workers = 1;
+    t->max_workers = t->ranks;
+  }
+  if (t->max_workers > t->ranks) {
+    return FieldError(Join(p, "workers"),
+                      absl::StrCat("at most training.ranks (", t->ranks,
+                                   ") workers: each holds a rank or more, "
+                                   "got ", t->max_workers));
+  }
+  return absl::OkStatus();
+}
+
+// What fixed ranks (training.ranks) need of the consistency rule: steps
+// that close, each with every rank.
+absl::Status CheckRanksConsistency(const YAML::Node& n, const TrainingSpec& t) {
+  const std::string p = "training.consistency";
+  if (t.ranks == 0) return absl::OkStatus();
+  if (t.consistency.mode == ConsistencyMode::kAsync) {
+    return FieldError(Join(p, "mode"),
+                      "async closes no steps for training.ranks to wait on "
+                      "(bsp or ssp)");
+  }
+  if (n && n["backup_workers"]) {
+    return FieldError(Join(p, "backup_workers"),
+                      "not with training.ranks: every rank counts in every "
+                      "step");
+  }
+  return absl::OkStatus();
+}
+
 // training.workers: a number, or a range {min, max} (the job starts with
 // min and grows as free workers come, up to max).
 absl::Status ParseWorkers(const YAML::Node& n, const std::string& p,
@@ -175,7 +212,7 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   if (!n) return absl::OkStatus();
   TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
                                   {"epochs", "batch_size", "max_steps", "seed",
-                                   "workers", "shards", "tf32",
+                                   "workers", "ranks", "shards", "tf32",
                                    "wire_dtype", "consistency"}));
   TALLY_RETURN_IF_ERROR(ReadBool(n, p, "tf32", &t->tf32));
   std::string wire = "float32";
@@ -190,6 +227,7 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
         absl::StrCat("unknown dtype '", wire, "' (float32 or bfloat16)"));
   }
   TALLY_RETURN_IF_ERROR(ParseWorkers(n, p, t));
+  TALLY_RETURN_IF_ERROR(ParseRanks(n, p, t));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "shards", 0, 1024, &t->shards));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
   TALLY_RETURN_IF_ERROR(
@@ -200,7 +238,9 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   TALLY_RETURN_IF_ERROR(
       ReadInt(n, p, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
   t->seed = static_cast<uint64_t>(seed);
-  return ParseConsistency(n["consistency"], *t, &t->consistency);
+  TALLY_RETURN_IF_ERROR(
+      ParseConsistency(n["consistency"], *t, &t->consistency));
+  return CheckRanksConsistency(n["consistency"], *t);
 }
 
 absl::Status ParseOptimizer(const YAML::Node& n, OptimizerConfig* o) {

@@ -319,6 +319,41 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
   return Reply(ctx, absl::OkStatus());
 }
 
+namespace {
+
+// A worker's Attend call, held until it ends: a cancel (the worker's
+// process died, or it let the call go) ends the worker's lease.
+class AttendReactor final : public grpc::ServerWriteReactor<v1::AttendResponse> {
+ public:
+  AttendReactor(Coordinator* coord, const v1::AttendRequest& req)
+      : coord_(coord), worker_id_(req.worker_id()),
+        incarnation_(req.incarnation()) {}
+  void OnCancel() override {
+    coord_->WorkerGone(worker_id_, incarnation_);
+    Finish(grpc::Status::CANCELLED);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Coordinator* const coord_;
+  const std::string worker_id_;
+  const int64_t incarnation_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::AttendResponse>* WorkerServiceImpl::Attend(
+    grpc::CallbackServerContext*, const v1::AttendRequest* req) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return new RefusedWrite<v1::AttendResponse>(st);
+  if (absl::Status st = coord_->CheckWorker(req->worker_id(),
+                                            req->incarnation());
+      !st.ok()) {
+    return new RefusedWrite<v1::AttendResponse>(st);
+  }
+  return new AttendReactor(coord_, *req);
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
     grpc::CallbackServerContext* ctx, const v1::ReportResultRequest* req,
     v1::ReportResultResponse*) {

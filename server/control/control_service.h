@@ -72,6 +72,9 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* ReportResult(
       grpc::CallbackServerContext* ctx, const v1::ReportResultRequest* req,
       v1::ReportResultResponse* resp) override;
+  grpc::ServerWriteReactor<v1::AttendResponse>* Attend(
+      grpc::CallbackServerContext* ctx,
+      const v1::AttendRequest* req) override;
   grpc::ServerReadReactor<v1::InitialWeightsChunk>* OfferInitialWeights(
       grpc::CallbackServerContext* ctx,
       v1::OfferInitialWeightsResponse* resp) override;

@@ -30,6 +30,7 @@ struct ControlTask {
   int64_t num_params = 0;
   Schedule schedule;
   bool async = false;  // training.consistency.mode async
+  bool fixed_ranks = false;  // training.ranks
   struct Range {
     std::string shard_id;
     int64_t offset = 0, count = 0;

@@ -241,6 +241,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   return out;
 }
 
+absl::Status Coordinator::CheckWorker(const std::string& worker_id,
+                                      int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  return registry_.CheckWorker(worker_id, incarnation).status();
+}
+
+void Coordinator::WorkerGone(const std::string& worker_id,
+                             int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  registry_.EndWorkerLease(worker_id, incarnation, Now());
+}
+
 absl::StatusOr<std::unique_ptr<WeightOffers::Offer>>
 Coordinator::BeginInitialWeights(const std::string& job_id,
                                  const std::string& worker_id,
@@ -399,6 +411,7 @@ CoordinatorStats Coordinator::Stats() const {
     s.idle_workers += w.job_id.empty();
   for (const auto& [id, sh] : registry_.shards()) s.live_shards += sh.live;
   s.lease_expiries = registry_.lease_expiries();
+  s.leases_ended = registry_.leases_ended();
   s.checkpoints_written = checkpoints_written_;
   s.checkpoint_seconds = checkpoint_seconds_;
   const absl::Time now = Now();

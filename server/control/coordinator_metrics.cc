@@ -124,6 +124,9 @@ void AddServerSeries(const std::vector<v1::Job>& jobs,
       static_cast<double>(stats.live_shards));
   one("tally_lease_expiries_total", "Workers and shards whose lease lapsed",
       counter, static_cast<double>(stats.lease_expiries));
+  one("tally_worker_leases_ended_total",
+      "Workers whose connection closed (Attend): their lease ended at once",
+      counter, static_cast<double>(stats.leases_ended));
   one("tally_checkpoints_total", "Job checkpoint files written", counter,
       static_cast<double>(stats.checkpoints_written));
   one("tally_checkpoint_seconds_total", "Time spent writing job checkpoints",
@@ -151,7 +154,10 @@ void AddJobSeries(const std::vector<v1::Job>& jobs,
     for (const v1::Job& j : jobs) {
       if (!Live(j.state())) continue;
       for (const v1::WorkerProgress& w : j.metrics().progress())
-        AddSample(&f, {{"job_id", j.id()}, {"worker_id", w.worker_id()}},
+        AddSample(&f,
+                  {{"job_id", j.id()},
+                   {"worker_id", w.worker_id()},
+                   {"rank", std::to_string(w.rank())}},
                   p.value(w));
     }
     out.push_back(std::move(f));

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "proto/errors.h"
+#include "proto/schedule.h"
 
 namespace tally {
 
@@ -34,6 +35,19 @@ std::string JobEntry::LowestRank() const {
     if (!id.empty()) return id;
   }
   return "";
+}
+
+std::string JobEntry::MemberOf(size_t rank) const {
+  if (slots[rank].empty() || !fixed_ranks()) return slots[rank];
+  return RankMember(slots[rank], static_cast<int>(rank));
+}
+
+std::vector<int> JobEntry::RanksOf(const std::string& worker_id) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (slots[r] == worker_id) out.push_back(static_cast<int>(r));
+  }
+  return out;
 }
 
 void JobEntry::AddEvent(absl::Time now, std::string text) {

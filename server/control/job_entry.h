@@ -117,6 +117,14 @@ struct JobEntry {
   }
   // The worker in the lowest occupied rank; "" if none.
   std::string LowestRank() const;
+  // training.ranks: ranks are fixed, a worker may hold several, and a
+  // step waits for every one.
+  bool fixed_ranks() const { return spec.training.ranks > 0; }
+  // The member that rank's slot holder is on every range: the worker, or
+  // with fixed ranks "WORKER#RANK" (RankMember); "" when vacant.
+  std::string MemberOf(size_t rank) const;
+  // The ranks `worker_id` holds, lowest first.
+  std::vector<int> RanksOf(const std::string& worker_id) const;
   // Appends to the history: an event (the last 200 are kept), or a curve
   // point (one a step; a full curve keeps the whole run at half the
   // resolution, and points come half as often).
@@ -128,8 +136,9 @@ struct WorkerEntry {
   std::string name, devices, address;
   std::string python;       // the Python runtime it offers; "": none
   int64_t incarnation = 0;  // its lease's
+  uint32_t protocol = 0;    // the worker protocol it speaks
   std::string job_id;       // "" = idle
-  int rank = -1;
+  int rank = -1;            // its lowest, with training.ranks
   // Its step times on job_id, as its heartbeats say (v1::WorkerProgress).
   double compute_seconds = 0, wait_seconds = 0, push_seconds = 0,
          loader_seconds = 0;

@@ -42,7 +42,7 @@ JobEntry& JobQueue::Add(JobSpec spec, const std::string& spec_text,
   JobEntry& job = jobs_[id];
   job.spec = std::move(spec);
   job.schedule = MakeSchedule(job.spec, TrainSize(job.spec.dataset),
-                              static_cast<int>(job.spec.training.workers));
+                              static_cast<int>(job.spec.training.World()));
   job.proto.set_id(id);
   job.proto.set_name(job.spec.name);
   job.proto.set_state(v1::PENDING);
@@ -53,7 +53,7 @@ JobEntry& JobQueue::Add(JobSpec spec, const std::string& spec_text,
   job.proto.set_owner(owner);
   job.AddEvent(now, owner.empty() ? "submitted"
                                   : absl::StrCat("submitted by ", owner));
-  job.slots.assign(job.spec.training.workers, "");
+  job.slots.assign(job.spec.training.World(), "");
   order_.push_back(id);
   return job;
 }

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/schedule.h"
 
 namespace tally {
 
@@ -79,12 +81,24 @@ void RenderStall(const JobEntry& job, int64_t version, absl::Time now,
     }
     return false;
   };
+  const bool ranks = job.fixed_ranks();
   for (const v1::WorkerProgress& p : out->progress()) {
-    if (p.clock() <= version && !p.waiting() && required(p.worker_id())) {
+    const std::string member =
+        ranks ? RankMember(p.worker_id(), p.rank()) : p.worker_id();
+    if (p.clock() <= version && !p.waiting() && required(member)) {
       out->add_waiting_on(absl::StrCat(
           p.worker_id(),
           p.name().empty() ? "" : absl::StrCat(" (", p.name(), ")"),
+          ranks ? absl::StrCat(" rank ", p.rank()) : "",
           p.clock() < 0 ? ": has not pulled yet" : ""));
+    }
+  }
+  // Fixed ranks: a rank that lost its worker waits for another.
+  for (size_t r = 0; ranks && r < job.slots.size(); ++r) {
+    if (job.slots[r].empty()) {
+      out->add_waiting_on(
+          absl::StrCat("rank ", r, ": its worker left, and no worker has "
+                                   "taken it yet"));
     }
   }
 }
@@ -107,16 +121,17 @@ void RenderProgress(const JobEntry& job, const Registry& registry,
   }
   int64_t fastest = -1;
   v1::WorkerProgress* slowest = nullptr;
-  for (const std::string& id : job.slots) {
+  for (size_t r = 0; r < job.slots.size(); ++r) {
+    const std::string& id = job.slots[r];
     const WorkerEntry* w = id.empty() ? nullptr : registry.worker(id);
     if (w == nullptr || w->job_id != job.id()) continue;
     v1::WorkerProgress* p = out->add_progress();
     p->set_worker_id(id);
     p->set_name(w->name);
-    p->set_rank(w->rank);
+    p->set_rank(static_cast<int32_t>(r));
     // -1 until a pull of it was served: a joining worker is nobody's
     // straggler yet.
-    auto c = clocks.find(id);
+    auto c = clocks.find(job.MemberOf(r));
     p->set_clock(c != clocks.end() ? c->second.first : -1);
     p->set_waiting(c != clocks.end() && c->second.second);
     p->set_compute_seconds(w->compute_seconds);
@@ -204,11 +219,13 @@ v1::Job RenderJob(const JobEntry& job, const Registry& registry,
     if (r.job_id().empty()) return j;
   }
   RenderRanges(job, registry, ranges, now, out);
-  int workers = 0;
+  // Workers, not members: with training.ranks one may hold several ranks.
+  std::set<std::string> workers;
   for (const MemberSpec& m : job.members) {
-    if (m.leave_step == MemberSpec::kNoStep) ++workers;
+    if (m.leave_step == MemberSpec::kNoStep)
+      workers.insert(MemberWorker(m.worker_id));
   }
-  out->set_workers(workers);
+  out->set_workers(static_cast<int32_t>(workers.size()));
   return j;
 }
 

@@ -51,6 +51,12 @@ absl::Status Leases::Check(const std::string& id, int64_t incarnation) const {
                                        " of ", Quoted(id), ": register again")),
                       v1::REGISTER_AGAIN);
   }
+  if (it->second.ended) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          Quoted(id), "'s connection closed (its lease "
+                          "ended): register again")),
+                      v1::REGISTER_AGAIN);
+  }
   return absl::OkStatus();
 }
 
@@ -60,6 +66,15 @@ absl::Status Leases::Renew(const std::string& id, int64_t incarnation,
   Lease& l = leases_.at(id);
   if (l.expiry != absl::InfiniteFuture()) l.expiry = now + timeout_;
   return absl::OkStatus();
+}
+
+bool Leases::End(const std::string& id, int64_t incarnation, absl::Time now) {
+  if (!Check(id, incarnation).ok()) return false;
+  Lease& l = leases_.at(id);
+  if (l.expiry == absl::InfiniteFuture()) return false;
+  l.expiry = std::min(l.expiry, now - absl::Nanoseconds(1));
+  l.ended = true;  // not renewed again
+  return true;
 }
 
 std::vector<std::string> Leases::Expire(absl::Time now) {

@@ -37,12 +37,17 @@ class Leases {
                      absl::Time now);
   // The holders whose lease ran out before `now`, no longer holders.
   std::vector<std::string> Expire(absl::Time now);
+  // (id, incarnation)'s lease runs out at `now`: Check and Renew refuse it
+  // from now on, and the next Expire drops it. False when that is not the
+  // live registration.
+  bool End(const std::string& id, int64_t incarnation, absl::Time now);
   void Revoke(const std::string& id);
 
  private:
   struct Lease {
     int64_t incarnation = 0;
     absl::Time expiry;
+    bool ended = false;  // End: refused from now on, dropped by Expire
   };
   // A fresh random incarnation, positive, not held by anyone now.
   int64_t NewIncarnation() const;

@@ -28,19 +28,19 @@ std::vector<std::string> Planner::ScheduleJobs(absl::Time now) {
     if (job.proto.state() != v1::RUNNING || job.awaiting_start) continue;
     if (job.ranges.empty() && !Place(job, now)) continue;
     std::vector<std::string> free = Eligible(job, idle);
-    for (size_t r = 0; r < job.slots.size() && !free.empty(); ++r) {
-      if (!job.slots[r].empty()) continue;
-      AssignSlot(job, static_cast<int>(r), free.back(), now);
-      take(free.back());
-      free.pop_back();
-      changed.push_back(jid);
-    }
+    const bool refilled = job.fixed_ranks() ? FillRanks(job, free, now)
+                                            : FillSlots(job, free, now);
+    if (refilled) changed.push_back(jid);
+    for (const std::string& id : Taken(idle, free, job)) take(id);
   }
   for (const std::string& jid : jobs_.order()) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::PENDING) continue;
     std::vector<std::string> free = Eligible(job, idle);
-    if (free.size() < job.slots.size()) {
+    const size_t needed = job.fixed_ranks()
+                              ? static_cast<size_t>(job.spec.training.workers)
+                              : job.slots.size();
+    if (free.size() < needed) {
       // First come, first served; but a job no registered worker can run
       // (a Python model, no Python worker) does not hold up the others.
       if (job.spec.is_python && !registry_.AnyPythonWorker()) {
@@ -52,10 +52,15 @@ std::vector<std::string> Planner::ScheduleJobs(absl::Time now) {
       break;
     }
     if (!Place(job, now)) break;  // no shard yet
-    for (size_t r = 0; r < job.slots.size(); ++r) {
-      AssignSlot(job, static_cast<int>(r), free.back(), now);
-      take(free.back());
-      free.pop_back();
+    if (job.fixed_ranks()) {
+      StartRanks(job, free, now);
+      for (const std::string& id : Taken(idle, free, job)) take(id);
+    } else {
+      for (size_t r = 0; r < job.slots.size(); ++r) {
+        AssignSlot(job, static_cast<int>(r), free.back(), now);
+        take(free.back());
+        free.pop_back();
+      }
     }
     Start(job, now);
     changed.push_back(jid);
@@ -105,13 +110,107 @@ void Planner::GrowJobs(std::vector<std::string>& idle, absl::Time now,
   }
 }
 
-// Those the job has not barred; for a Python model, Python workers alone.
+// A running job's vacant slots go to free workers, from the next step.
+// Returns whether one was filled.
+bool Planner::FillSlots(JobEntry& job, std::vector<std::string>& free,
+                        absl::Time now) {
+  bool filled = false;
+  for (size_t r = 0; r < job.slots.size() && !free.empty(); ++r) {
+    if (!job.slots[r].empty()) continue;
+    AssignSlot(job, static_cast<int>(r), free.back(), now);
+    free.pop_back();
+    filled = true;
+  }
+  return filled;
+}
+
+// A job with fixed ranks starts on as many free workers as it may have
+// (at least training.workers, which ScheduleJobs checked), each holding a
+// block of consecutive ranks.
+void Planner::StartRanks(JobEntry& job, std::vector<std::string>& free,
+                         absl::Time now) {
+  const size_t ranks = job.slots.size();
+  const size_t k = std::min<size_t>(
+      {free.size(), ranks, static_cast<size_t>(job.spec.training.max_workers)});
+  for (size_t i = 0; i < k; ++i) {
+    for (size_t r = i * ranks / k; r < (i + 1) * ranks / k; ++r)
+      AssignSlot(job, static_cast<int>(r), free.back(), now);
+    free.pop_back();
+  }
+}
+
+// A running job with fixed ranks: a vacant rank goes to the worker holding
+// fewest of the job's ranks, a free one first (it holds none) while the job
+// has fewer than workers.max; then free workers take a rank each from the
+// worker holding most, while it holds two or more. Returns whether a rank
+// moved.
+bool Planner::FillRanks(JobEntry& job, std::vector<std::string>& free,
+                        absl::Time now) {
+  std::map<std::string, int> held;  // by worker: ranks of this job
+  for (const std::string& id : job.slots) {
+    if (!id.empty()) ++held[id];
+  }
+  const size_t most = static_cast<size_t>(job.spec.training.max_workers);
+  bool moved = false;
+  for (size_t r = 0; r < job.slots.size(); ++r) {
+    if (!job.slots[r].empty()) continue;
+    std::string to;
+    if (!free.empty() && held.size() < most) {
+      to = free.back();
+      free.pop_back();
+    } else if (!held.empty()) {
+      to = std::min_element(held.begin(), held.end(),
+                            [](const auto& a, const auto& b) {
+                              return a.second < b.second;
+                            })->first;
+    } else {
+      break;  // nobody to hold it: its steps wait
+    }
+    ++held[to];
+    AssignSlot(job, static_cast<int>(r), to, now);
+    moved = true;
+  }
+  while (!free.empty() && held.size() < most) {
+    auto from = std::max_element(
+        held.begin(), held.end(),
+        [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (from == held.end() || from->second < 2) break;
+    const int r = job.RanksOf(from->first).back();
+    --from->second;
+    job.slots[r].clear();
+    job.AddEvent(now, absl::StrCat("rank ", r, " moves from ", from->first,
+                                   " to ", free.back()));
+    held[free.back()] = 1;
+    AssignSlot(job, r, free.back(), now);
+    free.pop_back();
+    moved = true;
+  }
+  return moved;
+}
+
+// The workers of `idle` no longer in `free` that `job` took.
+std::vector<std::string> Planner::Taken(const std::vector<std::string>& idle,
+                                        const std::vector<std::string>& free,
+                                        const JobEntry& job) const {
+  std::vector<std::string> out;
+  for (const std::string& id : idle) {
+    if (std::find(free.begin(), free.end(), id) == free.end() &&
+        registry_.worker(id)->job_id == job.id())
+      out.push_back(id);
+  }
+  return out;
+}
+
+// Those the job has not barred; for a Python model, Python workers alone;
+// for fixed ranks, workers that can hold several.
 std::vector<std::string> Planner::Eligible(
     const JobEntry& job, const std::vector<std::string>& idle) const {
   std::vector<std::string> out;
   for (const std::string& id : idle) {
     if (job.barred.count(id)) continue;
-    if (job.spec.is_python && registry_.worker(id)->python.empty()) continue;
+    const WorkerEntry& w = *registry_.worker(id);
+    if (job.spec.is_python && w.python.empty()) continue;
+    if (job.fixed_ranks() && w.protocol < v1::WORKER_PROTOCOL_RANKS) continue;
     out.push_back(id);
   }
   return out;
@@ -120,10 +219,12 @@ std::vector<std::string> Planner::Eligible(
 void Planner::AssignSlot(JobEntry& job, int rank, const std::string& worker_id,
                          absl::Time now) {
   WorkerEntry& w = *registry_.worker(worker_id);
-  w.job_id = job.id();
-  w.rank = rank;
-  w.compute_seconds = w.wait_seconds = w.push_seconds = w.loader_seconds = 0;
+  if (w.job_id != job.id()) {
+    w.job_id = job.id();
+    w.compute_seconds = w.wait_seconds = w.push_seconds = w.loader_seconds = 0;
+  }
   job.slots[rank] = worker_id;
+  w.rank = job.RanksOf(worker_id).front();
   job.AddEvent(now, absl::StrCat(worker_id, " (", w.name, ") joined as rank ",
                                  rank));
   job.MarkDirty();  // a member to add on every range
@@ -250,17 +351,24 @@ void Planner::Assignment(const v1::HeartbeatRequest& req, const WorkerEntry& w,
                          const JobEntry& job,
                          v1::HeartbeatResponse* out) const {
   if (!job.installed) return;
-  const MemberSpec* member = nullptr;
+  // The members it is (with fixed ranks, one a rank it holds), by rank.
+  std::vector<const MemberSpec*> held;
   for (const MemberSpec& m : job.members) {
-    if (m.worker_id == req.worker_id() && m.incarnation == w.incarnation &&
+    if (MemberWorker(m.worker_id) == req.worker_id() &&
+        m.incarnation == w.incarnation &&
         m.leave_step == MemberSpec::kNoStep) {
-      member = &m;
+      held.push_back(&m);
     }
   }
-  if (member == nullptr) return;
-  const std::string key =
-      absl::StrCat(w.job_id, "/", job.map_version, "/", job.schedule.plan, "/",
-                   w.rank, "/", member->join_step, "/", w.incarnation);
+  if (held.empty()) return;
+  std::sort(held.begin(), held.end(),
+            [](const MemberSpec* a, const MemberSpec* b) {
+              return a->rank < b->rank;
+            });
+  std::string key = absl::StrCat(w.job_id, "/", job.map_version, "/",
+                                 job.schedule.plan, "/", w.incarnation);
+  for (const MemberSpec* m : held)
+    absl::StrAppend(&key, "/", m->rank, "@", m->join_step);
   if (req.held() == key) {
     out->set_unchanged(true);
     return;
@@ -269,9 +377,16 @@ void Planner::Assignment(const v1::HeartbeatRequest& req, const WorkerEntry& w,
   a->set_key(key);
   a->set_job_id(w.job_id);
   a->set_spec(job.proto.spec());
-  a->set_rank(w.rank);
+  a->set_rank(held.front()->rank);
   a->set_world(job.schedule.last_world());
-  a->set_join_step(member->join_step);
+  a->set_join_step(held.front()->join_step);
+  if (job.fixed_ranks()) {
+    for (const MemberSpec* m : held) {
+      v1::Assignment::HeldRank* h = a->add_ranks();
+      h->set_rank(m->rank);
+      h->set_join_step(m->join_step);
+    }
+  }
   EncodeSchedule(job.schedule, a->mutable_schedule());
   v1::ShardMap* map = a->mutable_shard_map();
   map->set_version(job.map_version);
@@ -291,7 +406,7 @@ void Planner::RestorePlan(JobEntry& job) {
   for (const v1::MembershipPeriod& p : job.proto.membership())
     worlds.push_back(WorldPeriod{p.first_epoch(), p.world()});
   if (worlds.empty())
-    worlds.push_back({0, static_cast<int>(job.spec.training.workers)});
+    worlds.push_back({0, static_cast<int>(job.spec.training.World())});
   job.schedule = ScheduleOf(job.spec, TrainSize(job.spec.dataset), worlds,
                             job.proto.plan());
   job.plan_sent = job.schedule.plan;
@@ -364,6 +479,42 @@ int64_t LastCommit(const std::vector<HoldReport>& reports, const MemberSpec& m,
   return c;
 }
 
+// A leaver's leave step: decided before, or after the last step some range
+// saw it commit (in bsp and ssp, not before it joined); noted in the task.
+void DecideLeave(ControlTask& t, const std::vector<HoldReport>& reports,
+                 MemberSpec& m) {
+  auto decided = t.leaves.find({m.worker_id, m.incarnation});
+  if (decided != t.leaves.end()) {
+    m.leave_step = decided->second.first;
+    m.last_refused = decided->second.second;
+  } else {
+    bool refused = false;
+    const int64_t c = LastCommit(reports, m, &refused);
+    m.leave_step = t.async ? c + 1 : std::max(c + 1, m.join_step);
+    m.last_refused = refused && c + 1 == m.leave_step;
+  }
+  t.new_leaves[{m.worker_id, m.incarnation}] = {m.leave_step, m.last_refused};
+}
+
+bool RankTaken(const std::vector<MemberSpec>& desired, int rank) {
+  for (const MemberSpec& d : desired) {
+    if (d.rank == rank) return true;
+  }
+  return false;
+}
+
+// The step the last of `members` holding `rank` leaves at; `otherwise`
+// when none has left.
+int64_t LastLeave(const std::vector<MemberSpec>& members, int rank,
+                  int64_t otherwise) {
+  int64_t last = -1;
+  for (const MemberSpec& m : members) {
+    if (m.rank == rank && m.leave_step != MemberSpec::kNoStep)
+      last = std::max(last, m.leave_step);
+  }
+  return last >= 0 ? last : otherwise;
+}
+
 }  // namespace
 
 bool Planner::MembersDiffer(const ControlTask& t,
@@ -372,7 +523,8 @@ bool Planner::MembersDiffer(const ControlTask& t,
   for (const MemberSpec& m : t.members) {
     if (m.leave_step == MemberSpec::kNoStep) active->push_back(m);
   }
-  bool changed = active->size() != t.desired.size();
+  // Fixed ranks: a member whose rank nobody took stays (its steps wait).
+  bool changed = !t.fixed_ranks && active->size() != t.desired.size();
   for (const MemberSpec& d : t.desired)
     changed = changed || !Contains(*active, d);
   return changed;
@@ -393,19 +545,9 @@ std::vector<MemberSpec> Planner::DecideMembers(
   const bool async = t.async;
   std::vector<MemberSpec> next;
   for (MemberSpec m : t.members) {
-    if (m.leave_step == MemberSpec::kNoStep && !Contains(t.desired, m)) {
-      auto decided = t.leaves.find({m.worker_id, m.incarnation});
-      if (decided != t.leaves.end()) {
-        m.leave_step = decided->second.first;
-        m.last_refused = decided->second.second;
-      } else {
-        bool refused = false;
-        const int64_t c = LastCommit(reports, m, &refused);
-        m.leave_step = async ? c + 1 : std::max(c + 1, m.join_step);
-        m.last_refused = refused && c + 1 == m.leave_step;
-      }
-      t.new_leaves[{m.worker_id, m.incarnation}] = {m.leave_step,
-                                                    m.last_refused};
+    if (m.leave_step == MemberSpec::kNoStep && !Contains(t.desired, m) &&
+        !(t.fixed_ranks && !RankTaken(t.desired, m.rank))) {
+      DecideLeave(t, reports, m);
       // Async ranges drop a leaver at once: it goes out in this round, and
       // one that committed nothing anywhere just goes (nothing to settle).
       if (async && m.leave_step > 0) next.push_back(m);
@@ -429,6 +571,9 @@ std::vector<MemberSpec> Planner::DecideMembers(
     m.join_step = std::max(
         async ? MaxClock(reports, t.schedule.total_steps) : vmax,
         t.schedule.FirstStepOfRank(m.rank));
+    // Fixed ranks: from the step its rank's last holder left at, which no
+    // range has closed (it needed that holder).
+    if (t.fixed_ranks) m.join_step = LastLeave(next, m.rank, m.join_step);
     // A rank past the job's world joins it as it grows; one within
     // refills a vacant slot, from the next step.
     if (m.rank >= t.schedule.last_world()) {

@@ -8,7 +8,10 @@
 //
 // Membership. A joiner joins at the highest version any range has (no
 // range has closed it); a leaver belongs to every step that any range saw
-// it commit (that push reached every range). A worker past the job's world
+// it commit (that push reached every range). With fixed ranks
+// (training.ranks) a rank always has a member: its holder leaves only when
+// another takes the rank, who joins at its leave step; until then the
+// steps wait for it. A worker past the job's world
 // (training.workers: {min, max}) joins at the start of a later epoch, with
 // a new plan; a job too near its end to have one left takes nobody.
 //
@@ -107,6 +110,18 @@ class Planner {
                                     const std::vector<std::string>& idle) const;
   void AssignSlot(JobEntry& job, int rank, const std::string& worker_id,
                   absl::Time now);
+  bool FillSlots(JobEntry& job, std::vector<std::string>& free,
+                 absl::Time now);
+  // Fixed ranks (training.ranks): a pending job's ranks in blocks over the
+  // free workers; a running job's vacant ranks refilled, and its ranks
+  // spread over free workers. Both take from `free`.
+  void StartRanks(JobEntry& job, std::vector<std::string>& free,
+                  absl::Time now);
+  bool FillRanks(JobEntry& job, std::vector<std::string>& free,
+                 absl::Time now);
+  std::vector<std::string> Taken(const std::vector<std::string>& idle,
+                                 const std::vector<std::string>& free,
+                                 const JobEntry& job) const;
   // A pending job whose slots are filled and ranges placed: RUNNING.
   static void Start(JobEntry& job, absl::Time now);
   // Growth: running jobs take idle workers (ScheduleJobs, last).

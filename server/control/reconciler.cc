@@ -28,6 +28,7 @@ ControlTask TaskOf(const JobEntry& job, const Registry& registry) {
   t.num_params = job.spec.layout.num_params;
   t.schedule = job.schedule;
   t.async = job.spec.training.consistency.mode == ConsistencyMode::kAsync;
+  t.fixed_ranks = job.fixed_ranks();
   t.start = job.start;
   t.python = job.spec.is_python;
   t.members = job.members;
@@ -38,7 +39,7 @@ ControlTask TaskOf(const JobEntry& job, const Registry& registry) {
   for (size_t r = 0; r < job.slots.size(); ++r) {
     if (job.slots[r].empty()) continue;
     MemberSpec m;
-    m.worker_id = job.slots[r];
+    m.worker_id = job.MemberOf(r);
     m.incarnation = registry.worker(job.slots[r])->incarnation;
     m.rank = static_cast<int>(r);
     t.desired.push_back(m);

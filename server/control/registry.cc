@@ -116,6 +116,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Registry::AddWorker(
   w.devices = req.devices();
   w.address = req.address();
   w.python = req.python();
+  w.protocol = req.protocol_version();
   w.incarnation = leases_.Grant(id, now);
   v1::RegisterWorkerResponse out;
   out.set_worker_id(id);
@@ -170,10 +171,19 @@ absl::StatusOr<ShardEntry*> Registry::RenewShard(const std::string& id,
   return &it->second;
 }
 
+bool Registry::EndWorkerLease(const std::string& id, int64_t incarnation,
+                              absl::Time now) {
+  if (workers_.count(id) == 0 || !leases_.End(id, incarnation, now))
+    return false;
+  ended_.insert(id);
+  ++leases_ended_;
+  return true;
+}
+
 Registry::Expired Registry::Expire(absl::Time now) {
   Expired out;
   for (const std::string& id : leases_.Expire(now)) {
-    ++lease_expiries_;
+    if (ended_.erase(id) == 0) ++lease_expiries_;
     if (workers_.count(id)) out.workers.push_back(id);
     if (shards_.count(id)) out.shards.push_back(id);
   }

@@ -62,6 +62,12 @@ class Registry {
   absl::Status CheckLease(const std::string& id, int64_t incarnation) const {
     return leases_.Check(id, incarnation);
   }
+  // (id, incarnation)'s lease ends now: the next Expire drops the worker.
+  // False when that is not the live registration.
+  bool EndWorkerLease(const std::string& id, int64_t incarnation,
+                      absl::Time now);
+  // Leases ended so (not counted in lease_expiries).
+  int64_t leases_ended() const { return leases_ended_; }
   // Forgets a worker (its job is the caller's to leave first).
   void RemoveWorker(const std::string& id) { workers_.erase(id); }
 
@@ -117,6 +123,8 @@ class Registry {
   const std::string lifetime_;
   Leases leases_;
   int64_t lease_expiries_ = 0;
+  int64_t leases_ended_ = 0;
+  std::set<std::string> ended_;  // ended, not yet dropped by Expire
   int64_t next_worker_ = 1;
   int64_t next_shard_ = 1;
   std::map<std::string, WorkerEntry> workers_;

@@ -166,7 +166,8 @@ bool ShardHost::StreamsSums(const JobSpec& spec, int64_t count) const {
   // one: bench/README.md). A job that may grow counts its most workers,
   // from its first step.
   const int64_t most = std::max<int64_t>(
-      1, std::max(spec.training.workers, spec.training.max_workers));
+      1, std::max({spec.training.workers, spec.training.max_workers,
+                   spec.training.ranks}));
   return options_.streamed_sums &&
          count * most >= options_.streamed_sums_min_elements;
 }

@@ -7,6 +7,12 @@
 // must return (no crash, no hang: libFuzzer's -timeout), no message may
 // carry a file's bytes (every file holds the marker), and no file outside
 // the roots (/etc/passwd behind a link) may reach a message.
+//
+// The tree is built beneath the scratch root only: every op resolves its
+// path from the root's descriptor one name at a time and follows no link
+// (a link to "..", or to /etc/passwd, is made but never written through),
+// and files are opened without blocking (a FIFO is not waited on).
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +21,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -54,27 +59,74 @@ std::string Target(uint8_t b, const std::string& root) {
   }
 }
 
+// The directory that holds `rel`'s last name, under `root_fd`, reached
+// without following a link (-1 when a name on the way is a link, not a
+// directory, or missing); that name into *leaf.
+int OpenParent(int root_fd, const std::string& rel, std::string* leaf) {
+  int dir = ::dup(root_fd);
+  size_t begin = 0;
+  for (size_t slash; (slash = rel.find('/', begin)) != std::string::npos;
+       begin = slash + 1) {
+    const std::string name = rel.substr(begin, slash - begin);
+    const int next = ::openat(dir, name.c_str(),
+                              O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    ::close(dir);
+    if (next < 0) return -1;
+    dir = next;
+  }
+  *leaf = rel.substr(begin);
+  return dir;
+}
+
+// Writes `text` to the file `leaf` in `dir` (made if missing), not through
+// a link and not waiting on a FIFO; then sizes it to `size` (0: as
+// written).
+void WriteFile(int dir, const std::string& leaf, const std::string& text,
+               int64_t size) {
+  const int fd = ::openat(dir, leaf.c_str(),
+                          O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW |
+                              O_NONBLOCK | O_CLOEXEC,
+                          0600);
+  if (fd < 0) return;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    (void)!::write(fd, text.data(), text.size());
+    if (size > 0) (void)!::ftruncate(fd, size);
+  }
+  ::close(fd);
+}
+
 void Build(Reader& in, const std::string& root) {
+  const int root_fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root_fd < 0) return;
   const int ops = in.Byte() % 24;
   for (int op = 0; op < ops && !in.empty(); ++op) {
     const uint8_t kind = in.Byte();
-    const std::string path = root + "/" + kNames[in.Byte() % kNumNames];
+    const std::string rel = kNames[in.Byte() % kNumNames];
+    std::string leaf;
+    const int dir = OpenParent(root_fd, rel, &leaf);
+    if (dir < 0) {
+      if (kind % 6 == 2 || kind % 6 >= 4) in.Byte();  // keep the program
+      continue;
+    }
     switch (kind % 6) {
-      case 0: ::mkdir(path.c_str(), 0700); break;
-      case 1: std::ofstream(path) << "x,y\n1,0\n" << kMarker << ",1\n"; break;
+      case 0: ::mkdirat(dir, leaf.c_str(), 0700); break;
+      case 1: WriteFile(dir, leaf, std::string("x,y\n1,0\n") + kMarker + ",1\n", 0); break;
       case 2: {  // sparse: past the bound of a file read whole (8 GiB
         // and more: refused before allocating), or large to a mapped
         // reader (which scans it, as it would a real corpus of that size)
-        std::ofstream(path) << kMarker;
-        const bool whole = path.ends_with(".csv") || path.ends_with("v.txt");
+        const bool whole = rel.ends_with(".csv") || rel.ends_with("v.txt");
         const int shift = whole ? 33 + in.Byte() % 8 : 16 + in.Byte() % 8;
-        (void)!::truncate(path.c_str(), int64_t{1} << shift);
+        WriteFile(dir, leaf, kMarker, int64_t{1} << shift);
         break;
       }
-      case 3: ::mkfifo(path.c_str(), 0600); break;
-      default: (void)!::symlink(Target(in.Byte(), root).c_str(), path.c_str());
+      case 3: ::mkfifoat(dir, leaf.c_str(), 0600); break;
+      default:
+        (void)!::symlinkat(Target(in.Byte(), root).c_str(), dir, leaf.c_str());
     }
+    ::close(dir);
   }
+  ::close(root_fd);
 }
 
 tally::DatasetSpec Spec(Reader& in, const std::string& root) {

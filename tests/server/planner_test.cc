@@ -34,6 +34,11 @@ constexpr char kGrowing[] =
     "dataset: {name: synthetic, features: 4, classes: 2, train_size: 8}\n"
     "training: {workers: {min: 2, max: 3}, batch_size: 1, epochs: 10}\n";
 
+constexpr char kRanks[] =
+    "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
+    "dataset: {name: synthetic, features: 4, classes: 2}\n"
+    "training: {ranks: 4, workers: 2}\n";
+
 const absl::Time kNow = ::tally::testing::kPartsNow;
 
 class PlannerTest : public ::testing::Test {
@@ -267,6 +272,110 @@ TEST_F(PlannerTest, AWorkerPastTheWorldJoinsALaterEpochWithANewPlan) {
   // No epoch left near the end: nobody joins.
   EXPECT_EQ(Planner::JoinEpoch(job.schedule, job.schedule.total_steps, 0), -1);
   EXPECT_EQ(Planner::JoinEpoch(job.schedule, 3, /*max_steps=*/4), -1);
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+TEST_F(PlannerTest, FixedRanksGoInBlocksAndALeaversRanksToWhoHoldsFewest) {
+  AddShard("h:1");
+  JobEntry& job = Submit(kRanks);
+  ASSERT_EQ(job.slots.size(), 4u);  // the world is the ranks
+  const std::string a = AddWorker();
+  const std::string b = AddWorker();
+  EXPECT_THAT(planner_.ScheduleJobs(kNow), ElementsAre(job.id()));
+  EXPECT_EQ(job.proto.state(), v1::RUNNING);
+  // Two workers, two ranks each, in blocks.
+  EXPECT_EQ(job.slots[0], job.slots[1]);
+  EXPECT_EQ(job.slots[2], job.slots[3]);
+  EXPECT_NE(job.slots[0], job.slots[2]);
+  EXPECT_EQ(job.MemberOf(3), job.slots[3] + "#3");
+  EXPECT_EQ(registry_.worker(job.slots[2])->rank, 2);  // its lowest
+  // Its holder of ranks 2 and 3 left: the survivor takes both.
+  const std::string survivor = job.slots[0];
+  job.slots[2].clear();
+  job.slots[3].clear();
+  EXPECT_THAT(planner_.ScheduleJobs(kNow), ElementsAre(job.id()));
+  EXPECT_THAT(job.slots, ElementsAre(survivor, survivor, survivor, survivor));
+  EXPECT_EQ(job.RanksOf(survivor), (std::vector<int>{0, 1, 2, 3}));
+  // A spare (the job may have two workers) takes a rank from it, then
+  // another: each holds two again.
+  const std::string spare = AddWorker();
+  EXPECT_THAT(planner_.ScheduleJobs(kNow), ElementsAre(job.id()));
+  EXPECT_EQ(job.RanksOf(spare), (std::vector<int>{3}));
+  EXPECT_EQ(job.RanksOf(survivor), (std::vector<int>{0, 1, 2}));
+  // A worker of an older protocol is never given a job of fixed ranks.
+  JobEntry& other = Submit(kRanks);
+  v1::RegisterWorkerRequest old;
+  old.set_protocol_version(2);
+  ASSERT_TRUE(registry_.AddWorker(old, kNow).ok());
+  planner_.ScheduleJobs(kNow);
+  EXPECT_EQ(other.proto.state(), v1::PENDING);
+}
+
+TEST_F(PlannerTest, AHolderOfSeveralRanksIsSentThemAll) {
+  AddShard("h:1");
+  JobEntry& job = Submit(kRanks);
+  const std::string a = AddWorker();
+  const std::string b = AddWorker();
+  planner_.ScheduleJobs(kNow);
+  const std::string& w = job.slots[2];
+  job.installed = true;
+  for (int r = 0; r < 4; ++r) {
+    MemberSpec m;
+    m.worker_id = job.MemberOf(r);
+    m.incarnation = registry_.worker(job.slots[r])->incarnation;
+    m.rank = r;
+    m.join_step = r == 3 ? 9 : 0;
+    job.members.push_back(m);
+  }
+  v1::HeartbeatRequest req;
+  req.set_worker_id(w);
+  v1::HeartbeatResponse out;
+  planner_.Assignment(req, *registry_.worker(w), job, &out);
+  ASSERT_TRUE(out.has_assignment());
+  const v1::Assignment& got = out.assignment();
+  EXPECT_EQ(got.rank(), 2);
+  EXPECT_EQ(got.world(), 4);
+  ASSERT_EQ(got.ranks_size(), 2);
+  EXPECT_EQ(got.ranks(0).rank(), 2);
+  EXPECT_EQ(got.ranks(1).rank(), 3);
+  EXPECT_EQ(got.ranks(1).join_step(), 9);
+}
+
+// Fixed ranks: rank 1's holder "b" died. While nobody takes the rank, b
+// stays a member and the steps wait for it; the worker that takes it joins
+// at b's leave step, whatever the versions.
+TEST_F(PlannerTest, AFixedRankWaitsForItsHolderAndTheNextJoinsAtItsLeave) {
+  JobEntry& job = Submit(kRanks);
+  ControlTask t = Task(job);
+  t.fixed_ranks = true;
+  std::vector<MemberSpec> active;
+  EXPECT_FALSE(Planner::MembersDiffer(t, &active));  // nothing to decide
+  HoldReport r1, r2;
+  r1.version = 6;
+  r2.version = 7;
+  MemberProgress p;
+  p.worker_id = "b";
+  p.committed_step = 7;
+  r2.members = {p};
+  std::vector<MemberSpec> next = Planner::DecideMembers(t, active, {r1, r2});
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[1].worker_id, "b");
+  EXPECT_EQ(next[1].leave_step, MemberSpec::kNoStep);  // still waited for
+  MemberSpec c;
+  c.worker_id = "a#1";
+  c.rank = 1;
+  t.desired.push_back(c);
+  EXPECT_TRUE(Planner::MembersDiffer(t, &active));
+  next = Planner::DecideMembers(t, active, {r1, r2});
+  ASSERT_EQ(next.size(), 3u);
+  EXPECT_EQ(next[1].leave_step, 8);  // b belongs to step 7
+  EXPECT_EQ(next[2].worker_id, "a#1");
+  EXPECT_EQ(next[2].join_step, 8);  // no step without rank 1
 }
 
 }  // namespace

@@ -1028,6 +1028,49 @@ TEST_F(ServiceTest, CancelledPullsAndWatchesEndCleanly) {
               HasReason(absl::StatusCode::kFailedPrecondition, v1::JOB_ENDED));
 }
 
+// A worker's Attend call ends with its process: the coordinator ends its
+// lease then (here within a tick or two, where the lease is 30 s), and the
+// worker's next heartbeat is told to register again. A stale registration
+// is refused at once.
+TEST_F(ServiceTest, AnAttendCallThatEndsEndsTheWorkersLease) {
+  StartJob();
+  v1::AttendRequest stale;
+  stale.set_worker_id(worker_.worker_id());
+  stale.set_incarnation(worker_.incarnation() + 1);
+  auto stale_ctx = Ctx();
+  auto refused = workers_->Attend(stale_ctx.get(), stale);
+  v1::AttendResponse nothing;
+  EXPECT_FALSE(refused->Read(&nothing));
+  EXPECT_THAT(FromGrpc(refused->Finish()),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::REGISTER_AGAIN));
+  grpc::ClientContext attend_ctx;
+  v1::AttendRequest req;
+  req.set_worker_id(worker_.worker_id());
+  req.set_incarnation(worker_.incarnation());
+  auto attend = workers_->Attend(&attend_ctx, req);
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(worker_.worker_id());
+  beat.set_incarnation(worker_.incarnation());
+  v1::HeartbeatResponse answer;
+  absl::SleepFor(absl::Milliseconds(300));  // held: the lease stands
+  ASSERT_TRUE(workers_->Heartbeat(Ctx().get(), beat, &answer).ok());
+  attend_ctx.TryCancel();  // as a killed process's closed connection does
+  EXPECT_FALSE(attend->Read(&nothing));
+  attend->Finish();
+  absl::Status s;
+  for (int i = 0; i < 50 && s.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    s = FromGrpc(workers_->Heartbeat(Ctx().get(), beat, &answer));
+  }
+  EXPECT_THAT(s, HasReason(absl::StatusCode::kFailedPrecondition,
+                           v1::REGISTER_AGAIN));
+  // Its slot is vacated: the job has no worker left.
+  for (int i = 0; i < 50 && Job().metrics().workers() > 0; ++i)
+    absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(Job().metrics().workers(), 0);
+}
+
 // Only the job's members are on its data path, and nobody changes its
 // schedule: a registered worker of no job is refused, and so is a member
 // that claims another schedule; the job is untouched by either.

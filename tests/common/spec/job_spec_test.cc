@@ -422,6 +422,22 @@ INSTANTIATE_TEST_SUITE_P(
                 WithModel(kLinear8x3,
                           "training: {workers: {min: 1, max: 2000}}\n"),
                 "training.workers.max: must be in [1, 1024]"},
+        BadCase{"ranks_fewer_than_workers",
+                WithModel(kLinear8x3, "training: {ranks: 2, workers: 3}\n"),
+                "training.workers: at most training.ranks (2) workers"},
+        BadCase{"ranks_async",
+                WithModel(kLinear8x3, "training: {ranks: 4, consistency: "
+                                      "{mode: async}}\n"),
+                "training.consistency.mode: async closes no steps for "
+                "training.ranks"},
+        BadCase{"ranks_backup_workers",
+                WithModel(kLinear8x3, "training: {ranks: 4, workers: 3, "
+                                      "consistency: {backup_workers: 1}}\n"),
+                "training.consistency.backup_workers: not with "
+                "training.ranks"},
+        BadCase{"ranks_zero",
+                WithModel(kLinear8x3, "training: {ranks: 0}\n"),
+                "training.ranks: must be in [1, 1024]"},
         BadCase{"backup_workers_for_async",
                 WithModel(kLinear8x3, "training: {workers: 3, consistency: "
                                       "{mode: async, backup_workers: 1}}\n"),
@@ -630,6 +646,25 @@ TEST(JobSpecTest, ConsistencyDefaultsAndAsyncSchedule) {
   EXPECT_EQ(hybrid->training.consistency.mode, ConsistencyMode::kBsp);
   // Async closes no steps: its rows are stepped as they come.
   EXPECT_TRUE(async->training.consistency.tables_async);
+}
+
+TEST(JobSpecTest, FixedRanksMakeTheWorldAndBoundTheWorkers) {
+  // Unset workers: from one worker up to one a rank.
+  auto ranks = ParseJobSpec(WithModel(kLinear8x3, "training: {ranks: 4}\n"));
+  TALLY_ASSERT_OK(ranks);
+  EXPECT_EQ(ranks->training.ranks, 4);
+  EXPECT_EQ(ranks->training.World(), 4);
+  EXPECT_EQ(ranks->training.workers, 1);
+  EXPECT_EQ(ranks->training.max_workers, 4);
+  auto two = ParseJobSpec(
+      WithModel(kLinear8x3, "training: {ranks: 4, workers: 2}\n"));
+  TALLY_ASSERT_OK(two);
+  EXPECT_EQ(two->training.workers, 2);
+  EXPECT_EQ(two->training.max_workers, 2);
+  auto plain = ParseJobSpec(WithModel(kLinear8x3, "training: {workers: 3}\n"));
+  TALLY_ASSERT_OK(plain);
+  EXPECT_EQ(plain->training.ranks, 0);
+  EXPECT_EQ(plain->training.World(), 3);
 }
 
 TEST(ScheduleTest, AJobGrowsAtAnEpochAndEverySampleIsSeenOncePerEpoch) {
