@@ -55,14 +55,26 @@ bool ParseHex(absl::string_view s, int64_t* out) {
   return true;
 }
 
+// A line of the log is a label and 39 fields, a few hundred bytes: one
+// past this is not a Criteo line (a binary file, or a sparse one), found
+// without reading the rest of the file.
+constexpr int64_t kMaxLineBytes = int64_t{1} << 20;
+
 // Lines of a file: its '\n's, and one more for a last line without one.
-int64_t CountLines(const MappedFile& f) {
+absl::StatusOr<int64_t> CountLines(const MappedFile& f) {
   const char* p = f.data();
   const char* end = p + f.size();
   int64_t n = 0;
   while (p < end) {
-    const void* nl = std::memchr(p, '\n', static_cast<size_t>(end - p));
+    const size_t span =
+        static_cast<size_t>(std::min<int64_t>(end - p, kMaxLineBytes + 1));
+    const void* nl = std::memchr(p, '\n', span);
     ++n;
+    if (nl == nullptr && span > static_cast<size_t>(kMaxLineBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.path(), ":", n, ": a line over ", kMaxLineBytes,
+          " bytes (not a Criteo log)"));
+    }
     if (nl == nullptr) break;
     p = static_cast<const char*>(nl) + 1;
   }
@@ -157,7 +169,8 @@ absl::StatusOr<std::shared_ptr<const CriteoLines>> CriteoLines::Open(
   std::vector<int64_t> counts;
   for (const std::string& path : o.files) {
     TALLY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f, MapLog(path));
-    counts.push_back(CountLines(*f));
+    TALLY_ASSIGN_OR_RETURN(const int64_t lines, CountLines(*f));
+    counts.push_back(lines);
     c->lines_ += counts.back();
     c->files_.push_back(std::move(f));
   }

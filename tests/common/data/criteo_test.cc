@@ -1,6 +1,8 @@
 // Criteo's tab-separated click logs (dataset.name: criteo).
 #include "common/data/criteo.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <numeric>
 
@@ -121,6 +123,15 @@ TEST_F(CriteoTest, OpeningChecksEveryLineOfItsSplit) {
   EXPECT_THAT(CriteoLines::Open(o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("gunzip it first")));
+  // A file of no lines (a sparse 64 GiB one) is refused at its first MiB,
+  // not read to its end.
+  const std::string sparse = Write("d.tsv", "0\t1\ta\n");
+  ASSERT_EQ(::truncate(sparse.c_str(), int64_t{1} << 36), 0);
+  o.files = {sparse};
+  o.end = 1.0;
+  EXPECT_THAT(CriteoLines::Open(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("d.tsv:2: a line over 1048576 bytes")));
 }
 
 }  // namespace
