@@ -36,6 +36,11 @@
   cluster      the ResNet on two Python workers and two shard processes,
                one worker killed (SIGKILL) mid-job: a third takes its rank
                and the job SUCCEEDS;
+  ranks        the ResNet with fixed ranks (training.ranks: 2): one Python
+               worker holding both ranks, then two workers of a rank each,
+               one killed (SIGKILL) mid-job so that the other computes its
+               rank too: the fetched parameters and buffers are the same
+               bytes;
   shared       a Python worker (a Python model) and a C++ worker (layers)
                at once on one shard: both map the memory it shares;
   capability   a C++ tally-worker is never given a Python model; the C++
@@ -557,6 +562,50 @@ def cluster_phase(tmp):
         c.stop()
 
 
+def ranks_run(tmp, name, workers, kill):
+    """The ResNet with training.ranks: 2 on `workers` Python workers (one
+    killed at step 5 when `kill`); its fetched tensors."""
+    c = Cluster(f"{tmp}", shards=2)
+    try:
+        procs = {f"{name}{i}": c.python_worker(f"{name}{i}") for i in range(workers)}
+        path = f"{tmp}/resnet.py"
+        shutil.copy(f"{ROOT}/examples/resnet/model.py", path)
+        text = open(spec(tmp, path, steps=30, name=name)).read()
+        text = text.replace("workers: 1", f"ranks: 2, workers: {workers}, shards: 2")
+        with open(f"{tmp}/{name}.yaml", "w") as f:
+            f.write(text)
+        job = c.client.submit(f"{tmp}/{name}.yaml")
+        if kill:
+            for _ in range(600):
+                j = c.client.status(job.id)
+                if j.metrics.step >= 5 and len(j.metrics.progress) == 2:
+                    break
+                time.sleep(0.1)
+            victim = j.metrics.progress[-1].name
+            procs[victim].kill()
+            print(f"ranks: killed {victim} (rank 1) at step {j.metrics.step}")
+        j = c.client.wait(job.id, timeout=300)
+        if j.state != pb.SUCCEEDED:
+            fail(f"{name}: {pb.JobState.Name(j.state)}: {j.message}")
+        out = f"{tmp}/{name}.safetensors"
+        c.client.fetch(job.id, out)
+        return tally.load_state_dict(out)
+    finally:
+        c.stop()
+
+
+def ranks_phase(tmp):
+    one = ranks_run(tmp, "both", 1, kill=False)
+    two = ranks_run(tmp, "split", 2, kill=True)
+    if one.keys() != two.keys():
+        fail("the two runs exported different tensors")
+    differ = [n for n in one if one[n].numpy().tobytes() != two[n].numpy().tobytes()]
+    if differ:
+        fail(f"two ranks on one worker and on two (one killed) differ in {differ}")
+    print(f"ranks: {len(one)} tensors, parameters and buffers, byte-identical on one "
+          f"worker holding both ranks and on two with one killed")
+
+
 def shared_phase(tmp):
     """A Python worker (a Python model) and a C++ worker (a model of
     layers) train at once on one machine's one shard: both push and pull
@@ -654,7 +703,8 @@ def main():
                 phase(cluster, tmp)
         cluster.stop()
         for name, phase in (("ddp", ddp_phase), ("devices", devices_phase),
-                            ("cluster", cluster_phase), ("shared", shared_phase)):
+                            ("cluster", cluster_phase), ("ranks", ranks_phase),
+                            ("shared", shared_phase)):
             if not only or name in only:
                 phase(tmp)
         if not only or "capability" in only:

@@ -49,6 +49,11 @@ std::vector<std::string> Planner::ScheduleJobs(absl::Time now) {
             "registered worker runs Python models";
         continue;
       }
+      if (job.fixed_ranks() && free.empty() && !idle.empty()) {
+        job.condition =
+            "waiting for workers of protocol 3 or later (training.ranks): "
+            "the idle workers are older";
+      }
       break;
     }
     if (!Place(job, now)) break;  // no shard yet

@@ -314,6 +314,7 @@ TEST_F(PlannerTest, FixedRanksGoInBlocksAndALeaversRanksToWhoHoldsFewest) {
   ASSERT_TRUE(registry_.AddWorker(old, kNow).ok());
   planner_.ScheduleJobs(kNow);
   EXPECT_EQ(other.proto.state(), v1::PENDING);
+  EXPECT_THAT(other.condition, HasSubstr("workers of protocol 3 or later"));
 }
 
 TEST_F(PlannerTest, AHolderOfSeveralRanksIsSentThemAll) {
