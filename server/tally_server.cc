@@ -179,9 +179,53 @@ void TallyServer::TickLoop() {
   }
 }
 
+void TallyServer::SetRegistration(const ShardRegistration& reg) {
+  absl::MutexLock lock(&mu_);
+  registered_ = reg;
+  // The last registration's call ends; ShardAttendLoop makes this one's.
+  if (attend_call_ != nullptr) attend_call_->TryCancel();
+}
+
+void TallyServer::ShardAttendLoop(v1::CoordinatorService::Stub& stub) {
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    grpc::ClientContext ctx;
+    v1::AttendShardRequest req;
+    {
+      absl::MutexLock lock(&mu_);
+      auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !registered_.shard_id.empty();
+      };
+      mu_.Await(absl::Condition(&registered));
+      if (stop_) return;
+      req.set_shard_id(registered_.shard_id);
+      req.set_incarnation(registered_.incarnation);
+      attend_call_ = &ctx;
+    }
+    auto reader = stub.AttendShard(&ctx, req);
+    v1::AttendResponse ignored;
+    while (reader->Read(&ignored)) {
+    }
+    const grpc::Status st = reader->Finish();
+    absl::MutexLock lock(&mu_);
+    attend_call_ = nullptr;
+    if (stop_ || st.error_code() == grpc::StatusCode::UNIMPLEMENTED) return;
+    // Again at once for a new registration; after a backoff for the same.
+    auto moved = [this, &req]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || registered_.incarnation != req.incarnation();
+    };
+    if (mu_.AwaitWithTimeout(absl::Condition(&moved), backoff)) {
+      backoff = absl::Milliseconds(100);
+    } else {
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  }
+}
+
 void TallyServer::ShardLoop() {
   auto channel = Dial(options_.join, options_.coordinator.transport);
   auto stub = v1::CoordinatorService::NewStub(channel);
+  shard_attend_ = std::thread([this, &stub] { ShardAttendLoop(*stub); });
   ShardRegistration reg;
   absl::Duration backoff = absl::Milliseconds(100);
   bool said_away = false;
@@ -195,12 +239,13 @@ void TallyServer::ShardLoop() {
               options_.join.c_str(), std::string(st.message()).c_str());
           said_away = true;
         }
-        if (SleepUnlessStopped(backoff)) return;
+        if (SleepUnlessStopped(backoff)) break;
         backoff = std::min(backoff * 2, absl::Seconds(2));
         continue;
       }
       backoff = absl::Milliseconds(100);
       said_away = false;
+      SetRegistration(reg);
     }
     absl::Status st = ShardHeartbeat(*stub, reg);
     if (ReasonOf(st) == v1::REGISTER_AGAIN) {
@@ -210,10 +255,12 @@ void TallyServer::ShardLoop() {
                    std::string(st.message()).c_str());
       host_->DropAll();
       reg.shard_id.clear();
+      SetRegistration(reg);
       continue;
     }
-    if (SleepUnlessStopped(reg.interval)) return;
+    if (SleepUnlessStopped(reg.interval)) break;
   }
+  shard_attend_.join();  // it ends with stop_ (Shutdown cancels its call)
 }
 
 absl::Status TallyServer::RegisterShard(v1::CoordinatorService::Stub& stub,
@@ -280,6 +327,7 @@ void TallyServer::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    if (attend_call_ != nullptr) attend_call_->TryCancel();
   }
   if (ticker_.joinable()) ticker_.join();
   if (checkpointer_.joinable()) checkpointer_.join();

@@ -321,24 +321,31 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
 
 namespace {
 
-// A worker's Attend call, held until it ends: a cancel (the worker's
-// process died, or it let the call go) ends the worker's lease.
+// A worker's or a shard's Attend call, held until it ends: a cancel (its
+// process died, or it let the call go) ends its lease.
 class AttendReactor final : public grpc::ServerWriteReactor<v1::AttendResponse> {
  public:
-  AttendReactor(Coordinator* coord, const v1::AttendRequest& req)
-      : coord_(coord), worker_id_(req.worker_id()),
-        incarnation_(req.incarnation()) {}
+  AttendReactor(Coordinator* coord, std::string id, int64_t incarnation)
+      : coord_(coord), id_(std::move(id)), incarnation_(incarnation) {}
   void OnCancel() override {
-    coord_->WorkerGone(worker_id_, incarnation_);
+    coord_->Gone(id_, incarnation_);
     Finish(grpc::Status::CANCELLED);
   }
   void OnDone() override { delete this; }
 
  private:
   Coordinator* const coord_;
-  const std::string worker_id_;
+  const std::string id_;
   const int64_t incarnation_;
 };
+
+grpc::ServerWriteReactor<v1::AttendResponse>* Attend(Coordinator* coord,
+                                                     const std::string& id,
+                                                     int64_t incarnation) {
+  if (absl::Status st = coord->CheckLease(id, incarnation); !st.ok())
+    return new RefusedWrite<v1::AttendResponse>(st);
+  return new AttendReactor(coord, id, incarnation);
+}
 
 }  // namespace
 
@@ -346,12 +353,7 @@ grpc::ServerWriteReactor<v1::AttendResponse>* WorkerServiceImpl::Attend(
     grpc::CallbackServerContext*, const v1::AttendRequest* req) {
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return new RefusedWrite<v1::AttendResponse>(st);
-  if (absl::Status st = coord_->CheckWorker(req->worker_id(),
-                                            req->incarnation());
-      !st.ok()) {
-    return new RefusedWrite<v1::AttendResponse>(st);
-  }
-  return new AttendReactor(coord_, *req);
+  return tally::Attend(coord_, req->worker_id(), req->incarnation());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
@@ -545,6 +547,14 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::RegisterShard(
   }
   *resp = coord_->RegisterShard(*req);
   return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<v1::AttendResponse>*
+CoordinatorServiceImpl::AttendShard(grpc::CallbackServerContext*,
+                                    const v1::AttendShardRequest* req) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return new RefusedWrite<v1::AttendResponse>(st);
+  return Attend(coord_, req->shard_id(), req->incarnation());
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::ShardHeartbeat(

@@ -93,6 +93,9 @@ class CoordinatorServiceImpl final
   grpc::ServerUnaryReactor* RegisterShard(
       grpc::CallbackServerContext* ctx, const v1::RegisterShardRequest* req,
       v1::RegisterShardResponse* resp) override;
+  grpc::ServerWriteReactor<v1::AttendResponse>* AttendShard(
+      grpc::CallbackServerContext* ctx,
+      const v1::AttendShardRequest* req) override;
   grpc::ServerUnaryReactor* ShardHeartbeat(
       grpc::CallbackServerContext* ctx, const v1::ShardHeartbeatRequest* req,
       v1::ShardHeartbeatResponse* resp) override;

@@ -241,16 +241,15 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   return out;
 }
 
-absl::Status Coordinator::CheckWorker(const std::string& worker_id,
-                                      int64_t incarnation) {
+absl::Status Coordinator::CheckLease(const std::string& id,
+                                     int64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  return registry_.CheckWorker(worker_id, incarnation).status();
+  return registry_.CheckLease(id, incarnation);
 }
 
-void Coordinator::WorkerGone(const std::string& worker_id,
-                             int64_t incarnation) {
+void Coordinator::Gone(const std::string& id, int64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  registry_.EndWorkerLease(worker_id, incarnation, Now());
+  registry_.EndLease(id, incarnation, Now());
 }
 
 absl::StatusOr<std::unique_ptr<WeightOffers::Offer>>

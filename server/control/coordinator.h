@@ -144,7 +144,8 @@ struct CoordinatorStats {
   int64_t idle_workers = 0;  // of them, without a job
   int64_t live_shards = 0;
   int64_t lease_expiries = 0;       // workers' and shards', since start
-  // Workers whose Attend call ended (a dead process), so their lease.
+  // Workers and shards whose Attend call ended (a dead process), so their
+  // lease.
   int64_t leases_ended = 0;
   int64_t checkpoints_written = 0;  // job files, since start
   double checkpoint_seconds = 0.0;  // spent writing them
@@ -203,14 +204,15 @@ class Coordinator {
       const v1::RegisterWorkerRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& req);
-  // kFailedPrecondition + REGISTER_AGAIN unless (worker_id, incarnation)
-  // is a live registration (an Attend call's first check).
-  absl::Status CheckWorker(const std::string& worker_id,
-                           int64_t incarnation);
-  // The worker's Attend call ended (its process died, or it let go): its
-  // lease ends now, and the next tick drops it as if it had run out. A
-  // stale registration is ignored.
-  void WorkerGone(const std::string& worker_id, int64_t incarnation);
+  // kFailedPrecondition + REGISTER_AGAIN unless (id, incarnation) is a
+  // live registration of a worker or a shard (an Attend call's first
+  // check).
+  absl::Status CheckLease(const std::string& id, int64_t incarnation);
+  // A worker's or a shard's Attend call ended (its process died, or it let
+  // go): its lease ends now, and the next tick drops it as if it had run
+  // out (a shard's jobs are placed again). A stale registration, and the
+  // coordinator's own shard, are ignored.
+  void Gone(const std::string& id, int64_t incarnation);
   absl::Status ReportResult(const v1::ReportResultRequest& req);
   // A Python model's initial weights from the worker asked for them
   // (HeartbeatResponse.initial_weights: the job's lowest rank), in two calls

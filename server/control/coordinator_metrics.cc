@@ -124,8 +124,9 @@ void AddServerSeries(const std::vector<v1::Job>& jobs,
       static_cast<double>(stats.live_shards));
   one("tally_lease_expiries_total", "Workers and shards whose lease lapsed",
       counter, static_cast<double>(stats.lease_expiries));
-  one("tally_worker_leases_ended_total",
-      "Workers whose connection closed (Attend): their lease ended at once",
+  one("tally_leases_ended_total",
+      "Workers and shards whose connection closed (Attend): their lease "
+      "ended at once",
       counter, static_cast<double>(stats.leases_ended));
   one("tally_checkpoints_total", "Job checkpoint files written", counter,
       static_cast<double>(stats.checkpoints_written));

@@ -171,10 +171,9 @@ absl::StatusOr<ShardEntry*> Registry::RenewShard(const std::string& id,
   return &it->second;
 }
 
-bool Registry::EndWorkerLease(const std::string& id, int64_t incarnation,
-                              absl::Time now) {
-  if (workers_.count(id) == 0 || !leases_.End(id, incarnation, now))
-    return false;
+bool Registry::EndLease(const std::string& id, int64_t incarnation,
+                        absl::Time now) {
+  if (!leases_.End(id, incarnation, now)) return false;
   ended_.insert(id);
   ++leases_ended_;
   return true;

@@ -62,10 +62,10 @@ class Registry {
   absl::Status CheckLease(const std::string& id, int64_t incarnation) const {
     return leases_.Check(id, incarnation);
   }
-  // (id, incarnation)'s lease ends now: the next Expire drops the worker.
-  // False when that is not the live registration.
-  bool EndWorkerLease(const std::string& id, int64_t incarnation,
-                      absl::Time now);
+  // (id, incarnation)'s lease (a worker's or a shard's) ends now: the next
+  // Expire drops it. False when that is not the live registration, or it
+  // never runs out (the coordinator's own shard).
+  bool EndLease(const std::string& id, int64_t incarnation, absl::Time now);
   // Leases ended so (not counted in lease_expiries).
   int64_t leases_ended() const { return leases_ended_; }
   // Forgets a worker (its job is the caller's to leave first).

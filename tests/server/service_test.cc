@@ -1071,6 +1071,39 @@ TEST_F(ServiceTest, AnAttendCallThatEndsEndsTheWorkersLease) {
   EXPECT_EQ(Job().metrics().workers(), 0);
 }
 
+// A shard process's AttendShard call ends with it: its lease ends, and
+// its next heartbeat is told to register again (the lease is 30 s here).
+TEST_F(ServiceTest, AnAttendShardCallThatEndsEndsTheShardsLease) {
+  auto coordination = v1::CoordinatorService::NewStub(channel_);
+  v1::RegisterShardRequest shard;
+  shard.set_address("127.0.0.1:1");
+  v1::RegisterShardResponse registered;
+  ASSERT_TRUE(
+      coordination->RegisterShard(Ctx().get(), shard, &registered).ok());
+  grpc::ClientContext attend_ctx;
+  v1::AttendShardRequest req;
+  req.set_shard_id(registered.shard_id());
+  req.set_incarnation(registered.incarnation());
+  auto attend = coordination->AttendShard(&attend_ctx, req);
+  v1::ShardHeartbeatRequest beat;
+  beat.set_shard_id(registered.shard_id());
+  beat.set_incarnation(registered.incarnation());
+  v1::ShardHeartbeatResponse answer;
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(coordination->ShardHeartbeat(Ctx().get(), beat, &answer).ok());
+  attend_ctx.TryCancel();
+  v1::AttendResponse nothing;
+  EXPECT_FALSE(attend->Read(&nothing));
+  attend->Finish();
+  absl::Status s;
+  for (int i = 0; i < 50 && s.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    s = FromGrpc(coordination->ShardHeartbeat(Ctx().get(), beat, &answer));
+  }
+  EXPECT_THAT(s, HasReason(absl::StatusCode::kFailedPrecondition,
+                           v1::REGISTER_AGAIN));
+}
+
 // Only the job's members are on its data path, and nobody changes its
 // schedule: a registered worker of no job is refused, and so is a member
 // that claims another schedule; the job is untouched by either.
