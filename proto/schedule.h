@@ -14,11 +14,15 @@
 
 namespace tally {
 
-// training.ranks: rank `rank` held by worker `worker_id` is the member
-// "WORKER_ID#RANK" on every range (v1::Assignment.ranks); the worker a
-// member id names (itself, for a member of a job without ranks).
-inline std::string RankMember(const std::string& worker_id, int rank) {
-  return absl::StrCat(worker_id, "#", rank);
+// training.ranks: rank `rank` held by worker `worker_id`, the `term`th
+// time the rank was given to a worker, is the member
+// "WORKER_ID#RANK.TERM" on every range (v1::Assignment.HeldRank.member):
+// a rank that comes back to a worker it left is a member of its own, not
+// the one that left. The worker a member id names (itself, for a member of
+// a job without ranks).
+inline std::string RankMember(const std::string& worker_id, int rank,
+                              int64_t term) {
+  return absl::StrCat(worker_id, "#", rank, ".", term);
 }
 inline std::string MemberWorker(const std::string& member_id) {
   return member_id.substr(0, member_id.find('#'));

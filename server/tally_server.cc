@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
+#include "proto/attendance.h"
 #include "proto/errors.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
@@ -179,53 +180,20 @@ void TallyServer::TickLoop() {
   }
 }
 
-void TallyServer::SetRegistration(const ShardRegistration& reg) {
-  absl::MutexLock lock(&mu_);
-  registered_ = reg;
-  // The last registration's call ends; ShardAttendLoop makes this one's.
-  if (attend_call_ != nullptr) attend_call_->TryCancel();
-}
-
-void TallyServer::ShardAttendLoop(v1::CoordinatorService::Stub& stub) {
-  absl::Duration backoff = absl::Milliseconds(100);
-  while (true) {
-    grpc::ClientContext ctx;
-    v1::AttendShardRequest req;
-    {
-      absl::MutexLock lock(&mu_);
-      auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !registered_.shard_id.empty();
-      };
-      mu_.Await(absl::Condition(&registered));
-      if (stop_) return;
-      req.set_shard_id(registered_.shard_id);
-      req.set_incarnation(registered_.incarnation);
-      attend_call_ = &ctx;
-    }
-    auto reader = stub.AttendShard(&ctx, req);
-    v1::AttendResponse ignored;
-    while (reader->Read(&ignored)) {
-    }
-    const grpc::Status st = reader->Finish();
-    absl::MutexLock lock(&mu_);
-    attend_call_ = nullptr;
-    if (stop_ || st.error_code() == grpc::StatusCode::UNIMPLEMENTED) return;
-    // Again at once for a new registration; after a backoff for the same.
-    auto moved = [this, &req]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || registered_.incarnation != req.incarnation();
-    };
-    if (mu_.AwaitWithTimeout(absl::Condition(&moved), backoff)) {
-      backoff = absl::Milliseconds(100);
-    } else {
-      backoff = std::min(backoff * 2, absl::Seconds(2));
-    }
-  }
-}
-
 void TallyServer::ShardLoop() {
   auto channel = Dial(options_.join, options_.coordinator.transport);
   auto stub = v1::CoordinatorService::NewStub(channel);
-  shard_attend_ = std::thread([this, &stub] { ShardAttendLoop(*stub); });
+  // Held open while each registration lives: a killed shard's lease ends
+  // with its connection.
+  Attendance attendance(
+      [&stub](grpc::ClientContext* ctx, const std::string& id,
+              int64_t incarnation) {
+        v1::AttendShardRequest req;
+        req.set_shard_id(id);
+        req.set_incarnation(incarnation);
+        return stub->AttendShard(ctx, req);
+      },
+      absl::Milliseconds(100), absl::Seconds(2));
   ShardRegistration reg;
   absl::Duration backoff = absl::Milliseconds(100);
   bool said_away = false;
@@ -239,13 +207,13 @@ void TallyServer::ShardLoop() {
               options_.join.c_str(), std::string(st.message()).c_str());
           said_away = true;
         }
-        if (SleepUnlessStopped(backoff)) break;
+        if (SleepUnlessStopped(backoff)) return;
         backoff = std::min(backoff * 2, absl::Seconds(2));
         continue;
       }
       backoff = absl::Milliseconds(100);
       said_away = false;
-      SetRegistration(reg);
+      attendance.Registered(reg.shard_id, reg.incarnation);
     }
     absl::Status st = ShardHeartbeat(*stub, reg);
     if (ReasonOf(st) == v1::REGISTER_AGAIN) {
@@ -255,12 +223,11 @@ void TallyServer::ShardLoop() {
                    std::string(st.message()).c_str());
       host_->DropAll();
       reg.shard_id.clear();
-      SetRegistration(reg);
+      attendance.Registered("", 0);
       continue;
     }
-    if (SleepUnlessStopped(reg.interval)) break;
+    if (SleepUnlessStopped(reg.interval)) return;
   }
-  shard_attend_.join();  // it ends with stop_ (Shutdown cancels its call)
 }
 
 absl::Status TallyServer::RegisterShard(v1::CoordinatorService::Stub& stub,
@@ -327,7 +294,6 @@ void TallyServer::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    if (attend_call_ != nullptr) attend_call_->TryCancel();
   }
   if (ticker_.joinable()) ticker_.join();
   if (checkpointer_.joinable()) checkpointer_.join();

@@ -132,10 +132,7 @@ class TallyServer {
                              ShardRegistration& reg);
   absl::Status ShardHeartbeat(v1::CoordinatorService::Stub& stub,
                               const ShardRegistration& reg);
-  // A shard process: holds an AttendShard call open for each registration
-  // (its death ends its lease at once); the registration it is for.
-  void ShardAttendLoop(v1::CoordinatorService::Stub& stub);
-  void SetRegistration(const ShardRegistration& reg);
+
   bool SleepUnlessStopped(absl::Duration d);
 
   ServerOptions options_;
@@ -156,15 +153,9 @@ class TallyServer {
   std::string advertise_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  // A shard process's registration now (ShardLoop's), and the
-  // AttendShard call held open for it (cancelled on Shutdown and when
-  // the shard registers again).
-  ShardRegistration registered_ ABSL_GUARDED_BY(mu_);
-  grpc::ClientContext* attend_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread ticker_;        // Tick every 100 ms
   std::thread checkpointer_;  // with a state_dir: Checkpoint every 100 ms
   std::thread shard_agent_;   // a shard process: ShardLoop
-  std::thread shard_attend_;  // a shard process: ShardAttendLoop
 };
 
 }  // namespace tally

@@ -56,19 +56,9 @@ start_worker() {  # name [more flags]
 }
 ranks_spec() {  # -> a path: 4 ranks over 2 workers, 2 shards
   local f=$dir/job-ranks.yaml
-  cat > "$f" <<YAML
-name: ranks
-model:
-  layers:
-    - linear: {in_features: 32, out_features: 256}
-    - relu
-    - linear: {in_features: 256, out_features: 64}
-    - relu
-    - linear: {in_features: 64, out_features: 4}
-dataset: {name: synthetic, train_size: 8192, test_size: 1024, features: 32, classes: 4, seed: 1}
-training: {epochs: 8, batch_size: 32, seed: 1, ranks: 4, workers: 2, shards: 2}
-optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
-YAML
+  sed -e "s/^name: .*/name: ranks/" \
+      -e "s/^training: .*/training: {epochs: 8, batch_size: 32, seed: 1, ranks: 4, workers: 2, shards: 2}/" \
+    "$(job_spec 2 "{type: sgd, lr: 0.05, momentum: 0.9}" 8)" > "$f"
   echo "$f"
 }
 # The name of the worker holding rank $2 of job $1.

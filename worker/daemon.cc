@@ -19,8 +19,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
+#include "proto/attendance.h"
 #include "proto/errors.h"
-#include "proto/schedule.h"
 #include "proto/tally.grpc.pb.h"
 #include "proto/tensor_chunk.h"
 #include "proto/transport.h"
@@ -43,23 +43,30 @@ class WorkerDaemon::Impl {
   explicit Impl(const DaemonOptions& o) : options_(o) {
     channel_ = Dial(o.server, o.transport);
     workers_ = v1::WorkerService::NewStub(channel_);
+    attendance_ = std::make_unique<Attendance>(
+        [this](grpc::ClientContext* ctx, const std::string& id,
+               int64_t incarnation) {
+          v1::AttendRequest req;
+          req.set_worker_id(id);
+          req.set_incarnation(incarnation);
+          return workers_->Attend(ctx, req);
+        },
+        o.min_backoff, o.max_backoff);
   }
 
   ~Impl() {
     Stop();
     if (heartbeat_.joinable()) heartbeat_.join();
-    if (attend_.joinable()) attend_.join();
   }
 
   void Stop() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    if (attend_call_ != nullptr) attend_call_->TryCancel();
+    attendance_->Stop();
   }
 
   absl::Status Run() {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-    attend_ = std::thread([this] { AttendLoop(); });
     while (!Stopped()) {
       if (std::optional<v1::InitialWeightsWanted> want = InitialWeightsAsked();
           want.has_value()) {
@@ -132,8 +139,9 @@ class WorkerDaemon::Impl {
     absl::MutexLock lock(&mu_);
     lease_.worker_id = resp.worker_id();
     lease_.incarnation = resp.incarnation();
-    // The last registration's Attend call ends; AttendLoop makes this one's.
-    if (attend_call_ != nullptr) attend_call_->TryCancel();
+    // Held open while this registration lives: a killed worker's lease
+    // ends with its connection.
+    attendance_->Registered(lease_.worker_id, lease_.incarnation);
     lease_ms_ = std::max<int64_t>(resp.lease_ms(), 200);
     assignment_.reset();
     return absl::OkStatus();
@@ -224,48 +232,6 @@ class WorkerDaemon::Impl {
       // new shard map reaches the worker within a second.
       SleepUnlessStopped(
           absl::Milliseconds(std::clamp<int64_t>(lease_ms / 4, 50, 1000)));
-    }
-  }
-
-  // Holds an Attend call open for each registration, for as long as it
-  // lives: when this process dies, its connection closes and the
-  // coordinator ends the lease at once, rather than when it runs out. A
-  // coordinator without the call (UNIMPLEMENTED) is not asked again.
-  void AttendLoop() {
-    absl::Duration backoff = options_.min_backoff;
-    while (true) {
-      grpc::ClientContext ctx;
-      v1::AttendRequest req;
-      {
-        absl::MutexLock lock(&mu_);
-        auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || lease_.incarnation != 0;
-        };
-        mu_.Await(absl::Condition(&registered));
-        if (stop_) return;
-        req.set_worker_id(lease_.worker_id);
-        req.set_incarnation(lease_.incarnation);
-        attend_call_ = &ctx;
-      }
-      std::unique_ptr<grpc::ClientReader<v1::AttendResponse>> reader =
-          workers_->Attend(&ctx, req);
-      v1::AttendResponse ignored;
-      while (reader->Read(&ignored)) {
-      }
-      const grpc::Status st = reader->Finish();
-      absl::MutexLock lock(&mu_);
-      attend_call_ = nullptr;
-      if (stop_ || st.error_code() == grpc::StatusCode::UNIMPLEMENTED) return;
-      // Again at once for a new registration; after a backoff for the same
-      // one (the coordinator away, or restarting).
-      auto moved = [this, &req]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || lease_.incarnation != req.incarnation();
-      };
-      if (mu_.AwaitWithTimeout(absl::Condition(&moved), backoff)) {
-        backoff = options_.min_backoff;
-      } else {
-        backoff = std::min(backoff * 2, options_.max_backoff);
-      }
     }
   }
 
@@ -589,7 +555,7 @@ class WorkerDaemon::Impl {
     context.sleep = [this](absl::Duration d) { SleepUnlessStopped(d); };
     context.log = [this](const std::string& line) { Log(line); };
     if (rank.has_value()) {
-      context.member_id = RankMember(lease.worker_id, rank->rank());
+      context.member_id = rank->member();
       context.reports = reports;
       context.log = [this, r = rank->rank()](const std::string& line) {
         Log(absl::StrCat("rank ", r, ": ", line));
@@ -634,7 +600,7 @@ class WorkerDaemon::Impl {
     };
     std::map<std::string, std::unique_ptr<Runner>> runners;  // "rank@join"
     while (true) {
-      std::vector<v1::Assignment> start;
+      std::vector<std::pair<v1::Assignment, v1::Assignment::HeldRank>> start;
       {
         absl::MutexLock lock(&mu_);
         if (StillAssignedLocked(first.job_id(), lease.incarnation,
@@ -642,21 +608,18 @@ class WorkerDaemon::Impl {
           for (const v1::Assignment::HeldRank& h : assignment_->ranks()) {
             if (runners.count(absl::StrCat(h.rank(), "@", h.join_step())))
               continue;
-            start.push_back(*RankView(*assignment_, h));
+            start.emplace_back(*RankView(*assignment_, h), h);
           }
         }
       }
-      for (v1::Assignment& a : start) {
+      for (auto& [a, h] : start) {
         auto r = std::make_unique<Runner>();
         Runner* raw = r.get();
         runners[absl::StrCat(a.rank(), "@", a.join_step())] = std::move(r);
         Log(absl::StrCat(first.job_id(), ": rank ", a.rank(), " of ",
                          a.world(), " from step ", a.join_step()));
-        raw->thread = std::thread([this, raw, a = std::move(a), lease,
+        raw->thread = std::thread([this, raw, a = std::move(a), h, lease,
                                    lowest = first.rank()] {
-          v1::Assignment::HeldRank h;
-          h.set_rank(a.rank());
-          h.set_join_step(a.join_step());
           raw->result = RunRank(a, lease, &h, a.rank() == lowest);
           raw->done.Notify();
         });
@@ -680,7 +643,7 @@ class WorkerDaemon::Impl {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
   std::thread heartbeat_;
-  std::thread attend_;
+  std::unique_ptr<Attendance> attendance_;  // the registration's Attend call
   absl::Mutex data_mu_;
   // The last dataset, reused across jobs.
   std::unique_ptr<TrainTest> data_ ABSL_GUARDED_BY(data_mu_);
@@ -692,9 +655,6 @@ class WorkerDaemon::Impl {
   Lease lease_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 3000;
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
-  // The Attend call held open now (AttendLoop's), cancelled on Stop and
-  // when the worker registers again.
-  grpc::ClientContext* attend_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<v1::InitialWeightsWanted> initial_weights_
       ABSL_GUARDED_BY(mu_);
   // The job whose initial weights this registration offered (once).

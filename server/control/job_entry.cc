@@ -39,7 +39,8 @@ std::string JobEntry::LowestRank() const {
 
 std::string JobEntry::MemberOf(size_t rank) const {
   if (slots[rank].empty() || !fixed_ranks()) return slots[rank];
-  return RankMember(slots[rank], static_cast<int>(rank));
+  return RankMember(slots[rank], static_cast<int>(rank),
+                    rank < slot_terms.size() ? slot_terms[rank] : 0);
 }
 
 std::vector<int> JobEntry::RanksOf(const std::string& worker_id) const {

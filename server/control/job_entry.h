@@ -121,8 +121,11 @@ struct JobEntry {
   // step waits for every one.
   bool fixed_ranks() const { return spec.training.ranks > 0; }
   // The member that rank's slot holder is on every range: the worker, or
-  // with fixed ranks "WORKER#RANK" (RankMember); "" when vacant.
+  // with fixed ranks "WORKER#RANK.TERM" (RankMember); "" when vacant.
   std::string MemberOf(size_t rank) const;
+  // Fixed ranks: how many times each rank was given to a worker (its
+  // member's term), counted by AssignSlot.
+  std::vector<int64_t> slot_terms;
   // The ranks `worker_id` holds, lowest first.
   std::vector<int> RanksOf(const std::string& worker_id) const;
   // Appends to the history: an event (the last 200 are kept), or a curve

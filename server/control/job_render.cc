@@ -84,7 +84,7 @@ void RenderStall(const JobEntry& job, int64_t version, absl::Time now,
   const bool ranks = job.fixed_ranks();
   for (const v1::WorkerProgress& p : out->progress()) {
     const std::string member =
-        ranks ? RankMember(p.worker_id(), p.rank()) : p.worker_id();
+        ranks ? job.MemberOf(static_cast<size_t>(p.rank())) : p.worker_id();
     if (p.clock() <= version && !p.waiting() && required(member)) {
       out->add_waiting_on(absl::StrCat(
           p.worker_id(),

@@ -229,6 +229,9 @@ void Planner::AssignSlot(JobEntry& job, int rank, const std::string& worker_id,
     w.compute_seconds = w.wait_seconds = w.push_seconds = w.loader_seconds = 0;
   }
   job.slots[rank] = worker_id;
+  if (job.slot_terms.size() < job.slots.size())
+    job.slot_terms.resize(job.slots.size(), 0);
+  ++job.slot_terms[rank];
   w.rank = job.RanksOf(worker_id).front();
   job.AddEvent(now, absl::StrCat(worker_id, " (", w.name, ") joined as rank ",
                                  rank));
@@ -390,6 +393,7 @@ void Planner::Assignment(const v1::HeartbeatRequest& req, const WorkerEntry& w,
       v1::Assignment::HeldRank* h = a->add_ranks();
       h->set_rank(m->rank);
       h->set_join_step(m->join_step);
+      h->set_member(m->worker_id);
     }
   }
   EncodeSchedule(job.schedule, a->mutable_schedule());
@@ -528,7 +532,12 @@ bool Planner::MembersDiffer(const ControlTask& t,
   for (const MemberSpec& m : t.members) {
     if (m.leave_step == MemberSpec::kNoStep) active->push_back(m);
   }
-  // Fixed ranks: a member whose rank nobody took stays (its steps wait).
+  // Fixed ranks: a member whose rank nobody took stays (its steps wait),
+  // and no membership is set that leaves a rank without a member (its
+  // steps would close without it).
+  for (int r = 0; t.fixed_ranks && r < t.world; ++r) {
+    if (!RankTaken(t.desired, r) && !RankTaken(*active, r)) return false;
+  }
   bool changed = !t.fixed_ranks && active->size() != t.desired.size();
   for (const MemberSpec& d : t.desired)
     changed = changed || !Contains(*active, d);

@@ -292,7 +292,7 @@ TEST_F(PlannerTest, FixedRanksGoInBlocksAndALeaversRanksToWhoHoldsFewest) {
   EXPECT_EQ(job.slots[0], job.slots[1]);
   EXPECT_EQ(job.slots[2], job.slots[3]);
   EXPECT_NE(job.slots[0], job.slots[2]);
-  EXPECT_EQ(job.MemberOf(3), job.slots[3] + "#3");
+  EXPECT_EQ(job.MemberOf(3), job.slots[3] + "#3.1");
   EXPECT_EQ(registry_.worker(job.slots[2])->rank, 2);  // its lowest
   // Its holder of ranks 2 and 3 left: the survivor takes both.
   const std::string survivor = job.slots[0];
@@ -301,6 +301,9 @@ TEST_F(PlannerTest, FixedRanksGoInBlocksAndALeaversRanksToWhoHoldsFewest) {
   EXPECT_THAT(planner_.ScheduleJobs(kNow), ElementsAre(job.id()));
   EXPECT_THAT(job.slots, ElementsAre(survivor, survivor, survivor, survivor));
   EXPECT_EQ(job.RanksOf(survivor), (std::vector<int>{0, 1, 2, 3}));
+  // Each holding of a rank is a member of its own (a rank that comes back
+  // to a worker it left is not the member that left).
+  EXPECT_EQ(job.MemberOf(2), survivor + "#2.2");
   // A spare (the job may have two workers) takes a rank from it, then
   // another: each holds two again.
   const std::string spare = AddWorker();
@@ -345,6 +348,7 @@ TEST_F(PlannerTest, AHolderOfSeveralRanksIsSentThemAll) {
   EXPECT_EQ(got.ranks(0).rank(), 2);
   EXPECT_EQ(got.ranks(1).rank(), 3);
   EXPECT_EQ(got.ranks(1).join_step(), 9);
+  EXPECT_EQ(got.ranks(1).member(), job.MemberOf(3));
 }
 
 // Fixed ranks: rank 1's holder "b" died. While nobody takes the rank, b
@@ -355,6 +359,14 @@ TEST_F(PlannerTest, AFixedRankWaitsForItsHolderAndTheNextJoinsAtItsLeave) {
   ControlTask t = Task(job);
   t.fixed_ranks = true;
   std::vector<MemberSpec> active;
+  // Ranks 2 and 3 have no member: nothing is set until they do.
+  MemberSpec c;
+  c.worker_id = "a#1";
+  c.rank = 1;
+  t.desired.push_back(c);
+  EXPECT_FALSE(Planner::MembersDiffer(t, &active));
+  t.desired.pop_back();
+  t.world = 2;
   EXPECT_FALSE(Planner::MembersDiffer(t, &active));  // nothing to decide
   HoldReport r1, r2;
   r1.version = 6;
@@ -367,9 +379,6 @@ TEST_F(PlannerTest, AFixedRankWaitsForItsHolderAndTheNextJoinsAtItsLeave) {
   ASSERT_EQ(next.size(), 2u);
   EXPECT_EQ(next[1].worker_id, "b");
   EXPECT_EQ(next[1].leave_step, MemberSpec::kNoStep);  // still waited for
-  MemberSpec c;
-  c.worker_id = "a#1";
-  c.rank = 1;
   t.desired.push_back(c);
   EXPECT_TRUE(Planner::MembersDiffer(t, &active));
   next = Planner::DecideMembers(t, active, {r1, r2});
