@@ -251,7 +251,7 @@ case $case_name in
     victim=$(rank_holder "$id" 0)
     sleep 0.3  # a checkpoint past step 60
     eval "kill -9 \$pid_$victim \$pid_s2"
-    sleep 1.5  # the shard's lease runs out
+    sleep 1.5  # the shard is lost (its connection closed); its port frees
     start_shard s2b "$port2"
     wait_state "$id" SUCCEEDED 120
     tally fetch "$id" --output="$dir/both.safetensors" > /dev/null || fail "fetch $id"
@@ -259,6 +259,8 @@ case $case_name in
       fail "a worker's and a shard's deaths changed the weights"
     tally report "$id" --output="$dir/report.html" > /dev/null || fail "report"
     grep -q "starts again from the checkpoint of step" "$dir/report.html" || fail "no resume in the events"
+    taker=$(grep -l "$id: rank 0 of 4 from step [1-9]" "$dir"/w*.log "$dir/spare.log" | grep -v "/$victim.log" || true)
+    [[ -n $taker ]] || fail "no other worker took rank 0"
     echo "ranks: weights byte-identical to the fault-free run after a worker kill (its ranks computed by the survivor) and after a worker and a shard killed at once"
     ;;
   coordinator)

@@ -506,11 +506,17 @@ class WorkerDaemon::Impl {
 
   absl::StatusOr<const TrainTest*> Data(const JobSpec& spec) {
     absl::MutexLock lock(&data_mu_);  // a runner a rank (training.ranks)
+    const bool first = std::exchange(first_data_of_job_, false);
     // Before DataKey, whose stamps stat the spec's paths and globs.
     TALLY_RETURN_IF_ERROR(CheckDataPaths(spec.dataset, options_.data_roots));
     const std::string key = DataKey(spec);
     if (data_key_ != key || data_ == nullptr) {
-      data_.reset();  // the last job's files, let go before the next's
+      // The last job's files, let go before the next's; but a rank's
+      // runner started mid-job may find the files changed while the
+      // job's other runners still read the old ones: those are kept until
+      // the next job (RunJob).
+      if (data_ != nullptr && !first) kept_.push_back(std::move(data_));
+      data_.reset();
       TALLY_ASSIGN_OR_RETURN(TrainTest d, OpenDatasetGuarded(spec.dataset));
       data_ = std::make_unique<TrainTest>(std::move(d));
       data_key_ = key;
@@ -519,17 +525,21 @@ class WorkerDaemon::Impl {
   }
 
   absl::Status RunJob(const v1::Assignment& a) {
+    {
+      absl::MutexLock lock(&data_mu_);
+      kept_.clear();  // the last job's runners have all ended
+      first_data_of_job_ = true;
+    }
     if (a.ranks().empty())
-      return RunRank(a, CurrentLease(), nullptr, /*reports=*/true);
+      return RunRank(a, CurrentLease(), nullptr);
     return RunRanks(a);
   }
 
   // Runs assignment `a` (one rank's) to its end. `held`: with
   // training.ranks, the rank it runs, as a member of its own, for as long
   // as the worker holds it; null: the worker's one rank, as itself.
-  // `reports`: it evaluates the final weights and reports the result.
   absl::Status RunRank(const v1::Assignment& a, const Lease& lease,
-                       const v1::Assignment::HeldRank* held, bool reports) {
+                       const v1::Assignment::HeldRank* held) {
     JobContext context;
     context.worker_id = lease.worker_id;
     context.incarnation = lease.incarnation;
@@ -556,12 +566,19 @@ class WorkerDaemon::Impl {
     context.log = [this](const std::string& line) { Log(line); };
     if (rank.has_value()) {
       context.member_id = rank->member();
-      context.reports = reports;
+      // The lowest rank held at the end reports (ranks move meanwhile); with
+      // no assignment left, every runner does (a report on an ended job is
+      // acknowledged and ignored).
+      context.reports = [this, r = rank->rank()] {
+        absl::MutexLock lock(&mu_);
+        return !assignment_.has_value() || assignment_->ranks().empty() ||
+               assignment_->ranks(0).rank() == r;
+      };
       context.log = [this, r = rank->rank()](const std::string& line) {
         Log(absl::StrCat("rank ", r, ": ", line));
       };
     }
-    if (context.reports) {
+    if (!rank.has_value() || rank->rank() == a.rank()) {
       context.progress = [this](const JobProgress& p) {
         absl::MutexLock lock(&mu_);
         progress_ = p;
@@ -571,12 +588,20 @@ class WorkerDaemon::Impl {
     return runner.Run();
   }
 
+  // A held rank's runner, once started: its member and join step (a rank
+  // that comes back to this worker is a member of its own).
+  static std::string RunnerKey(const v1::Assignment::HeldRank& h) {
+    return absl::StrCat(h.member(), "@", h.rank(), "@", h.join_step());
+  }
+
   // `a` as the runner of one held rank sees it (that rank and its join
   // step), while the worker holds it from that step; none otherwise.
   static std::optional<v1::Assignment> RankView(
       const v1::Assignment& a, const v1::Assignment::HeldRank& h) {
     for (const v1::Assignment::HeldRank& x : a.ranks()) {
-      if (x.rank() != h.rank() || x.join_step() != h.join_step()) continue;
+      if (x.member() != h.member() || x.rank() != h.rank() ||
+          x.join_step() != h.join_step())
+        continue;
       v1::Assignment view = a;
       view.clear_ranks();
       view.set_rank(h.rank());
@@ -598,7 +623,7 @@ class WorkerDaemon::Impl {
       absl::Notification done;
       absl::Status result;
     };
-    std::map<std::string, std::unique_ptr<Runner>> runners;  // "rank@join"
+    std::map<std::string, std::unique_ptr<Runner>> runners;  // RunnerKey
     while (true) {
       std::vector<std::pair<v1::Assignment, v1::Assignment::HeldRank>> start;
       {
@@ -606,8 +631,7 @@ class WorkerDaemon::Impl {
         if (StillAssignedLocked(first.job_id(), lease.incarnation,
                                 first.shard_map().version())) {
           for (const v1::Assignment::HeldRank& h : assignment_->ranks()) {
-            if (runners.count(absl::StrCat(h.rank(), "@", h.join_step())))
-              continue;
+            if (runners.count(RunnerKey(h))) continue;
             start.emplace_back(*RankView(*assignment_, h), h);
           }
         }
@@ -615,12 +639,11 @@ class WorkerDaemon::Impl {
       for (auto& [a, h] : start) {
         auto r = std::make_unique<Runner>();
         Runner* raw = r.get();
-        runners[absl::StrCat(a.rank(), "@", a.join_step())] = std::move(r);
+        runners[RunnerKey(h)] = std::move(r);
         Log(absl::StrCat(first.job_id(), ": rank ", a.rank(), " of ",
                          a.world(), " from step ", a.join_step()));
-        raw->thread = std::thread([this, raw, a = std::move(a), h, lease,
-                                   lowest = first.rank()] {
-          raw->result = RunRank(a, lease, &h, a.rank() == lowest);
+        raw->thread = std::thread([this, raw, a = std::move(a), h, lease] {
+          raw->result = RunRank(a, lease, &h);
           raw->done.Notify();
         });
       }
@@ -629,6 +652,10 @@ class WorkerDaemon::Impl {
         all_done = all_done && r->done.HasBeenNotified();
       if (all_done) break;
       SleepUnlessStopped(absl::Milliseconds(50));
+      if (Stopped()) {  // the runners end within about a step
+        for (auto& [key, r] : runners) r->done.WaitForNotification();
+        break;
+      }
     }
     for (auto& [key, r] : runners) r->thread.join();
     absl::Status result;
@@ -645,8 +672,12 @@ class WorkerDaemon::Impl {
   std::thread heartbeat_;
   std::unique_ptr<Attendance> attendance_;  // the registration's Attend call
   absl::Mutex data_mu_;
-  // The last dataset, reused across jobs.
+  // The last dataset, reused across jobs; those a job's later runners
+  // replaced while its first ones still read them; whether the next Data()
+  // is the job's first (it may let the last job's go).
   std::unique_ptr<TrainTest> data_ ABSL_GUARDED_BY(data_mu_);
+  std::vector<std::unique_ptr<TrainTest>> kept_ ABSL_GUARDED_BY(data_mu_);
+  bool first_data_of_job_ ABSL_GUARDED_BY(data_mu_) = true;
   std::string data_key_ ABSL_GUARDED_BY(data_mu_);
 
   absl::Mutex mu_;

@@ -782,7 +782,7 @@ std::string TestFigures(const StepStats& test, bool classifies) {
 
 absl::Status JobRunner::Finish(int64_t version) {
   // The worker's other ranks end here: its lowest evaluates and reports.
-  if (!context_.reports) return absl::OkStatus();
+  if (context_.reports && !context_.reports()) return absl::OkStatus();
   // Evaluated (and reported) with the job's buffer region, which the last
   // pull brought: what the export holds.
   if (pulled_buffers_ != nullptr && !pulled_buffers_->empty()) {

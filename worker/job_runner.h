@@ -57,12 +57,13 @@ struct JobContext {
   std::string worker_id;
   int64_t incarnation = 0;
   // Who its pushes and pulls say they are: the worker itself, or with
-  // training.ranks the member of its rank ("worker_id#rank"); empty: the
-  // worker.
+  // training.ranks the member of its rank (Assignment.HeldRank.member);
+  // empty: the worker.
   std::string member_id;
-  // Whether it evaluates the final weights and reports the result: with
-  // training.ranks only the runner of the worker's lowest rank does.
-  bool reports = true;
+  // Whether it evaluates the final weights and reports the result, asked
+  // at the end: with training.ranks only the runner of the lowest rank the
+  // worker holds then does. Null: it does.
+  std::function<bool()> reports;
   std::string coordinator;            // address, for shards without one
   v1::WorkerService::Stub* workers;   // borrowed: ReportResult
   // The dataset a spec names (the daemon keeps the last one across jobs).

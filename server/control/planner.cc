@@ -90,6 +90,14 @@ void Planner::GrowJobs(std::vector<std::string>& idle, absl::Time now,
   }
   for (const std::string& jid : jobs_.order()) {
     JobEntry& job = jobs_.at(jid);
+    if (job.fixed_ranks() && job.proto.state() == v1::RUNNING &&
+        job.installed && !job.awaiting_start) {
+      std::vector<std::string> free = Eligible(job, idle);
+      if (SpreadRanks(job, free, now)) changed->push_back(jid);
+      for (const std::string& id : Taken(idle, free, job))
+        idle.erase(std::find(idle.begin(), idle.end(), id));
+      continue;
+    }
     if (job.proto.state() != v1::RUNNING || !job.installed ||
         job.awaiting_start || job.grown_out ||
         static_cast<int64_t>(job.slots.size()) >= job.spec.training.max_workers)
@@ -146,9 +154,7 @@ void Planner::StartRanks(JobEntry& job, std::vector<std::string>& free,
 
 // A running job with fixed ranks: a vacant rank goes to the worker holding
 // fewest of the job's ranks, a free one first (it holds none) while the job
-// has fewer than workers.max; then free workers take a rank each from the
-// worker holding most, while it holds two or more. Returns whether a rank
-// moved.
+// has fewer than workers.max. Returns whether a rank was given.
 bool Planner::FillRanks(JobEntry& job, std::vector<std::string>& free,
                         absl::Time now) {
   std::map<std::string, int> held;  // by worker: ranks of this job
@@ -175,6 +181,21 @@ bool Planner::FillRanks(JobEntry& job, std::vector<std::string>& free,
     AssignSlot(job, static_cast<int>(r), to, now);
     moved = true;
   }
+  return moved;
+}
+
+// A running job with fixed ranks grows (GrowJobs, after the queue): free
+// workers take a rank each from the worker holding most, while it holds
+// two or more and the job has fewer than workers.max. Returns whether a
+// rank moved.
+bool Planner::SpreadRanks(JobEntry& job, std::vector<std::string>& free,
+                          absl::Time now) {
+  std::map<std::string, int> held;  // by worker: ranks of this job
+  for (const std::string& id : job.slots) {
+    if (!id.empty()) ++held[id];
+  }
+  const size_t most = static_cast<size_t>(job.spec.training.max_workers);
+  bool moved = false;
   while (!free.empty() && held.size() < most) {
     auto from = std::max_element(
         held.begin(), held.end(),
@@ -376,7 +397,7 @@ void Planner::Assignment(const v1::HeartbeatRequest& req, const WorkerEntry& w,
   std::string key = absl::StrCat(w.job_id, "/", job.map_version, "/",
                                  job.schedule.plan, "/", w.incarnation);
   for (const MemberSpec* m : held)
-    absl::StrAppend(&key, "/", m->rank, "@", m->join_step);
+    absl::StrAppend(&key, "/", m->worker_id, "@", m->join_step);
   if (req.held() == key) {
     out->set_unchanged(true);
     return;

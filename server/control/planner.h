@@ -119,6 +119,8 @@ class Planner {
                   absl::Time now);
   bool FillRanks(JobEntry& job, std::vector<std::string>& free,
                  absl::Time now);
+  bool SpreadRanks(JobEntry& job, std::vector<std::string>& free,
+                   absl::Time now);
   std::vector<std::string> Taken(const std::vector<std::string>& idle,
                                  const std::vector<std::string>& free,
                                  const JobEntry& job) const;

@@ -304,8 +304,9 @@ TEST_F(PlannerTest, FixedRanksGoInBlocksAndALeaversRanksToWhoHoldsFewest) {
   // Each holding of a rank is a member of its own (a rank that comes back
   // to a worker it left is not the member that left).
   EXPECT_EQ(job.MemberOf(2), survivor + "#2.2");
-  // A spare (the job may have two workers) takes a rank from it, then
-  // another: each holds two again.
+  // A spare (the job may have two workers) takes a rank from it once the
+  // job is installed and nothing in the queue could take the spare.
+  job.installed = true;
   const std::string spare = AddWorker();
   EXPECT_THAT(planner_.ScheduleJobs(kNow), ElementsAre(job.id()));
   EXPECT_EQ(job.RanksOf(spare), (std::vector<int>{3}));
