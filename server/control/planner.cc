@@ -152,15 +152,25 @@ void Planner::StartRanks(JobEntry& job, std::vector<std::string>& free,
   }
 }
 
+namespace {
+
+// By worker: how many of the job's ranks it holds.
+std::map<std::string, int> HeldRanks(const JobEntry& job) {
+  std::map<std::string, int> held;
+  for (const std::string& id : job.slots) {
+    if (!id.empty()) ++held[id];
+  }
+  return held;
+}
+
+}  // namespace
+
 // A running job with fixed ranks: a vacant rank goes to the worker holding
 // fewest of the job's ranks, a free one first (it holds none) while the job
 // has fewer than workers.max. Returns whether a rank was given.
 bool Planner::FillRanks(JobEntry& job, std::vector<std::string>& free,
                         absl::Time now) {
-  std::map<std::string, int> held;  // by worker: ranks of this job
-  for (const std::string& id : job.slots) {
-    if (!id.empty()) ++held[id];
-  }
+  std::map<std::string, int> held = HeldRanks(job);
   const size_t most = static_cast<size_t>(job.spec.training.max_workers);
   bool moved = false;
   for (size_t r = 0; r < job.slots.size(); ++r) {
@@ -190,10 +200,7 @@ bool Planner::FillRanks(JobEntry& job, std::vector<std::string>& free,
 // rank moved.
 bool Planner::SpreadRanks(JobEntry& job, std::vector<std::string>& free,
                           absl::Time now) {
-  std::map<std::string, int> held;  // by worker: ranks of this job
-  for (const std::string& id : job.slots) {
-    if (!id.empty()) ++held[id];
-  }
+  std::map<std::string, int> held = HeldRanks(job);
   const size_t most = static_cast<size_t>(job.spec.training.max_workers);
   bool moved = false;
   while (!free.empty() && held.size() < most) {
