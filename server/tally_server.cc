@@ -155,8 +155,9 @@ absl::Status TallyServer::MakeControlWing() {
   TALLY_RETURN_IF_ERROR(coordinator_->Restore());
   jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get(),
                                            o.security.tokens.get());
-  workers_ = std::make_unique<WorkerServiceImpl>(coordinator_.get());
-  coordination_ = std::make_unique<CoordinatorServiceImpl>(coordinator_.get());
+  workers_ = std::make_unique<WorkerServiceImpl>(coordinator_.get(), &attends_);
+  coordination_ =
+      std::make_unique<CoordinatorServiceImpl>(coordinator_.get(), &attends_);
   if (o.metrics != nullptr) {
     collector_ = std::make_shared<CoordinatorCollector>(coordinator_.get());
     o.metrics->Add(collector_);
@@ -299,6 +300,7 @@ void TallyServer::Shutdown(absl::Duration grace) {
   if (checkpointer_.joinable()) checkpointer_.join();
   if (shard_agent_.joinable()) shard_agent_.join();
   const auto deadline = absl::ToChronoTime(absl::Now() + grace);
+  attends_.EndAll();  // else the shutdown waits out its grace for them
   if (control_server_ != nullptr) control_server_->Shutdown(deadline);
   if (data_server_ != nullptr) data_server_->Shutdown(deadline);
   // Nothing changes any more: keep every job's latest state.

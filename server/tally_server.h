@@ -142,6 +142,7 @@ class TallyServer {
   std::unique_ptr<ShardHost> host_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> jobs_;
+  OpenAttends attends_;
   std::unique_ptr<WorkerServiceImpl> workers_;
   std::unique_ptr<CoordinatorServiceImpl> coordination_;
   std::unique_ptr<ParameterServiceImpl> params_;

@@ -319,32 +319,73 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
   return Reply(ctx, absl::OkStatus());
 }
 
-namespace {
-
 // A worker's or a shard's Attend call, held until it ends: a cancel (its
-// process died, or it let the call go) ends its lease.
+// process died, or it let the call go) ends its lease; a shutdown
+// (OpenAttends::EndAll) ends the call alone.
 class AttendReactor final : public grpc::ServerWriteReactor<v1::AttendResponse> {
  public:
-  AttendReactor(Coordinator* coord, std::string id, int64_t incarnation)
-      : coord_(coord), id_(std::move(id)), incarnation_(incarnation) {}
+  AttendReactor(Coordinator* coord, OpenAttends* open, std::string id,
+                int64_t incarnation)
+      : coord_(coord), open_(open), id_(std::move(id)),
+        incarnation_(incarnation) {}
+  // Once: the first of a cancel and a shutdown finishes the call.
+  void End(const grpc::Status& st) {
+    if (!finished_.exchange(true)) Finish(st);
+  }
   void OnCancel() override {
     coord_->Gone(id_, incarnation_);
-    Finish(grpc::Status::CANCELLED);
+    End(grpc::Status::CANCELLED);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    open_->Remove(this);
+    delete this;
+  }
 
  private:
   Coordinator* const coord_;
+  OpenAttends* const open_;
   const std::string id_;
   const int64_t incarnation_;
+  std::atomic<bool> finished_{false};
 };
 
+bool OpenAttends::Add(AttendReactor* call) {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return false;
+  open_.insert(call);
+  return true;
+}
+
+void OpenAttends::Remove(AttendReactor* call) {
+  absl::MutexLock lock(&mu_);
+  open_.erase(call);
+}
+
+void OpenAttends::EndAll() {
+  // Under the lock, so that no call is deleted meanwhile: its OnDone runs
+  // after Finish on another thread, and waits here in Remove.
+  absl::MutexLock lock(&mu_);
+  ended_ = true;
+  for (AttendReactor* call : open_)
+    call->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           "the coordinator is shutting down"));
+}
+
+namespace {
+
 grpc::ServerWriteReactor<v1::AttendResponse>* Attend(Coordinator* coord,
+                                                     OpenAttends* open,
                                                      const std::string& id,
                                                      int64_t incarnation) {
   if (absl::Status st = coord->CheckLease(id, incarnation); !st.ok())
     return new RefusedWrite<v1::AttendResponse>(st);
-  return new AttendReactor(coord, id, incarnation);
+  auto* call = new AttendReactor(coord, open, id, incarnation);
+  if (!open->Add(call)) {
+    // Not yet started: finishing it now runs OnDone, which deletes it.
+    call->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           "the coordinator is shutting down"));
+  }
+  return call;
 }
 
 }  // namespace
@@ -353,7 +394,7 @@ grpc::ServerWriteReactor<v1::AttendResponse>* WorkerServiceImpl::Attend(
     grpc::CallbackServerContext*, const v1::AttendRequest* req) {
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return new RefusedWrite<v1::AttendResponse>(st);
-  return tally::Attend(coord_, req->worker_id(), req->incarnation());
+  return tally::Attend(coord_, attends_, req->worker_id(), req->incarnation());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportResult(
@@ -554,7 +595,7 @@ CoordinatorServiceImpl::AttendShard(grpc::CallbackServerContext*,
                                     const v1::AttendShardRequest* req) {
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return new RefusedWrite<v1::AttendResponse>(st);
-  return Attend(coord_, req->shard_id(), req->incarnation());
+  return Attend(coord_, attends_, req->shard_id(), req->incarnation());
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::ShardHeartbeat(

@@ -7,7 +7,10 @@
 
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/auth.h"
 #include "proto/tally.grpc.pb.h"
 #include "server/control/coordinator.h"
@@ -58,9 +61,34 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   const TokenTable* tokens_;  // borrowed; may be null
 };
 
+class AttendReactor;
+
+// The Attend and AttendShard calls a coordinator holds open. A shutdown
+// ends them first (EndAll): gRPC's own shutdown waits its whole grace for
+// calls that never end by themselves. Thread-safe.
+class OpenAttends {
+ public:
+  OpenAttends() = default;
+  OpenAttends(const OpenAttends&) = delete;
+  OpenAttends& operator=(const OpenAttends&) = delete;
+
+  // False once EndAll has run: the call is refused.
+  bool Add(AttendReactor* call);
+  void Remove(AttendReactor* call);
+  // Ends every call held with UNAVAILABLE, and refuses new ones. Leases
+  // stay as they are: the coordinator is going away.
+  void EndAll();
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_set<AttendReactor*> open_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  explicit WorkerServiceImpl(Coordinator* coordinator) : coord_(coordinator) {}
+  WorkerServiceImpl(Coordinator* coordinator, OpenAttends* attends)
+      : coord_(coordinator), attends_(attends) {}
   WorkerServiceImpl(const WorkerServiceImpl&) = delete;
   WorkerServiceImpl& operator=(const WorkerServiceImpl&) = delete;
   grpc::ServerUnaryReactor* RegisterWorker(
@@ -80,14 +108,15 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
       v1::OfferInitialWeightsResponse* resp) override;
 
  private:
-  Coordinator* coord_;  // borrowed
+  Coordinator* coord_;     // borrowed
+  OpenAttends* attends_;   // borrowed
 };
 
 class CoordinatorServiceImpl final
     : public v1::CoordinatorService::CallbackService {
  public:
-  explicit CoordinatorServiceImpl(Coordinator* coordinator)
-      : coord_(coordinator) {}
+  CoordinatorServiceImpl(Coordinator* coordinator, OpenAttends* attends)
+      : coord_(coordinator), attends_(attends) {}
   CoordinatorServiceImpl(const CoordinatorServiceImpl&) = delete;
   CoordinatorServiceImpl& operator=(const CoordinatorServiceImpl&) = delete;
   grpc::ServerUnaryReactor* RegisterShard(
@@ -101,7 +130,8 @@ class CoordinatorServiceImpl final
       v1::ShardHeartbeatResponse* resp) override;
 
  private:
-  Coordinator* coord_;  // borrowed
+  Coordinator* coord_;     // borrowed
+  OpenAttends* attends_;   // borrowed
 };
 
 }  // namespace tally
