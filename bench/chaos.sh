@@ -16,7 +16,11 @@
 # (the tensors; else the largest difference and the tensor it is in).
 # RANKS=4: the job has fixed ranks (training.ranks: 4 on its two workers,
 # docs/cluster.md "Ranks that outlive workers"); its global batch is then
-# 4 x 64, its learning rate the example's.
+# 4 x 64, its learning rate the example's. REPLICAS=2: each range has a
+# backup (training.replicas: 2, docs/cluster.md "Replicated ranges") and
+# the job one range (shards: 1, which the MLP's size gives anyway): a
+# primary's loss is taken over by its backup, the third shard is the spare
+# a new backup is seeded on.
 #   bench/chaos.sh [EPOCHS] [EVERY] [DELAY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +44,8 @@ sed -e "s/epochs: 2/epochs: $epochs/" -e "s/^  workers: 2 /  workers: 2\n  shard
 grep -q "shards: 3" "$tmp/job.yaml" ||
   { echo "examples/fashion-mnist-mlp.yaml changed: fix bench/chaos.sh" >&2; exit 1; }
 [[ -n ${RANKS:-} ]] && sed -i "s/^  shards: 3 /  shards: 3\n  ranks: $RANKS /" "$tmp/job.yaml"
-echo "job: $(grep -E '^  (workers|shards|ranks):' "$tmp/job.yaml" | awk '{printf "%s %s  ", $1, $2}')"
+[[ -n ${REPLICAS:-} ]] && sed -i "s/^  shards: 3/  shards: 1\n  replicas: $REPLICAS/" "$tmp/job.yaml"
+echo "job: $(grep -E '^  (workers|shards|ranks|replicas):' "$tmp/job.yaml" | awk '{printf "%s %s  ", $1, $2}')"
 
 
 # Every process a name, its pid in $tmp/pid.NAME (a restart writes it anew).

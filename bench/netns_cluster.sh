@@ -18,6 +18,12 @@
 #              a step / RATE (each direction: its worker's push to the other
 #              shard and its shard's answer to the other worker's pull, 4 N
 #              bytes for a vector of N floats split in two).
+#   replicas   (not in the default TABLES) the colocated cluster with no
+#              rate limit, the job on one range (training.shards: 1),
+#              alternating training.replicas: 1 and 2: with 2 the range's
+#              backup is on the other worker's host, and each step's mean
+#              (4 N bytes) goes from the primary to it before the version
+#              is published (docs/cluster.md, "Replicated ranges").
 #   pushpull   no rate limit, two hosts: tally-bench-shard-pushpull (the
 #              worker's own parameter client: push step t, pull version
 #              t + 1 with the commit) against tally-server on the other host,
@@ -33,7 +39,7 @@
 # (OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1), REPEATS rounds (default 3),
 # medians. Needs root, iproute2 and iperf3.
 #   bench/netns_cluster.sh [REPEATS]
-#   TABLES="plain colocated pushpull" (the default)  ROWS="mlp cnn"  RATE=1gbit
+#   TABLES="plain colocated pushpull" (the default; or replicas)  ROWS="mlp cnn"  RATE=1gbit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -153,6 +159,28 @@ cluster_table() {  # plain|colocated
   done
 }
 
+replicas_table() {
+  local model r sps tacc step comp n a b
+  echo "## replicas: coordinator + a shard on each of 2 worker hosts, no rate limit, one range"
+  printf "%-6s %10s %10s %7s %13s   %s\n" model r1_sps r2_sps r2/r1 mean_MB/step runs
+  for model in ${ROWS:-mlp cnn}; do
+    sed -e 's/epochs: 2/epochs: 1/' -e 's/^training:/training:\n  shards: 1/' \
+      "examples/fashion-mnist-$model.yaml" > "$tmp/$model-r1.yaml"
+    sed -e 's/^training:/training:\n  replicas: 2/' "$tmp/$model-r1.yaml" > "$tmp/$model-r2.yaml"
+    : > "$tmp/r1"; : > "$tmp/r2"
+    for ((r = 0; r < repeats; r++)); do
+      tally_run "$tmp/$model-r1.yaml" colocated > "$tmp/r"
+      read -r sps tacc step comp n < "$tmp/r"; echo "$sps" >> "$tmp/r1"
+      tally_run "$tmp/$model-r2.yaml" colocated > "$tmp/r"
+      read -r sps tacc step comp n < "$tmp/r"; echo "$sps" >> "$tmp/r2"
+    done
+    a=$(median < "$tmp/r1"); b=$(median < "$tmp/r2")
+    printf "%-6s %10.0f %10.0f %7.2f %13.3f   replicas 1: %s; replicas 2: %s\n" "$model" "$a" "$b" \
+      "$(ratio "$b" "$a")" "$(awk -v n="$n" 'BEGIN {print 4 * n / 1e6}')" \
+      "$(paste -sd' ' "$tmp/r1")" "$(paste -sd' ' "$tmp/r2")"
+  done
+}
+
 pushpull_table() {
   local r port
   echo "## pushpull: 67 MB push + pull between 2 hosts, no rate limit"
@@ -186,7 +214,8 @@ for table in ${TABLES:-plain colocated pushpull}; do
     plain) three_hosts "n$$a" ""; cluster_table plain ;;
     colocated) three_hosts "n$$b" "$rate"; cluster_table colocated ;;
     pushpull) three_hosts "n$$c" ""; pushpull_table ;;
-    *) echo "unknown table $table (plain, colocated, pushpull)" >&2; exit 2 ;;
+    replicas) three_hosts "n$$d" ""; replicas_table ;;
+    *) echo "unknown table $table (plain, colocated, pushpull, replicas)" >&2; exit 2 ;;
   esac
   three_hosts_cleanup
   trap - EXIT

@@ -391,12 +391,20 @@ int Shards(tally::v1::JobService::Stub& stub) {
             .c_str(),
         sh.live() ? "live" : "LOST", static_cast<double>(sh.bytes()) / 1e6);
     for (const auto& r : sh.ranges()) {
+      // A replicated range: which copy this is, and where the other is.
+      std::string copy;
+      if (r.backup()) {
+        copy = "  backup copy";
+      } else if (!r.peer_address().empty()) {
+        copy = "  primary, backup on " + r.peer_address();
+      }
       std::printf(
-          "                 %-8s [%lld, %lld)  %lld elements, at step %lld\n",
+          "                 %-8s [%lld, %lld)  %lld elements, at step "
+          "%lld%s\n",
           r.job_id().c_str(), static_cast<long long>(r.offset()),
           static_cast<long long>(r.offset() + r.count()),
           static_cast<long long>(r.count()),
-          static_cast<long long>(r.version()));
+          static_cast<long long>(r.version()), copy.c_str());
     }
   }
   return 0;

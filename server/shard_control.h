@@ -130,6 +130,23 @@ struct ShardState {
   std::vector<std::string> table_files;
 };
 
+// A version a primary made, as its backup makes it again (replicated
+// ranges, docs/cluster.md): the step it closed (the version it made is
+// step + 1), what its optimizer stepped with, and the buffer region after
+// it. Both copies step the same optimizer with the same mean from the same
+// state, so they hold the same bits.
+struct ClosedStep {
+  int64_t step = 0;
+  int64_t samples = 0;  // 0: the weights stayed (nothing counted)
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  // The mean gradient the optimizer stepped with (the range's length);
+  // null when samples == 0.
+  std::shared_ptr<const std::vector<float>> mean;
+  // The buffer region after the step (null: the range keeps none).
+  std::shared_ptr<const std::string> buffers;
+};
+
 // A job's new plan, set with its membership (a worker joined: the schedule
 // changed, ParameterShard::SetMembers). plan 0: unchanged.
 struct PlanChange {
@@ -174,6 +191,21 @@ class ShardControl {
       int64_t start, int64_t max_rows) = 0;
   // The shard's ranges and their progress.
   virtual absl::StatusOr<std::vector<v1::RangeStatus>> Status() = 0;
+  // Replicated ranges (docs/cluster.md; ShardHost::Promote, SetBackup):
+  // the job's backup copy here becomes its primary (its version); the
+  // primary copy here sends its closed steps to `backup_address` from
+  // `from_version` on (empty: to none). A shard without them (a test's)
+  // answers kUnimplemented.
+  virtual absl::StatusOr<int64_t> Promote(const std::string& /*job_id*/,
+                                          int64_t /*map_version*/) {
+    return absl::UnimplementedError("no replicated ranges here");
+  }
+  virtual absl::Status SetBackup(const std::string& /*job_id*/,
+                                 int64_t /*map_version*/,
+                                 const std::string& /*backup_address*/,
+                                 int64_t /*from_version*/) {
+    return absl::UnimplementedError("no replicated ranges here");
+  }
   // Whether Status is cheap and live (in process) rather than remote.
   virtual bool local() const = 0;
 };

@@ -127,6 +127,10 @@ void TallyServer::MakeDataWing() {
   ho.table_dir = o.table_dir;
   ho.waiting_rows_per_worker = o.waiting_rows_per_worker;
   ho.waiting_rows_in_all = o.waiting_rows_in_all;
+  // A replicated range's primary dials its backup's shard as this server
+  // dials others; ":port" is on the coordinator's host.
+  ho.transport = o.coordinator.transport;
+  if (!o.join.empty()) ho.coordinator_host = o.join.substr(0, o.join.rfind(':'));
   if (o.metrics != nullptr) {
     data_metrics_ = std::make_unique<DataPlaneMetrics>(o.metrics->registry());
     ho.publish_observer = [m = data_metrics_.get()](const PublishTimes& t) {
@@ -172,9 +176,14 @@ bool TallyServer::SleepUnlessStopped(absl::Duration d) {
 }
 
 void TallyServer::TickLoop() {
+  absl::Time pinged = absl::Now();
   for (int64_t tick = 1; !SleepUnlessStopped(absl::Milliseconds(100)); ++tick) {
     if (host_ != nullptr) host_->Tick();
     if (coordinator_ != nullptr) coordinator_->Tick();
+    if (coordinator_ != nullptr && absl::Now() - pinged >= options_.attend_ping) {
+      attends_.Ping();
+      pinged = absl::Now();
+    }
     // Every 2 s: give back what large transient buffers left free (more
     // than 64 MiB of it), so a refused 1 GB request costs nothing after.
     if (tick % 20 == 0) ReturnFreeMemory(64 << 20);

@@ -77,6 +77,10 @@ struct ServerOptions {
   // Each stream's receive window (proto/transport.h): a push waiting for
   // lower ranks holds up to this much (and 1 MiB more) of shard memory.
   int stream_window_bytes = kServerStreamWindowBytes;
+  // How often the coordinator writes an empty message on each Attend call
+  // it holds, so that a proxy between it and a worker or shard process
+  // does not end an idle call (and with it the lease).
+  absl::Duration attend_ping = absl::Seconds(20);
 };
 
 // A running tally-server: its services plus grpc.health.v1 on each of its

@@ -17,6 +17,13 @@
 #            ranks is killed for good (the survivor computes its ranks),
 #            and when a worker and a shard are killed at once (a spare
 #            takes the ranks; the ranges come back from the checkpoint).
+# replicas   A job with two copies of its range (training.replicas: 2, on
+#            three shard processes) gives the same weights, byte for byte,
+#            when the primary's shard is killed (its backup takes over, no
+#            step rolled back, and a new backup seeded on the third shard
+#            takes over in turn when the new primary is killed) and when
+#            the backup's is; `tally shards` shows the primary and the
+#            backup.
 # coordinator  The coordinator is killed mid-job and started again on its
 #            state directory: the shards and workers register again by
 #            themselves and the job finishes from its checkpoint.
@@ -60,6 +67,21 @@ ranks_spec() {  # -> a path: 4 ranks over 2 workers, 2 shards
       -e "s/^training: .*/training: {epochs: 8, batch_size: 32, seed: 1, ranks: 4, workers: 2, shards: 2}/" \
     "$(job_spec 2 "{type: sgd, lr: 0.05, momentum: 0.9}" 8)" > "$f"
   echo "$f"
+}
+replicas_spec() {  # -> a path: 4 ranks over 2 workers, one range, 2 copies
+  local f=$dir/job-replicas.yaml
+  sed -e "s/^name: .*/name: replicas/" \
+      -e "s/^training: .*/training: {epochs: 16, batch_size: 32, seed: 1, ranks: 4, workers: 2, shards: 1, replicas: 2}/" \
+    "$(job_spec 1 "{type: adam, lr: 0.002}" 16)" > "$f"
+  echo "$f"
+}
+# The port of the live shard holding job $1's primary (or, with "backup
+# copy" as $2, its backup) copy, from `tally shards` (a lost shard is
+# listed with what it last held).
+copy_port() {  # job "primary,|backup copy"
+  tally shards | awk -v job="$1" -v what="$2" '
+    /^[^ ]/ { address = $2; live = $3 == "live" }
+    live && $1 == job && index($0, what) { n = split(address, a, ":"); print a[n] }'
 }
 # The name of the worker holding rank $2 of job $1.
 rank_holder() {  # job rank
@@ -262,6 +284,79 @@ case $case_name in
     taker=$(grep -l "$id: rank 0 of 4 from step [1-9]" "$dir"/w*.log "$dir/spare.log" | grep -v "/$victim.log" || true)
     [[ -n $taker ]] || fail "no other worker took rank 0"
     echo "ranks: weights byte-identical to the fault-free run after a worker kill (its ranks computed by the survivor) and after a worker and a shard killed at once"
+    ;;
+  replicas)
+    # A checkpoint every 60 s: a roll-back would show in the events.
+    start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=60
+    for s in 1 2 3; do
+      eval "port_s$s=\$(free_port)"
+      eval "start_shard s$s \$port_s$s"
+    done
+    start_worker w1
+    start_worker w2
+    id=$(submit "$(replicas_spec)" --wait)
+    [[ $(job_field "$id" "['state']") == SUCCEEDED ]] || fail "$id (fault-free) did not succeed"
+    tally fetch "$id" --output="$dir/free.safetensors" > /dev/null || fail "fetch $id"
+    for copy in primary backup; do
+      id=$(submit "$(replicas_spec)")
+      wait_step "$id" 60 60
+      tally shards > "$dir/shards-$copy.txt"
+      grep -q "primary, backup on 127.0.0.1:" "$dir/shards-$copy.txt" || fail "tally shards shows no primary"
+      grep -q "backup copy" "$dir/shards-$copy.txt" || fail "tally shards shows no backup"
+      what="primary,"; [[ $copy == backup ]] && what="backup copy"
+      port=$(copy_port "$id" "$what")
+      victim=""
+      for s in 1 2 3; do
+        if eval "[[ \$port_s$s == $port ]]"; then victim=s$s; fi
+      done
+      [[ -n $victim ]] || fail "no shard holds the $copy of $id (port '$port')"
+      step_at_kill=$(job_field "$id" "['metrics']['step']")
+      eval "kill -9 \$pid_$victim"
+      if [[ $copy == primary ]]; then
+        # The spare shard gets a new backup, seeded from the new primary
+        # while the job trains; then the new primary is killed too, and
+        # the seeded copy takes over.
+        killed=$port port=""
+        for _ in $(seq 200); do
+          port=$(copy_port "$id" "primary,")
+          [[ -n $port && $port != "$killed" && -n $(copy_port "$id" "backup copy") ]] && break
+          port=""
+          sleep 0.05
+        done
+        [[ -n $port ]] || fail "no new backup was seeded"
+        second=""
+        for s in 1 2 3; do
+          if eval "[[ \$port_s$s == $port ]]"; then second=s$s; fi
+        done
+        [[ -n $second ]] || fail "no shard holds the new primary (port '$port')"
+        wait_step "$id" $(( $(job_field "$id" "['metrics']['step']") + 20 )) 60
+        eval "kill -9 \$pid_$second" || fail "the new primary's shard $second is not running"
+      fi
+      wait_state "$id" SUCCEEDED 120
+      tally fetch "$id" --output="$dir/$copy-kill.safetensors" > /dev/null || fail "fetch $id"
+      tensor_bytes_equal "$dir/free.safetensors" "$dir/$copy-kill.safetensors" ||
+        fail "the loss of the $copy changed the weights"
+      tally report "$id" --output="$dir/report-$copy.html" > /dev/null || fail "report"
+      ! grep -q "starts again from" "$dir/report-$copy.html" || fail "the $copy's loss rolled the job back"
+      grep -q "is seeded from its primary" "$dir/report-$copy.html" || fail "no new backup in the events"
+      if [[ $copy == primary ]]; then
+        (( $(grep -o "1 backup range took over; nothing was rolled back" "$dir/report-$copy.html" | wc -l) == 2 )) ||
+          fail "not two takeovers in the events"
+      else
+        grep -q "1 range lost its backup; nothing was rolled back" "$dir/report-$copy.html" ||
+          fail "no lost backup in the events"
+      fi
+      then=""
+      [[ $copy == primary ]] && then=", then the new primary's (a backup seeded meanwhile took over)"
+      echo "replicas: the $copy's shard killed at about step $step_at_kill$then: weights byte-identical, nothing rolled back"
+      sleep 1.5  # the ports free
+      # Three shards again.
+      for s in $victim ${second:-}; do
+        eval "start_shard ${s}b \$port_$s"
+        eval "pid_$s=\$pid_${s}b"
+      done
+      second=""
+    done
     ;;
   coordinator)
     start_coordinator --state_dir="$dir/state" --checkpoint_interval_s=0.2

@@ -861,6 +861,28 @@ void JobRunner::Smooth(double* mean, double sample) {
 void JobRunner::Backoff() {
   context_.sleep(backoff_);
   backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+  FollowShardMap();
+}
+
+void JobRunner::FollowShardMap() {
+  if (!context_.assignment) return;
+  std::optional<v1::Assignment> now = context_.assignment();
+  if (!now.has_value()) return;
+  const v1::ShardMap& map = now->shard_map();
+  const v1::ShardMap& held = assignment_.shard_map();
+  if (map.version() != held.version() ||
+      map.shards_size() != held.shards_size())
+    return;  // placed again: the runner ends at its next check
+  bool moved = false;
+  for (int i = 0; i < map.shards_size(); ++i)
+    moved = moved || map.shards(i).address() != held.shards(i).address();
+  if (!moved) return;
+  *assignment_.mutable_shard_map() = map;
+  if (next_pull_ != nullptr) Abandon(std::exchange(next_pull_, nullptr));
+  context_.log(absl::StrCat(assignment_.job_id(),
+                            ": a range moved to its backup; going on"));
+  if (absl::Status s = MakeClient(); !s.ok())
+    context_.log(absl::StrCat("the new shard map: ", s.message()));
 }
 
 }  // namespace tally

@@ -205,6 +205,11 @@ class JobRunner {
   // Tells the coordinator this worker cannot run the job, and why.
   absl::Status Refuse(const absl::Status& why);
   void Backoff();
+  // A replicated range's backup took over from its lost primary: the job
+  // keeps its placement (map version) and this runner its step, and the
+  // assignment brings the range's new address. The client is made again
+  // for it, so the push or pull being retried goes there.
+  void FollowShardMap();
   static void Smooth(double* mean, double sample);
 
   // As assigned; replaced by a later plan's (NewPlan).

@@ -204,6 +204,13 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
     return FieldError("model.embeddings",
                       "tables do not train with backup_workers (for now)");
   }
+  if (!spec.embeddings.empty() && spec.training.replicas > 1) {
+    // A backup makes its versions from the dense mean its primary sends;
+    // table rows are stepped apart from it.
+    return FieldError("training.replicas",
+                      "a model with tables (model.embeddings) keeps one "
+                      "copy of each range (for now)");
+  }
   TALLY_RETURN_IF_ERROR(CheckModelFits(limits, &spec));
   TALLY_RETURN_IF_ERROR(CheckBatchFits(limits, spec));
   return spec;

@@ -149,6 +149,12 @@ struct TrainingSpec {
   // Parameter shards the job's vector is split over; 0: every live shard,
   // as many as keep each range at least 1 MiB (docs/cluster.md).
   int64_t shards = 0;
+  // training.replicas: copies of each range, 1 or 2. With 2, a backup on
+  // another shard makes every version its primary makes, and takes over
+  // when the primary's shard is lost (docs/cluster.md, "Replicated
+  // ranges"). A shard holds one copy of a job: unless `shards` says how
+  // many, the primaries take half the live shards.
+  int64_t replicas = 1;
   bool tf32 = false;        // let GPU matrix products use TF32 tensor cores
   // bfloat16 halves the bytes of every push and pull; the server still
   // averages, steps and keeps the weights in float32.

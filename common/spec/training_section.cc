@@ -212,8 +212,8 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   if (!n) return absl::OkStatus();
   TALLY_RETURN_IF_ERROR(CheckKeys(n, p,
                                   {"epochs", "batch_size", "max_steps", "seed",
-                                   "workers", "ranks", "shards", "tf32",
-                                   "wire_dtype", "consistency"}));
+                                   "workers", "ranks", "shards", "replicas",
+                                   "tf32", "wire_dtype", "consistency"}));
   TALLY_RETURN_IF_ERROR(ReadBool(n, p, "tf32", &t->tf32));
   std::string wire = "float32";
   TALLY_RETURN_IF_ERROR(ReadString(n, p, "wire_dtype", &wire));
@@ -229,6 +229,7 @@ absl::Status ParseTraining(const YAML::Node& n, TrainingSpec* t) {
   TALLY_RETURN_IF_ERROR(ParseWorkers(n, p, t));
   TALLY_RETURN_IF_ERROR(ParseRanks(n, p, t));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "shards", 0, 1024, &t->shards));
+  TALLY_RETURN_IF_ERROR(ReadInt(n, p, "replicas", 1, 2, &t->replicas));
   TALLY_RETURN_IF_ERROR(ReadInt(n, p, "epochs", 1, 1000000, &t->epochs));
   TALLY_RETURN_IF_ERROR(
       ReadInt(n, p, "batch_size", 1, 1 << 20, &t->batch_size));

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -320,17 +319,54 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
 }
 
 // A worker's or a shard's Attend call, held until it ends: a cancel (its
-// process died, or it let the call go) ends its lease; a shutdown
-// (OpenAttends::EndAll) ends the call alone.
+// process died, or it let the call go) or a ping that cannot be written
+// ends its lease; a shutdown (OpenAttends::EndAll) ends the call alone.
+// No gRPC operation is started under its lock.
 class AttendReactor final : public grpc::ServerWriteReactor<v1::AttendResponse> {
  public:
   AttendReactor(Coordinator* coord, OpenAttends* open, std::string id,
                 int64_t incarnation)
       : coord_(coord), open_(open), id_(std::move(id)),
         incarnation_(incarnation) {}
-  // Once: the first of a cancel and a shutdown finishes the call.
+  // Once: the first of a cancel, a broken ping and a shutdown finishes the
+  // call (after the ping being written, if one is).
   void End(const grpc::Status& st) {
-    if (!finished_.exchange(true)) Finish(st);
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return;
+      ended_ = true;
+      if (writing_) {
+        end_ = st;
+        return;  // OnWriteDone finishes
+      }
+    }
+    Finish(st);
+  }
+  void Ping() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_ || writing_) return;
+      writing_ = true;
+    }
+    StartWrite(&ping_);
+  }
+  void OnWriteDone(bool ok) override {
+    bool gone = false;
+    grpc::Status st;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (ended_) {
+        st = end_;  // End came while the ping was out
+      } else if (!ok) {
+        ended_ = gone = true;  // the connection broke under it
+        st = grpc::Status::CANCELLED;
+      } else {
+        return;
+      }
+    }
+    if (gone) coord_->Gone(id_, incarnation_);
+    Finish(st);
   }
   void OnCancel() override {
     coord_->Gone(id_, incarnation_);
@@ -346,7 +382,11 @@ class AttendReactor final : public grpc::ServerWriteReactor<v1::AttendResponse> 
   OpenAttends* const open_;
   const std::string id_;
   const int64_t incarnation_;
-  std::atomic<bool> finished_{false};
+  const v1::AttendResponse ping_;
+  absl::Mutex mu_;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status end_ ABSL_GUARDED_BY(mu_);
 };
 
 bool OpenAttends::Add(AttendReactor* call) {
@@ -359,6 +399,12 @@ bool OpenAttends::Add(AttendReactor* call) {
 void OpenAttends::Remove(AttendReactor* call) {
   absl::MutexLock lock(&mu_);
   open_.erase(call);
+}
+
+void OpenAttends::Ping() {
+  // Under the lock, as EndAll.
+  absl::MutexLock lock(&mu_);
+  for (AttendReactor* call : open_) call->Ping();
 }
 
 void OpenAttends::EndAll() {

@@ -63,9 +63,10 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
 class AttendReactor;
 
-// The Attend and AttendShard calls a coordinator holds open. A shutdown
-// ends them first (EndAll): gRPC's own shutdown waits its whole grace for
-// calls that never end by themselves. Thread-safe.
+// The Attend and AttendShard calls a coordinator holds open. Ping sends
+// each an empty message, so that a proxy between sees traffic on an idle
+// call; a shutdown ends them first (EndAll): gRPC's own shutdown waits its
+// whole grace for calls that never end by themselves. Thread-safe.
 class OpenAttends {
  public:
   OpenAttends() = default;
@@ -75,6 +76,8 @@ class OpenAttends {
   // False once EndAll has run: the call is refused.
   bool Add(AttendReactor* call);
   void Remove(AttendReactor* call);
+  // An empty AttendResponse on every call not writing one already.
+  void Ping();
   // Ends every call held with UNAVAILABLE, and refuses new ones. Leases
   // stay as they are: the coordinator is going away.
   void EndAll();

@@ -35,6 +35,11 @@ struct ControlTask {
     std::string shard_id;
     int64_t offset = 0, count = 0;
     std::shared_ptr<ShardControl> control;
+    // Its backup copy (training.replicas: 2; null control: none), and the
+    // failover calls still to make (Placement::promote, unforward).
+    std::string backup_shard_id, backup_address;
+    std::shared_ptr<ShardControl> backup_control;
+    bool promote = false, unforward = false, seed = false;
   };
   std::vector<Range> ranges;
   std::shared_ptr<const StoredJob> start;
@@ -54,6 +59,8 @@ struct ControlTask {
   bool progressed = false;  // something was done; run again
   bool failed = false;      // a shard refused or was away: retry at Tick
   bool installed_now = false;
+  // Ranges (indexes) whose failover calls were made.
+  std::vector<int> promoted, unforwarded, seeded;
   bool members_now = false;
   std::vector<MemberSpec> new_members;
   // Workers joined the job: its new schedule, set with the members; the

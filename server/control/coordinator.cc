@@ -386,7 +386,9 @@ absl::StatusOr<v1::ShardHeartbeatResponse> Coordinator::ShardHeartbeat(
       if (job != nullptr && !job->retired &&
           job->map_version == r.map_version()) {
         for (const Placement& p : job->ranges) {
-          if (p.shard_id == req.shard_id()) placed = true;
+          if (p.shard_id == req.shard_id() ||
+              p.backup_shard_id == req.shard_id())
+            placed = true;
         }
       }
       if (placed) continue;
@@ -688,7 +690,7 @@ std::vector<std::string> Coordinator::ExpireLocked(Notes* notes) {
   // checkpoint.
   std::vector<std::string> lost_jobs;
   for (const std::string& sid : expired.shards) {
-    for (std::string& jid : planner_.LoseShard(sid)) {
+    for (std::string& jid : planner_.LoseShard(sid, now)) {
       NotifyLocked(jid, notes);
       lost_jobs.push_back(std::move(jid));
     }

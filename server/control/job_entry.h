@@ -25,11 +25,20 @@ namespace tally {
 struct StoredJob;
 
 // One range of a job's shard map: elements [offset, offset + count) on a
-// shard.
+// shard, and with training.replicas: 2 its backup copy on another
+// (docs/cluster.md, "Replicated ranges").
 struct Placement {
   std::string shard_id;
   int64_t offset = 0;
   int64_t count = 0;
+  std::string backup_shard_id;  // empty: none
+  // A failover's calls still to make: the backup that took over is to
+  // become the primary (promote); the primary whose backup was lost is to
+  // publish without it (unforward); a new backup is to be seeded from the
+  // primary's state (seed).
+  bool promote = false;
+  bool unforward = false;
+  bool seed = false;
 };
 
 // Leave steps decided, by (worker id, incarnation): (leave step, whether
@@ -50,6 +59,9 @@ struct JobEntry {
   std::set<std::string> stale_reports;
   // The data plane: the shard map (ranges in order) and its version.
   int64_t map_version = 0;
+  // Failovers since the placement (a range's backup took over): the map
+  // keeps its version, the workers get the new addresses.
+  int64_t map_revision = 0;
   std::vector<Placement> ranges;
   bool installed = false;  // every range installed at map_version
   // The membership every range has (set after a hold of every range).

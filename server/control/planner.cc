@@ -27,6 +27,7 @@ std::vector<std::string> Planner::ScheduleJobs(absl::Time now) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::RUNNING || job.awaiting_start) continue;
     if (job.ranges.empty() && !Place(job, now)) continue;
+    ReplaceBackups(job, now);
     std::vector<std::string> free = Eligible(job, idle);
     const bool refilled = job.fixed_ranks() ? FillRanks(job, free, now)
                                             : FillSlots(job, free, now);
@@ -287,6 +288,7 @@ bool Planner::Place(JobEntry& job, absl::Time now) {
     if (j.ended()) continue;
     for (const Placement& p : j.ranges) {
       if (load.count(p.shard_id)) load[p.shard_id] += p.count;
+      if (load.count(p.backup_shard_id)) load[p.backup_shard_id] += p.count;
     }
   }
   std::vector<std::pair<int64_t, std::string>> order;
@@ -306,13 +308,22 @@ bool Planner::Place(JobEntry& job, absl::Time now) {
                               : t.num_embeddings * t.dim;
     values = table > INT64_MAX - values ? INT64_MAX : values + table;
   }
-  int k = ShardCount(values, wanted, static_cast<int>(order.size()));
+  // Two copies of each range, each on a shard of its own: unless the spec
+  // names the number of shards, the primaries take at most half the live
+  // ones; backups go on the next least loaded, where shards remain (one
+  // copy where none does).
+  const int live = static_cast<int>(order.size());
+  const bool replicated = job.spec.training.replicas > 1;
+  int k = ShardCount(values, wanted,
+                     replicated && wanted == 0 && live >= 2 ? live / 2 : live);
   k = std::min<int64_t>(k, n);  // every shard holds some of the vector
   if (k == 0) return false;
   job.ranges.clear();
   const auto parts = PartitionRanges(n, k);
   for (int i = 0; i < k; ++i) {
-    job.ranges.push_back({order[i].second, parts[i].first, parts[i].second});
+    Placement p{order[i].second, parts[i].first, parts[i].second};
+    if (replicated && k + i < live) p.backup_shard_id = order[k + i].second;
+    job.ranges.push_back(std::move(p));
   }
   // Map versions never repeat, across coordinator restarts too (a shard
   // process may still hold an older placement of the job).
@@ -324,18 +335,40 @@ bool Planner::Place(JobEntry& job, absl::Time now) {
   return true;
 }
 
-std::vector<std::string> Planner::LoseShard(const std::string& shard_id) {
+std::vector<std::string> Planner::LoseShard(const std::string& shard_id,
+                                           absl::Time now) {
   std::vector<std::string> lost;
+  auto live = [this](const std::string& id) {
+    auto s = registry_.shards().find(id);
+    return !id.empty() && s != registry_.shards().end() && s->second.live;
+  };
   for (const std::string& jid : jobs_.order()) {
     JobEntry& job = jobs_.at(jid);
     if (job.ended()) continue;
-    bool hit = false;
-    for (const Placement& p : job.ranges) hit = hit || p.shard_id == shard_id;
+    bool hit = false, held = job.installed;
+    for (const Placement& p : job.ranges) {
+      if (p.shard_id == shard_id) {
+        hit = true;
+        // Its backup takes over only if it is live and was never itself
+        // promoted half-way (a failover still to finish).
+        held = held && live(p.backup_shard_id) && !p.promote && !p.seed;
+      }
+      if (p.backup_shard_id == shard_id) {
+        hit = true;
+        held = held && !p.promote;
+      }
+    }
     if (!hit) continue;
+    if (held) {
+      FailOver(job, shard_id, now);
+      continue;
+    }
     // The other ranges go too: every range must restart from one step.
     for (const Placement& p : job.ranges) {
       if (p.shard_id != shard_id)
         registry_.shard(p.shard_id).control->Drop(jid, /*ended=*/false);
+      if (!p.backup_shard_id.empty() && p.backup_shard_id != shard_id)
+        registry_.shard(p.backup_shard_id).control->Drop(jid, false);
     }
     job.ranges.clear();
     job.installed = false;
@@ -347,6 +380,76 @@ std::vector<std::string> Planner::LoseShard(const std::string& shard_id) {
     lost.push_back(jid);
   }
   return lost;
+}
+
+void Planner::ReplaceBackups(JobEntry& job, absl::Time now) {
+  if (job.spec.training.replicas < 2 || !job.installed) return;
+  // Shards that hold a copy of the job already: never a second one.
+  std::set<std::string> holding;
+  for (const Placement& p : job.ranges) {
+    holding.insert(p.shard_id);
+    holding.insert(p.backup_shard_id);
+  }
+  for (Placement& p : job.ranges) {
+    if (!p.backup_shard_id.empty() || p.promote || p.unforward) continue;
+    // The least loaded live shard that holds none.
+    std::string best;
+    int64_t best_load = INT64_MAX;
+    for (const auto& [id, s] : registry_.shards()) {
+      if (!s.live || holding.count(id)) continue;
+      int64_t load = 0;
+      for (const auto& [jid, j] : jobs_.entries()) {
+        if (j.ended()) continue;
+        for (const Placement& q : j.ranges) {
+          if (q.shard_id == id || q.backup_shard_id == id) load += q.count;
+        }
+      }
+      if (load < best_load) {
+        best = id;
+        best_load = load;
+      }
+    }
+    if (best.empty()) return;  // none free: it goes on with one copy
+    p.backup_shard_id = best;
+    p.seed = true;
+    holding.insert(best);
+    job.AddEvent(now, absl::StrCat("a new backup of range [", p.offset, ", ",
+                                   p.offset + p.count, ") on parameter shard ",
+                                   best, " is seeded from its primary"));
+    job.MarkDirty();
+  }
+}
+
+void Planner::FailOver(JobEntry& job, const std::string& lost,
+                       absl::Time now) {
+  int promoted = 0, alone = 0;
+  for (Placement& p : job.ranges) {
+    if (p.shard_id == lost) {
+      p.shard_id = std::exchange(p.backup_shard_id, "");
+      p.promote = true;
+      ++promoted;
+    } else if (p.backup_shard_id == lost) {
+      p.backup_shard_id.clear();
+      // A backup still being seeded never took a step: nothing to stop.
+      p.unforward = !p.seed;
+      p.seed = false;
+      ++alone;
+    }
+  }
+  ++job.map_revision;
+  job.AddEvent(
+      now, absl::StrCat("parameter shard ", lost, " was lost: ",
+                        promoted > 0 ? absl::StrCat(promoted, " backup range",
+                                                    promoted == 1 ? "" : "s",
+                                                    " took over")
+                                     : "",
+                        promoted > 0 && alone > 0 ? "; " : "",
+                        alone > 0 ? absl::StrCat(alone, " range",
+                                                 alone == 1 ? "" : "s",
+                                                 " lost its backup")
+                                  : "",
+                        "; nothing was rolled back"));
+  job.MarkDirty();
 }
 
 void Planner::Restart(JobEntry& job, std::shared_ptr<const StoredJob> start,
@@ -374,7 +477,10 @@ void Planner::Restart(JobEntry& job, std::shared_ptr<const StoredJob> start,
 std::set<std::string> Planner::PlacedShards() const {
   std::set<std::string> placed;
   for (const auto& [jid, job] : jobs_.entries()) {
-    for (const Placement& p : job.ranges) placed.insert(p.shard_id);
+    for (const Placement& p : job.ranges) {
+      placed.insert(p.shard_id);
+      if (!p.backup_shard_id.empty()) placed.insert(p.backup_shard_id);
+    }
   }
   return placed;
 }
@@ -403,6 +509,8 @@ void Planner::Assignment(const v1::HeartbeatRequest& req, const WorkerEntry& w,
             });
   std::string key = absl::StrCat(w.job_id, "/", job.map_version, "/",
                                  job.schedule.plan, "/", w.incarnation);
+  // A failover moved a range: same placement, new addresses.
+  if (job.map_revision > 0) absl::StrAppend(&key, "/r", job.map_revision);
   for (const MemberSpec* m : held)
     absl::StrAppend(&key, "/", m->worker_id, "@", m->join_step);
   if (req.held() == key) {

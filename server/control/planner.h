@@ -53,19 +53,33 @@ class Planner {
   // placed; running jobs that may grow take the workers left. Returns the
   // jobs whose watchers are to hear, once a change.
   std::vector<std::string> ScheduleJobs(absl::Time now);
-  // Splits the job over the live shards (a new map version); false when
-  // too few are live.
+  // Splits the job over the live shards (a new map version); with
+  // training.replicas: 2 each range has a backup on another shard where
+  // one remains (unless training.shards says how many, the primaries take
+  // half the live shards). False when too few are live.
   bool Place(JobEntry& job, absl::Time now);
-  // A lost shard: every job not ended with a range there loses all its
-  // ranges (the others are dropped from their shards) and waits for its
-  // start (Restart). Returns those jobs.
-  std::vector<std::string> LoseShard(const std::string& shard_id);
+  // A lost shard. A job whose every copy there has its other copy live
+  // goes on where it is (FailOver). Every other job not ended with a
+  // range there loses all its ranges (the others are dropped from their
+  // shards) and waits for its start (Restart). Returns those jobs.
+  std::vector<std::string> LoseShard(const std::string& shard_id,
+                                     absl::Time now);
   // A lost shard's job starts again from `start` (null: the beginning; a
   // Python model keeps the initial weights it was built with).
   static void Restart(JobEntry& job, std::shared_ptr<const StoredJob> start,
                       absl::Time now);
   // Shards that some job's placement names.
   std::set<std::string> PlacedShards() const;
+  // A replicated job's ranges left with one copy (a failover) get a new
+  // backup on the least loaded live shard that holds no copy of the job,
+  // seeded from the primary by the next control round (Placement::seed);
+  // none while no such shard is live.
+  void ReplaceBackups(JobEntry& job, absl::Time now);
+  // A replicated job's copies on `lost` are gone: each range whose primary
+  // was there is taken over by its backup (promote), each whose backup was
+  // there goes on without one (unforward); no step is rolled back.
+  static void FailOver(JobEntry& job, const std::string& lost,
+                       absl::Time now);
 
   // Heartbeat's answer of the worker's assignment, once it is a member on
   // every range; one it holds already (req.held) is answered "unchanged".

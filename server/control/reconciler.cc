@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "proto/schedule.h"
 #include "server/control/job_store.h"
 #include "server/control/planner.h"
@@ -33,8 +34,17 @@ ControlTask TaskOf(const JobEntry& job, const Registry& registry) {
   t.python = job.spec.is_python;
   t.members = job.members;
   for (const Placement& p : job.ranges) {
-    t.ranges.push_back({p.shard_id, p.offset, p.count,
-                        registry.shard(p.shard_id).control});
+    ControlTask::Range r{p.shard_id, p.offset, p.count,
+                         registry.shard(p.shard_id).control};
+    if (!p.backup_shard_id.empty()) {
+      r.backup_shard_id = p.backup_shard_id;
+      r.backup_address = registry.shard(p.backup_shard_id).address;
+      r.backup_control = registry.shard(p.backup_shard_id).control;
+    }
+    r.promote = p.promote;
+    r.unforward = p.unforward;
+    r.seed = p.seed;
+    t.ranges.push_back(std::move(r));
   }
   for (size_t r = 0; r < job.slots.size(); ++r) {
     if (job.slots[r].empty()) continue;
@@ -81,6 +91,21 @@ void KeepRetired(const ControlTask& t, JobEntry& job,
   job.members.clear();
 }
 
+// The install of range `slot` of the task's job, without its state.
+v1::InstallRangeRequest InstallOf(const ControlTask& t, size_t slot) {
+  const ControlTask::Range& r = t.ranges[slot];
+  v1::InstallRangeRequest req;
+  req.set_slot(static_cast<int>(slot));
+  req.set_slots(static_cast<int>(t.ranges.size()));
+  req.set_job_id(t.job_id);
+  req.set_spec(t.spec);
+  req.set_map_version(t.map_version);
+  req.set_offset(r.offset);
+  req.set_count(r.count);
+  EncodeSchedule(t.schedule, req.mutable_schedule());
+  return req;
+}
+
 }  // namespace
 
 std::vector<ControlTask> Reconciler::Take(const JobQueue& jobs,
@@ -112,7 +137,75 @@ void Reconciler::Run(ControlTask& t) {
     Install(t);
     return;
   }
+  if (!FinishFailover(t)) return;
   SetMembership(t);
+}
+
+// A failover's calls (Planner::FailOver): each promoted backup becomes its
+// range's primary, each primary whose backup was lost publishes without
+// it. Whether all were made (membership waits for them).
+bool Reconciler::FinishFailover(ControlTask& t) {
+  for (size_t i = 0; i < t.ranges.size(); ++i) {
+    const ControlTask::Range& r = t.ranges[i];
+    if (r.promote) {
+      absl::StatusOr<int64_t> v = r.control->Promote(t.job_id, t.map_version);
+      // A primary already (a round that did not finish): done.
+      if (!v.ok() && !absl::IsFailedPrecondition(v.status())) {
+        t.failed = true;
+        return false;
+      }
+      t.promoted.push_back(static_cast<int>(i));
+      t.progressed = true;
+    }
+    if (r.unforward) {
+      if (!r.control->SetBackup(t.job_id, t.map_version, "", 0).ok()) {
+        t.failed = true;
+        return false;
+      }
+      t.unforwarded.push_back(static_cast<int>(i));
+      t.progressed = true;
+    }
+    if (r.seed && r.backup_control != nullptr) {
+      if (absl::Status s = Seed(t, i); !s.ok()) {
+        std::fprintf(stderr, "tally-server: seeding a backup of %s on %s: %s\n",
+                     t.job_id.c_str(), r.backup_shard_id.c_str(),
+                     std::string(s.message()).c_str());
+        t.failed = true;
+        return false;
+      }
+      t.seeded.push_back(static_cast<int>(i));
+      t.progressed = true;
+    }
+  }
+  return true;
+}
+
+// A new backup of range `i` from its primary's state: the primary is held
+// (no step closes) while its state at its version goes to the backup's
+// shard and the primary starts sending it its steps from that version;
+// then the hold is released with the job's members.
+absl::Status Reconciler::Seed(ControlTask& t, size_t i) {
+  const ControlTask::Range& r = t.ranges[i];
+  TALLY_ASSIGN_OR_RETURN(
+      HoldReport held,
+      r.control->Hold(t.job_id, t.map_version, t.hold_id, kHoldFor));
+  absl::Status s = [&]() -> absl::Status {
+    TALLY_ASSIGN_OR_RETURN(
+        ShardState state,
+        r.control->Save(t.job_id, t.map_version, held.version, r.count,
+                        kHoldFor, /*weights_only=*/false));
+    v1::InstallRangeRequest req = InstallOf(t, i);
+    req.set_backup(true);
+    EncodeRangeState(state, req.mutable_state());
+    for (const MemberSpec& m : t.members) *req.add_members() = ToProto(m);
+    TALLY_RETURN_IF_ERROR(r.backup_control->Install(req));
+    return r.control->SetBackup(t.job_id, t.map_version, r.backup_address,
+                                held.version);
+  }();
+  // The hold goes either way (it would lapse by itself).
+  absl::Status released =
+      r.control->SetMembers(t.job_id, t.map_version, t.members, t.hold_id);
+  return s.ok() ? released : s;
 }
 
 // The end: retire every range, keep the final weights, drop the ranges.
@@ -146,8 +239,13 @@ void Reconciler::Retire(ControlTask& t) {
     if (t.start->state.buffers != nullptr)
       t.final_buffers = *t.start->state.buffers;
   }
-  for (const ControlTask::Range& r : t.ranges)
+  for (const ControlTask::Range& r : t.ranges) {
     r.control->Drop(t.job_id, /*ended=*/true);
+    if (r.backup_control != nullptr) {
+      r.backup_control->Retire(t.job_id, t.map_version).IgnoreError();
+      r.backup_control->Drop(t.job_id, /*ended=*/true);
+    }
+  }
   t.retired_now = true;
 }
 
@@ -159,21 +257,23 @@ bool Reconciler::FirstInstallError(const std::string& job_id,
 
 // Every range installed (members come next), from the job's start.
 void Reconciler::Install(ControlTask& t) {
-  int slot = 0;
-  for (const ControlTask::Range& r : t.ranges) {
-    v1::InstallRangeRequest req;
-    req.set_slot(slot++);
-    req.set_slots(static_cast<int>(t.ranges.size()));
-    req.set_job_id(t.job_id);
-    req.set_spec(t.spec);
-    req.set_map_version(t.map_version);
-    req.set_offset(r.offset);
-    req.set_count(r.count);
-    EncodeSchedule(t.schedule, req.mutable_schedule());
+  for (size_t slot = 0; slot < t.ranges.size(); ++slot) {
+    const ControlTask::Range& r = t.ranges[slot];
+    v1::InstallRangeRequest req = InstallOf(t, slot);
     if (t.start != nullptr) {
       t.start->EncodeRange(r.offset, r.count, req.mutable_state());
     }
-    if (absl::Status s = r.control->Install(req); !s.ok()) {
+    absl::Status s;
+    if (r.backup_control != nullptr) {
+      // The backup first, from the same start: it is there before the
+      // primary closes a step.
+      v1::InstallRangeRequest backup = req;
+      backup.set_backup(true);
+      s = r.backup_control->Install(backup);
+      req.set_backup_address(r.backup_address);
+    }
+    if (s.ok()) s = r.control->Install(req);
+    if (!s.ok()) {
       // Tried again at the next tick; said once a placement.
       if (FirstInstallError(t.job_id, t.map_version)) {
         std::fprintf(stderr, "tally-server: installing %s on %s: %s\n",
@@ -229,6 +329,13 @@ void Reconciler::SetMembership(ControlTask& t) {
       return;
     }
   }
+  // Backups take no pushes and close nothing: they are not held, and have
+  // the members for the day they take over. One away is the failover's.
+  for (const ControlTask::Range& r : t.ranges) {
+    if (r.backup_control != nullptr)
+      r.backup_control->SetMembers(t.job_id, t.map_version, next, 0, plan)
+          .IgnoreError();
+  }
   t.new_members = std::move(next);
   t.members_now = true;
   t.progressed = true;
@@ -239,6 +346,21 @@ bool Reconciler::Apply(ControlTask& t, JobEntry& job, const Registry& registry,
                        const std::function<void(const std::string&)>& vacate) {
   // Decided even when not every range took it yet.
   for (const auto& [key, leave] : t.new_leaves) job.leaves[key] = leave;
+  for (int i : t.promoted) {
+    if (i < static_cast<int>(job.ranges.size()) &&
+        job.ranges[i].shard_id == t.ranges[i].shard_id)
+      job.ranges[i].promote = false;
+  }
+  for (int i : t.unforwarded) {
+    if (i < static_cast<int>(job.ranges.size()) &&
+        job.ranges[i].shard_id == t.ranges[i].shard_id)
+      job.ranges[i].unforward = false;
+  }
+  for (int i : t.seeded) {
+    if (i < static_cast<int>(job.ranges.size()) &&
+        job.ranges[i].backup_shard_id == t.ranges[i].backup_shard_id)
+      job.ranges[i].seed = false;
+  }
   if (t.installed_now) {
     job.installed = true;
     job.members.clear();

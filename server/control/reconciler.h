@@ -61,6 +61,8 @@ class Reconciler {
   void Retire(ControlTask& task);
   void Install(ControlTask& task);
   void SetMembership(ControlTask& task);
+  bool FinishFailover(ControlTask& task);
+  absl::Status Seed(ControlTask& task, size_t range);
   // Whether an install error of this placement is the first (logged).
   bool FirstInstallError(const std::string& job_id, int64_t map_version);
 

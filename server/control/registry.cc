@@ -269,6 +269,8 @@ std::vector<v1::ShardInfo> Registry::ListShards(absl::Time now) const {
       out_range->set_count(r.count());
       out_range->set_version(r.version());
       *out_range->mutable_closed() = r.closed();
+      out_range->set_backup(r.backup());
+      out_range->set_peer_address(r.peer_address());
       bytes += 4 * r.count();
     }
     info.set_bytes(bytes);

@@ -97,6 +97,29 @@ class RemoteShardControl final : public ShardControl {
     auto ctx = Context(kControlTimeout);
     return Named(FromGrpc(stub_->RetireRange(ctx.get(), req, &resp)));
   }
+  absl::StatusOr<int64_t> Promote(const std::string& job_id,
+                                  int64_t map_version) override {
+    v1::PromoteRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    v1::PromoteRangeResponse resp;
+    auto ctx = Context(kControlTimeout);
+    TALLY_RETURN_IF_ERROR(
+        Named(FromGrpc(stub_->PromoteRange(ctx.get(), req, &resp))));
+    return resp.version();
+  }
+  absl::Status SetBackup(const std::string& job_id, int64_t map_version,
+                         const std::string& backup_address,
+                         int64_t from_version) override {
+    v1::SetRangeBackupRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    req.set_backup_address(backup_address);
+    req.set_from_version(from_version);
+    v1::SetRangeBackupResponse resp;
+    auto ctx = Context(kControlTimeout);
+    return Named(FromGrpc(stub_->SetRangeBackup(ctx.get(), req, &resp)));
+  }
   void Drop(const std::string&, bool) override {}
   absl::StatusOr<ShardState> Save(const std::string& job_id,
                                   int64_t map_version, int64_t version,

@@ -29,6 +29,16 @@ class LocalShardControl final : public ShardControl {
                           int64_t hold_id, const PlanChange& plan) override {
     return host_->SetMembers(job_id, map_version, members, hold_id, plan);
   }
+  absl::StatusOr<int64_t> Promote(const std::string& job_id,
+                                  int64_t map_version) override {
+    return host_->Promote(job_id, map_version);
+  }
+  absl::Status SetBackup(const std::string& job_id, int64_t map_version,
+                         const std::string& backup_address,
+                         int64_t from_version) override {
+    return host_->SetBackup(job_id, map_version, backup_address,
+                            from_version);
+  }
   absl::Status Retire(const std::string& job_id, int64_t map_version) override {
     return host_->Retire(job_id, map_version);
   }

@@ -38,6 +38,8 @@ ParameterShard::ParameterShard(std::vector<float> weights,
       rows_(std::move(options.tables)),
       stats_(clock, !rules_.async(), std::move(options.publish_observer)) {
   absl::MutexLock lock(&mu_);
+  forward_ = std::move(options.forward);
+  backup_ = options.backup;
   // The step's one sum, made (and its pages touched) now rather than by the
   // first push of the job, under the lock every other push of that step
   // waits on while their data piles up in the transport. (A rule that
@@ -142,6 +144,7 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
     shard->version_ = m.version;
     shard->schedule_.GoOnFrom(m.total_steps, m.steps_per_epoch);
     shard->buffers_ = state.buffers;
+    shard->published_ = {m.version, nullptr, state.buffers};
     shard->stats_.GoOnFrom(m);
   }
   if (state.retired) shard->Retire();
@@ -240,7 +243,7 @@ void ParameterShard::RemoveMember(const std::string& worker_id) {
 absl::Status ParameterShard::CheckMember(const std::string& worker_id,
                                          int64_t incarnation) const {
   absl::MutexLock lock(&mu_);
-  return members_.Check(worker_id, incarnation, version_, retired_);
+  return CheckMemberLocked(worker_id, incarnation);
 }
 
 absl::Status ParameterShard::SetSchedule(int64_t total_steps,
@@ -263,7 +266,7 @@ absl::Status ParameterShard::CheckPush(const PushMeta& meta,
   *duplicate = false;
   absl::MutexLock lock(&mu_);
   TALLY_RETURN_IF_ERROR(
-      members_.Check(meta.worker_id, meta.incarnation, version_, retired_));
+      CheckMemberLocked(meta.worker_id, meta.incarnation));
   return rules_.CheckPush(meta, members_.all().at(meta.worker_id), version_,
                           schedule_.Ended(version_), duplicate,
                           stats_.counts());
@@ -277,7 +280,7 @@ absl::Status ParameterShard::Accept(const PushMeta& meta,
   {
     absl::MutexLock lock(&mu_);
     absl::Status s =
-        members_.Check(meta.worker_id, meta.incarnation, version_, retired_);
+        CheckMemberLocked(meta.worker_id, meta.incarnation);
     if (s.ok()) {
       s = rules_.CheckPush(meta, members_.at(meta.worker_id), version_,
                            schedule_.Ended(version_), duplicate,
@@ -314,6 +317,7 @@ absl::Status ParameterShard::Accept(const PushMeta& meta,
       sum_.Progress(version_, &ready);
     } else {
       m.pushed_step = meta.step;
+      m.push_again = -1;
       stats_.Arrived(meta.step, version_, /*commit=*/false);
       members_.Stage(m, meta, std::move(grads));
     }
@@ -344,7 +348,7 @@ absl::StatusOr<int64_t> ParameterShard::BeginStreamed(const PushMeta& meta) {
     absl::MutexLock lock(&mu_);
     bool duplicate = false;
     TALLY_RETURN_IF_ERROR(
-        members_.Check(meta.worker_id, meta.incarnation, version_, retired_));
+        CheckMemberLocked(meta.worker_id, meta.incarnation));
     ShardMember& m = members_.at(meta.worker_id);
     TALLY_RETURN_IF_ERROR(rules_.CheckPush(meta, m, version_,
                                            schedule_.Ended(version_),
@@ -411,7 +415,7 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    if (!members_.Check(worker_id, incarnation, version_, retired_).ok())
+    if (!CheckMemberLocked(worker_id, incarnation).ok())
       return true;
     ShardMember& m = members_.at(worker_id);
     if (m.committed_step >= step) return true;  // settled already
@@ -432,6 +436,14 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       if (m.push_again == step) {
         if (contributed) return true;
         m.push_again = -1;
+      }
+      // Committed as pushed, but its push never reached this range: a
+      // backup that took over from its lost primary, which had it. It
+      // pushes again first, as above.
+      if (taken_over_ && contributed && m.pushed_step < step &&
+          !sum_.HasPart(worker_id)) {
+        m.push_again = step;
+        return true;
       }
       if (!contributed) {
         members_.Unstage(m, step);
@@ -462,7 +474,7 @@ void ParameterShard::Reject(const PushMeta& meta) {
     absl::MutexLock lock(&mu_);
     ++stats_.counts()->rejected;
     bool duplicate = false;
-    if (!members_.Check(meta.worker_id, meta.incarnation, version_, retired_)
+    if (!CheckMemberLocked(meta.worker_id, meta.incarnation)
              .ok()) {
       return;
     }
@@ -490,7 +502,7 @@ void ParameterShard::Reject(const PushMeta& meta) {
 // ------------------------------------------------------ closing a step --
 
 void ParameterShard::MaybeCloseLocked(Ready* ready) {
-  const int64_t before = version_;
+  const int64_t before = published_.version;
   while (!retired_ && hold_id_ == 0 &&
          (save_at_.empty() || version_ < *save_at_.begin()) &&
          !schedule_.Ended(version_)) {
@@ -516,7 +528,8 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
     // From the lowest rank still a member (rank 0 may have left).
     if (st.buffers != nullptr && members_.Lowest(st.rank))
       buffers_ = std::move(st.buffers);
-    AdvanceLocked(tally, tally.samples > 0 ? st.grads->data() : nullptr);
+    AdvanceLocked(tally, tally.samples > 0 ? st.grads->data() : nullptr,
+                  ready);
     pool_.Release(std::move(st.grads), members_.size());
     // The rows were stepped as they came; a version is a step for the
     // tables' eviction.
@@ -528,7 +541,8 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
       pool_.Release(std::move(st.grads), members_.size());
     apply_queue_.clear();
   }
-  if (version_ != before) waiters_.Release(version_, ready);
+  if (published_.version != before)
+    waiters_.Release(published_.version, ready);
 }
 
 bool ParameterShard::CloseStepLocked(Ready* ready) {
@@ -568,7 +582,7 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   if (rules_.buffer_bytes() != 0)
     members_.TakeBuffers(required, version_, &buffers_);
   stats_.Closed(required, version_, tally.samples);
-  AdvanceLocked(tally, tally.samples > 0 ? sum : nullptr);
+  AdvanceLocked(tally, tally.samples > 0 ? sum : nullptr, ready);
   pool_.Release(std::move(staged_sum), members_.size());  // sum_ stays
   // Members whose last step this was are done here.
   members_.DropLeavers(version_);
@@ -576,10 +590,139 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   return true;
 }
 
-void ParameterShard::AdvanceLocked(const StepTally& tally, const float* mean) {
+void ParameterShard::AdvanceLocked(const StepTally& tally, const float* mean,
+                                   Ready* ready) {
+  ClosedStep closed;
+  if (forward_) {
+    // What the backup steps with, and the weights the version being left
+    // had, kept while a pull may still be given them (stepping then copies
+    // them first: PublishedWeights::Writable).
+    closed.step = version_;
+    closed.samples = tally.samples;
+    closed.loss_sum = tally.loss;
+    closed.correct = tally.correct;
+    if (tally.samples > 0)
+      closed.mean = std::make_shared<const std::vector<float>>(mean, mean + num_params_);
+    closed.buffers = buffers_;
+    Made& left = unacked_.empty() ? published_ : unacked_.back();
+    if (left.weights == nullptr) left.weights = weights_.current();
+  }
   if (tally.samples > 0) optimizer_->Step(weights_.Writable(), mean);
   stats_.Advanced(tally, /*finished=*/version_ + 1 == schedule_.total_steps());
   ++version_;
+  if (!forward_) {
+    published_ = {version_, nullptr, buffers_};
+    return;
+  }
+  unacked_.push_back({version_, nullptr, buffers_});
+  ready->emplace_back(
+      [forward = forward_, closed = std::move(closed)](absl::Status) {
+        forward(closed);
+      },
+      absl::OkStatus());
+}
+
+absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
+                                               int64_t incarnation) const {
+  if (backup_) {
+    return absl::UnavailableError(
+        "this range is a backup copy: its primary takes the pushes and "
+        "pulls (the shard map is stale)");
+  }
+  return members_.Check(worker_id, incarnation, version_, retired_);
+}
+
+// ----------------------------------------------------------- replication --
+
+void ParameterShard::Acknowledge(int64_t version) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t before = published_.version;
+    while (!unacked_.empty() && unacked_.front().version <= version) {
+      published_ = std::move(unacked_.front());
+      unacked_.pop_front();
+    }
+    if (published_.version != before)
+      waiters_.Release(published_.version, &ready);
+  }
+  RunReady(ready);
+}
+
+void ParameterShard::StopForwarding() {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    forward_ = nullptr;
+    const int64_t before = published_.version;
+    unacked_.clear();
+    published_ = {version_, nullptr, buffers_};
+    if (published_.version != before)
+      waiters_.Release(published_.version, &ready);
+  }
+  RunReady(ready);
+}
+
+absl::Status ParameterShard::StartForwarding(
+    int64_t from_version, std::function<void(ClosedStep)> forward) {
+  absl::MutexLock lock(&mu_);
+  if (backup_)
+    return absl::FailedPreconditionError("this range is a backup copy");
+  if (version_ != from_version || published_.version != version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the range is at version ", version_, ", not ", from_version,
+        ": its new backup must be seeded again"));
+  }
+  forward_ = std::move(forward);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::ApplyClosed(const ClosedStep& step) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!backup_)
+      return absl::FailedPreconditionError("this range is no backup copy");
+    if (retired_) return JobEnded();
+    if (step.step < version_) return absl::OkStatus();  // made already
+    if (step.step > version_) {
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "the backup is at version ", version_, " and was sent step ",
+              step.step, ": it lacks the steps between (seed it again)")),
+          v1::STEP_NOT_OPEN, version_);
+    }
+    if (step.samples > 0 &&
+        (step.mean == nullptr ||
+         static_cast<int64_t>(step.mean->size()) != num_params_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a closed step's mean must hold the range's ", num_params_,
+          " values"));
+    }
+    if (rules_.buffer_bytes() != 0 && step.buffers != nullptr)
+      buffers_ = step.buffers;
+    const StepTally tally{step.samples, step.loss_sum, step.correct};
+    AdvanceLocked(tally, step.samples > 0 ? step.mean->data() : nullptr,
+                  &ready);
+  }
+  RunReady(ready);
+  return absl::OkStatus();
+}
+
+void ParameterShard::Promote() {
+  absl::MutexLock lock(&mu_);
+  backup_ = false;
+  taken_over_ = true;
+}
+
+bool ParameterShard::backup() const {
+  absl::MutexLock lock(&mu_);
+  return backup_;
+}
+
+int64_t ParameterShard::published_version() const {
+  absl::MutexLock lock(&mu_);
+  return published_.version;
 }
 
 // ----------------------------------------------------------------- rows --
@@ -590,7 +733,7 @@ absl::Status ParameterShard::CheckPullRows(
   {
     absl::MutexLock lock(&mu_);
     TALLY_RETURN_IF_ERROR(
-        members_.Check(req.worker_id(), req.incarnation(), version_, retired_));
+        CheckMemberLocked(req.worker_id(), req.incarnation()));
     tables = rows_.tables();
   }
   // Outside the lock every push and pull of the range takes: the rows'
@@ -603,7 +746,7 @@ absl::Status ParameterShard::ReadRows(const v1::PullRowsRequest& req,
   absl::MutexLock lock(&mu_);
   // Again after a wait: the member may have left meanwhile.
   TALLY_RETURN_IF_ERROR(
-      members_.Check(req.worker_id(), req.incarnation(), version_, retired_));
+      CheckMemberLocked(req.worker_id(), req.incarnation()));
   return rows_.Read(req, version_, resp);
 }
 
@@ -612,7 +755,7 @@ absl::Status ParameterShard::StageRows(const v1::PushRowsRequest& req,
   *replaced = false;
   absl::MutexLock lock(&mu_);
   TALLY_RETURN_IF_ERROR(
-      members_.Check(req.worker_id(), req.incarnation(), version_, retired_));
+      CheckMemberLocked(req.worker_id(), req.incarnation()));
   if (rows_.tables() == nullptr) return RowStaging::NoTables(req.job_id());
   ShardMember& m = members_.at(req.worker_id());
   TALLY_RETURN_IF_ERROR(rules_.CheckRows(m, req.step(), req.samples(), version_,
@@ -632,9 +775,10 @@ std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
     int64_t* version, int64_t* total_steps,
     std::shared_ptr<const std::string>* buffers) const {
   absl::MutexLock lock(&mu_);
-  if (version != nullptr) *version = version_;
+  if (version != nullptr) *version = published_.version;
   if (total_steps != nullptr) *total_steps = schedule_.total_steps();
-  if (buffers != nullptr) *buffers = buffers_;
+  if (buffers != nullptr) *buffers = published_.buffers;
+  if (published_.weights != nullptr) return published_.weights;
   return weights_.current();
 }
 
@@ -701,7 +845,7 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
     absl::MutexLock lock(&mu_);
     v = std::max(v, rules_.spec().FirstUsableVersion(clock));
     auto it = members_.all().find(worker_id);
-    if (it != members_.all().end()) it->second.waiting = version_ < v;
+    if (it != members_.all().end()) it->second.waiting = published_.version < v;
   }
   WhenVersion(
       v, deadline,
@@ -713,7 +857,8 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
             it->second.waiting = false;
             if (s.ok()) {
               it->second.clock =
-                  rules_.async() ? clock : std::max(clock, version_);
+                  rules_.async() ? clock
+                                : std::max(clock, published_.version);
             }
           }
         }
@@ -738,10 +883,22 @@ void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
       // finds).
       m->second.waiting = false;
       now = StreamedSum::PushAgain(version_);
+    } else if (now.ok() && m != members_.all().end() && taken_over_ &&
+               !rules_.async() && v > version_ &&
+               Required(m->second, version_) &&
+               m->second.pushed_step < version_ &&
+               m->second.committed_step < version_ &&
+               !sum_.HasPart(worker_id)) {
+      // A backup that took over: this member's push of the open step went
+      // to the lost primary alone (it committed it there, with the push),
+      // and it now waits for the version after. It pushes again first.
+      m->second.push_again = version_;
+      m->second.waiting = false;
+      now = StreamedSum::PushAgain(version_);
     } else if (now.ok()) {
       // Training time counts from the first pull of the weights.
       if (!retired_) stats_.Start();
-      if (version_ < v) {
+      if (published_.version < v) {
         waiters_.Add(v, deadline, std::move(done), worker_id);
         return;
       }
@@ -759,7 +916,7 @@ void ParameterShard::ExpireWaiters() {
       hold_id_ = 0;  // the coordinator did not finish: the old members stand
       MaybeCloseLocked(&ready);
     }
-    waiters_.Expire(now, version_, &ready);
+    waiters_.Expire(now, published_.version, &ready);
   }
   RunReady(ready);
 }

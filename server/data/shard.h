@@ -74,6 +74,16 @@
 // schedule and plan (ShardSchedule), the published weights and their
 // bfloat16 copy (PublishedWeights), and its figures (ShardStats).
 //
+// Replicated ranges (Options::forward, Options::backup; docs/cluster.md):
+// a primary hands every version it makes to its forward call, which sends
+// it to the range's backup, and publishes it to pulls (WhenVersion,
+// Snapshot) only once Acknowledge says the backup holds it; until then
+// pulls see the last version acknowledged. The backup takes no member's
+// push: ApplyClosed steps its optimizer with the primary's mean, so that
+// both hold the same bits, and Promote makes it the primary when its
+// primary is gone. A version made and not yet acknowledged keeps its
+// weights while a later one is stepped (a copy per step).
+//
 // Thread-safe: every method may be called from any thread. Callbacks given
 // to WhenVersion run without the shard's lock held.
 #ifndef TALLY_SERVER_DATA_SHARD_H_
@@ -138,6 +148,12 @@ class ParameterShard {
     // The job's embedding tables (model.embeddings): the rows this range's
     // slot owns. Null: the job has none.
     std::shared_ptr<SparseTables> tables;
+    // A replicated range's primary: called, without the lock, with every
+    // version the range makes, in order; each is published once
+    // Acknowledge reaches it. Null: each is published as it is made.
+    std::function<void(ClosedStep)> forward;
+    // The range is a backup copy (above): no pushes, ApplyClosed.
+    bool backup = false;
   };
 
   // `weights` are the initial weights (the shard owns them from now on).
@@ -375,6 +391,38 @@ class ParameterShard {
                    const std::string& worker_id = "");
   // Releases waiters and a hold whose deadlines passed.
   void ExpireWaiters();
+
+  // ---- Replication (above) ----
+  // The primary's backup holds every version up to `version`: they are
+  // published. An older acknowledgement changes nothing.
+  void Acknowledge(int64_t version);
+  // Whether versions wait for Acknowledge (a forward call was given and not
+  // stopped). Stopped (the backup is gone): every version made is
+  // published now, and later ones as they are made, unforwarded.
+  void StopForwarding();
+  // A new backup holds this range's state at `from_version` (it was
+  // installed with it while a hold kept the range there): versions made
+  // from now on go to `forward` and wait for Acknowledge.
+  // kFailedPrecondition when the range is at another version (it moved
+  // on: seed the backup again), or is itself a backup.
+  absl::Status StartForwarding(int64_t from_version,
+                               std::function<void(ClosedStep)> forward);
+  // A backup makes the version after `step.step` as its primary made it.
+  // OK for a step it made already (a forward sent again). kFailedPrecondition
+  // + STEP_NOT_OPEN (its version) for a step past its version (it lacks
+  // the steps between: seed it again), kFailedPrecondition for a range that
+  // is no backup or ended, kInvalidArgument for a mean of another length.
+  absl::Status ApplyClosed(const ClosedStep& step);
+  // A backup becomes the primary (its primary is gone): it takes the
+  // members' pushes from now on, from its version. A member that waits
+  // for a later version without having pushed the open step here (its
+  // push went to the lost primary alone) is told PUSH_AGAIN, as is one
+  // whose commit comes without its push.
+  void Promote();
+  bool backup() const;
+  // The version pulls are given: version(), or less while versions wait
+  // for their backup.
+  int64_t published_version() const;
   // The range is gone from its server: waiters are released with `why` (a
   // range that moves elsewhere says kUnavailable: retry), and every later
   // wait (WhenVersion, SaveAt) fails with it at once, so nothing waits on a
@@ -399,9 +447,15 @@ class ParameterShard {
   // the staged pushes) becomes the mean the optimizer steps with, its rows
   // are applied and its buffers taken; false if not.
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Steps the optimizer with `mean` (if tally.samples > 0) and publishes
-  // the weights as version + 1.
-  void AdvanceLocked(const StepTally& tally, const float* mean)
+  // Steps the optimizer with `mean` (if tally.samples > 0) and makes the
+  // weights version + 1: published at once, or forwarded (the call into
+  // `ready`) and published once acknowledged.
+  void AdvanceLocked(const StepTally& tally, const float* mean, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckMember's codes, and kUnavailable on a backup (its primary takes
+  // the pushes: the worker's map is stale).
+  absl::Status CheckMemberLocked(const std::string& worker_id,
+                                 int64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardMetrics MetricsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -422,6 +476,23 @@ class ParameterShard {
   ShardStats stats_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const std::string> buffers_ ABSL_GUARDED_BY(mu_);
+  // A version as pulls are given it; null weights: the current ones (with
+  // buffers_), which holds no reader's reference.
+  struct Made {
+    int64_t version = 0;
+    std::shared_ptr<const std::vector<float>> weights;
+    std::shared_ptr<const std::string> buffers;
+  };
+  Made published_ ABSL_GUARDED_BY(mu_);
+  // Replication: versions made after published_, oldest first, waiting for
+  // their acknowledgement (the last one's weights are null while they are
+  // the current ones).
+  std::deque<Made> unacked_ ABSL_GUARDED_BY(mu_);
+  std::function<void(ClosedStep)> forward_ ABSL_GUARDED_BY(mu_);
+  bool backup_ ABSL_GUARDED_BY(mu_) = false;
+  // A backup that was promoted: a member may wait here for a version past
+  // a step whose push reached only the lost primary (WhenVersion).
+  bool taken_over_ ABSL_GUARDED_BY(mu_) = false;
   // async: committed pushes in commit order, applied as holds allow.
   std::deque<StagedPush> apply_queue_ ABSL_GUARDED_BY(mu_);
   int64_t hold_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no hold

@@ -11,11 +11,20 @@
 #include "common/spec/job_spec.h"
 #include "common/status_macros.h"
 #include "proto/errors.h"
+#include "server/data/range_forwarder.h"
 #include "server/data/sparse_table.h"
 
 namespace tally {
 
 namespace {
+
+// Whether an install takes the place of the job's copy here: one of a
+// newer placement, or a backup seeded again (the same placement).
+bool Replaces(const v1::InstallRangeRequest& req, const Range& here) {
+  return here.map_version < req.map_version() ||
+         (req.backup() && here.backup &&
+          here.map_version == req.map_version());
+}
 
 absl::Status NoRange(const std::string& job_id) {
   return absl::NotFoundError(
@@ -106,11 +115,26 @@ absl::StatusOr<std::shared_ptr<SparseTables>> ShardHost::MakeTables(
   return tables;
 }
 
+ParameterShard::Options ShardHost::RangeOptions(
+    const v1::InstallRangeRequest& req, const JobSpec& spec) const {
+  ParameterShard::Options o;
+  o.consistency = spec.training.consistency;
+  o.max_samples = spec.training.batch_size;
+  // The buffer region rides with the range that starts the vector.
+  if (spec.is_python && req.offset() == 0)
+    o.buffer_bytes = spec.python.buffer_bytes;
+  o.streamed_sums = StreamsSums(spec, req.count());
+  o.plan = req.schedule().plan();
+  o.publish_observer = options_.publish_observer;
+  o.backup = req.backup();
+  return o;
+}
+
 absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   {
     absl::MutexLock lock(&mu_);
     auto it = ranges_.find(req.job_id());
-    if (it != ranges_.end() && it->second.map_version >= req.map_version())
+    if (it != ranges_.end() && !Replaces(req, it->second))
       return absl::OkStatus();  // installed already (a retried call)
   }
   TALLY_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec(), limits_));
@@ -122,17 +146,11 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
                      ") is outside the job's ", n, " parameters"));
   }
   const int64_t count = req.count();
-  ParameterShard::Options o;
-  o.consistency = spec.training.consistency;
-  o.max_samples = spec.training.batch_size;
-  // The buffer region rides with the range that starts the vector.
-  if (spec.is_python && req.offset() == 0)
-    o.buffer_bytes = spec.python.buffer_bytes;
-  o.streamed_sums = StreamsSums(spec, count);
-  o.plan = req.schedule().plan();
-  o.publish_observer = options_.publish_observer;
   TALLY_ASSIGN_OR_RETURN(std::shared_ptr<ParameterShard> shard,
-                         MakeShard(req, spec, std::move(o)));
+                         MakeShard(req, spec, RangeOptions(req, spec)));
+  std::shared_ptr<RangeForwarder> forwarder;
+  if (!req.backup() && !req.backup_address().empty())
+    forwarder = MakeForwarder(req, req.backup_address(), shard);
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch(), "",
                                            req.schedule().plan()));
@@ -140,23 +158,121 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   for (const v1::MemberSpec& m : req.members()) members.push_back(FromProto(m));
   TALLY_RETURN_IF_ERROR(shard->SetMembers(members));
   std::shared_ptr<ParameterShard> replaced;
+  std::shared_ptr<RangeForwarder> replaced_forwarder;  // stopped unlocked
   {
     absl::MutexLock lock(&mu_);
     Range& r = ranges_[req.job_id()];
-    if (r.shard != nullptr && r.map_version >= req.map_version())
+    if (r.shard != nullptr && !Replaces(req, r))
       return absl::OkStatus();  // a concurrent install won
     replaced = std::move(r.shard);
+    replaced_forwarder = std::move(r.forwarder);
     r.job_id = req.job_id();
     r.map_version = req.map_version();
     r.offset = req.offset();
     r.count = count;
     r.shard = std::move(shard);
+    r.backup = req.backup();
+    r.peer_address = req.backup_address();
+    r.forwarder = std::move(forwarder);
   }
+  replaced_forwarder.reset();
   if (replaced != nullptr) {
     replaced->Close(
         absl::UnavailableError("the job was placed again: pull again"));
   }
   return absl::OkStatus();
+}
+
+std::shared_ptr<RangeForwarder> ShardHost::MakeForwarder(
+    const v1::InstallRangeRequest& req, const std::string& address,
+    const std::shared_ptr<ParameterShard>& shard) {
+  RangeForwarder::Options fo;
+  fo.job_id = req.job_id();
+  fo.map_version = req.map_version();
+  // ":port" is the coordinator's own shard, on the coordinator's host.
+  fo.backup_address =
+      address.front() == ':'
+          ? absl::StrCat(options_.coordinator_host.empty()
+                             ? "127.0.0.1"
+                             : options_.coordinator_host,
+                         address)
+          : address;
+  fo.transport = options_.transport;
+  auto forwarder = std::make_shared<RangeForwarder>(std::move(fo), shard);
+  // At the version the range is installed or seeded at: StartForwarding
+  // cannot fail there.
+  absl::Status started = shard->StartForwarding(
+      shard->version(),
+      [weak = std::weak_ptr<RangeForwarder>(forwarder)](ClosedStep step) {
+        if (auto f = weak.lock(); f != nullptr) f->Send(std::move(step));
+      });
+  if (!started.ok()) return nullptr;
+  return forwarder;
+}
+
+absl::StatusOr<int64_t> ShardHost::Promote(const std::string& job_id,
+                                           int64_t map_version) {
+  std::shared_ptr<ParameterShard> shard;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranges_.find(job_id);
+    if (it == ranges_.end() ||
+        (map_version != 0 && it->second.map_version != map_version))
+      return NoRange(job_id);
+    if (!it->second.backup) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the copy of ", Quoted(job_id), " here is its primary already"));
+    }
+    it->second.backup = false;
+    it->second.peer_address.clear();
+    shard = it->second.shard;
+  }
+  shard->Promote();
+  return shard->version();
+}
+
+absl::Status ShardHost::SetBackup(const std::string& job_id,
+                                  int64_t map_version,
+                                  const std::string& backup_address,
+                                  int64_t from_version) {
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
+  if (r.backup) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the copy of ", Quoted(job_id), " here is a backup"));
+  }
+  std::shared_ptr<RangeForwarder> old;  // stopped unlocked
+  if (backup_address.empty()) {
+    r.shard->StopForwarding();
+  } else {
+    v1::InstallRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(r.map_version);
+    if (r.shard->version() != from_version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the range is at version ", r.shard->version(), ", not ",
+          from_version, ": its new backup must be seeded again"));
+    }
+    r.forwarder = MakeForwarder(req, backup_address, r.shard);
+    if (r.forwarder == nullptr) {
+      return absl::FailedPreconditionError(
+          "the range moved on from the version its backup was seeded at");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = ranges_.find(job_id);
+  if (it == ranges_.end() || it->second.shard != r.shard) return NoRange(job_id);
+  old = std::move(it->second.forwarder);
+  it->second.forwarder = std::move(r.forwarder);
+  it->second.peer_address = backup_address;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ShardHost::ApplyClosed(const std::string& job_id,
+                                               int64_t map_version,
+                                               const ClosedStep& step) {
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
+  TALLY_RETURN_IF_ERROR(r.shard->ApplyClosed(step));
+  return r.shard->version();
 }
 
 bool ShardHost::StreamsSums(const JobSpec& spec, int64_t count) const {
@@ -296,6 +412,7 @@ void ShardHost::DropAll() {
 void ShardHost::Drop(const std::string& job_id, bool ended,
                      int64_t map_version) {
   std::shared_ptr<ParameterShard> dropped;
+  std::shared_ptr<RangeForwarder> forwarder;
   {
     absl::MutexLock lock(&mu_);
     auto found = ranges_.find(job_id);
@@ -311,8 +428,10 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
     auto it = ranges_.find(job_id);
     if (it == ranges_.end()) return;
     dropped = std::move(it->second.shard);
+    forwarder = std::move(it->second.forwarder);
     ranges_.erase(it);
   }
+  forwarder.reset();  // stops its sender
   if (ended && !options_.table_dir.empty()) {
     absl::MutexLock lock(&chains_mu_);
     chains_.erase(job_id);
@@ -485,6 +604,8 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
     s.set_members(m.members);
     AddClosedSpans(report.closed, &s);
     s.set_train_seconds(m.train_seconds);
+    s.set_backup(r.backup);
+    s.set_peer_address(r.peer_address);
     out.push_back(std::move(s));
   }
   return out;

@@ -32,10 +32,13 @@
 #include "common/clock.h"
 #include "common/spec/job_spec.h"
 #include "proto/tally.pb.h"
+#include "proto/transport.h"
 #include "server/data/request_waits.h"
 #include "server/data/shard.h"
 
 namespace tally {
+
+class RangeForwarder;
 
 // A range of a job, as the data path sees it.
 struct Range {
@@ -44,6 +47,12 @@ struct Range {
   int64_t offset = 0;
   int64_t count = 0;
   std::shared_ptr<ParameterShard> shard;
+  // A replicated range (docs/cluster.md): whether this copy is the backup,
+  // and its peer's data address (a primary's backup, a backup's primary;
+  // empty: none). A primary's sender of its closed steps; null: none.
+  bool backup = false;
+  std::string peer_address;
+  std::shared_ptr<RangeForwarder> forwarder;
 };
 
 // MemberSpec <-> its wire form.
@@ -100,6 +109,11 @@ class ShardHost {
     int64_t waiting_rows_in_all = kMaxWaitingRowBytes;
     // How long this host's services hold a request for what it waits on.
     RequestWaits waits;
+    // How a replicated range's primary dials its backup's shard, and the
+    // host a backup address of the form ":port" is on (the coordinator's
+    // own shard: the coordinator's host).
+    TransportOptions transport;
+    std::string coordinator_host;
   };
 
   // `clock` is borrowed (null: real time); specs are checked against
@@ -138,9 +152,27 @@ class ShardHost {
 
   // Creates the job's range, or replaces it when the request's map version
   // is newer (the job was re-placed); the same or an older version is a
-  // no-op. Initial weights from the spec's seed, or req.state.
-  // kInvalidArgument when the spec, range or state does not fit.
+  // no-op. Initial weights from the spec's seed, or req.state. A backup
+  // copy (req.backup), or a primary that sends its closed steps to
+  // req.backup_address. kInvalidArgument when the spec, range or state
+  // does not fit.
   absl::Status Install(const v1::InstallRangeRequest& req);
+  // Replicated ranges (docs/cluster.md). kNotFound as Find, and
+  // kFailedPrecondition when the job's copy here is not a backup (Promote,
+  // ApplyClosed) or not a primary (SetBackup).
+  // The backup copy becomes the primary; its version.
+  absl::StatusOr<int64_t> Promote(const std::string& job_id,
+                                  int64_t map_version);
+  // The primary copy's backup from now on (seeded at `from_version`), or
+  // none (an empty address: every version is published as it is made).
+  absl::Status SetBackup(const std::string& job_id, int64_t map_version,
+                         const std::string& backup_address,
+                         int64_t from_version);
+  // A closed step of the primary, made on the backup copy; its version
+  // after it (ParameterShard::ApplyClosed's codes).
+  absl::StatusOr<int64_t> ApplyClosed(const std::string& job_id,
+                                      int64_t map_version,
+                                      const ClosedStep& step);
   // These name the placement they are about (map_version; 0: any):
   // kNotFound when the job has no range here placed at that version.
   absl::StatusOr<HoldReport> Hold(const std::string& job_id,
@@ -207,6 +239,14 @@ class ShardHost {
   // it has none.
   absl::StatusOr<std::shared_ptr<SparseTables>> MakeTables(
       const v1::InstallRangeRequest& req, const JobSpec& spec);
+  // What a range of the request's job is made with.
+  ParameterShard::Options RangeOptions(const v1::InstallRangeRequest& req,
+                                       const JobSpec& spec) const;
+  // A sender of the primary `shard`'s closed steps to `address`, and the
+  // forward call that hands it them.
+  std::shared_ptr<RangeForwarder> MakeForwarder(
+      const v1::InstallRangeRequest& req, const std::string& address,
+      const std::shared_ptr<ParameterShard>& shard);
   // Whether a range of `count` values of the job sums pushes as they
   // arrive (Options::streamed_sums).
   bool StreamsSums(const JobSpec& spec, int64_t count) const;

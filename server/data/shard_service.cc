@@ -927,6 +927,84 @@ class InstallReactor final
   bool first_ = true;
 };
 
+// ---------------------------------------------------------- closed steps --
+
+// A primary's closed step, gathered from its pieces (no more values than
+// the backup's range holds), then made on the backup copy.
+class ClosedStepReactor final
+    : public grpc::ServerReadReactor<v1::ClosedStepChunk> {
+ public:
+  ClosedStepReactor(ShardHost* host, v1::ApplyClosedStepsResponse* resp)
+      : host_(host), resp_(resp) {
+    StartRead(&msg_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(ToGrpc(Apply()));
+      return;
+    }
+    if (absl::Status s = Add(); !s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    StartRead(&msg_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Add() {
+    if (first_) {
+      if (!msg_.has_header()) {
+        return absl::InvalidArgumentError(
+            "the first message of a closed step must carry its header");
+      }
+      header_ = std::move(*msg_.mutable_header());
+      first_ = false;
+      TALLY_ASSIGN_OR_RETURN(
+          Range r, host_->Find(header_.job_id(), header_.map_version()));
+      count_ = r.count;
+    }
+    const std::string& data = msg_.data();
+    if (data.empty()) return absl::OkStatus();
+    if (data.size() % sizeof(float) != 0 ||
+        static_cast<int64_t>(mean_.size() + data.size() / sizeof(float)) >
+            count_) {
+      return absl::InvalidArgumentError(
+          "a closed step's mean is larger than the range");
+    }
+    const size_t at = mean_.size();
+    mean_.resize(at + data.size() / sizeof(float));
+    std::memcpy(mean_.data() + at, data.data(), data.size());
+    return absl::OkStatus();
+  }
+  absl::Status Apply() {
+    if (first_) return absl::InvalidArgumentError("an empty closed step");
+    ClosedStep step;
+    step.step = header_.step();
+    step.samples = header_.samples();
+    step.loss_sum = header_.loss_sum();
+    step.correct = header_.correct();
+    if (step.samples > 0)
+      step.mean = std::make_shared<const std::vector<float>>(std::move(mean_));
+    if (!header_.buffers().empty())
+      step.buffers = std::make_shared<const std::string>(header_.buffers());
+    TALLY_ASSIGN_OR_RETURN(
+        int64_t version,
+        host_->ApplyClosed(header_.job_id(), header_.map_version(), step));
+    resp_->set_version(version);
+    return absl::OkStatus();
+  }
+
+  ShardHost* host_;                        // borrowed
+  v1::ApplyClosedStepsResponse* resp_;     // gRPC's
+  v1::ClosedStepChunk msg_;
+  v1::ClosedStepChunk::Header header_;
+  std::vector<float> mean_;
+  int64_t count_ = 0;
+  bool first_ = true;
+};
+
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
                                 const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
@@ -1052,6 +1130,32 @@ grpc::ServerUnaryReactor* ShardServiceImpl::RetireRange(
   if (absl::Status st = CheckControlMessage(*req); !st.ok())
     return Reply(ctx, st);
   return Reply(ctx, host_->Retire(req->job_id(), req->map_version()));
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::PromoteRange(
+    grpc::CallbackServerContext* ctx, const v1::PromoteRangeRequest* req,
+    v1::PromoteRangeResponse* resp) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
+  absl::StatusOr<int64_t> v = host_->Promote(req->job_id(), req->map_version());
+  if (v.ok()) resp->set_version(*v);
+  return Reply(ctx, v.status());
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::SetRangeBackup(
+    grpc::CallbackServerContext* ctx, const v1::SetRangeBackupRequest* req,
+    v1::SetRangeBackupResponse*) {
+  if (absl::Status st = CheckControlMessage(*req); !st.ok())
+    return Reply(ctx, st);
+  return Reply(ctx, host_->SetBackup(req->job_id(), req->map_version(),
+                                     req->backup_address(),
+                                     req->from_version()));
+}
+
+grpc::ServerReadReactor<v1::ClosedStepChunk>*
+ShardServiceImpl::ApplyClosedSteps(grpc::CallbackServerContext*,
+                                   v1::ApplyClosedStepsResponse* resp) {
+  return new ClosedStepReactor(host_, resp);
 }
 
 grpc::ServerWriteReactor<v1::SaveRangeChunk>* ShardServiceImpl::SaveRange(

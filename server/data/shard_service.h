@@ -72,6 +72,15 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   grpc::ServerUnaryReactor* ReadTable(grpc::CallbackServerContext* ctx,
                                       const v1::ReadTableRequest* req,
                                       v1::ReadTableResponse* resp) override;
+  grpc::ServerUnaryReactor* PromoteRange(
+      grpc::CallbackServerContext* ctx, const v1::PromoteRangeRequest* req,
+      v1::PromoteRangeResponse* resp) override;
+  grpc::ServerUnaryReactor* SetRangeBackup(
+      grpc::CallbackServerContext* ctx, const v1::SetRangeBackupRequest* req,
+      v1::SetRangeBackupResponse* resp) override;
+  grpc::ServerReadReactor<v1::ClosedStepChunk>* ApplyClosedSteps(
+      grpc::CallbackServerContext* ctx,
+      v1::ApplyClosedStepsResponse* resp) override;
 
  private:
   ShardHost* host_;  // borrowed

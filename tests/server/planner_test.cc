@@ -144,7 +144,7 @@ TEST_F(PlannerTest, ALostShardTakesEveryRangeOfItsJobs) {
   job.installed = true;
   const std::string lost = job.ranges[0].shard_id;
   const int64_t map_version = job.map_version;
-  EXPECT_THAT(planner_.LoseShard(lost), ElementsAre(job.id()));
+  EXPECT_THAT(planner_.LoseShard(lost, kNow), ElementsAre(job.id()));
   EXPECT_TRUE(job.ranges.empty());
   EXPECT_FALSE(job.installed);
   EXPECT_TRUE(job.awaiting_start);
@@ -160,6 +160,63 @@ TEST_F(PlannerTest, ALostShardTakesEveryRangeOfItsJobs) {
   EXPECT_EQ(job.proto.metrics().step(), 7);
   EXPECT_THAT(job.condition, HasSubstr("resuming from the checkpoint of "
                                        "step 7"));
+}
+
+constexpr char kReplicated[] =
+    TALLY_TINY_MODEL "training: {workers: 1, replicas: 2}\n";
+
+// training.replicas: 2 puts each range's backup on a shard of its own; a
+// lost primary's backup takes over in the same placement (no roll-back),
+// and the workers' assignments change with the address; losing the last
+// copy of a range starts the job again from its checkpoint.
+TEST_F(PlannerTest, ABackupTakesOverTheRangeOfItsLostPrimary) {
+  AddShard("h:1");
+  AddShard("h:2");
+  AddShard("h:3");
+  JobEntry& job = Submit(kReplicated);
+  const std::string w = AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(job.ranges.size(), 1u);
+  const Placement placed = job.ranges[0];
+  ASSERT_FALSE(placed.backup_shard_id.empty());
+  EXPECT_NE(placed.backup_shard_id, placed.shard_id);
+  EXPECT_EQ(planner_.PlacedShards().size(), 2u);
+  job.installed = true;
+  job.members = {MemberSpec{job.MemberOf(0), registry_.worker(w)->incarnation}};
+  v1::HeartbeatRequest req;
+  req.set_worker_id(w);
+  v1::HeartbeatResponse before;
+  planner_.Assignment(req, *registry_.worker(w), job, &before);
+  ASSERT_TRUE(before.has_assignment());
+  const int64_t map_version = job.map_version;
+  EXPECT_TRUE(planner_.LoseShard(placed.shard_id, kNow).empty());
+  EXPECT_EQ(job.map_version, map_version);
+  EXPECT_TRUE(job.installed);
+  EXPECT_EQ(job.ranges[0].shard_id, placed.backup_shard_id);
+  EXPECT_TRUE(job.ranges[0].promote);
+  EXPECT_TRUE(job.ranges[0].backup_shard_id.empty());
+  EXPECT_THAT(job.history.events().rbegin()->text(),
+              HasSubstr("1 backup range took over"));
+  req.set_held(before.assignment().key());
+  v1::HeartbeatResponse after;
+  planner_.Assignment(req, *registry_.worker(w), job, &after);
+  ASSERT_TRUE(after.has_assignment());  // the same map, a new address
+  EXPECT_EQ(after.assignment().shard_map().version(), map_version);
+  EXPECT_NE(after.assignment().shard_map().shards(0).address(),
+            before.assignment().shard_map().shards(0).address());
+  EXPECT_THAT(planner_.LoseShard(job.ranges[0].shard_id, kNow),
+              ElementsAre(job.id()));
+  EXPECT_TRUE(job.ranges.empty());
+}
+
+// With one live shard, a job that asks for two copies runs with one.
+TEST_F(PlannerTest, AReplicatedJobOnOneShardKeepsOneCopy) {
+  AddShard("h:1");
+  JobEntry& job = Submit(kReplicated);
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(job.ranges.size(), 1u);
+  EXPECT_TRUE(job.ranges[0].backup_shard_id.empty());
 }
 
 TEST_F(PlannerTest, AMemberIsSentItsAssignmentOnce) {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "common/bfloat16.h"
 #include "common/io/safetensors.h"
@@ -1069,6 +1070,51 @@ TEST_F(ServiceTest, AnAttendCallThatEndsEndsTheWorkersLease) {
   for (int i = 0; i < 50 && Job().metrics().workers() > 0; ++i)
     absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(Job().metrics().workers(), 0);
+}
+
+// The coordinator writes an empty message on a held Attend call every
+// attend_ping, which keeps a proxy between from ending an idle call; the
+// lease stands meanwhile.
+TEST_F(ServiceTest, AHeldAttendCallIsPingedAndItsLeaseStands) {
+  ServerOptions o;
+  o.attend_ping = absl::Milliseconds(200);
+  StartServer(o);
+  StartJob();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::AttendRequest req;
+  req.set_worker_id(worker_.worker_id());
+  req.set_incarnation(worker_.incarnation());
+  auto attend = workers_->Attend(&ctx, req);
+  v1::AttendResponse ping;
+  EXPECT_TRUE(attend->Read(&ping));
+  EXPECT_TRUE(attend->Read(&ping));
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(worker_.worker_id());
+  beat.set_incarnation(worker_.incarnation());
+  v1::HeartbeatResponse answer;
+  EXPECT_TRUE(workers_->Heartbeat(Ctx().get(), beat, &answer).ok());
+  ctx.TryCancel();
+  attend->Finish();
+}
+
+// A coordinator that shuts down ends the Attend calls it holds, saying
+// why, instead of waiting out its grace (a minute here) for them.
+TEST_F(ServiceTest, AShutdownEndsTheHeldAttendCallsSayingWhy) {
+  StartJob();
+  grpc::ClientContext ctx;
+  v1::AttendRequest req;
+  req.set_worker_id(worker_.worker_id());
+  req.set_incarnation(worker_.incarnation());
+  auto attend = workers_->Attend(&ctx, req);
+  absl::SleepFor(absl::Milliseconds(200));  // the call is held
+  std::thread stop([this] { server_->Shutdown(absl::Minutes(1)); });
+  v1::AttendResponse nothing;
+  EXPECT_FALSE(attend->Read(&nothing));
+  const grpc::Status st = attend->Finish();
+  stop.join();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(st.error_message(), HasSubstr("shutting down"));
 }
 
 // A shard process's AttendShard call ends with it: its lease ends, and

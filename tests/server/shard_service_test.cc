@@ -364,3 +364,113 @@ training: {workers: 2}
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// A replicated range over a real socket: the primary host's sender hands
+// each closed step to the backup's ShardService, which makes the same
+// version; the primary publishes it once answered. The backup's service
+// refuses what does not fit, and a promoted backup is the primary.
+TEST(ReplicatedRangeServiceTest, AClosedStepReachesTheBackupOverItsService) {
+  ShardHost backup(nullptr);
+  ShardServiceImpl service(&backup);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  v1::InstallRangeRequest req;
+  req.set_job_id("job-1");
+  req.set_spec(
+      "name: r\nmodel: {layers: [{linear: {in_features: 7, out_features: "
+      "3}}]}\ndataset: {name: synthetic, features: 7, classes: 3, "
+      "train_size: 64}\ntraining: {workers: 1}\noptimizer: {type: adam, "
+      "lr: 0.01}\n");
+  req.set_map_version(1);
+  req.set_count(24);
+  req.mutable_schedule()->set_train_size(64);
+  req.mutable_schedule()->set_steps_per_epoch(1);
+  req.mutable_schedule()->set_total_steps(10);
+  MemberSpec w;
+  w.worker_id = "w";
+  w.incarnation = 1;
+  *req.add_members() = ToProto(w);
+  v1::InstallRangeRequest as_backup = req;
+  as_backup.set_backup(true);
+  TALLY_ASSERT_OK(backup.Install(as_backup));
+  ShardHost primary(nullptr);
+  req.set_backup_address(absl::StrCat("127.0.0.1:", port));
+  TALLY_ASSERT_OK(primary.Install(req));
+  auto p = primary.Find("job-1");
+  auto b = backup.Find("job-1");
+  ASSERT_TRUE(p.ok() && b.ok());
+  EXPECT_TRUE(b->backup);
+  EXPECT_EQ(p->peer_address, req.backup_address());
+  for (int64_t t = 0; t < 2; ++t) {
+    PushMeta meta;
+    meta.worker_id = "w";
+    meta.incarnation = 1;
+    meta.step = t;
+    meta.base_version = t;
+    meta.samples = 4;
+    std::vector<float> g(24);
+    for (int i = 0; i < 24; ++i) g[i] = 0.1f * static_cast<float>(i - t);
+    bool dup = false;
+    TALLY_ASSERT_OK(p->shard->Accept(meta, g.data(), &dup));
+    p->shard->Commit("w", 1, t, true);
+    for (int i = 0; i < 200 && p->shard->published_version() < t + 1; ++i)
+      absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_EQ(p->shard->published_version(), t + 1);
+  }
+  int64_t vp = 0, vb = 0;
+  EXPECT_EQ(*p->shard->Snapshot(&vp), *b->shard->Snapshot(&vb));
+  EXPECT_EQ(vb, 2);
+  // What does not fit is refused, naming why.
+  auto stub = v1::ShardService::NewStub(
+      Dial(absl::StrCat("127.0.0.1:", port)));
+  auto send = [&stub](const std::string& job, int64_t step, int64_t values) {
+    grpc::ClientContext ctx;
+    v1::ApplyClosedStepsResponse resp;
+    auto writer = stub->ApplyClosedSteps(&ctx, &resp);
+    v1::ClosedStepChunk first;
+    first.mutable_header()->set_job_id(job);
+    first.mutable_header()->set_map_version(1);
+    first.mutable_header()->set_step(step);
+    first.mutable_header()->set_samples(values > 0 ? 1 : 0);
+    writer->Write(first);
+    v1::ClosedStepChunk piece;
+    piece.mutable_data()->assign(values * 4, '\0');
+    if (values > 0) writer->Write(piece);
+    writer->WritesDone();
+    return FromGrpc(writer->Finish());
+  };
+  EXPECT_THAT(send("job-1", 2, 25),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("larger than the range")));
+  EXPECT_THAT(send("job-1", 2, 23),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("mean")));
+  EXPECT_THAT(send("job-1", 5, 24),
+              testing::HasReason(absl::StatusCode::kFailedPrecondition,
+                                 v1::STEP_NOT_OPEN));
+  EXPECT_THAT(send("job-9", 2, 24),
+              testing::StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("job-9")));
+  TALLY_EXPECT_OK(send("job-1", 1, 24));  // made already: acknowledged
+  EXPECT_EQ(b->shard->version(), 2);
+  // The primary's shard is lost: the backup takes over; the primary (if
+  // it were alive) would publish without it.
+  absl::StatusOr<int64_t> promoted = backup.Promote("job-1", 1);
+  ASSERT_TRUE(promoted.ok()) << promoted.status();
+  EXPECT_EQ(*promoted, 2);
+  EXPECT_FALSE(backup.Find("job-1")->backup);
+  EXPECT_THAT(backup.Promote("job-1", 1),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("primary already")));
+  TALLY_EXPECT_OK(primary.SetBackup("job-1", 1, "", 0));
+  EXPECT_TRUE(primary.Find("job-1")->peer_address.empty());
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace tally

@@ -872,3 +872,222 @@ TEST(StreamedSumTest, ACommitAsNothingCountsAfterTheSumWasDropped) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// ------------------------------------------------------ replicated ranges --
+
+// A primary whose forward call keeps what it is handed, and its backup.
+struct ReplicaPair {
+  explicit ReplicaPair(FakeClock* clock, int members) {
+    ParameterShard::Options o;
+    o.forward = [this](ClosedStep s) { forwarded.push_back(std::move(s)); };
+    primary = MakeReplica(clock, o, members);
+    ParameterShard::Options b;
+    b.backup = true;
+    backup = MakeReplica(clock, b, members);
+  }
+  static std::unique_ptr<ParameterShard> MakeReplica(
+      FakeClock* clock, ParameterShard::Options o, int members) {
+    OptimizerConfig c;
+    c.type = OptimizerType::kAdam;
+    c.lr = 0.01;
+    auto s = std::make_unique<ParameterShard>(std::vector<float>(kStreamN, 0.5f),
+                                              *Optimizer::Create(c, kStreamN),
+                                              clock, std::move(o));
+    for (int i = 0; i < members; ++i)
+      s->AddMember(std::string(1, static_cast<char>('a' + i)), 1);
+    return s;
+  }
+  std::vector<ClosedStep> forwarded;
+  std::unique_ptr<ParameterShard> primary, backup;
+};
+
+// Every member pushes and commits step t on `shard`, in reverse rank order.
+void StepAll(ParameterShard& shard, int members, int64_t t,
+             const std::vector<std::vector<float>>& grads) {
+  for (int i = members - 1; i >= 0; --i) {
+    bool dup = false;
+    TALLY_ASSERT_OK(PushAndCommit(shard, StreamMeta(i, t, 1 + i), grads[i].data(),
+                                  &dup));
+  }
+}
+
+// The primary makes each version at once but publishes it only once its
+// backup holds it: a pull of it waits, and meanwhile pulls are given the
+// version before, whole. The backup, given the primary's closed steps,
+// holds the same bits as the primary and as a range never replicated.
+TEST(ReplicatedRangeTest, PullsWaitForTheBackupWhichHoldsTheSameBits) {
+  FakeClock clock;
+  constexpr int kMembers = 3;
+  ReplicaPair pair(&clock, kMembers);
+  auto plain = StreamShard(&clock, true, kMembers);
+  Rng rng(5);
+  for (int64_t t = 0; t < 3; ++t) {
+    std::vector<std::vector<float>> grads;
+    for (int i = 0; i < kMembers; ++i) grads.push_back(WideGradient(rng));
+    int64_t before_v = -1;
+    const std::vector<float> before = *pair.primary->Snapshot(&before_v);
+    bool released = false;
+    pair.primary->WhenVersion(t + 1, absl::InfiniteFuture(),
+                              [&](absl::Status s) { released = s.ok(); });
+    StepAll(*pair.primary, kMembers, t, grads);
+    StepAll(*plain, kMembers, t, grads);
+    EXPECT_EQ(pair.primary->version(), t + 1);
+    EXPECT_EQ(pair.primary->published_version(), t);
+    EXPECT_FALSE(released);
+    int64_t v = -1;
+    EXPECT_EQ(*pair.primary->Snapshot(&v), before);  // the version before
+    EXPECT_EQ(v, t);
+    ASSERT_EQ(pair.forwarded.size(), static_cast<size_t>(t + 1));
+    EXPECT_EQ(pair.forwarded.back().step, t);
+    TALLY_ASSERT_OK(pair.backup->ApplyClosed(pair.forwarded.back()));
+    pair.primary->Acknowledge(t + 1);
+    EXPECT_TRUE(released);
+    EXPECT_EQ(pair.primary->published_version(), t + 1);
+  }
+  int64_t vp = 0, vb = 0, vq = 0;
+  const std::vector<float> p = *pair.primary->Snapshot(&vp);
+  EXPECT_EQ(p, *pair.backup->Snapshot(&vb));
+  EXPECT_EQ(p, *plain->Snapshot(&vq));
+  EXPECT_EQ(vp, 3);
+  EXPECT_EQ(vb, 3);
+  EXPECT_EQ(0, std::memcmp(pair.primary->Save().optimizer.slots[0].data(),
+                           pair.backup->Save().optimizer.slots[0].data(),
+                           kStreamN * sizeof(float)));
+  EXPECT_EQ(pair.backup->Metrics().samples, plain->Metrics().samples);
+}
+
+// A backup takes no member's push (a worker's map is stale: retry), takes
+// a closed step sent twice once, and refuses a step past its version (it
+// lacks the ones between) and a mean of another length; a primary takes
+// no closed step.
+TEST(ReplicatedRangeTest, ABackupTakesClosedStepsOnlyInOrder) {
+  FakeClock clock;
+  ReplicaPair pair(&clock, 1);
+  bool dup = false;
+  EXPECT_THAT(pair.backup->CheckPush(StreamMeta(0, 0, 1), &dup),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("backup")));
+  Rng rng(2);
+  StepAll(*pair.primary, 1, 0, {WideGradient(rng)});
+  StepAll(*pair.primary, 1, 1, {WideGradient(rng)});
+  ASSERT_EQ(pair.forwarded.size(), 2u);
+  EXPECT_THAT(pair.backup->ApplyClosed(pair.forwarded[1]),
+              HasReason(absl::StatusCode::kFailedPrecondition,
+                        v1::STEP_NOT_OPEN));
+  ClosedStep short_mean = pair.forwarded[0];
+  short_mean.mean = std::make_shared<const std::vector<float>>(3, 1.0f);
+  EXPECT_THAT(pair.backup->ApplyClosed(short_mean),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mean")));
+  TALLY_ASSERT_OK(pair.backup->ApplyClosed(pair.forwarded[0]));
+  int64_t v = 0;
+  const std::vector<float> once = *pair.backup->Snapshot(&v);
+  TALLY_ASSERT_OK(pair.backup->ApplyClosed(pair.forwarded[0]));  // again
+  EXPECT_EQ(*pair.backup->Snapshot(&v), once);
+  EXPECT_EQ(v, 1);
+  EXPECT_THAT(pair.primary->ApplyClosed(pair.forwarded[0]),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no backup")));
+}
+
+// The primary dies after making step 2 and before its backup held it. The
+// promoted backup takes the members' pushes of step 2 again and makes the
+// same version 3 the primary made; a primary whose backup is gone
+// publishes what it made at once.
+TEST(ReplicatedRangeTest, APromotedBackupGoesOnFromWhereItWas) {
+  FakeClock clock;
+  constexpr int kMembers = 2;
+  ReplicaPair pair(&clock, kMembers);
+  Rng rng(9);
+  std::vector<std::vector<float>> grads;
+  for (int64_t t = 0; t < 3; ++t) {
+    grads.clear();
+    for (int i = 0; i < kMembers; ++i) grads.push_back(WideGradient(rng));
+    StepAll(*pair.primary, kMembers, t, grads);
+    if (t < 2) {
+      TALLY_ASSERT_OK(pair.backup->ApplyClosed(pair.forwarded.back()));
+      pair.primary->Acknowledge(t + 1);
+    }
+  }
+  EXPECT_EQ(pair.primary->published_version(), 2);
+  pair.backup->Promote();
+  EXPECT_FALSE(pair.backup->backup());
+  StepAll(*pair.backup, kMembers, 2, grads);  // sent again, same gradients
+  EXPECT_EQ(pair.backup->published_version(), 3);
+  pair.primary->StopForwarding();
+  EXPECT_EQ(pair.primary->published_version(), 3);
+  int64_t v1 = 0, v2 = 0;
+  EXPECT_EQ(*pair.primary->Snapshot(&v1), *pair.backup->Snapshot(&v2));
+  EXPECT_EQ(v1, v2);
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// A primary whose backup was lost publishes at once; given a new backup
+// seeded at its version, it waits for that one from then on, and not when
+// it moved on meanwhile.
+TEST(ReplicatedRangeTest, ANewBackupIsForwardedToFromItsSeedVersion) {
+  FakeClock clock;
+  ReplicaPair pair(&clock, 1);
+  Rng rng(4);
+  pair.primary->StopForwarding();
+  StepAll(*pair.primary, 1, 0, {WideGradient(rng)});
+  EXPECT_EQ(pair.primary->published_version(), 1);
+  EXPECT_TRUE(pair.forwarded.empty());
+  std::vector<ClosedStep> later;
+  auto keep = [&later](ClosedStep s) { later.push_back(std::move(s)); };
+  EXPECT_THAT(pair.primary->StartForwarding(0, keep),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("seeded again")));
+  TALLY_ASSERT_OK(pair.primary->StartForwarding(1, keep));
+  StepAll(*pair.primary, 1, 1, {WideGradient(rng)});
+  EXPECT_EQ(pair.primary->published_version(), 1);
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].step, 1);
+  pair.primary->Acknowledge(2);
+  EXPECT_EQ(pair.primary->published_version(), 2);
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// A member's push of the open step reached the lost primary alone (it
+// committed it there with the push) and it waits for the next version on
+// the promoted backup: it is told to push again, and the step closes with
+// its push as the primary's would have.
+TEST(ReplicatedRangeTest, AMemberWhosePushWentOnlyToTheLostPrimaryPushesAgain) {
+  FakeClock clock;
+  ReplicaPair pair(&clock, 2);
+  Rng rng(6);
+  std::vector<std::vector<float>> grads = {WideGradient(rng), WideGradient(rng)};
+  pair.backup->Promote();
+  bool dup = false;
+  // Member a's push of step 0 came here again; b's did not.
+  TALLY_ASSERT_OK(PushAndCommit(*pair.backup, StreamMeta(0, 0, 1),
+                                grads[0].data(), &dup));
+  // b's commit comes without its push: not taken (the step would close
+  // without b's gradient).
+  pair.backup->Commit("b", 1, 0, /*contributed=*/true);
+  EXPECT_EQ(pair.backup->version(), 0);
+  absl::Status told;
+  pair.backup->WhenVersion(1, absl::InfiniteFuture(),
+                           [&told](absl::Status s) { told = s; }, "b");
+  EXPECT_THAT(told, HasReason(absl::StatusCode::kAborted, v1::PUSH_AGAIN));
+  TALLY_ASSERT_OK(PushAndCommit(*pair.backup, StreamMeta(1, 0, 2),
+                                grads[1].data(), &dup));
+  EXPECT_EQ(pair.backup->version(), 1);
+  StepAll(*pair.primary, 2, 0, grads);
+  pair.primary->Acknowledge(1);
+  int64_t v = 0;
+  EXPECT_EQ(*pair.backup->Snapshot(&v), *pair.primary->Snapshot(&v));
+}
+
+}  // namespace
+}  // namespace tally
