@@ -1091,3 +1091,46 @@ TEST(ReplicatedRangeTest, AMemberWhosePushWentOnlyToTheLostPrimaryPushesAgain) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// A Python model's buffer region goes with the closed step: the backup
+// holds the region its primary took, and pulls of the primary get it
+// only with the version it belongs to.
+TEST(ReplicatedRangeTest, TheBufferRegionGoesToTheBackupWithItsVersion) {
+  FakeClock clock;
+  std::vector<ClosedStep> forwarded;
+  ParameterShard::Options p;
+  p.buffer_bytes = 4;
+  p.forward = [&forwarded](ClosedStep s) { forwarded.push_back(std::move(s)); };
+  auto primary = ReplicaPair::MakeReplica(&clock, p, 1);
+  ParameterShard::Options b;
+  b.buffer_bytes = 4;
+  b.backup = true;
+  auto backup = ReplicaPair::MakeReplica(&clock, b, 1);
+  Rng rng(8);
+  std::vector<float> g = WideGradient(rng);
+  PushMeta meta = StreamMeta(0, 0, 1);
+  meta.buffers = std::make_shared<const std::string>("abcd");
+  bool dup = false;
+  TALLY_ASSERT_OK(PushAndCommit(*primary, meta, g.data(), &dup));
+  int64_t v = 0;
+  std::shared_ptr<const std::string> region;
+  primary->Snapshot(&v, nullptr, &region);
+  EXPECT_EQ(v, 0);
+  EXPECT_EQ(region, nullptr);  // not the version before's
+  ASSERT_EQ(forwarded.size(), 1u);
+  TALLY_ASSERT_OK(backup->ApplyClosed(forwarded[0]));
+  primary->Acknowledge(1);
+  primary->Snapshot(&v, nullptr, &region);
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ(*region, "abcd");
+  backup->Snapshot(&v, nullptr, &region);
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ(*region, "abcd");
+  EXPECT_EQ(v, 1);
+}
+
+}  // namespace
+}  // namespace tally
