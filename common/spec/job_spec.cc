@@ -204,6 +204,21 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
     return FieldError("model.embeddings",
                       "tables do not train with backup_workers (for now)");
   }
+  if (spec.training.replicas > 1 &&
+      spec.training.consistency.mode == ConsistencyMode::kAsync) {
+    // A push the lost primary applied alone could not be told to come
+    // again: async commits are pushes applied one by one.
+    return FieldError("training.replicas",
+                      "two copies need steps that close (bsp or ssp)");
+  }
+  if (spec.training.replicas > 1 && spec.training.ranks == 0 &&
+      spec.training.max_workers > spec.training.workers) {
+    // A job that grows changes its plan (its learning rate schedule's
+    // length) on every copy apart from the steps the backup is sent.
+    return FieldError("training.replicas",
+                      "two copies are for a job that does not grow: fix "
+                      "training.workers, or set training.ranks");
+  }
   if (!spec.embeddings.empty() && spec.training.replicas > 1) {
     // A backup makes its versions from the dense mean its primary sends;
     // table rows are stepped apart from it.

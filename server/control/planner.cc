@@ -430,8 +430,9 @@ void Planner::FailOver(JobEntry& job, const std::string& lost,
       ++promoted;
     } else if (p.backup_shard_id == lost) {
       p.backup_shard_id.clear();
-      // A backup still being seeded never took a step: nothing to stop.
-      p.unforward = !p.seed;
+      // Even one still being seeded: the primary may have been told to
+      // send to it already (telling it to stop again is harmless).
+      p.unforward = true;
       p.seed = false;
       ++alone;
     }

@@ -17,6 +17,9 @@ namespace {
 
 // How long a membership change may hold a job's ranges.
 constexpr absl::Duration kHoldFor = absl::Seconds(2);
+// How long seeding a new backup may hold its primary: a range's state
+// crosses the coordinator's link twice meanwhile.
+constexpr absl::Duration kSeedHold = absl::Minutes(2);
 
 ControlTask TaskOf(const JobEntry& job, const Registry& registry) {
   ControlTask t;
@@ -188,12 +191,12 @@ absl::Status Reconciler::Seed(ControlTask& t, size_t i) {
   const ControlTask::Range& r = t.ranges[i];
   TALLY_ASSIGN_OR_RETURN(
       HoldReport held,
-      r.control->Hold(t.job_id, t.map_version, t.hold_id, kHoldFor));
+      r.control->Hold(t.job_id, t.map_version, t.hold_id, kSeedHold));
   absl::Status s = [&]() -> absl::Status {
     TALLY_ASSIGN_OR_RETURN(
         ShardState state,
         r.control->Save(t.job_id, t.map_version, held.version, r.count,
-                        kHoldFor, /*weights_only=*/false));
+                        kSeedHold, /*weights_only=*/false));
     v1::InstallRangeRequest req = InstallOf(t, i);
     req.set_backup(true);
     EncodeRangeState(state, req.mutable_state());
@@ -330,11 +333,16 @@ void Reconciler::SetMembership(ControlTask& t) {
     }
   }
   // Backups take no pushes and close nothing: they are not held, and have
-  // the members for the day they take over. One away is the failover's.
+  // the members for the day they take over. One that did not take them
+  // fails the round: the next one sets them all again (a backup's shard
+  // that is gone is the failover's, which drops it from the job).
   for (const ControlTask::Range& r : t.ranges) {
-    if (r.backup_control != nullptr)
-      r.backup_control->SetMembers(t.job_id, t.map_version, next, 0, plan)
-          .IgnoreError();
+    if (r.backup_control != nullptr &&
+        !r.backup_control->SetMembers(t.job_id, t.map_version, next, 0, plan)
+             .ok()) {
+      t.failed = true;
+      return;
+    }
   }
   t.new_members = std::move(next);
   t.members_now = true;

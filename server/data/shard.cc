@@ -528,8 +528,7 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
     // From the lowest rank still a member (rank 0 may have left).
     if (st.buffers != nullptr && members_.Lowest(st.rank))
       buffers_ = std::move(st.buffers);
-    AdvanceLocked(tally, tally.samples > 0 ? st.grads->data() : nullptr,
-                  ready);
+    AdvanceLocked(tally, tally.samples > 0 ? st.grads->data() : nullptr);
     pool_.Release(std::move(st.grads), members_.size());
     // The rows were stepped as they came; a version is a step for the
     // tables' eviction.
@@ -582,7 +581,7 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   if (rules_.buffer_bytes() != 0)
     members_.TakeBuffers(required, version_, &buffers_);
   stats_.Closed(required, version_, tally.samples);
-  AdvanceLocked(tally, tally.samples > 0 ? sum : nullptr, ready);
+  AdvanceLocked(tally, tally.samples > 0 ? sum : nullptr);
   pool_.Release(std::move(staged_sum), members_.size());  // sum_ stays
   // Members whose last step this was are done here.
   members_.DropLeavers(version_);
@@ -590,8 +589,7 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
   return true;
 }
 
-void ParameterShard::AdvanceLocked(const StepTally& tally, const float* mean,
-                                   Ready* ready) {
+void ParameterShard::AdvanceLocked(const StepTally& tally, const float* mean) {
   ClosedStep closed;
   if (forward_) {
     // What the backup steps with, and the weights the version being left
@@ -610,16 +608,16 @@ void ParameterShard::AdvanceLocked(const StepTally& tally, const float* mean,
   if (tally.samples > 0) optimizer_->Step(weights_.Writable(), mean);
   stats_.Advanced(tally, /*finished=*/version_ + 1 == schedule_.total_steps());
   ++version_;
+  // A promoted backup's first step closed: every member pushed there since.
+  taken_over_ = false;
   if (!forward_) {
     published_ = {version_, nullptr, buffers_};
     return;
   }
   unacked_.push_back({version_, nullptr, buffers_});
-  ready->emplace_back(
-      [forward = forward_, closed = std::move(closed)](absl::Status) {
-        forward(closed);
-      },
-      absl::OkStatus());
+  // Under the lock, so that the steps reach the sender in the order they
+  // closed (it only queues them).
+  forward_(std::move(closed));
 }
 
 absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
@@ -678,7 +676,6 @@ absl::Status ParameterShard::StartForwarding(
 }
 
 absl::Status ParameterShard::ApplyClosed(const ClosedStep& step) {
-  Ready ready;
   {
     absl::MutexLock lock(&mu_);
     if (!backup_)
@@ -702,10 +699,8 @@ absl::Status ParameterShard::ApplyClosed(const ClosedStep& step) {
     if (rules_.buffer_bytes() != 0 && step.buffers != nullptr)
       buffers_ = step.buffers;
     const StepTally tally{step.samples, step.loss_sum, step.correct};
-    AdvanceLocked(tally, step.samples > 0 ? step.mean->data() : nullptr,
-                  &ready);
+    AdvanceLocked(tally, step.samples > 0 ? step.mean->data() : nullptr);
   }
-  RunReady(ready);
   return absl::OkStatus();
 }
 

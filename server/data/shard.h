@@ -148,9 +148,10 @@ class ParameterShard {
     // The job's embedding tables (model.embeddings): the rows this range's
     // slot owns. Null: the job has none.
     std::shared_ptr<SparseTables> tables;
-    // A replicated range's primary: called, without the lock, with every
-    // version the range makes, in order; each is published once
-    // Acknowledge reaches it. Null: each is published as it is made.
+    // A replicated range's primary: called under the range's lock (it must
+    // only queue) with every version the range makes, in order; each is
+    // published once Acknowledge reaches it. Null: each is published as it
+    // is made.
     std::function<void(ClosedStep)> forward;
     // The range is a backup copy (above): no pushes, ApplyClosed.
     bool backup = false;
@@ -448,9 +449,10 @@ class ParameterShard {
   // are applied and its buffers taken; false if not.
   bool CloseStepLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Steps the optimizer with `mean` (if tally.samples > 0) and makes the
-  // weights version + 1: published at once, or forwarded (the call into
-  // `ready`) and published once acknowledged.
-  void AdvanceLocked(const StepTally& tally, const float* mean, Ready* ready)
+  // weights version + 1: published at once, or forwarded (the forward call
+  // is made under the lock, in order: it must only queue) and published
+  // once acknowledged.
+  void AdvanceLocked(const StepTally& tally, const float* mean)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckMember's codes, and kUnavailable on a backup (its primary takes
   // the pushes: the worker's map is stale).
@@ -490,8 +492,9 @@ class ParameterShard {
   std::deque<Made> unacked_ ABSL_GUARDED_BY(mu_);
   std::function<void(ClosedStep)> forward_ ABSL_GUARDED_BY(mu_);
   bool backup_ ABSL_GUARDED_BY(mu_) = false;
-  // A backup that was promoted: a member may wait here for a version past
-  // a step whose push reached only the lost primary (WhenVersion).
+  // A backup that was promoted, until its first step closes: a member may
+  // wait here for a version past a step whose push reached only the lost
+  // primary (WhenVersion, Commit).
   bool taken_over_ ABSL_GUARDED_BY(mu_) = false;
   // async: committed pushes in commit order, applied as holds allow.
   std::deque<StagedPush> apply_queue_ ABSL_GUARDED_BY(mu_);

@@ -149,8 +149,10 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   TALLY_ASSIGN_OR_RETURN(std::shared_ptr<ParameterShard> shard,
                          MakeShard(req, spec, RangeOptions(req, spec)));
   std::shared_ptr<RangeForwarder> forwarder;
-  if (!req.backup() && !req.backup_address().empty())
-    forwarder = MakeForwarder(req, req.backup_address(), shard);
+  if (!req.backup() && !req.backup_address().empty()) {
+    TALLY_ASSIGN_OR_RETURN(forwarder, MakeForwarder(req, req.backup_address(),
+                                                    shard, shard->version()));
+  }
   TALLY_RETURN_IF_ERROR(shard->SetSchedule(req.schedule().total_steps(),
                                            req.schedule().steps_per_epoch(), "",
                                            req.schedule().plan()));
@@ -175,7 +177,7 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
     r.peer_address = req.backup_address();
     r.forwarder = std::move(forwarder);
   }
-  replaced_forwarder.reset();
+  if (replaced_forwarder != nullptr) replaced_forwarder->Stop();
   if (replaced != nullptr) {
     replaced->Close(
         absl::UnavailableError("the job was placed again: pull again"));
@@ -183,9 +185,9 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<RangeForwarder> ShardHost::MakeForwarder(
+absl::StatusOr<std::shared_ptr<RangeForwarder>> ShardHost::MakeForwarder(
     const v1::InstallRangeRequest& req, const std::string& address,
-    const std::shared_ptr<ParameterShard>& shard) {
+    const std::shared_ptr<ParameterShard>& shard, int64_t from_version) {
   RangeForwarder::Options fo;
   fo.job_id = req.job_id();
   fo.map_version = req.map_version();
@@ -199,14 +201,12 @@ std::shared_ptr<RangeForwarder> ShardHost::MakeForwarder(
           : address;
   fo.transport = options_.transport;
   auto forwarder = std::make_shared<RangeForwarder>(std::move(fo), shard);
-  // At the version the range is installed or seeded at: StartForwarding
-  // cannot fail there.
-  absl::Status started = shard->StartForwarding(
-      shard->version(),
+  // From the version the backup holds: refused if the range moved on.
+  TALLY_RETURN_IF_ERROR(shard->StartForwarding(
+      from_version,
       [weak = std::weak_ptr<RangeForwarder>(forwarder)](ClosedStep step) {
         if (auto f = weak.lock(); f != nullptr) f->Send(std::move(step));
-      });
-  if (!started.ok()) return nullptr;
+      }));
   return forwarder;
 }
 
@@ -243,27 +243,25 @@ absl::Status ShardHost::SetBackup(const std::string& job_id,
   std::shared_ptr<RangeForwarder> old;  // stopped unlocked
   if (backup_address.empty()) {
     r.shard->StopForwarding();
+    r.forwarder = nullptr;  // its sender stops (below, unlocked)
   } else {
     v1::InstallRangeRequest req;
     req.set_job_id(job_id);
     req.set_map_version(r.map_version);
-    if (r.shard->version() != from_version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the range is at version ", r.shard->version(), ", not ",
-          from_version, ": its new backup must be seeded again"));
-    }
-    r.forwarder = MakeForwarder(req, backup_address, r.shard);
-    if (r.forwarder == nullptr) {
-      return absl::FailedPreconditionError(
-          "the range moved on from the version its backup was seeded at");
-    }
+    TALLY_ASSIGN_OR_RETURN(
+        r.forwarder, MakeForwarder(req, backup_address, r.shard, from_version));
   }
-  absl::MutexLock lock(&mu_);
-  auto it = ranges_.find(job_id);
-  if (it == ranges_.end() || it->second.shard != r.shard) return NoRange(job_id);
-  old = std::move(it->second.forwarder);
-  it->second.forwarder = std::move(r.forwarder);
-  it->second.peer_address = backup_address;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranges_.find(job_id);
+    if (it == ranges_.end() || it->second.shard != r.shard)
+      return NoRange(job_id);
+    old = std::move(it->second.forwarder);
+    it->second.forwarder = std::move(r.forwarder);
+    it->second.peer_address = backup_address;
+  }
+  // Now, though a pull's copy of the range may still hold it.
+  if (old != nullptr) old->Stop();
   return absl::OkStatus();
 }
 
@@ -431,7 +429,7 @@ void ShardHost::Drop(const std::string& job_id, bool ended,
     forwarder = std::move(it->second.forwarder);
     ranges_.erase(it);
   }
-  forwarder.reset();  // stops its sender
+  if (forwarder != nullptr) forwarder->Stop();
   if (ended && !options_.table_dir.empty()) {
     absl::MutexLock lock(&chains_mu_);
     chains_.erase(job_id);

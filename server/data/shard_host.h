@@ -242,11 +242,13 @@ class ShardHost {
   // What a range of the request's job is made with.
   ParameterShard::Options RangeOptions(const v1::InstallRangeRequest& req,
                                        const JobSpec& spec) const;
-  // A sender of the primary `shard`'s closed steps to `address`, and the
-  // forward call that hands it them.
-  std::shared_ptr<RangeForwarder> MakeForwarder(
+  // A sender of the primary `shard`'s closed steps to `address`, from
+  // `from_version` (the version its backup holds), and the forward call
+  // that hands it them; the shard's StartForwarding error if the range
+  // is at another version.
+  absl::StatusOr<std::shared_ptr<RangeForwarder>> MakeForwarder(
       const v1::InstallRangeRequest& req, const std::string& address,
-      const std::shared_ptr<ParameterShard>& shard);
+      const std::shared_ptr<ParameterShard>& shard, int64_t from_version);
   // Whether a range of `count` values of the job sums pushes as they
   // arrive (Options::streamed_sums).
   bool StreamsSums(const JobSpec& spec, int64_t count) const;

@@ -438,6 +438,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"ranks_zero",
                 WithModel(kLinear8x3, "training: {ranks: 0}\n"),
                 "training.ranks: must be in [1, 1024]"},
+        BadCase{"replicas_three",
+                WithModel(kLinear8x3, "training: {replicas: 3}\n"),
+                "training.replicas: must be in [1, 2]"},
+        BadCase{"replicas_async",
+                WithModel(kLinear8x3, "training: {replicas: 2, consistency: "
+                                      "{mode: async}}\n"),
+                "training.replicas: two copies need steps that close"},
+        BadCase{"replicas_growing",
+                WithModel(kLinear8x3, "training: {replicas: 2, workers: "
+                                      "{min: 1, max: 3}}\n"),
+                "training.replicas: two copies are for a job that does not "
+                "grow"},
         BadCase{"backup_workers_for_async",
                 WithModel(kLinear8x3, "training: {workers: 3, consistency: "
                                       "{mode: async, backup_workers: 1}}\n"),
