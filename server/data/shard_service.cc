@@ -860,28 +860,40 @@ class SaveReactor final
 
 // ------------------------------------------------------------- install --
 
-// Gathers a range's state from its pieces, then installs it. The pieces
-// may not add up to more than the range's size says.
-class InstallReactor final
-    : public grpc::ServerReadReactor<v1::InstallRangeChunk> {
+// A client stream gathered message by message (Add), then acted on once
+// the client is done writing (Done): the answer is Done's status, or that
+// of the first Add that refused. A subclass calls Start when constructed.
+template <typename Message>
+class GatherReactor : public grpc::ServerReadReactor<Message> {
  public:
-  explicit InstallReactor(ShardHost* host) : host_(host) { StartRead(&msg_); }
-
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Finish(ToGrpc(Install()));
+      this->Finish(ToGrpc(Done()));
       return;
     }
     if (absl::Status s = Add(); !s.ok()) {
-      Finish(ToGrpc(s));
+      this->Finish(ToGrpc(s));
       return;
     }
-    StartRead(&msg_);
+    this->StartRead(&msg_);
   }
   void OnDone() override { delete this; }
 
+ protected:
+  void Start() { this->StartRead(&msg_); }
+  virtual absl::Status Add() = 0;
+  virtual absl::Status Done() = 0;
+  Message msg_;
+};
+
+// Gathers a range's state from its pieces, then installs it. The pieces
+// may not add up to more than the range's size says.
+class InstallReactor final : public GatherReactor<v1::InstallRangeChunk> {
+ public:
+  explicit InstallReactor(ShardHost* host) : host_(host) { Start(); }
+
  private:
-  absl::Status Add() {
+  absl::Status Add() override {
     if (first_) {
       if (!msg_.has_request()) {
         return absl::InvalidArgumentError(
@@ -916,13 +928,12 @@ class InstallReactor final
     part->append(msg_.data());
     return absl::OkStatus();
   }
-  absl::Status Install() {
+  absl::Status Done() override {
     if (first_) return absl::InvalidArgumentError("an empty install stream");
     return host_->Install(req_);
   }
 
   ShardHost* host_;  // borrowed
-  v1::InstallRangeChunk msg_;
   v1::InstallRangeRequest req_;
   bool first_ = true;
 };
@@ -931,29 +942,15 @@ class InstallReactor final
 
 // A primary's closed step, gathered from its pieces (no more values than
 // the backup's range holds), then made on the backup copy.
-class ClosedStepReactor final
-    : public grpc::ServerReadReactor<v1::ClosedStepChunk> {
+class ClosedStepReactor final : public GatherReactor<v1::ClosedStepChunk> {
  public:
   ClosedStepReactor(ShardHost* host, v1::ApplyClosedStepsResponse* resp)
       : host_(host), resp_(resp) {
-    StartRead(&msg_);
+    Start();
   }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      Finish(ToGrpc(Apply()));
-      return;
-    }
-    if (absl::Status s = Add(); !s.ok()) {
-      Finish(ToGrpc(s));
-      return;
-    }
-    StartRead(&msg_);
-  }
-  void OnDone() override { delete this; }
 
  private:
-  absl::Status Add() {
+  absl::Status Add() override {
     if (first_) {
       if (!msg_.has_header()) {
         return absl::InvalidArgumentError(
@@ -978,7 +975,7 @@ class ClosedStepReactor final
     std::memcpy(mean_.data() + at, data.data(), data.size());
     return absl::OkStatus();
   }
-  absl::Status Apply() {
+  absl::Status Done() override {
     if (first_) return absl::InvalidArgumentError("an empty closed step");
     ClosedStep step;
     step.step = header_.step();
@@ -998,7 +995,6 @@ class ClosedStepReactor final
 
   ShardHost* host_;                        // borrowed
   v1::ApplyClosedStepsResponse* resp_;     // gRPC's
-  v1::ClosedStepChunk msg_;
   v1::ClosedStepChunk::Header header_;
   std::vector<float> mean_;
   int64_t count_ = 0;
