@@ -167,6 +167,34 @@ absl::Status CheckEmbeddings(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// training.replicas: 2 needs steps that close, a plan that does not change
+// and no tables (docs/cluster.md, "Replicated ranges").
+absl::Status CheckReplicas(const JobSpec& spec) {
+  if (spec.training.replicas > 1 &&
+      spec.training.consistency.mode == ConsistencyMode::kAsync) {
+    // A push the lost primary applied alone could not be told to come
+    // again: async commits are pushes applied one by one.
+    return FieldError("training.replicas",
+                      "two copies need steps that close (bsp or ssp)");
+  }
+  if (spec.training.replicas > 1 && spec.training.ranks == 0 &&
+      spec.training.max_workers > spec.training.workers) {
+    // A job that grows changes its plan (its learning rate schedule's
+    // length) on every copy apart from the steps the backup is sent.
+    return FieldError("training.replicas",
+                      "two copies are for a job that does not grow: fix "
+                      "training.workers, or set training.ranks");
+  }
+  if (!spec.embeddings.empty() && spec.training.replicas > 1) {
+    // A backup makes its versions from the dense mean its primary sends;
+    // table rows are stepped apart from it.
+    return FieldError("training.replicas",
+                      "a model with tables (model.embeddings) keeps one "
+                      "copy of each range (for now)");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
                                          const SpecLimits& limits) {
   TALLY_RETURN_IF_ERROR(CheckKeys(
@@ -204,28 +232,7 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
     return FieldError("model.embeddings",
                       "tables do not train with backup_workers (for now)");
   }
-  if (spec.training.replicas > 1 &&
-      spec.training.consistency.mode == ConsistencyMode::kAsync) {
-    // A push the lost primary applied alone could not be told to come
-    // again: async commits are pushes applied one by one.
-    return FieldError("training.replicas",
-                      "two copies need steps that close (bsp or ssp)");
-  }
-  if (spec.training.replicas > 1 && spec.training.ranks == 0 &&
-      spec.training.max_workers > spec.training.workers) {
-    // A job that grows changes its plan (its learning rate schedule's
-    // length) on every copy apart from the steps the backup is sent.
-    return FieldError("training.replicas",
-                      "two copies are for a job that does not grow: fix "
-                      "training.workers, or set training.ranks");
-  }
-  if (!spec.embeddings.empty() && spec.training.replicas > 1) {
-    // A backup makes its versions from the dense mean its primary sends;
-    // table rows are stepped apart from it.
-    return FieldError("training.replicas",
-                      "a model with tables (model.embeddings) keeps one "
-                      "copy of each range (for now)");
-  }
+  TALLY_RETURN_IF_ERROR(CheckReplicas(spec));
   TALLY_RETURN_IF_ERROR(CheckModelFits(limits, &spec));
   TALLY_RETURN_IF_ERROR(CheckBatchFits(limits, spec));
   return spec;
