@@ -1,7 +1,8 @@
 // A registration's Attend call (WorkerService.Attend for a worker,
 // CoordinatorService.AttendShard for a shard process), held open from a
 // thread of its own for as long as the registration lives. The
-// coordinator sends nothing on it: it ends the registration's lease when
+// coordinator sends only an empty message on it every 20 s, which is read
+// and dropped: it ends the registration's lease when
 // the call ends, which a killed process's closed connection does at once
 // (docs/cluster.md, "Jobs and workers").
 //
