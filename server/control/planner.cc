@@ -278,12 +278,13 @@ void Planner::Start(JobEntry& job, absl::Time now) {
 
 // ------------------------------------------------------------- placement --
 
-bool Planner::Place(JobEntry& job, absl::Time now) {
-  // Live shards, least loaded first.
+std::vector<std::pair<int64_t, std::string>> Planner::LiveShardsByLoad()
+    const {
   std::map<std::string, int64_t> load;
   for (const auto& [id, s] : registry_.shards()) {
     if (s.live) load[id] = 0;
   }
+  // Both copies of a range count on their shards.
   for (const auto& [jid, j] : jobs_.entries()) {
     if (j.ended()) continue;
     for (const Placement& p : j.ranges) {
@@ -292,8 +293,13 @@ bool Planner::Place(JobEntry& job, absl::Time now) {
     }
   }
   std::vector<std::pair<int64_t, std::string>> order;
-  for (const auto& [id, bytes] : load) order.emplace_back(bytes, id);
+  for (const auto& [id, values] : load) order.emplace_back(values, id);
   std::sort(order.begin(), order.end());
+  return order;
+}
+
+bool Planner::Place(JobEntry& job, absl::Time now) {
+  const std::vector<std::pair<int64_t, std::string>> order = LiveShardsByLoad();
   const int64_t n = job.spec.layout.num_params;
   // Backup workers need one shard: shards would each pick the late pushes.
   const int wanted = job.spec.training.consistency.backup_workers > 0
@@ -394,19 +400,10 @@ void Planner::ReplaceBackups(JobEntry& job, absl::Time now) {
     if (!p.backup_shard_id.empty() || p.promote || p.unforward) continue;
     // The least loaded live shard that holds none.
     std::string best;
-    int64_t best_load = INT64_MAX;
-    for (const auto& [id, s] : registry_.shards()) {
-      if (!s.live || holding.count(id)) continue;
-      int64_t load = 0;
-      for (const auto& [jid, j] : jobs_.entries()) {
-        if (j.ended()) continue;
-        for (const Placement& q : j.ranges) {
-          if (q.shard_id == id || q.backup_shard_id == id) load += q.count;
-        }
-      }
-      if (load < best_load) {
+    for (const auto& [load, id] : LiveShardsByLoad()) {
+      if (holding.count(id) == 0) {
         best = id;
-        best_load = load;
+        break;
       }
     }
     if (best.empty()) return;  // none free: it goes on with one copy

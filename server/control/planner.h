@@ -25,6 +25,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -70,6 +71,9 @@ class Planner {
                       absl::Time now);
   // Shards that some job's placement names.
   std::set<std::string> PlacedShards() const;
+  // Live shards, least loaded first (the values of the ranges, primaries
+  // and backups, of every job not ended), as (values, shard id).
+  std::vector<std::pair<int64_t, std::string>> LiveShardsByLoad() const;
   // A replicated job's ranges left with one copy (a failover) get a new
   // backup on the least loaded live shard that holds no copy of the job,
   // seeded from the primary by the next control round (Placement::seed);

@@ -696,8 +696,13 @@ absl::Status ParameterShard::ApplyClosed(const ClosedStep& step) {
           "a closed step's mean must hold the range's ", num_params_,
           " values"));
     }
-    if (rules_.buffer_bytes() != 0 && step.buffers != nullptr)
-      buffers_ = step.buffers;
+    if (step.buffers != nullptr &&
+        static_cast<int64_t>(step.buffers->size()) != rules_.buffer_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a closed step's buffer region must be the range's ",
+          rules_.buffer_bytes(), " bytes, not ", step.buffers->size()));
+    }
+    if (step.buffers != nullptr) buffers_ = step.buffers;
     const StepTally tally{step.samples, step.loss_sum, step.correct};
     AdvanceLocked(tally, step.samples > 0 ? step.mean->data() : nullptr);
   }

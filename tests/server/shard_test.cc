@@ -976,6 +976,11 @@ TEST(ReplicatedRangeTest, ABackupTakesClosedStepsOnlyInOrder) {
   EXPECT_THAT(pair.backup->ApplyClosed(pair.forwarded[1]),
               HasReason(absl::StatusCode::kFailedPrecondition,
                         v1::STEP_NOT_OPEN));
+  ClosedStep odd_buffers = pair.forwarded[0];
+  odd_buffers.buffers = std::make_shared<const std::string>("xy");
+  EXPECT_THAT(pair.backup->ApplyClosed(odd_buffers),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("buffer region")));
   ClosedStep short_mean = pair.forwarded[0];
   short_mean.mean = std::make_shared<const std::vector<float>>(3, 1.0f);
   EXPECT_THAT(pair.backup->ApplyClosed(short_mean),
