@@ -326,9 +326,13 @@ bool Planner::Place(JobEntry& job, absl::Time now) {
   if (k == 0) return false;
   job.ranges.clear();
   const auto parts = PartitionRanges(n, k);
+  // The primaries' shards hold no backup of the job.
+  std::set<std::string> taken;
+  for (int i = 0; i < k; ++i) taken.insert(order[i].second);
   for (int i = 0; i < k; ++i) {
     Placement p{order[i].second, parts[i].first, parts[i].second};
-    if (replicated && k + i < live) p.backup_shard_id = order[k + i].second;
+    if (replicated) p.backup_shard_id = PickBackup(order, taken, p.shard_id);
+    taken.insert(p.backup_shard_id);
     job.ranges.push_back(std::move(p));
   }
   // Map versions never repeat, across coordinator restarts too (a shard
@@ -388,6 +392,39 @@ std::vector<std::string> Planner::LoseShard(const std::string& shard_id,
   return lost;
 }
 
+namespace {
+
+// "host:port" (or "[v6]:port") -> its host; an address without a port is
+// its own host.
+std::string HostOf(const std::string& address) {
+  if (!address.empty() && address[0] == '[') {
+    const size_t close = address.find(']');
+    return close == std::string::npos ? address : address.substr(0, close + 1);
+  }
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+std::string Planner::PickBackup(
+    const std::vector<std::pair<int64_t, std::string>>& order,
+    const std::set<std::string>& taken, const std::string& primary) const {
+  auto host = [this](const std::string& id) {
+    auto s = registry_.shards().find(id);
+    return s == registry_.shards().end() ? std::string()
+                                         : HostOf(s->second.address);
+  };
+  const std::string primary_host = host(primary);
+  std::string same_host;  // the first free one, on the primary's host
+  for (const auto& [load, id] : order) {
+    if (taken.count(id)) continue;
+    if (primary_host.empty() || host(id) != primary_host) return id;
+    if (same_host.empty()) same_host = id;
+  }
+  return same_host;
+}
+
 void Planner::ReplaceBackups(JobEntry& job, absl::Time now) {
   if (job.spec.training.replicas < 2 || !job.installed) return;
   // Shards that hold a copy of the job already: never a second one.
@@ -398,14 +435,8 @@ void Planner::ReplaceBackups(JobEntry& job, absl::Time now) {
   }
   for (Placement& p : job.ranges) {
     if (!p.backup_shard_id.empty() || p.promote || p.unforward) continue;
-    // The least loaded live shard that holds none.
-    std::string best;
-    for (const auto& [load, id] : LiveShardsByLoad()) {
-      if (holding.count(id) == 0) {
-        best = id;
-        break;
-      }
-    }
+    const std::string best =
+        PickBackup(LiveShardsByLoad(), holding, p.shard_id);
     if (best.empty()) return;  // none free: it goes on with one copy
     p.backup_shard_id = best;
     p.seed = true;

@@ -56,7 +56,7 @@ class Planner {
   std::vector<std::string> ScheduleJobs(absl::Time now);
   // Splits the job over the live shards (a new map version); with
   // training.replicas: 2 each range has a backup on another shard where
-  // one remains (unless training.shards says how many, the primaries take
+  // one remains, on another host where one has a shard left (unless training.shards says how many, the primaries take
   // half the live shards). False when too few are live.
   bool Place(JobEntry& job, absl::Time now);
   // A lost shard. A job whose every copy there has its other copy live
@@ -75,8 +75,8 @@ class Planner {
   // and backups, of every job not ended), as (values, shard id).
   std::vector<std::pair<int64_t, std::string>> LiveShardsByLoad() const;
   // A replicated job's ranges left with one copy (a failover) get a new
-  // backup on the least loaded live shard that holds no copy of the job,
-  // seeded from the primary by the next control round (Placement::seed);
+  // backup on the least loaded live shard that holds no copy of the job
+  // (PickBackup), seeded from the primary by the next control round (Placement::seed);
   // none while no such shard is live.
   void ReplaceBackups(JobEntry& job, absl::Time now);
   // A replicated job's copies on `lost` are gone: each range whose primary
@@ -118,6 +118,13 @@ class Planner {
                           int64_t total_steps);
 
  private:
+  // A backup's shard for a range whose primary is on `primary`: of the
+  // shards in `order` (least loaded first) not in `taken`, the first on
+  // another host than the primary's (the host part of its address), else
+  // the first; "" when every one is taken.
+  std::string PickBackup(
+      const std::vector<std::pair<int64_t, std::string>>& order,
+      const std::set<std::string>& taken, const std::string& primary) const;
   // DecideMembers' joiners past the world: their epoch and the new plan.
   static void GrowMembers(ControlTask& task, int64_t vmax,
                           const std::vector<HoldReport>& reports,

@@ -209,6 +209,27 @@ TEST_F(PlannerTest, ABackupTakesOverTheRangeOfItsLostPrimary) {
   EXPECT_TRUE(job.ranges.empty());
 }
 
+// A backup goes on another host than its primary's where one has a shard
+// free, though a shard on the primary's host is as little loaded: when
+// the range is placed, and when a new backup replaces a lost one.
+TEST_F(PlannerTest, ABackupGoesOnAnotherHostWhereOneHasAShard) {
+  AddShard("a:1");
+  AddShard("a:2");
+  AddShard("b:1");
+  JobEntry& job = Submit(TALLY_TINY_MODEL
+                         "training: {workers: 1, replicas: 2, shards: 1}\n");
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(job.ranges.size(), 1u);
+  EXPECT_EQ(registry_.shard(job.ranges[0].shard_id).address, "a:1");
+  EXPECT_EQ(registry_.shard(job.ranges[0].backup_shard_id).address, "b:1");
+  job.installed = true;
+  job.ranges[0].backup_shard_id.clear();
+  planner_.ReplaceBackups(job, kNow);
+  EXPECT_EQ(registry_.shard(job.ranges[0].backup_shard_id).address, "b:1");
+  EXPECT_TRUE(job.ranges[0].seed);
+}
+
 // With one live shard, a job that asks for two copies runs with one.
 TEST_F(PlannerTest, AReplicatedJobOnOneShardKeepsOneCopy) {
   AddShard("h:1");
