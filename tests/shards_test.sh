@@ -17,8 +17,8 @@
 #            ranks is killed for good (the survivor computes its ranks),
 #            and when a worker and a shard are killed at once (a spare
 #            takes the ranks; the ranges come back from the checkpoint).
-# replicas   A job with two copies of its range (training.replicas: 2, on
-#            three shard processes) gives the same weights, byte for byte,
+# replicas   A job with two copies of its range (the default for bsp,
+#            training.replicas unset; three shard processes) gives the same weights, byte for byte,
 #            when the primary's shard is killed (its backup takes over, no
 #            step rolled back, and a new backup seeded on the third shard
 #            takes over in turn when the new primary is killed) and when
@@ -68,10 +68,12 @@ ranks_spec() {  # -> a path: 4 ranks over 2 workers, 2 shards
     "$(job_spec 2 "{type: sgd, lr: 0.05, momentum: 0.9}" 8)" > "$f"
   echo "$f"
 }
+# training.replicas is left unset: a bsp job that can have two copies has
+# them by default.
 replicas_spec() {  # -> a path: 4 ranks over 2 workers, one range, 2 copies
   local f=$dir/job-replicas.yaml
   sed -e "s/^name: .*/name: replicas/" \
-      -e "s/^training: .*/training: {epochs: 16, batch_size: 32, seed: 1, ranks: 4, workers: 2, shards: 1, replicas: 2}/" \
+      -e "s/^training: .*/training: {epochs: 16, batch_size: 32, seed: 1, ranks: 4, workers: 2, shards: 1}/" \
     "$(job_spec 1 "{type: adam, lr: 0.002}" 16)" > "$f"
   echo "$f"
 }

@@ -167,30 +167,37 @@ absl::Status CheckEmbeddings(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// training.replicas: 2 needs steps that close, a plan that does not change
-// and no tables (docs/cluster.md, "Replicated ranges").
-absl::Status CheckReplicas(const JobSpec& spec) {
-  if (spec.training.replicas > 1 &&
-      spec.training.consistency.mode == ConsistencyMode::kAsync) {
+// Why the job cannot have two copies of a range ("": it can). Two need
+// steps that close, a plan that does not change and no tables
+// (docs/cluster.md, "Replicated ranges").
+const char* WhyOneCopy(const JobSpec& spec) {
+  if (spec.training.consistency.mode == ConsistencyMode::kAsync) {
     // A push the lost primary applied alone could not be told to come
     // again: async commits are pushes applied one by one.
-    return FieldError("training.replicas",
-                      "two copies need steps that close (bsp or ssp)");
+    return "two copies need steps that close (bsp or ssp)";
   }
-  if (spec.training.replicas > 1 && spec.training.ranks == 0 &&
+  if (spec.training.ranks == 0 &&
       spec.training.max_workers > spec.training.workers) {
     // A job that grows changes its plan (its learning rate schedule's
     // length) on every copy apart from the steps the backup is sent.
-    return FieldError("training.replicas",
-                      "two copies are for a job that does not grow: fix "
-                      "training.workers, or set training.ranks");
+    return "two copies are for a job that does not grow: fix "
+           "training.workers, or set training.ranks";
   }
-  if (!spec.embeddings.empty() && spec.training.replicas > 1) {
+  if (!spec.embeddings.empty()) {
     // A backup makes its versions from the dense mean its primary sends;
     // table rows are stepped apart from it.
-    return FieldError("training.replicas",
-                      "a model with tables (model.embeddings) keeps one "
-                      "copy of each range (for now)");
+    return "a model with tables (model.embeddings) keeps one copy of each "
+           "range (for now)";
+  }
+  return "";
+}
+
+// training.replicas: 2 where the job cannot have two copies is refused
+// (unset, it has one: RangeCopies).
+absl::Status CheckReplicas(const JobSpec& spec) {
+  if (const char* why = WhyOneCopy(spec);
+      spec.training.replicas > 1 && *why != '\0') {
+    return FieldError("training.replicas", why);
   }
   return absl::OkStatus();
 }
@@ -239,6 +246,16 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
 }
 
 }  // namespace
+
+int64_t RangeCopies(const JobSpec& spec) {
+  if (spec.training.replicas > 0) return spec.training.replicas;
+  // ssp may ask for two; unset, they are for bsp alone, whose failover the
+  // byte-identical tests cover.
+  return *WhyOneCopy(spec) == '\0' &&
+                 spec.training.consistency.mode == ConsistencyMode::kBsp
+             ? 2
+             : 1;
+}
 
 const char* LossName(LossKind loss) {
   switch (loss) {

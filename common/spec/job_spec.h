@@ -149,12 +149,13 @@ struct TrainingSpec {
   // Parameter shards the job's vector is split over; 0: every live shard,
   // as many as keep each range at least 1 MiB (docs/cluster.md).
   int64_t shards = 0;
-  // training.replicas: copies of each range, 1 or 2. With 2, a backup on
-  // another shard makes every version its primary makes, and takes over
-  // when the primary's shard is lost (docs/cluster.md, "Replicated
-  // ranges"). A shard holds one copy of a job: unless `shards` says how
-  // many, the primaries take half the live shards.
-  int64_t replicas = 1;
+  // training.replicas: copies of each range, 1 or 2; 0 (unset): 2 for a
+  // bsp job that allows two (RangeCopies). With 2, a backup on another shard
+  // makes every version its primary makes, and takes over when the
+  // primary's shard is lost (docs/cluster.md, "Replicated ranges"). A
+  // shard holds one copy of a job: unless `shards` says how many, the
+  // primaries take half the live shards.
+  int64_t replicas = 0;
   bool tf32 = false;        // let GPU matrix products use TF32 tensor cores
   // bfloat16 halves the bytes of every push and pull; the server still
   // averages, steps and keeps the weights in float32.
@@ -289,6 +290,12 @@ struct Schedule {
   int last_world() const { return worlds.empty() ? 1 : worlds.back().world; }
 };
 Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world);
+
+// The copies of each range the job is to have where two shards are live:
+// training.replicas when set, else 2 for a bsp job that allows two (a
+// plan that does not grow, no tables) and 1 for any other.
+int64_t RangeCopies(const JobSpec& spec);
+
 // `s` with `world` workers from `epoch` on (the worlds it had from there
 // replaced), total_steps recomputed and the plan one more.
 Schedule GrowSchedule(const Schedule& s, int64_t epoch, int world,

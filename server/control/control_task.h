@@ -35,7 +35,7 @@ struct ControlTask {
     std::string shard_id;
     int64_t offset = 0, count = 0;
     std::shared_ptr<ShardControl> control;
-    // Its backup copy (training.replicas: 2; null control: none), and the
+    // Its backup copy (two copies, RangeCopies; null control: none), and the
     // failover calls still to make (Placement::promote, unforward).
     std::string backup_shard_id, backup_address;
     std::shared_ptr<ShardControl> backup_control;

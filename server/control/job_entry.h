@@ -25,7 +25,7 @@ namespace tally {
 struct StoredJob;
 
 // One range of a job's shard map: elements [offset, offset + count) on a
-// shard, and with training.replicas: 2 its backup copy on another
+// shard, and with two copies (RangeCopies) its backup copy on another
 // (docs/cluster.md, "Replicated ranges").
 struct Placement {
   std::string shard_id;

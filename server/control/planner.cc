@@ -319,7 +319,7 @@ bool Planner::Place(JobEntry& job, absl::Time now) {
   // ones; backups go on the next least loaded, where shards remain (one
   // copy where none does).
   const int live = static_cast<int>(order.size());
-  const bool replicated = job.spec.training.replicas > 1;
+  const bool replicated = RangeCopies(job.spec) > 1;
   int k = ShardCount(values, wanted,
                      replicated && wanted == 0 && live >= 2 ? live / 2 : live);
   k = std::min<int64_t>(k, n);  // every shard holds some of the vector
@@ -426,7 +426,7 @@ std::string Planner::PickBackup(
 }
 
 void Planner::ReplaceBackups(JobEntry& job, absl::Time now) {
-  if (job.spec.training.replicas < 2 || !job.installed) return;
+  if (RangeCopies(job.spec) < 2 || !job.installed) return;
   // Shards that hold a copy of the job already: never a second one.
   std::set<std::string> holding;
   for (const Placement& p : job.ranges) {

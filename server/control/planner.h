@@ -54,10 +54,11 @@ class Planner {
   // placed; running jobs that may grow take the workers left. Returns the
   // jobs whose watchers are to hear, once a change.
   std::vector<std::string> ScheduleJobs(absl::Time now);
-  // Splits the job over the live shards (a new map version); with
-  // training.replicas: 2 each range has a backup on another shard where
-  // one remains, on another host where one has a shard left (unless training.shards says how many, the primaries take
-  // half the live shards). False when too few are live.
+  // Splits the job over the live shards (a new map version); with two
+  // copies (RangeCopies) each range has a backup on another shard where
+  // one remains, on another host where one has a shard left (unless
+  // training.shards says how many, the primaries take half the live
+  // shards). False when too few are live.
   bool Place(JobEntry& job, absl::Time now);
   // A lost shard. A job whose every copy there has its other copy live
   // goes on where it is (FailOver). Every other job not ended with a

@@ -116,12 +116,18 @@ TEST_F(PlannerTest, JobsStartInSubmissionOrderButAJobNobodyRunsWaitsAside) {
 TEST_F(PlannerTest, AVacantSlotIsRefilledAndTheLeastLoadedShardTakesAJob) {
   AddShard("h:1");
   AddShard("h:2");
-  JobEntry& job = Submit(kOneWorker);
+  // One copy each: two would load both shards alike.
+  constexpr char kOneCopy[] =
+      "model: {layers: [{linear: {in_features: 4, out_features: 2}}]}\n"
+      "dataset: {name: synthetic, features: 4, classes: 2}\n"
+      "training: {workers: 1, replicas: 1}\n";
+  JobEntry& job = Submit(kOneCopy);
   AddWorker();
   planner_.ScheduleJobs(kNow);
   ASSERT_EQ(job.ranges.size(), 1u);
+  EXPECT_TRUE(job.ranges[0].backup_shard_id.empty());
   const std::string first_home = job.ranges[0].shard_id;
-  JobEntry& other = Submit(kOneWorker);
+  JobEntry& other = Submit(kOneCopy);
   AddWorker();
   planner_.ScheduleJobs(kNow);
   ASSERT_EQ(other.ranges.size(), 1u);

@@ -532,6 +532,33 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.loss: a model of layers trains with cross_entropy"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Unset, training.replicas is 2 for a bsp job that can have two copies,
+// and 1 for one that cannot (it grows, it is async or ssp, it has tables);
+// set, it is what it says.
+TEST(JobSpecTest, RangesHaveTwoCopiesWhereTheJobAllowsUnlessItSaysOne) {
+  auto copies = [](const std::string& training) -> int64_t {
+    absl::StatusOr<JobSpec> s = ParseJobSpec(WithModel(kLinear8x3, training));
+    EXPECT_TRUE(s.ok()) << training << ": " << s.status();
+    return s.ok() ? RangeCopies(*s) : -1;
+  };
+  EXPECT_EQ(copies(""), 2);
+  EXPECT_EQ(copies("training: {ranks: 4}\n"), 2);
+  EXPECT_EQ(copies("training: {replicas: 1}\n"), 1);
+  EXPECT_EQ(copies("training: {workers: {min: 1, max: 3}}\n"), 1);
+  EXPECT_EQ(copies("training: {consistency: {mode: async}}\n"), 1);
+  EXPECT_EQ(copies("training: {consistency: {mode: ssp, staleness: 1}}\n"), 1);
+  EXPECT_EQ(copies("training: {replicas: 2, consistency: {mode: ssp, "
+                   "staleness: 1}}\n"),
+            2);
+  absl::StatusOr<JobSpec> tables = ParseJobSpec(
+      "model: {python: {file: m.py, code: x, params: [{name: w, shape: [2, "
+      "4]}]}, embeddings: [{name: e, ids: direct, num_embeddings: 100, dim: "
+      "1}]}\n"
+      "dataset: {name: synthetic, features: 4, classes: 2}\n");
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  EXPECT_EQ(RangeCopies(*tables), 1);
+}
+
 TEST(JobSpecTest, AnArraysDatasetGivesItsShapeClassesAndSize) {
   auto spec = ParseJobSpec(
       "model: {preset: cnn}\ndataset: {name: arrays, train: {inputs: /d/x.npy, "
