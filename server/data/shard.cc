@@ -36,10 +36,9 @@ ParameterShard::ParameterShard(std::vector<float> weights,
       sum_(num_params_, options.streamed_sums && rules_.AllowsStreaming(),
            &members_, &pool_, &waiters_),
       rows_(std::move(options.tables)),
-      stats_(clock, !rules_.async(), std::move(options.publish_observer)) {
+      stats_(clock, !rules_.async(), std::move(options.publish_observer)),
+      replica_(std::move(options.forward), options.backup) {
   absl::MutexLock lock(&mu_);
-  forward_ = std::move(options.forward);
-  backup_ = options.backup;
   // The step's one sum, made (and its pages touched) now rather than by the
   // first push of the job, under the lock every other push of that step
   // waits on while their data piles up in the transport. (A rule that
@@ -144,7 +143,7 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Restore(
     shard->version_ = m.version;
     shard->schedule_.GoOnFrom(m.total_steps, m.steps_per_epoch);
     shard->buffers_ = state.buffers;
-    shard->published_ = {m.version, nullptr, state.buffers};
+    shard->replica_.Restored(m.version, state.buffers);
     shard->stats_.GoOnFrom(m);
   }
   if (state.retired) shard->Retire();
@@ -440,7 +439,7 @@ bool ParameterShard::Commit(const std::string& worker_id, int64_t incarnation,
       // Committed as pushed, but its push never reached this range: a
       // backup that took over from its lost primary, which had it. It
       // pushes again first, as above.
-      if (taken_over_ && contributed && m.pushed_step < step &&
+      if (replica_.taken_over() && contributed && m.pushed_step < step &&
           !sum_.HasPart(worker_id)) {
         m.push_again = step;
         return true;
@@ -502,7 +501,7 @@ void ParameterShard::Reject(const PushMeta& meta) {
 // ------------------------------------------------------ closing a step --
 
 void ParameterShard::MaybeCloseLocked(Ready* ready) {
-  const int64_t before = published_.version;
+  const int64_t before = replica_.published().version;
   while (!retired_ && hold_id_ == 0 &&
          (save_at_.empty() || version_ < *save_at_.begin()) &&
          !schedule_.Ended(version_)) {
@@ -540,8 +539,8 @@ void ParameterShard::MaybeCloseLocked(Ready* ready) {
       pool_.Release(std::move(st.grads), members_.size());
     apply_queue_.clear();
   }
-  if (published_.version != before)
-    waiters_.Release(published_.version, ready);
+  if (replica_.published().version != before)
+    waiters_.Release(replica_.published().version, ready);
 }
 
 bool ParameterShard::CloseStepLocked(Ready* ready) {
@@ -591,38 +590,28 @@ bool ParameterShard::CloseStepLocked(Ready* ready) {
 
 void ParameterShard::AdvanceLocked(const StepTally& tally, const float* mean) {
   ClosedStep closed;
-  if (forward_) {
-    // What the backup steps with, and the weights the version being left
-    // had, kept while a pull may still be given them (stepping then copies
-    // them first: PublishedWeights::Writable).
+  if (replica_.forwarding()) {
+    // What the backup steps with.
     closed.step = version_;
     closed.samples = tally.samples;
     closed.loss_sum = tally.loss;
     closed.correct = tally.correct;
-    if (tally.samples > 0)
-      closed.mean = std::make_shared<const std::vector<float>>(mean, mean + num_params_);
+    if (tally.samples > 0) {
+      closed.mean =
+          std::make_shared<const std::vector<float>>(mean, mean + num_params_);
+    }
     closed.buffers = buffers_;
-    Made& left = unacked_.empty() ? published_ : unacked_.back();
-    if (left.weights == nullptr) left.weights = weights_.current();
+    replica_.Leaving(weights_.current());
   }
   if (tally.samples > 0) optimizer_->Step(weights_.Writable(), mean);
   stats_.Advanced(tally, /*finished=*/version_ + 1 == schedule_.total_steps());
   ++version_;
-  // A promoted backup's first step closed: every member pushed there since.
-  taken_over_ = false;
-  if (!forward_) {
-    published_ = {version_, nullptr, buffers_};
-    return;
-  }
-  unacked_.push_back({version_, nullptr, buffers_});
-  // Under the lock, so that the steps reach the sender in the order they
-  // closed (it only queues them).
-  forward_(std::move(closed));
+  replica_.Made(version_, buffers_, std::move(closed));
 }
 
 absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
                                                int64_t incarnation) const {
-  if (backup_) {
+  if (replica_.backup()) {
     return absl::UnavailableError(
         "this range is a backup copy: its primary takes the pushes and "
         "pulls (the shard map is stale)");
@@ -636,13 +625,8 @@ void ParameterShard::Acknowledge(int64_t version) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    const int64_t before = published_.version;
-    while (!unacked_.empty() && unacked_.front().version <= version) {
-      published_ = std::move(unacked_.front());
-      unacked_.pop_front();
-    }
-    if (published_.version != before)
-      waiters_.Release(published_.version, &ready);
+    if (replica_.Acknowledge(version))
+      waiters_.Release(replica_.published().version, &ready);
   }
   RunReady(ready);
 }
@@ -651,12 +635,8 @@ void ParameterShard::StopForwarding() {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    forward_ = nullptr;
-    const int64_t before = published_.version;
-    unacked_.clear();
-    published_ = {version_, nullptr, buffers_};
-    if (published_.version != before)
-      waiters_.Release(published_.version, &ready);
+    if (replica_.Stop(version_, buffers_))
+      waiters_.Release(replica_.published().version, &ready);
   }
   RunReady(ready);
 }
@@ -664,65 +644,35 @@ void ParameterShard::StopForwarding() {
 absl::Status ParameterShard::StartForwarding(
     int64_t from_version, std::function<void(ClosedStep)> forward) {
   absl::MutexLock lock(&mu_);
-  if (backup_)
-    return absl::FailedPreconditionError("this range is a backup copy");
-  if (version_ != from_version || published_.version != version_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the range is at version ", version_, ", not ", from_version,
-        ": its new backup must be seeded again"));
-  }
-  forward_ = std::move(forward);
-  return absl::OkStatus();
+  return replica_.Start(version_, from_version, std::move(forward));
 }
 
 absl::Status ParameterShard::ApplyClosed(const ClosedStep& step) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!backup_)
-      return absl::FailedPreconditionError("this range is no backup copy");
-    if (retired_) return JobEnded();
-    if (step.step < version_) return absl::OkStatus();  // made already
-    if (step.step > version_) {
-      return WithReason(
-          absl::FailedPreconditionError(absl::StrCat(
-              "the backup is at version ", version_, " and was sent step ",
-              step.step, ": it lacks the steps between (seed it again)")),
-          v1::STEP_NOT_OPEN, version_);
-    }
-    if (step.samples > 0 &&
-        (step.mean == nullptr ||
-         static_cast<int64_t>(step.mean->size()) != num_params_)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a closed step's mean must hold the range's ", num_params_,
-          " values"));
-    }
-    if (step.buffers != nullptr &&
-        static_cast<int64_t>(step.buffers->size()) != rules_.buffer_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a closed step's buffer region must be the range's ",
-          rules_.buffer_bytes(), " bytes, not ", step.buffers->size()));
-    }
-    if (step.buffers != nullptr) buffers_ = step.buffers;
-    const StepTally tally{step.samples, step.loss_sum, step.correct};
-    AdvanceLocked(tally, step.samples > 0 ? step.mean->data() : nullptr);
-  }
+  absl::MutexLock lock(&mu_);
+  if (retired_) return JobEnded();
+  bool made_already = false;
+  TALLY_RETURN_IF_ERROR(replica_.CheckClosed(
+      step, version_, num_params_, rules_.buffer_bytes(), &made_already));
+  if (made_already) return absl::OkStatus();  // a forward sent again
+  if (step.buffers != nullptr) buffers_ = step.buffers;
+  const StepTally tally{step.samples, step.loss_sum, step.correct};
+  AdvanceLocked(tally, step.samples > 0 ? step.mean->data() : nullptr);
   return absl::OkStatus();
 }
 
 void ParameterShard::Promote() {
   absl::MutexLock lock(&mu_);
-  backup_ = false;
-  taken_over_ = true;
+  replica_.Promote();
 }
 
 bool ParameterShard::backup() const {
   absl::MutexLock lock(&mu_);
-  return backup_;
+  return replica_.backup();
 }
 
 int64_t ParameterShard::published_version() const {
   absl::MutexLock lock(&mu_);
-  return published_.version;
+  return replica_.published().version;
 }
 
 // ----------------------------------------------------------------- rows --
@@ -775,10 +725,11 @@ std::shared_ptr<const std::vector<float>> ParameterShard::Snapshot(
     int64_t* version, int64_t* total_steps,
     std::shared_ptr<const std::string>* buffers) const {
   absl::MutexLock lock(&mu_);
-  if (version != nullptr) *version = published_.version;
+  const RangeReplication::Version& published = replica_.published();
+  if (version != nullptr) *version = published.version;
   if (total_steps != nullptr) *total_steps = schedule_.total_steps();
-  if (buffers != nullptr) *buffers = published_.buffers;
-  if (published_.weights != nullptr) return published_.weights;
+  if (buffers != nullptr) *buffers = published.buffers;
+  if (published.weights != nullptr) return published.weights;
   return weights_.current();
 }
 
@@ -845,7 +796,8 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
     absl::MutexLock lock(&mu_);
     v = std::max(v, rules_.spec().FirstUsableVersion(clock));
     auto it = members_.all().find(worker_id);
-    if (it != members_.all().end()) it->second.waiting = published_.version < v;
+    if (it != members_.all().end())
+      it->second.waiting = replica_.published().version < v;
   }
   WhenVersion(
       v, deadline,
@@ -858,7 +810,7 @@ void ParameterShard::WhenClock(const std::string& worker_id, int64_t clock,
             if (s.ok()) {
               it->second.clock =
                   rules_.async() ? clock
-                                : std::max(clock, published_.version);
+                                : std::max(clock, replica_.published().version);
             }
           }
         }
@@ -883,7 +835,8 @@ void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
       // finds).
       m->second.waiting = false;
       now = StreamedSum::PushAgain(version_);
-    } else if (now.ok() && m != members_.all().end() && taken_over_ &&
+    } else if (now.ok() && m != members_.all().end() &&
+               replica_.taken_over() &&
                !rules_.async() && v > version_ &&
                Required(m->second, version_) &&
                m->second.pushed_step < version_ &&
@@ -898,7 +851,7 @@ void ParameterShard::WhenVersion(int64_t v, absl::Time deadline,
     } else if (now.ok()) {
       // Training time counts from the first pull of the weights.
       if (!retired_) stats_.Start();
-      if (published_.version < v) {
+      if (replica_.published().version < v) {
         waiters_.Add(v, deadline, std::move(done), worker_id);
         return;
       }
@@ -916,7 +869,7 @@ void ParameterShard::ExpireWaiters() {
       hold_id_ = 0;  // the coordinator did not finish: the old members stand
       MaybeCloseLocked(&ready);
     }
-    waiters_.Expire(now, published_.version, &ready);
+    waiters_.Expire(now, replica_.published().version, &ready);
   }
   RunReady(ready);
 }

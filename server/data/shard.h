@@ -71,17 +71,18 @@
 // staged pushes (ShardMembers), the consistency rule's checks (StepRules),
 // the streamed sum (StreamedSum), the staging buffers (StagingPool), the
 // rows of its tables (RowStaging), the waiters (VersionWaiters), the
-// schedule and plan (ShardSchedule), the published weights and their
-// bfloat16 copy (PublishedWeights), and its figures (ShardStats).
+// schedule and plan (ShardSchedule), the weights and their bfloat16 copy
+// (PublishedWeights), the version pulls are given and the backup copy
+// kept in step (RangeReplication), and its figures (ShardStats).
 //
-// Replicated ranges (Options::forward, Options::backup; docs/cluster.md):
-// a primary hands every version it makes to its forward call, which sends
-// it to the range's backup, and publishes it to pulls (WhenVersion,
-// Snapshot) only once Acknowledge says the backup holds it; until then
-// pulls see the last version acknowledged. The backup takes no member's
-// push: ApplyClosed steps its optimizer with the primary's mean, so that
-// both hold the same bits, and Promote makes it the primary when its
-// primary is gone. A version made and not yet acknowledged keeps its
+// Replicated ranges (Options::forward, Options::backup; RangeReplication,
+// docs/cluster.md): a primary hands every version it makes to its forward
+// call, which sends it to the range's backup, and publishes it to pulls
+// (WhenVersion, Snapshot) only once Acknowledge says the backup holds it;
+// until then pulls see the last version acknowledged. The backup takes no
+// member's push: ApplyClosed steps its optimizer with the primary's mean,
+// so that both hold the same bits, and Promote makes it the primary when
+// its primary is gone. A version made and not yet acknowledged keeps its
 // weights while a later one is stepped (a copy per step).
 //
 // Thread-safe: every method may be called from any thread. Callbacks given
@@ -106,6 +107,7 @@
 #include "common/optim/optimizer.h"
 #include "common/spec/consistency.h"
 #include "server/data/published_weights.h"
+#include "server/data/range_replication.h"
 #include "server/data/row_staging.h"
 #include "server/data/shard_member.h"
 #include "server/data/shard_members.h"
@@ -478,24 +480,8 @@ class ParameterShard {
   ShardStats stats_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const std::string> buffers_ ABSL_GUARDED_BY(mu_);
-  // A version as pulls are given it; null weights: the current ones (with
-  // buffers_), which holds no reader's reference.
-  struct Made {
-    int64_t version = 0;
-    std::shared_ptr<const std::vector<float>> weights;
-    std::shared_ptr<const std::string> buffers;
-  };
-  Made published_ ABSL_GUARDED_BY(mu_);
-  // Replication: versions made after published_, oldest first, waiting for
-  // their acknowledgement (the last one's weights are null while they are
-  // the current ones).
-  std::deque<Made> unacked_ ABSL_GUARDED_BY(mu_);
-  std::function<void(ClosedStep)> forward_ ABSL_GUARDED_BY(mu_);
-  bool backup_ ABSL_GUARDED_BY(mu_) = false;
-  // A backup that was promoted, until its first step closes: a member may
-  // wait here for a version past a step whose push reached only the lost
-  // primary (WhenVersion, Commit).
-  bool taken_over_ ABSL_GUARDED_BY(mu_) = false;
+  // The version pulls are given, and the copies kept in step.
+  RangeReplication replica_ ABSL_GUARDED_BY(mu_);
   // async: committed pushes in commit order, applied as holds allow.
   std::deque<StagedPush> apply_queue_ ABSL_GUARDED_BY(mu_);
   int64_t hold_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no hold
