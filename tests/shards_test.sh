@@ -23,7 +23,9 @@
 #            step rolled back, and a new backup seeded on the third shard
 #            takes over in turn when the new primary is killed) and when
 #            the backup's is; `tally shards` shows the primary and the
-#            backup.
+#            backup. Both copies' shards killed at once: the job rolls back
+#            to its checkpoint (none yet: its start) and says so, and ends
+#            with the same weights.
 # coordinator  The coordinator is killed mid-job and started again on its
 #            state directory: the shards and workers register again by
 #            themselves and the job finishes from its checkpoint.
@@ -299,7 +301,7 @@ case $case_name in
     id=$(submit "$(replicas_spec)" --wait)
     [[ $(job_field "$id" "['state']") == SUCCEEDED ]] || fail "$id (fault-free) did not succeed"
     tally fetch "$id" --output="$dir/free.safetensors" > /dev/null || fail "fetch $id"
-    for copy in primary backup; do
+    for copy in primary backup both; do
       id=$(submit "$(replicas_spec)")
       wait_step "$id" 60 60
       tally shards > "$dir/shards-$copy.txt"
@@ -312,6 +314,25 @@ case $case_name in
         if eval "[[ \$port_s$s == $port ]]"; then victim=s$s; fi
       done
       [[ -n $victim ]] || fail "no shard holds the $copy of $id (port '$port')"
+      if [[ $copy == both ]]; then
+        # Both copies at once: the job rolls back, and says so.
+        port=$(copy_port "$id" "backup copy")
+        for s in 1 2 3; do
+          if eval "[[ \$port_s$s == $port ]]"; then second=s$s; fi
+        done
+        [[ -n $second && $second != "$victim" ]] || fail "no shard holds the backup of $id (port '$port')"
+        step_at_kill=$(job_field "$id" "['metrics']['step']")
+        eval "kill -9 \$pid_$victim \$pid_$second"
+        wait_state "$id" SUCCEEDED 120
+        tally fetch "$id" --output="$dir/both-kill.safetensors" > /dev/null || fail "fetch $id"
+        tensor_bytes_equal "$dir/free.safetensors" "$dir/both-kill.safetensors" ||
+          fail "the loss of both copies changed the weights"
+        tally report "$id" --output="$dir/report-both.html" > /dev/null || fail "report"
+        grep -q "a parameter shard was lost; the job starts again from" "$dir/report-both.html" ||
+          fail "the loss of both copies reported no roll-back"
+        echo "replicas: both copies' shards killed at about step $step_at_kill: rolled back as reported, weights byte-identical"
+        continue
+      fi
       step_at_kill=$(job_field "$id" "['metrics']['step']")
       eval "kill -9 \$pid_$victim"
       if [[ $copy == primary ]]; then
