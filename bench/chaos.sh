@@ -20,7 +20,14 @@
 # backup (training.replicas: 2, docs/cluster.md "Replicated ranges") and
 # the job one range (shards: 1, which the MLP's size gives anyway): a
 # primary's loss is taken over by its backup, the third shard is the spare
-# a new backup is seeded on.
+# a new backup is seeded on. NETNS=1: every process on a network host of
+# its own (a namespace each, joined by veth pairs to a bridge: the
+# coordinator, three shards, three workers), every one speaking mTLS with
+# bearer tokens (certificates made for the hosts' addresses); a restarted
+# process starts on its own host again. Needs root and iproute2.
+# MODEL=resnet: the ResNet example (examples/resnet: BatchNorm buffers)
+# for EPOCHS epochs, at most STEPS steps (default 300), on Python workers
+# (python3 -m tally.worker), submitted with the Python client.
 #   bench/chaos.sh [EPOCHS] [EVERY] [DELAY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,23 +36,69 @@ every=${2:-4}
 delay=${3:-2}
 keep_down=${KEEP_DOWN:-1}
 spares=${SPARES:-1}
+netns=${NETNS:-0}
+model=${MODEL:-mlp}
+steps=${STEPS:-300}
 . bench/lib.sh
 python_bench  # B, PY, tmp, pids
 # Restarted processes are not in pids (a subshell starts them): their pid
 # files are.
 trap 'for f in "$tmp"/pid.*; do kill "$(cat "$f")" 2> /dev/null || true; done
-      python_bench_cleanup' EXIT
+      python_bench_cleanup
+      for h in "${hosts[@]}" "${hub:-}"; do [[ -n $h ]] && ip netns del "$h" 2> /dev/null; done; true' EXIT
 
 port=7520
-coord=127.0.0.1:$port
-tally() { $B/client/tally --server=$coord "$@"; }
-sed -e "s/epochs: 2/epochs: $epochs/" -e "s/^  workers: 2 /  workers: 2\n  shards: 3 /" \
-  examples/fashion-mnist-mlp.yaml > "$tmp/job.yaml"
-grep -q "shards: 3" "$tmp/job.yaml" ||
-  { echo "examples/fashion-mnist-mlp.yaml changed: fix bench/chaos.sh" >&2; exit 1; }
-[[ -n ${RANKS:-} ]] && sed -i "s/^  shards: 3 /  shards: 3\n  ranks: $RANKS /" "$tmp/job.yaml"
-[[ -n ${REPLICAS:-} ]] && sed -i "s/^  shards: 3/  shards: 1\n  replicas: $REPLICAS/" "$tmp/job.yaml"
-echo "job: $(grep -E '^  (workers|shards|ranks|replicas):' "$tmp/job.yaml" | awk '{printf "%s %s  ", $1, $2}')"
+# Where each process runs: its address, and the command prefix that puts
+# it on its host (NETNS=1; else every process is on 127.0.0.1).
+hosts=()
+addr_of() { echo 127.0.0.1; }
+on_host() { :; }
+auth=()         # a server's TLS and token flags
+worker_auth=()  # a worker's
+client_auth=()  # the tally client's (and the tracer's, as Python keywords)
+if [[ $netns == 1 ]]; then
+  [[ $(id -u) == 0 ]] || { echo "NETNS=1 needs root (network namespaces)" >&2; exit 1; }
+  hub=chaos-hub-$$
+  hosts=(chaos-coord-$$ chaos-shard1-$$ chaos-shard2-$$ chaos-shard3-$$
+         chaos-worker1-$$ chaos-worker2-$$ chaos-worker3-$$)
+  bridged_hosts "c$$" "$hub" "" "${hosts[@]}"  # 10.233.0.1 ...
+  host_index() {  # NAME -> its host's index in hosts
+    case $1 in
+      coordinator) echo 0 ;;
+      shard*) echo "${1#shard}" ;;
+      worker*) echo $((3 + ${1#worker})) ;;
+    esac
+  }
+  addr_of() { echo "10.233.0.$(($(host_index "$1") + 1))"; }
+  on_host() { echo "ip netns exec ${hosts[$(host_index "$1")]}"; }
+  deploy/make-certs.sh "$tmp/certs" $(for i in $(seq ${#hosts[@]}); do echo "10.233.0.$i"; done) > /dev/null
+  c=$tmp/certs
+  tls=(--tls_ca="$c/ca.pem" --tls_cert="$c/node.pem" --tls_key="$c/node.key")
+  auth=("${tls[@]}" --tokens="$c/tokens.txt" --token_file="$c/admin.token")
+  worker_auth=("${tls[@]}" --token_file="$c/worker.token")
+  client_auth=("${tls[@]}" --token_file="$c/admin.token")
+fi
+coord=$(addr_of coordinator):$port
+tally() { $(on_host coordinator) $B/client/tally "${client_auth[@]}" --server=$coord "$@"; }
+if [[ $model == resnet ]]; then
+  # One line of training settings: the example's, for two workers.
+  cp examples/resnet/model.py "$tmp/"
+  training="epochs: $epochs, max_steps: $steps, batch_size: 64, seed: 1, workers: 2, shards: 3"
+  [[ -n ${RANKS:-} ]] && training+=", ranks: $RANKS"
+  [[ -n ${REPLICAS:-} ]] && training=${training/shards: 3/shards: 1, replicas: $REPLICAS}
+  sed -e "s/^training: .*/training: {$training}/" examples/resnet/job.yaml > "$tmp/job.yaml"
+  grep -q "max_steps: $steps" "$tmp/job.yaml" ||
+    { echo "examples/resnet/job.yaml changed: fix bench/chaos.sh" >&2; exit 1; }
+  echo "job: resnet, $training"
+else
+  sed -e "s/epochs: 2/epochs: $epochs/" -e "s/^  workers: 2 /  workers: 2\n  shards: 3 /" \
+    examples/fashion-mnist-mlp.yaml > "$tmp/job.yaml"
+  grep -q "shards: 3" "$tmp/job.yaml" ||
+    { echo "examples/fashion-mnist-mlp.yaml changed: fix bench/chaos.sh" >&2; exit 1; }
+  [[ -n ${RANKS:-} ]] && sed -i "s/^  shards: 3 /  shards: 3\n  ranks: $RANKS /" "$tmp/job.yaml"
+  [[ -n ${REPLICAS:-} ]] && sed -i "s/^  shards: 3/  shards: 1\n  replicas: $REPLICAS/" "$tmp/job.yaml"
+  echo "job: $(grep -E '^  (workers|shards|ranks|replicas):' "$tmp/job.yaml" | awk '{printf "%s %s  ", $1, $2}')"
+fi
 
 
 # Every process a name, its pid in $tmp/pid.NAME (a restart writes it anew).
@@ -53,20 +106,26 @@ start() {  # NAME
   local name=$1
   case $name in
     shard*)
-      local p=$((port + ${name#shard}))
-      $B/server/tally-server --listen=127.0.0.1 --port=$p --coordinator=$coord \
-        --advertise=127.0.0.1:$p >> "$tmp/$name.log" 2>&1 & ;;
+      local p=$((port + ${name#shard})) a
+      a=$(addr_of "$name")
+      $(on_host "$name") $B/server/tally-server "${auth[@]}" --listen="$a" --port=$p \
+        --coordinator=$coord --advertise="$a:$p" >> "$tmp/$name.log" 2>&1 & ;;
     worker*)
-      OMP_NUM_THREADS=1 $B/worker/tally-worker --server=$coord --devices=cpu:1 \
-        --name="$name" --health_port=-1 >> "$tmp/$name.log" 2>&1 & ;;
+      if [[ $model == resnet ]]; then
+        OMP_NUM_THREADS=1 $(on_host "$name") $PY -m tally.worker "${worker_auth[@]}" \
+          --server=$coord --devices=cpu:1 --name="$name" --quiet >> "$tmp/$name.log" 2>&1 &
+      else
+        OMP_NUM_THREADS=1 $(on_host "$name") $B/worker/tally-worker "${worker_auth[@]}" \
+          --server=$coord --devices=cpu:1 --name="$name" --health_port=-1 >> "$tmp/$name.log" 2>&1 &
+      fi ;;
   esac
   echo $! > "$tmp/pid.$name"
   pids+=($!)
 }
 alive() { kill -0 "$(cat "$tmp/pid.$1")" 2>/dev/null; }
 
-$B/server/tally-server --listen=127.0.0.1 --port=$port --noshard \
-  --state_dir="$tmp/state" --checkpoint_interval_s=2 > "$tmp/coordinator.log" 2>&1 &
+$(on_host coordinator) $B/server/tally-server "${auth[@]}" --listen="$(addr_of coordinator)" \
+  --port=$port --noshard --state_dir="$tmp/state" --checkpoint_interval_s=2 > "$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do tally health > /dev/null 2>&1 && break; sleep 0.05; done
 names=(shard1 shard2 shard3 worker1 worker2)
@@ -80,7 +139,14 @@ j = json.load(sys.stdin)
 print(j.get("state", "?"), int(j.get("metrics", {}).get("step", 0)))' || echo "? 0"
 }
 ended() { [[ $1 == SUCCEEDED || $1 == FAILED || $1 == CANCELLED ]]; }
-run_job() { tally submit "$tmp/job.yaml" | awk 'NR == 1'; }  # -> the job's id
+run_job() {  # -> the job's id
+  if [[ $model == resnet ]]; then
+    # The Python client sends the model's code and finds its layout.
+    $(on_host coordinator) $PY -m tally "${client_auth[@]}" --server=$coord submit "$tmp/job.yaml" | awk 'NR == 1'
+  else
+    tally submit "$tmp/job.yaml" | awk 'NR == 1'
+  fi
+}
 wait_job() {  # ID OUT -> its end state, its weights in OUT
   local state step
   while read -r state step <<< "$(step_of "$1")"; ! ended "$state"; do sleep 0.2; done
@@ -95,10 +161,13 @@ echo "undisturbed: $calm $calm_state"
 
 id=$(run_job)
 # The job's step every 20 ms: "TIME STEP" lines.
-$PY - "$coord" "$id" > "$tmp/trace" <<'PYEOF' &
+tls_keywords=()
+[[ $netns == 1 ]] && tls_keywords=("$c/ca.pem" "$c/node.pem" "$c/node.key" "$c/admin.token")
+$(on_host coordinator) $PY - "$coord" "$id" "${tls_keywords[@]}" > "$tmp/trace" <<'PYEOF' &
 import sys, time, tally
 from tally import tally_pb2 as pb
-c = tally.Client(sys.argv[1])
+tls = dict(zip(("tls_ca", "tls_cert", "tls_key", "token_file"), sys.argv[3:]))
+c = tally.Client(sys.argv[1], **tls)
 while True:
     try:
         j = c.status(sys.argv[2])
