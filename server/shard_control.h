@@ -206,6 +206,15 @@ class ShardControl {
                                  int64_t /*from_version*/) {
     return absl::UnimplementedError("no replicated ranges here");
   }
+  // The primary copy here saves its state as it is (no hold) and sends
+  // every version it makes from then on to `backup_address`, without
+  // waiting for it until the backup is in step (ShardHost::SeedBackup);
+  // the state, for installing the backup. `count` as Save's.
+  virtual absl::StatusOr<ShardState> SeedBackup(
+      const std::string& /*job_id*/, int64_t /*map_version*/,
+      const std::string& /*backup_address*/, int64_t /*count*/) {
+    return absl::UnimplementedError("no replicated ranges here");
+  }
   // Whether Status is cheap and live (in process) rather than remote.
   virtual bool local() const = 0;
 };

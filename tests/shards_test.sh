@@ -337,8 +337,8 @@ case $case_name in
       eval "kill -9 \$pid_$victim"
       if [[ $copy == primary ]]; then
         # The spare shard gets a new backup, seeded from the new primary
-        # while the job trains; then the new primary is killed too, and
-        # the seeded copy takes over.
+        # while the job trains (no hold); once it has caught up, the new
+        # primary is killed too, and the seeded copy takes over.
         killed=$port port=""
         for _ in $(seq 200); do
           port=$(copy_port "$id" "primary,")
@@ -352,6 +352,14 @@ case $case_name in
           if eval "[[ \$port_s$s == $port ]]"; then second=s$s; fi
         done
         [[ -n $second ]] || fail "no shard holds the new primary (port '$port')"
+        # Seeded with no hold: it catches up while the job trains, and
+        # counts as a copy once its primary says it is in step.
+        for _ in $(seq 200); do
+          tally report "$id" --output="$dir/report-seed.html" > /dev/null || fail "report"
+          grep -q "caught up with its primary" "$dir/report-seed.html" && break
+          sleep 0.05
+        done
+        grep -q "caught up with its primary" "$dir/report-seed.html" || fail "the new backup never caught up"
         wait_step "$id" $(( $(job_field "$id" "['metrics']['step']") + 20 )) 60
         eval "kill -9 \$pid_$second" || fail "the new primary's shard $second is not running"
       fi

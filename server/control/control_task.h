@@ -39,7 +39,7 @@ struct ControlTask {
     // failover calls still to make (Placement::promote, unforward).
     std::string backup_shard_id, backup_address;
     std::shared_ptr<ShardControl> backup_control;
-    bool promote = false, unforward = false, seed = false;
+    bool promote = false, unforward = false, seed = false, seeding = false;
   };
   std::vector<Range> ranges;
   std::shared_ptr<const StoredJob> start;
@@ -59,7 +59,8 @@ struct ControlTask {
   bool progressed = false;  // something was done; run again
   bool failed = false;      // a shard refused or was away: retry at Tick
   bool installed_now = false;
-  // Ranges (indexes) whose failover calls were made.
+  // Ranges (indexes) whose failover calls were made (seeded: the new
+  // backup installed, catching up).
   std::vector<int> promoted, unforwarded, seeded;
   bool members_now = false;
   std::vector<MemberSpec> new_members;

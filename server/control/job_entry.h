@@ -35,10 +35,13 @@ struct Placement {
   // A failover's calls still to make: the backup that took over is to
   // become the primary (promote); the primary whose backup was lost is to
   // publish without it (unforward); a new backup is to be seeded from the
-  // primary's state (seed).
+  // primary's state (seed), and once it is (seeding), it is catching up:
+  // it counts as a copy when its primary says it is in step
+  // (Planner::CheckSeeded).
   bool promote = false;
   bool unforward = false;
   bool seed = false;
+  bool seeding = false;
 };
 
 // Leave steps decided, by (worker id, incarnation): (leave step, whether

@@ -28,6 +28,7 @@ std::vector<std::string> Planner::ScheduleJobs(absl::Time now) {
     if (job.proto.state() != v1::RUNNING || job.awaiting_start) continue;
     if (job.ranges.empty() && !Place(job, now)) continue;
     ReplaceBackups(job, now);
+    CheckSeeded(job, now);
     std::vector<std::string> free = Eligible(job, idle);
     const bool refilled = job.fixed_ranks() ? FillRanks(job, free, now)
                                             : FillSlots(job, free, now);
@@ -448,6 +449,24 @@ void Planner::ReplaceBackups(JobEntry& job, absl::Time now) {
   }
 }
 
+void Planner::CheckSeeded(JobEntry& job, absl::Time now) {
+  bool any = false;
+  for (const Placement& p : job.ranges) any = any || p.seeding;
+  if (!any) return;
+  const std::vector<v1::RangeStatus> status = registry_.RangeStatuses(job);
+  for (size_t i = 0; i < job.ranges.size() && i < status.size(); ++i) {
+    Placement& p = job.ranges[i];
+    if (!p.seeding || !status[i].backup_in_step()) continue;
+    p.seed = p.seeding = false;
+    job.AddEvent(now, absl::StrCat("the new backup of range [", p.offset, ", ",
+                                   p.offset + p.count, ") on parameter shard ",
+                                   p.backup_shard_id,
+                                   " caught up with its primary at step ",
+                                   status[i].version()));
+    job.MarkDirty();
+  }
+}
+
 void Planner::FailOver(JobEntry& job, const std::string& lost,
                        absl::Time now) {
   int promoted = 0, alone = 0;
@@ -462,6 +481,7 @@ void Planner::FailOver(JobEntry& job, const std::string& lost,
       // send to it already (telling it to stop again is harmless).
       p.unforward = true;
       p.seed = false;
+      p.seeding = false;
       ++alone;
     }
   }

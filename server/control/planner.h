@@ -80,6 +80,10 @@ class Planner {
   // (PickBackup), seeded from the primary by the next control round (Placement::seed);
   // none while no such shard is live.
   void ReplaceBackups(JobEntry& job, absl::Time now);
+  // A new backup that is catching up (Placement::seeding) counts as a copy
+  // once its primary's status says it is in step (RangeStatus.
+  // backup_in_step); until then the primary's loss rolls the job back.
+  void CheckSeeded(JobEntry& job, absl::Time now);
   // A replicated job's copies on `lost` are gone: each range whose primary
   // was there is taken over by its backup (promote), each whose backup was
   // there goes on without one (unforward); no step is rolled back.

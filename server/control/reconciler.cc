@@ -17,9 +17,6 @@ namespace {
 
 // How long a membership change may hold a job's ranges.
 constexpr absl::Duration kHoldFor = absl::Seconds(2);
-// How long seeding a new backup may hold its primary: a range's state
-// crosses the coordinator's link twice meanwhile.
-constexpr absl::Duration kSeedHold = absl::Minutes(2);
 
 ControlTask TaskOf(const JobEntry& job, const Registry& registry) {
   ControlTask t;
@@ -47,6 +44,7 @@ ControlTask TaskOf(const JobEntry& job, const Registry& registry) {
     r.promote = p.promote;
     r.unforward = p.unforward;
     r.seed = p.seed;
+    r.seeding = p.seeding;
     t.ranges.push_back(std::move(r));
   }
   for (size_t r = 0; r < job.slots.size(); ++r) {
@@ -168,7 +166,7 @@ bool Reconciler::FinishFailover(ControlTask& t) {
       t.unforwarded.push_back(static_cast<int>(i));
       t.progressed = true;
     }
-    if (r.seed && r.backup_control != nullptr) {
+    if (r.seed && !r.seeding && r.backup_control != nullptr) {
       if (absl::Status s = Seed(t, i); !s.ok()) {
         std::fprintf(stderr, "tally-server: seeding a backup of %s on %s: %s\n",
                      t.job_id.c_str(), r.backup_shard_id.c_str(),
@@ -183,32 +181,22 @@ bool Reconciler::FinishFailover(ControlTask& t) {
   return true;
 }
 
-// A new backup of range `i` from its primary's state: the primary is held
-// (no step closes) while its state at its version goes to the backup's
-// shard and the primary starts sending it its steps from that version;
-// then the hold is released with the job's members.
+// A new backup of range `i` from its primary's state, with no hold: the
+// primary saves its state as it is and from that version on sends the
+// backup's shard every version it makes, without waiting for it, while
+// the state is installed there; the backup catches up, and the primary
+// says when it is in step (Planner::CheckSeeded).
 absl::Status Reconciler::Seed(ControlTask& t, size_t i) {
   const ControlTask::Range& r = t.ranges[i];
   TALLY_ASSIGN_OR_RETURN(
-      HoldReport held,
-      r.control->Hold(t.job_id, t.map_version, t.hold_id, kSeedHold));
-  absl::Status s = [&]() -> absl::Status {
-    TALLY_ASSIGN_OR_RETURN(
-        ShardState state,
-        r.control->Save(t.job_id, t.map_version, held.version, r.count,
-                        kSeedHold, /*weights_only=*/false));
-    v1::InstallRangeRequest req = InstallOf(t, i);
-    req.set_backup(true);
-    EncodeRangeState(state, req.mutable_state());
-    for (const MemberSpec& m : t.members) *req.add_members() = ToProto(m);
-    TALLY_RETURN_IF_ERROR(r.backup_control->Install(req));
-    return r.control->SetBackup(t.job_id, t.map_version, r.backup_address,
-                                held.version);
-  }();
-  // The hold goes either way (it would lapse by itself).
-  absl::Status released =
-      r.control->SetMembers(t.job_id, t.map_version, t.members, t.hold_id);
-  return s.ok() ? released : s;
+      ShardState state,
+      r.control->SeedBackup(t.job_id, t.map_version, r.backup_address,
+                            r.count));
+  v1::InstallRangeRequest req = InstallOf(t, i);
+  req.set_backup(true);
+  EncodeRangeState(state, req.mutable_state());
+  for (const MemberSpec& m : t.members) *req.add_members() = ToProto(m);
+  return r.backup_control->Install(req);
 }
 
 // The end: retire every range, keep the final weights, drop the ranges.
@@ -367,7 +355,7 @@ bool Reconciler::Apply(ControlTask& t, JobEntry& job, const Registry& registry,
   for (int i : t.seeded) {
     if (i < static_cast<int>(job.ranges.size()) &&
         job.ranges[i].backup_shard_id == t.ranges[i].backup_shard_id)
-      job.ranges[i].seed = false;
+      job.ranges[i].seeding = true;
   }
   if (t.installed_now) {
     job.installed = true;

@@ -131,7 +131,44 @@ class RemoteShardControl final : public ShardControl {
     req.set_version(version);
     req.set_max_wait_ms(absl::ToInt64Milliseconds(wait));
     req.set_weights_only(weights_only);
-    // Waiting, then the bytes (a minute covers a few GB).
+    return SaveOf(req, count, wait);
+  }
+  absl::StatusOr<ShardState> SeedBackup(const std::string& job_id,
+                                        int64_t map_version,
+                                        const std::string& backup_address,
+                                        int64_t count) override {
+    v1::SaveRangeRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    req.set_backup_address(backup_address);
+    return SaveOf(req, count, absl::ZeroDuration());
+  }
+  absl::StatusOr<v1::ReadTableResponse> ReadTable(
+      const std::string& job_id, int64_t map_version, int table,
+      int64_t start, int64_t max_rows) override {
+    v1::ReadTableRequest req;
+    req.set_job_id(job_id);
+    req.set_map_version(map_version);
+    req.set_table(table);
+    req.set_start_row(start);
+    req.set_max_rows(max_rows);
+    v1::ReadTableResponse resp;
+    auto ctx = Context(kControlTimeout + absl::Seconds(10));
+    absl::Status s = FromGrpc(stub_->ReadTable(ctx.get(), req, &resp));
+    if (!s.ok()) return Named(s);
+    return resp;
+  }
+  absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
+    return absl::UnimplementedError("remote shards report by heartbeat");
+  }
+  bool local() const override { return false; }
+
+ private:
+  // A SaveRange call's state: at most `count` values in any part, the
+  // bytes taken within `wait` and a minute more (a few GB).
+  absl::StatusOr<ShardState> SaveOf(const v1::SaveRangeRequest& req,
+                                    int64_t count, absl::Duration wait) {
+    const bool weights_only = req.weights_only();
     auto ctx = Context(wait + absl::Minutes(1));
     auto reader = stub_->SaveRange(ctx.get(), req);
     v1::SaveRangeChunk chunk;
@@ -175,27 +212,6 @@ class RemoteShardControl final : public ShardControl {
     }
     return st;
   }
-  absl::StatusOr<v1::ReadTableResponse> ReadTable(
-      const std::string& job_id, int64_t map_version, int table,
-      int64_t start, int64_t max_rows) override {
-    v1::ReadTableRequest req;
-    req.set_job_id(job_id);
-    req.set_map_version(map_version);
-    req.set_table(table);
-    req.set_start_row(start);
-    req.set_max_rows(max_rows);
-    v1::ReadTableResponse resp;
-    auto ctx = Context(kControlTimeout + absl::Seconds(10));
-    absl::Status s = FromGrpc(stub_->ReadTable(ctx.get(), req, &resp));
-    if (!s.ok()) return Named(s);
-    return resp;
-  }
-  absl::StatusOr<std::vector<v1::RangeStatus>> Status() override {
-    return absl::UnimplementedError("remote shards report by heartbeat");
-  }
-  bool local() const override { return false; }
-
- private:
   static std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));

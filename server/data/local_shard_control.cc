@@ -39,6 +39,12 @@ class LocalShardControl final : public ShardControl {
     return host_->SetBackup(job_id, map_version, backup_address,
                             from_version);
   }
+  absl::StatusOr<ShardState> SeedBackup(const std::string& job_id,
+                                        int64_t map_version,
+                                        const std::string& backup_address,
+                                        int64_t /*count*/) override {
+    return host_->SeedBackup(job_id, map_version, backup_address);
+  }
   absl::Status Retire(const std::string& job_id, int64_t map_version) override {
     return host_->Retire(job_id, map_version);
   }

@@ -9,7 +9,7 @@ namespace tally {
 
 void RangeReplication::Leaving(
     const std::shared_ptr<const std::vector<float>>& current) {
-  if (!forwarding()) return;
+  if (!in_step()) return;
   // Stepping then copies the weights first (PublishedWeights::Writable).
   Version& left = unacked_.empty() ? published_ : unacked_.back();
   if (left.weights == nullptr) left.weights = current;
@@ -19,15 +19,21 @@ void RangeReplication::Made(int64_t version,
                             std::shared_ptr<const std::string> buffers,
                             ClosedStep closed) {
   taken_over_ = false;  // every member pushed here since
-  if (!forwarding()) {
+  if (!in_step()) {
     published_ = {version, nullptr, std::move(buffers)};
+    if (catching_up_) forward_(std::move(closed));
     return;
   }
   unacked_.push_back({version, nullptr, std::move(buffers)});
   forward_(std::move(closed));
 }
 
-bool RangeReplication::Acknowledge(int64_t version) {
+bool RangeReplication::Acknowledge(int64_t version, int64_t current) {
+  if (catching_up_) {
+    // Every version made so far is published already.
+    if (version >= current) catching_up_ = false;
+    return false;
+  }
   const int64_t before = published_.version;
   while (!unacked_.empty() && unacked_.front().version <= version) {
     published_ = std::move(unacked_.front());
@@ -39,6 +45,7 @@ bool RangeReplication::Acknowledge(int64_t version) {
 bool RangeReplication::Stop(int64_t version,
                             std::shared_ptr<const std::string> buffers) {
   forward_ = nullptr;
+  catching_up_ = false;
   const int64_t before = published_.version;
   unacked_.clear();
   published_ = {version, nullptr, std::move(buffers)};
@@ -55,6 +62,19 @@ absl::Status RangeReplication::Start(int64_t version, int64_t from_version,
         ": its new backup must be seeded again"));
   }
   forward_ = std::move(forward);
+  return absl::OkStatus();
+}
+
+absl::Status RangeReplication::CatchUp(
+    int64_t version, std::function<void(ClosedStep)> forward) {
+  if (backup_)
+    return absl::FailedPreconditionError("this range is a backup copy");
+  if (!unacked_.empty() || published_.version != version) {
+    return absl::FailedPreconditionError(
+        "versions of this range still wait for another backup");
+  }
+  forward_ = std::move(forward);
+  catching_up_ = true;
   return absl::OkStatus();
 }
 

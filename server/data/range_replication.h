@@ -6,7 +6,10 @@
 // kept while later ones are stepped. A backup takes no member's push: it
 // makes its versions from the closed steps its primary sends, and is
 // promoted when the primary is gone. A range with no backup publishes each
-// version as it is made.
+// version as it is made. A new backup catches up first: made from the
+// primary's state at some version (CatchUp), it is sent every version
+// made since without the primary waiting for it, and once it acknowledges
+// the primary's latest, it is in step and versions wait for it again.
 //
 // Not thread-safe: the ParameterShard that owns it guards it with its lock
 // (the forward call runs under it, so that the steps reach the sender in
@@ -44,8 +47,11 @@ class RangeReplication {
   RangeReplication& operator=(const RangeReplication&) = delete;
 
   bool backup() const { return backup_; }
-  // Whether versions go to a backup and wait for its acknowledgement.
+  // Whether versions go to a backup (and, once it is in step, wait for
+  // its acknowledgement).
   bool forwarding() const { return forward_ != nullptr; }
+  // A backup that holds every version made: one to fail over to.
+  bool in_step() const { return forwarding() && !catching_up_; }
   // A promoted backup, until its first step closes: a member may wait
   // there for a version past a step whose push reached only the lost
   // primary.
@@ -67,9 +73,10 @@ class RangeReplication {
   // promoted backup's first step has closed.
   void Made(int64_t version, std::shared_ptr<const std::string> buffers,
             ClosedStep closed);
-  // The backup holds every version up to `version`: they are published.
-  // True when the published version moved.
-  bool Acknowledge(int64_t version);
+  // The backup holds every version up to `version` (the range is at
+  // `current`): they are published; a backup catching up that reached
+  // `current` is in step. True when the published version moved.
+  bool Acknowledge(int64_t version, int64_t current);
   // The backup is gone: nothing more is forwarded, and the range's
   // current version (`version`, `buffers`) is published now. True when the
   // published version moved.
@@ -79,6 +86,12 @@ class RangeReplication {
   // at another version or has versions still waiting (seed it again).
   absl::Status Start(int64_t version, int64_t from_version,
                      std::function<void(ClosedStep)> forward);
+  // A new backup is made from the range's state at `version`: every
+  // version made from now on goes to `forward` and is published at once,
+  // until Acknowledge reaches the range's version. kFailedPrecondition on
+  // a backup, or while versions wait for another backup.
+  absl::Status CatchUp(int64_t version,
+                       std::function<void(ClosedStep)> forward);
   // Whether a backup at `version` makes its next version from `step`:
   // OK (*made_already when it made that version before: a step sent
   // again); kFailedPrecondition on a primary, or + STEP_NOT_OPEN for a
@@ -100,6 +113,7 @@ class RangeReplication {
   // range's current ones).
   std::deque<Version> unacked_;
   std::function<void(ClosedStep)> forward_;
+  bool catching_up_ = false;
   bool backup_ = false;
   bool taken_over_ = false;
 };

@@ -48,6 +48,10 @@ ParameterShard::ParameterShard(std::vector<float> weights,
 
 ShardState ParameterShard::Save(TableCapture* capture) const {
   absl::MutexLock lock(&mu_);
+  return SaveLocked(capture);
+}
+
+ShardState ParameterShard::SaveLocked(TableCapture* capture) const {
   if (capture != nullptr && rows_.tables() != nullptr && !retired_) {
     capture->file = rows_.tables()->TakeSave(capture->base);
     capture->file.version = version_;
@@ -625,7 +629,7 @@ void ParameterShard::Acknowledge(int64_t version) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    if (replica_.Acknowledge(version))
+    if (replica_.Acknowledge(version, version_))
       waiters_.Release(replica_.published().version, &ready);
   }
   RunReady(ready);
@@ -665,14 +669,17 @@ void ParameterShard::Promote() {
   replica_.Promote();
 }
 
-bool ParameterShard::backup() const {
+absl::StatusOr<ShardState> ParameterShard::SaveForBackup(
+    std::function<void(ClosedStep)> forward) {
   absl::MutexLock lock(&mu_);
-  return replica_.backup();
+  if (retired_) return JobEnded();
+  TALLY_RETURN_IF_ERROR(replica_.CatchUp(version_, std::move(forward)));
+  return SaveLocked(nullptr);
 }
 
-int64_t ParameterShard::published_version() const {
+ParameterShard::Copies ParameterShard::copies() const {
   absl::MutexLock lock(&mu_);
-  return replica_.published().version;
+  return {replica_.backup(), replica_.in_step(), replica_.published().version};
 }
 
 // ----------------------------------------------------------------- rows --

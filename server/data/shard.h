@@ -410,6 +410,14 @@ class ParameterShard {
   // on: seed the backup again), or is itself a backup.
   absl::Status StartForwarding(int64_t from_version,
                                std::function<void(ClosedStep)> forward);
+  // A new backup is made from the state returned (this range's current
+  // one, with no hold): every version made from now on goes to `forward`
+  // and is published at once while the backup catches up; once
+  // Acknowledge reaches the range's version, the backup is in step and
+  // later versions wait for it. kFailedPrecondition on a backup copy, a
+  // retired range, or one whose versions wait for another backup.
+  absl::StatusOr<ShardState> SaveForBackup(
+      std::function<void(ClosedStep)> forward);
   // A backup makes the version after `step.step` as its primary made it.
   // OK for a step it made already (a forward sent again). kFailedPrecondition
   // + STEP_NOT_OPEN (its version) for a step past its version (it lacks
@@ -422,10 +430,16 @@ class ParameterShard {
   // push went to the lost primary alone) is told PUSH_AGAIN, as is one
   // whose commit comes without its push.
   void Promote();
-  bool backup() const;
-  // The version pulls are given: version(), or less while versions wait
-  // for their backup.
-  int64_t published_version() const;
+  // The range's copies, as its status shows them.
+  struct Copies {
+    bool backup = false;  // this is the backup copy
+    // A primary whose backup holds every version it made.
+    bool backup_in_step = false;
+    // The version pulls are given: version(), or less while versions
+    // wait for their backup.
+    int64_t published_version = 0;
+  };
+  Copies copies() const;
   // The range is gone from its server: waiters are released with `why` (a
   // range that moves elsewhere says kUnavailable: retry), and every later
   // wait (WhenVersion, SaveAt) fails with it at once, so nothing waits on a
@@ -462,6 +476,8 @@ class ParameterShard {
                                  int64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardMetrics MetricsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ShardState SaveLocked(TableCapture* capture) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t num_params_;
   const Clock* clock_;  // borrowed

@@ -188,9 +188,27 @@ absl::Status ShardHost::Install(const v1::InstallRangeRequest& req) {
 absl::StatusOr<std::shared_ptr<RangeForwarder>> ShardHost::MakeForwarder(
     const v1::InstallRangeRequest& req, const std::string& address,
     const std::shared_ptr<ParameterShard>& shard, int64_t from_version) {
+  std::shared_ptr<RangeForwarder> forwarder =
+      NewForwarder(req.job_id(), req.map_version(), address, shard);
+  // From the version the backup holds: refused if the range moved on.
+  TALLY_RETURN_IF_ERROR(
+      shard->StartForwarding(from_version, SendTo(forwarder)));
+  return forwarder;
+}
+
+std::function<void(ClosedStep)> ShardHost::SendTo(
+    const std::shared_ptr<RangeForwarder>& forwarder) {
+  return [weak = std::weak_ptr<RangeForwarder>(forwarder)](ClosedStep step) {
+    if (auto f = weak.lock(); f != nullptr) f->Send(std::move(step));
+  };
+}
+
+std::shared_ptr<RangeForwarder> ShardHost::NewForwarder(
+    const std::string& job_id, int64_t map_version, const std::string& address,
+    const std::shared_ptr<ParameterShard>& shard) const {
   RangeForwarder::Options fo;
-  fo.job_id = req.job_id();
-  fo.map_version = req.map_version();
+  fo.job_id = job_id;
+  fo.map_version = map_version;
   // ":port" is the coordinator's own shard, on the coordinator's host.
   fo.backup_address =
       address.front() == ':'
@@ -200,14 +218,7 @@ absl::StatusOr<std::shared_ptr<RangeForwarder>> ShardHost::MakeForwarder(
                          address)
           : address;
   fo.transport = options_.transport;
-  auto forwarder = std::make_shared<RangeForwarder>(std::move(fo), shard);
-  // From the version the backup holds: refused if the range moved on.
-  TALLY_RETURN_IF_ERROR(shard->StartForwarding(
-      from_version,
-      [weak = std::weak_ptr<RangeForwarder>(forwarder)](ClosedStep step) {
-        if (auto f = weak.lock(); f != nullptr) f->Send(std::move(step));
-      }));
-  return forwarder;
+  return std::make_shared<RangeForwarder>(std::move(fo), shard);
 }
 
 absl::StatusOr<int64_t> ShardHost::Promote(const std::string& job_id,
@@ -263,6 +274,39 @@ absl::Status ShardHost::SetBackup(const std::string& job_id,
   // Now, though a pull's copy of the range may still hold it.
   if (old != nullptr) old->Stop();
   return absl::OkStatus();
+}
+
+absl::StatusOr<ShardState> ShardHost::SeedBackup(
+    const std::string& job_id, int64_t map_version,
+    const std::string& backup_address) {
+  TALLY_ASSIGN_OR_RETURN(Range r, Find(job_id, map_version));
+  if (r.backup) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the copy of ", Quoted(job_id), " here is a backup"));
+  }
+  if (backup_address.empty())
+    return absl::InvalidArgumentError("a new backup needs its address");
+  std::shared_ptr<RangeForwarder> forwarder =
+      NewForwarder(job_id, r.map_version, backup_address, r.shard);
+  absl::StatusOr<ShardState> state = r.shard->SaveForBackup(SendTo(forwarder));
+  if (!state.ok()) return state.status();
+  std::shared_ptr<RangeForwarder> old;  // stopped unlocked
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranges_.find(job_id);
+    if (it != ranges_.end() && it->second.shard == r.shard) {
+      old = std::exchange(it->second.forwarder, forwarder);
+      it->second.peer_address = backup_address;
+      forwarder = nullptr;
+    }
+  }
+  if (forwarder != nullptr) {
+    // Dropped meanwhile: nobody sends to it.
+    forwarder->Stop();
+    return NoRange(job_id);
+  }
+  if (old != nullptr) old->Stop();
+  return state;
 }
 
 absl::StatusOr<int64_t> ShardHost::ApplyClosed(const std::string& job_id,
@@ -604,6 +648,7 @@ std::vector<v1::RangeStatus> ShardHost::Status() const {
     s.set_train_seconds(m.train_seconds);
     s.set_backup(r.backup);
     s.set_peer_address(r.peer_address);
+    s.set_backup_in_step(r.shard->copies().backup_in_step);
     out.push_back(std::move(s));
   }
   return out;

@@ -168,6 +168,14 @@ class ShardHost {
   absl::Status SetBackup(const std::string& job_id, int64_t map_version,
                          const std::string& backup_address,
                          int64_t from_version);
+  // A new backup of the primary copy here, at `backup_address`: the
+  // range's state as it is, for installing the backup, and from it on
+  // every version the range makes is sent there, published without
+  // waiting until the backup is in step (ParameterShard::SaveForBackup;
+  // RangeStatus.backup_in_step says when it is).
+  absl::StatusOr<ShardState> SeedBackup(const std::string& job_id,
+                                        int64_t map_version,
+                                        const std::string& backup_address);
   // A closed step of the primary, made on the backup copy; its version
   // after it (ParameterShard::ApplyClosed's codes).
   absl::StatusOr<int64_t> ApplyClosed(const std::string& job_id,
@@ -249,6 +257,16 @@ class ShardHost {
   absl::StatusOr<std::shared_ptr<RangeForwarder>> MakeForwarder(
       const v1::InstallRangeRequest& req, const std::string& address,
       const std::shared_ptr<ParameterShard>& shard, int64_t from_version);
+  // A sender of the primary `shard`'s closed steps to `address` (":port":
+  // the coordinator's own shard, on its host), handed none yet.
+  std::shared_ptr<RangeForwarder> NewForwarder(
+      const std::string& job_id, int64_t map_version,
+      const std::string& address,
+      const std::shared_ptr<ParameterShard>& shard) const;
+  // The forward call that hands `forwarder` a range's closed steps (none
+  // once it is gone).
+  static std::function<void(ClosedStep)> SendTo(
+      const std::shared_ptr<RangeForwarder>& forwarder);
   // Whether a range of `count` values of the job sums pushes as they
   // arrive (Options::streamed_sums).
   bool StreamsSums(const JobSpec& spec, int64_t count) const;

@@ -795,6 +795,12 @@ class SaveReactor final
  public:
   SaveReactor(ShardHost* host, const v1::SaveRangeRequest* req)
       : weights_only_(req->weights_only()) {
+    if (!req->backup_address().empty()) {
+      // A new backup's state, as it is.
+      Ready(host->SeedBackup(req->job_id(), req->map_version(),
+                             req->backup_address()));
+      return;
+    }
     host->SaveAt(req->job_id(), req->map_version(), req->version(),
                  absl::Now() + host->waits().For(req->max_wait_ms()),
                  WhileLive([](SaveReactor* r, absl::StatusOr<ShardState> s) {

@@ -421,9 +421,9 @@ TEST(ReplicatedRangeServiceTest, AClosedStepReachesTheBackupOverItsService) {
     bool dup = false;
     TALLY_ASSERT_OK(p->shard->Accept(meta, g.data(), &dup));
     p->shard->Commit("w", 1, t, true);
-    for (int i = 0; i < 200 && p->shard->published_version() < t + 1; ++i)
+    for (int i = 0; i < 200 && p->shard->copies().published_version < t + 1; ++i)
       absl::SleepFor(absl::Milliseconds(10));
-    ASSERT_EQ(p->shard->published_version(), t + 1);
+    ASSERT_EQ(p->shard->copies().published_version, t + 1);
   }
   int64_t vp = 0, vb = 0;
   EXPECT_EQ(*p->shard->Snapshot(&vp), *b->shard->Snapshot(&vb));

@@ -935,7 +935,7 @@ TEST(ReplicatedRangeTest, PullsWaitForTheBackupWhichHoldsTheSameBits) {
     StepAll(*pair.primary, kMembers, t, grads);
     StepAll(*plain, kMembers, t, grads);
     EXPECT_EQ(pair.primary->version(), t + 1);
-    EXPECT_EQ(pair.primary->published_version(), t);
+    EXPECT_EQ(pair.primary->copies().published_version, t);
     EXPECT_FALSE(released);
     int64_t v = -1;
     EXPECT_EQ(*pair.primary->Snapshot(&v), before);  // the version before
@@ -945,7 +945,7 @@ TEST(ReplicatedRangeTest, PullsWaitForTheBackupWhichHoldsTheSameBits) {
     TALLY_ASSERT_OK(pair.backup->ApplyClosed(pair.forwarded.back()));
     pair.primary->Acknowledge(t + 1);
     EXPECT_TRUE(released);
-    EXPECT_EQ(pair.primary->published_version(), t + 1);
+    EXPECT_EQ(pair.primary->copies().published_version, t + 1);
   }
   int64_t vp = 0, vb = 0, vq = 0;
   const std::vector<float> p = *pair.primary->Snapshot(&vp);
@@ -1014,13 +1014,13 @@ TEST(ReplicatedRangeTest, APromotedBackupGoesOnFromWhereItWas) {
       pair.primary->Acknowledge(t + 1);
     }
   }
-  EXPECT_EQ(pair.primary->published_version(), 2);
+  EXPECT_EQ(pair.primary->copies().published_version, 2);
   pair.backup->Promote();
-  EXPECT_FALSE(pair.backup->backup());
+  EXPECT_FALSE(pair.backup->copies().backup);
   StepAll(*pair.backup, kMembers, 2, grads);  // sent again, same gradients
-  EXPECT_EQ(pair.backup->published_version(), 3);
+  EXPECT_EQ(pair.backup->copies().published_version, 3);
   pair.primary->StopForwarding();
-  EXPECT_EQ(pair.primary->published_version(), 3);
+  EXPECT_EQ(pair.primary->copies().published_version, 3);
   int64_t v1 = 0, v2 = 0;
   EXPECT_EQ(*pair.primary->Snapshot(&v1), *pair.backup->Snapshot(&v2));
   EXPECT_EQ(v1, v2);
@@ -1041,7 +1041,7 @@ TEST(ReplicatedRangeTest, ANewBackupIsForwardedToFromItsSeedVersion) {
   Rng rng(4);
   pair.primary->StopForwarding();
   StepAll(*pair.primary, 1, 0, {WideGradient(rng)});
-  EXPECT_EQ(pair.primary->published_version(), 1);
+  EXPECT_EQ(pair.primary->copies().published_version, 1);
   EXPECT_TRUE(pair.forwarded.empty());
   std::vector<ClosedStep> later;
   auto keep = [&later](ClosedStep s) { later.push_back(std::move(s)); };
@@ -1050,11 +1050,66 @@ TEST(ReplicatedRangeTest, ANewBackupIsForwardedToFromItsSeedVersion) {
                        HasSubstr("seeded again")));
   TALLY_ASSERT_OK(pair.primary->StartForwarding(1, keep));
   StepAll(*pair.primary, 1, 1, {WideGradient(rng)});
-  EXPECT_EQ(pair.primary->published_version(), 1);
+  EXPECT_EQ(pair.primary->copies().published_version, 1);
   ASSERT_EQ(later.size(), 1u);
   EXPECT_EQ(later[0].step, 1);
   pair.primary->Acknowledge(2);
-  EXPECT_EQ(pair.primary->published_version(), 2);
+  EXPECT_EQ(pair.primary->copies().published_version, 2);
+}
+
+// A new backup made with no hold: the primary's state as it is, then every
+// version it makes goes to the backup and is published at once while the
+// backup catches up; once the backup acknowledges the primary's version,
+// it is in step and the next version waits for it. The backup ends with
+// the primary's bits.
+TEST(ReplicatedRangeTest, ANewBackupCatchesUpWhileThePrimaryGoesOn) {
+  FakeClock clock;
+  ReplicaPair pair(&clock, 1);
+  Rng rng(5);
+  pair.primary->StopForwarding();
+  StepAll(*pair.primary, 1, 0, {WideGradient(rng)});
+  std::vector<ClosedStep> sent;
+  absl::StatusOr<ShardState> state = pair.primary->SaveForBackup(
+      [&sent](ClosedStep s) { sent.push_back(std::move(s)); });
+  TALLY_ASSERT_OK(state.status());
+  EXPECT_EQ(state->metrics.version, 1);
+  EXPECT_THAT(pair.backup->SaveForBackup([](ClosedStep) {}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("backup copy")));
+  // Two versions made while the backup is installed: published at once.
+  StepAll(*pair.primary, 1, 1, {WideGradient(rng)});
+  StepAll(*pair.primary, 1, 2, {WideGradient(rng)});
+  EXPECT_EQ(pair.primary->copies().published_version, 3);
+  EXPECT_FALSE(pair.primary->copies().backup_in_step);
+  ASSERT_EQ(sent.size(), 2u);
+  ParameterShard::Options b;
+  b.backup = true;
+  OptimizerConfig c;
+  c.type = OptimizerType::kAdam;
+  c.lr = 0.01;
+  absl::StatusOr<std::unique_ptr<ParameterShard>> backup =
+      ParameterShard::Restore(*state, *Optimizer::Create(c, kStreamN), &clock,
+                              b);
+  TALLY_ASSERT_OK(backup.status());
+  TALLY_ASSERT_OK((*backup)->ApplyClosed(sent[0]));
+  pair.primary->Acknowledge(2);  // behind: still catching up
+  EXPECT_FALSE(pair.primary->copies().backup_in_step);
+  TALLY_ASSERT_OK((*backup)->ApplyClosed(sent[1]));
+  pair.primary->Acknowledge(3);
+  EXPECT_TRUE(pair.primary->copies().backup_in_step);
+  // In step: the next version waits for the backup.
+  StepAll(*pair.primary, 1, 3, {WideGradient(rng)});
+  EXPECT_EQ(pair.primary->version(), 4);
+  EXPECT_EQ(pair.primary->copies().published_version, 3);
+  ASSERT_EQ(sent.size(), 3u);
+  TALLY_ASSERT_OK((*backup)->ApplyClosed(sent[2]));
+  pair.primary->Acknowledge(4);
+  EXPECT_EQ(pair.primary->copies().published_version, 4);
+  int64_t v = 0, bv = 0;
+  auto w = pair.primary->Snapshot(&v);
+  auto bw = (*backup)->Snapshot(&bv);
+  EXPECT_EQ(bv, 4);
+  EXPECT_EQ(*w, *bw);
 }
 
 }  // namespace
