@@ -236,6 +236,59 @@ TEST_F(PlannerTest, ABackupGoesOnAnotherHostWhereOneHasAShard) {
   EXPECT_TRUE(job.ranges[0].seed);
 }
 
+// A backup seeded while the job trains counts as a copy only once its
+// primary says it is in step: before, the primary's loss rolls the job
+// back; after, the backup takes over.
+TEST_F(PlannerTest, ANewBackupCountsAsACopyOnceItsPrimarySaysItIsInStep) {
+  std::vector<std::shared_ptr<FakeShardControl>> shards = {
+      AddShard("a:1"), AddShard("b:1"), AddShard("c:1")};
+  JobEntry& job = Submit(kReplicated);
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(job.ranges.size(), 1u);
+  job.installed = true;
+  Placement& p = job.ranges[0];
+  p.seed = p.seeding = true;  // installed, catching up
+  auto control_of = [&](const std::string& id) {
+    for (auto& s : shards)
+      if (registry_.shard(id).control == s) return s;
+    return std::shared_ptr<FakeShardControl>();
+  };
+  v1::RangeStatus status;
+  status.set_job_id(job.id());
+  status.set_map_version(job.map_version);
+  status.set_version(7);
+  control_of(p.shard_id)->ranges = {status};
+  planner_.ScheduleJobs(kNow);
+  EXPECT_TRUE(p.seed);  // not in step yet
+  status.set_backup_in_step(true);
+  control_of(p.shard_id)->ranges = {status};
+  planner_.ScheduleJobs(kNow);
+  EXPECT_FALSE(p.seed);
+  EXPECT_FALSE(p.seeding);
+  EXPECT_THAT(job.history.events().rbegin()->text(),
+              HasSubstr("caught up with its primary at step 7"));
+  const std::string backup = p.backup_shard_id;
+  EXPECT_TRUE(planner_.LoseShard(p.shard_id, kNow).empty());  // taken over
+  EXPECT_EQ(job.ranges[0].shard_id, backup);
+}
+
+// Lost while its new backup still catches up, a primary takes the range's
+// last copy with it: the job starts again from its checkpoint.
+TEST_F(PlannerTest, APrimaryLostWhileItsNewBackupCatchesUpRollsTheJobBack) {
+  AddShard("a:1");
+  AddShard("b:1");
+  JobEntry& job = Submit(kReplicated);
+  AddWorker();
+  planner_.ScheduleJobs(kNow);
+  ASSERT_EQ(job.ranges.size(), 1u);
+  job.installed = true;
+  job.ranges[0].seed = job.ranges[0].seeding = true;
+  EXPECT_THAT(planner_.LoseShard(job.ranges[0].shard_id, kNow),
+              ElementsAre(job.id()));
+  EXPECT_TRUE(job.ranges.empty());
+}
+
 // With one live shard, a job that asks for two copies runs with one.
 TEST_F(PlannerTest, AReplicatedJobOnOneShardKeepsOneCopy) {
   AddShard("h:1");
