@@ -45,7 +45,12 @@ python_bench  # B, PY, tmp, pids
 # files are.
 trap 'for f in "$tmp"/pid.*; do kill "$(cat "$f")" 2> /dev/null || true; done
       python_bench_cleanup
-      for h in "${hosts[@]}" "${hub:-}"; do [[ -n $h ]] && ip netns del "$h" 2> /dev/null; done; true' EXIT
+      for h in "${hosts[@]}"; do  # restarts in flight too
+        for p in $(ip netns pids "$h" 2> /dev/null); do kill -9 "$p" 2> /dev/null || true; done
+      done
+      for h in "${hosts[@]}" "${hub:-}"; do
+        if [[ -n $h ]]; then ip netns del "$h" 2> /dev/null || true; fi
+      done' EXIT
 
 port=7520
 # Where each process runs: its address, and the command prefix that puts

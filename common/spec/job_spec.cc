@@ -249,10 +249,11 @@ absl::StatusOr<JobSpec> ParseAndValidate(const YAML::Node& root,
 
 int64_t RangeCopies(const JobSpec& spec) {
   if (spec.training.replicas > 0) return spec.training.replicas;
-  // ssp may ask for two; unset, they are for bsp alone, whose failover the
-  // byte-identical tests cover.
-  return *WhyOneCopy(spec) == '\0' &&
-                 spec.training.consistency.mode == ConsistencyMode::kBsp
+  // ssp, and bsp with backup workers, may ask for two; unset, they are for
+  // plain bsp alone, whose failover the byte-identical tests cover.
+  const ConsistencySpec& c = spec.training.consistency;
+  return *WhyOneCopy(spec) == '\0' && c.mode == ConsistencyMode::kBsp &&
+                 c.backup_workers == 0
              ? 2
              : 1;
 }

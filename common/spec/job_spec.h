@@ -292,8 +292,9 @@ struct Schedule {
 Schedule MakeSchedule(const JobSpec& spec, int64_t train_size, int world);
 
 // The copies of each range the job is to have where two shards are live:
-// training.replicas when set, else 2 for a bsp job that allows two (a
-// plan that does not grow, no tables) and 1 for any other.
+// training.replicas when set, else 2 for a bsp job without backup
+// workers that allows two (a plan that does not grow, no tables) and 1 for
+// any other.
 int64_t RangeCopies(const JobSpec& spec);
 
 // `s` with `world` workers from `epoch` on (the worlds it had from there

@@ -60,8 +60,9 @@ struct ControlTask {
   bool failed = false;      // a shard refused or was away: retry at Tick
   bool installed_now = false;
   // Ranges (indexes) whose failover calls were made (seeded: the new
-  // backup installed, catching up).
+  // backup installed, catching up from the primary's version seeded_at).
   std::vector<int> promoted, unforwarded, seeded;
+  std::vector<int64_t> seeded_at;
   bool members_now = false;
   std::vector<MemberSpec> new_members;
   // Workers joined the job: its new schedule, set with the members; the

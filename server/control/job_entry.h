@@ -36,12 +36,13 @@ struct Placement {
   // become the primary (promote); the primary whose backup was lost is to
   // publish without it (unforward); a new backup is to be seeded from the
   // primary's state (seed), and once it is (seeding), it is catching up:
-  // it counts as a copy when its primary says it is in step
-  // (Planner::CheckSeeded).
+  // it counts as a copy when its primary says it is in step with a version
+  // made after the seed (Planner::CheckSeeded).
   bool promote = false;
   bool unforward = false;
   bool seed = false;
   bool seeding = false;
+  int64_t seeded_at = 0;  // the primary's version its state was saved at
 };
 
 // Leave steps decided, by (worker id, incarnation): (leave step, whether

@@ -456,7 +456,15 @@ void Planner::CheckSeeded(JobEntry& job, absl::Time now) {
   const std::vector<v1::RangeStatus> status = registry_.RangeStatuses(job);
   for (size_t i = 0; i < job.ranges.size() && i < status.size(); ++i) {
     Placement& p = job.ranges[i];
-    if (!p.seeding || !status[i].backup_in_step()) continue;
+    // A report from before the seed may still say its lost predecessor
+    // was in step: only one of a version made since, sending to this
+    // backup, counts.
+    if (!p.seeding || !status[i].backup_in_step() ||
+        status[i].version() <= p.seeded_at ||
+        status[i].peer_address() !=
+            registry_.shard(p.backup_shard_id).address) {
+      continue;
+    }
     p.seed = p.seeding = false;
     job.AddEvent(now, absl::StrCat("the new backup of range [", p.offset, ", ",
                                    p.offset + p.count, ") on parameter shard ",

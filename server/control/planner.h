@@ -82,7 +82,9 @@ class Planner {
   void ReplaceBackups(JobEntry& job, absl::Time now);
   // A new backup that is catching up (Placement::seeding) counts as a copy
   // once its primary's status says it is in step (RangeStatus.
-  // backup_in_step); until then the primary's loss rolls the job back.
+  // backup_in_step) with it, at a version made after the seed; until then
+  // the primary's loss rolls the job back (and an idle job's new backup,
+  // acknowledging nothing, waits for its next step).
   void CheckSeeded(JobEntry& job, absl::Time now);
   // A replicated job's copies on `lost` are gone: each range whose primary
   // was there is taken over by its backup (promote), each whose backup was

@@ -167,14 +167,16 @@ bool Reconciler::FinishFailover(ControlTask& t) {
       t.progressed = true;
     }
     if (r.seed && !r.seeding && r.backup_control != nullptr) {
-      if (absl::Status s = Seed(t, i); !s.ok()) {
+      absl::StatusOr<int64_t> at = Seed(t, i);
+      if (!at.ok()) {
         std::fprintf(stderr, "tally-server: seeding a backup of %s on %s: %s\n",
                      t.job_id.c_str(), r.backup_shard_id.c_str(),
-                     std::string(s.message()).c_str());
+                     std::string(at.status().message()).c_str());
         t.failed = true;
         return false;
       }
       t.seeded.push_back(static_cast<int>(i));
+      t.seeded_at.push_back(*at);
       t.progressed = true;
     }
   }
@@ -186,7 +188,7 @@ bool Reconciler::FinishFailover(ControlTask& t) {
 // backup's shard every version it makes, without waiting for it, while
 // the state is installed there; the backup catches up, and the primary
 // says when it is in step (Planner::CheckSeeded).
-absl::Status Reconciler::Seed(ControlTask& t, size_t i) {
+absl::StatusOr<int64_t> Reconciler::Seed(ControlTask& t, size_t i) {
   const ControlTask::Range& r = t.ranges[i];
   TALLY_ASSIGN_OR_RETURN(
       ShardState state,
@@ -196,7 +198,8 @@ absl::Status Reconciler::Seed(ControlTask& t, size_t i) {
   req.set_backup(true);
   EncodeRangeState(state, req.mutable_state());
   for (const MemberSpec& m : t.members) *req.add_members() = ToProto(m);
-  return r.backup_control->Install(req);
+  TALLY_RETURN_IF_ERROR(r.backup_control->Install(req));
+  return state.metrics.version;
 }
 
 // The end: retire every range, keep the final weights, drop the ranges.
@@ -352,10 +355,13 @@ bool Reconciler::Apply(ControlTask& t, JobEntry& job, const Registry& registry,
         job.ranges[i].shard_id == t.ranges[i].shard_id)
       job.ranges[i].unforward = false;
   }
-  for (int i : t.seeded) {
+  for (size_t k = 0; k < t.seeded.size(); ++k) {
+    const int i = t.seeded[k];
     if (i < static_cast<int>(job.ranges.size()) &&
-        job.ranges[i].backup_shard_id == t.ranges[i].backup_shard_id)
+        job.ranges[i].backup_shard_id == t.ranges[i].backup_shard_id) {
       job.ranges[i].seeding = true;
+      job.ranges[i].seeded_at = t.seeded_at[k];
+    }
   }
   if (t.installed_now) {
     job.installed = true;

@@ -62,7 +62,8 @@ class Reconciler {
   void Install(ControlTask& task);
   void SetMembership(ControlTask& task);
   bool FinishFailover(ControlTask& task);
-  absl::Status Seed(ControlTask& task, size_t range);
+  // The primary's version the new backup was seeded at.
+  absl::StatusOr<int64_t> Seed(ControlTask& task, size_t range);
   // Whether an install error of this placement is the first (logged).
   bool FirstInstallError(const std::string& job_id, int64_t map_version);
 

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -16,11 +17,14 @@ namespace {
 
 constexpr size_t kPieceFloats = 262144;  // 1 MiB of float32 a message
 
+std::atomic<int64_t> next_id{1};
+
 }  // namespace
 
 RangeForwarder::RangeForwarder(Options options,
                                std::weak_ptr<ParameterShard> shard)
     : options_(std::move(options)),
+      id_(next_id.fetch_add(1)),
       shard_(std::move(shard)),
       thread_([this] { Loop(); }) {}
 
@@ -73,7 +77,7 @@ void RangeForwarder::Loop() {
         queue_.pop_front();
     }
     if (auto shard = shard_.lock(); shard != nullptr)
-      shard->Acknowledge(*version);
+      shard->Acknowledge(*version, id_);
   }
 }
 

@@ -52,6 +52,9 @@ class RangeForwarder {
   // Sends nothing more; a call in flight is cancelled.
   void Stop();
   const std::string& backup_address() const { return options_.backup_address; }
+  // Never the same twice in a process (nor 0): what the range's
+  // acknowledgements from this forwarder are known by.
+  int64_t id() const { return id_; }
 
  private:
   void Loop();
@@ -59,6 +62,7 @@ class RangeForwarder {
   absl::StatusOr<int64_t> SendOne(const ClosedStep& step);
 
   const Options options_;
+  const int64_t id_;
   const std::weak_ptr<ParameterShard> shard_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -28,7 +28,9 @@ void RangeReplication::Made(int64_t version,
   forward_(std::move(closed));
 }
 
-bool RangeReplication::Acknowledge(int64_t version, int64_t current) {
+bool RangeReplication::Acknowledge(int64_t version, int64_t current,
+                                   int64_t sender) {
+  if (!forwarding() || sender != sender_) return false;
   if (catching_up_) {
     // Every version made so far is published already.
     if (version >= current) catching_up_ = false;
@@ -53,7 +55,8 @@ bool RangeReplication::Stop(int64_t version,
 }
 
 absl::Status RangeReplication::Start(int64_t version, int64_t from_version,
-                                     std::function<void(ClosedStep)> forward) {
+                                     std::function<void(ClosedStep)> forward,
+                                     int64_t sender) {
   if (backup_)
     return absl::FailedPreconditionError("this range is a backup copy");
   if (version != from_version || published_.version != version) {
@@ -62,11 +65,14 @@ absl::Status RangeReplication::Start(int64_t version, int64_t from_version,
         ": its new backup must be seeded again"));
   }
   forward_ = std::move(forward);
+  sender_ = sender;
+  catching_up_ = false;
   return absl::OkStatus();
 }
 
-absl::Status RangeReplication::CatchUp(
-    int64_t version, std::function<void(ClosedStep)> forward) {
+absl::Status RangeReplication::CatchUp(int64_t version,
+                                       std::function<void(ClosedStep)> forward,
+                                       int64_t sender) {
   if (backup_)
     return absl::FailedPreconditionError("this range is a backup copy");
   if (!unacked_.empty() || published_.version != version) {
@@ -74,6 +80,7 @@ absl::Status RangeReplication::CatchUp(
         "versions of this range still wait for another backup");
   }
   forward_ = std::move(forward);
+  sender_ = sender;
   catching_up_ = true;
   return absl::OkStatus();
 }

@@ -50,7 +50,8 @@ class RangeReplication {
   // Whether versions go to a backup (and, once it is in step, wait for
   // its acknowledgement).
   bool forwarding() const { return forward_ != nullptr; }
-  // A backup that holds every version made: one to fail over to.
+  // A backup that holds every version published (and the primary waits
+  // for it to hold each later one): one to fail over to.
   bool in_step() const { return forwarding() && !catching_up_; }
   // A promoted backup, until its first step closes: a member may wait
   // there for a version past a step whose push reached only the lost
@@ -75,8 +76,11 @@ class RangeReplication {
             ClosedStep closed);
   // The backup holds every version up to `version` (the range is at
   // `current`): they are published; a backup catching up that reached
-  // `current` is in step. True when the published version moved.
-  bool Acknowledge(int64_t version, int64_t current);
+  // `current` is in step. An acknowledgement from another sender than the
+  // forward call in force (`sender`, as Start or CatchUp named it; 0: the
+  // one given at construction) changes nothing: a sender replaced may
+  // still answer. True when the published version moved.
+  bool Acknowledge(int64_t version, int64_t current, int64_t sender);
   // The backup is gone: nothing more is forwarded, and the range's
   // current version (`version`, `buffers`) is published now. True when the
   // published version moved.
@@ -85,13 +89,13 @@ class RangeReplication {
   // at `version`. kFailedPrecondition on a backup, or when the range is
   // at another version or has versions still waiting (seed it again).
   absl::Status Start(int64_t version, int64_t from_version,
-                     std::function<void(ClosedStep)> forward);
+                     std::function<void(ClosedStep)> forward, int64_t sender);
   // A new backup is made from the range's state at `version`: every
   // version made from now on goes to `forward` and is published at once,
   // until Acknowledge reaches the range's version. kFailedPrecondition on
   // a backup, or while versions wait for another backup.
-  absl::Status CatchUp(int64_t version,
-                       std::function<void(ClosedStep)> forward);
+  absl::Status CatchUp(int64_t version, std::function<void(ClosedStep)> forward,
+                       int64_t sender);
   // Whether a backup at `version` makes its next version from `step`:
   // OK (*made_already when it made that version before: a step sent
   // again); kFailedPrecondition on a primary, or + STEP_NOT_OPEN for a
@@ -113,6 +117,7 @@ class RangeReplication {
   // range's current ones).
   std::deque<Version> unacked_;
   std::function<void(ClosedStep)> forward_;
+  int64_t sender_ = 0;  // whose acknowledgements count
   bool catching_up_ = false;
   bool backup_ = false;
   bool taken_over_ = false;

@@ -625,11 +625,11 @@ absl::Status ParameterShard::CheckMemberLocked(const std::string& worker_id,
 
 // ----------------------------------------------------------- replication --
 
-void ParameterShard::Acknowledge(int64_t version) {
+void ParameterShard::Acknowledge(int64_t version, int64_t sender) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    if (replica_.Acknowledge(version, version_))
+    if (replica_.Acknowledge(version, version_, sender))
       waiters_.Release(replica_.published().version, &ready);
   }
   RunReady(ready);
@@ -646,9 +646,10 @@ void ParameterShard::StopForwarding() {
 }
 
 absl::Status ParameterShard::StartForwarding(
-    int64_t from_version, std::function<void(ClosedStep)> forward) {
+    int64_t from_version, std::function<void(ClosedStep)> forward,
+    int64_t sender) {
   absl::MutexLock lock(&mu_);
-  return replica_.Start(version_, from_version, std::move(forward));
+  return replica_.Start(version_, from_version, std::move(forward), sender);
 }
 
 absl::Status ParameterShard::ApplyClosed(const ClosedStep& step) {
@@ -670,10 +671,11 @@ void ParameterShard::Promote() {
 }
 
 absl::StatusOr<ShardState> ParameterShard::SaveForBackup(
-    std::function<void(ClosedStep)> forward) {
+    std::function<void(ClosedStep)> forward, int64_t sender) {
   absl::MutexLock lock(&mu_);
   if (retired_) return JobEnded();
-  TALLY_RETURN_IF_ERROR(replica_.CatchUp(version_, std::move(forward)));
+  TALLY_RETURN_IF_ERROR(
+      replica_.CatchUp(version_, std::move(forward), sender));
   return SaveLocked(nullptr);
 }
 

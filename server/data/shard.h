@@ -398,18 +398,22 @@ class ParameterShard {
   // ---- Replication (above) ----
   // The primary's backup holds every version up to `version`: they are
   // published. An older acknowledgement changes nothing.
-  void Acknowledge(int64_t version);
+  // `sender`: the forwarder's id as StartForwarding or SaveForBackup named
+  // it (0: Options::forward's); another's changes nothing. While a new
+  // backup catches up, an acknowledgement of the range's version makes it
+  // in step instead (every version is published already).
+  void Acknowledge(int64_t version, int64_t sender = 0);
   // Whether versions wait for Acknowledge (a forward call was given and not
   // stopped). Stopped (the backup is gone): every version made is
   // published now, and later ones as they are made, unforwarded.
   void StopForwarding();
-  // A new backup holds this range's state at `from_version` (it was
-  // installed with it while a hold kept the range there): versions made
-  // from now on go to `forward` and wait for Acknowledge.
+  // A backup holds this range's state at `from_version` already: versions
+  // made from now on go to `forward` and wait for Acknowledge.
   // kFailedPrecondition when the range is at another version (it moved
   // on: seed the backup again), or is itself a backup.
   absl::Status StartForwarding(int64_t from_version,
-                               std::function<void(ClosedStep)> forward);
+                               std::function<void(ClosedStep)> forward,
+                               int64_t sender = 0);
   // A new backup is made from the state returned (this range's current
   // one, with no hold): every version made from now on goes to `forward`
   // and is published at once while the backup catches up; once
@@ -417,7 +421,7 @@ class ParameterShard {
   // later versions wait for it. kFailedPrecondition on a backup copy, a
   // retired range, or one whose versions wait for another backup.
   absl::StatusOr<ShardState> SaveForBackup(
-      std::function<void(ClosedStep)> forward);
+      std::function<void(ClosedStep)> forward, int64_t sender = 0);
   // A backup makes the version after `step.step` as its primary made it.
   // OK for a step it made already (a forward sent again). kFailedPrecondition
   // + STEP_NOT_OPEN (its version) for a step past its version (it lacks

@@ -19,11 +19,17 @@ namespace tally {
 namespace {
 
 // Whether an install takes the place of the job's copy here: one of a
-// newer placement, or a backup seeded again (the same placement).
+// newer placement, or a backup seeded again (the same placement) from a
+// state no older than the copy's. A backup copy ahead of the state (an
+// earlier seed that landed, though its caller heard no answer, and has
+// taken the primary's steps since) holds the primary's own later
+// versions: it stays, and takes the steps it has made already as such.
 bool Replaces(const v1::InstallRangeRequest& req, const Range& here) {
   return here.map_version < req.map_version() ||
          (req.backup() && here.backup &&
-          here.map_version == req.map_version());
+          here.map_version == req.map_version() &&
+          (here.shard == nullptr ||
+           here.shard->version() <= req.state().version()));
 }
 
 absl::Status NoRange(const std::string& job_id) {
@@ -192,7 +198,7 @@ absl::StatusOr<std::shared_ptr<RangeForwarder>> ShardHost::MakeForwarder(
       NewForwarder(req.job_id(), req.map_version(), address, shard);
   // From the version the backup holds: refused if the range moved on.
   TALLY_RETURN_IF_ERROR(
-      shard->StartForwarding(from_version, SendTo(forwarder)));
+      shard->StartForwarding(from_version, SendTo(forwarder), forwarder->id()));
   return forwarder;
 }
 
@@ -288,7 +294,8 @@ absl::StatusOr<ShardState> ShardHost::SeedBackup(
     return absl::InvalidArgumentError("a new backup needs its address");
   std::shared_ptr<RangeForwarder> forwarder =
       NewForwarder(job_id, r.map_version, backup_address, r.shard);
-  absl::StatusOr<ShardState> state = r.shard->SaveForBackup(SendTo(forwarder));
+  absl::StatusOr<ShardState> state =
+      r.shard->SaveForBackup(SendTo(forwarder), forwarder->id());
   if (!state.ok()) return state.status();
   std::shared_ptr<RangeForwarder> old;  // stopped unlocked
   {

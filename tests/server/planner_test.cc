@@ -248,7 +248,8 @@ TEST_F(PlannerTest, ANewBackupCountsAsACopyOnceItsPrimarySaysItIsInStep) {
   ASSERT_EQ(job.ranges.size(), 1u);
   job.installed = true;
   Placement& p = job.ranges[0];
-  p.seed = p.seeding = true;  // installed, catching up
+  p.seed = p.seeding = true;  // installed, catching up from version 5
+  p.seeded_at = 5;
   auto control_of = [&](const std::string& id) {
     for (auto& s : shards)
       if (registry_.shard(id).control == s) return s;
@@ -257,11 +258,24 @@ TEST_F(PlannerTest, ANewBackupCountsAsACopyOnceItsPrimarySaysItIsInStep) {
   v1::RangeStatus status;
   status.set_job_id(job.id());
   status.set_map_version(job.map_version);
+  status.set_peer_address(registry_.shard(p.backup_shard_id).address);
   status.set_version(7);
   control_of(p.shard_id)->ranges = {status};
   planner_.ScheduleJobs(kNow);
   EXPECT_TRUE(p.seed);  // not in step yet
+  // A report from before the seed (its predecessor in step), or about
+  // another backup, does not count.
   status.set_backup_in_step(true);
+  status.set_version(5);
+  control_of(p.shard_id)->ranges = {status};
+  planner_.ScheduleJobs(kNow);
+  EXPECT_TRUE(p.seed);
+  status.set_version(7);
+  status.set_peer_address("elsewhere:1");
+  control_of(p.shard_id)->ranges = {status};
+  planner_.ScheduleJobs(kNow);
+  EXPECT_TRUE(p.seed);
+  status.set_peer_address(registry_.shard(p.backup_shard_id).address);
   control_of(p.shard_id)->ranges = {status};
   planner_.ScheduleJobs(kNow);
   EXPECT_FALSE(p.seed);

@@ -1095,6 +1095,8 @@ TEST(ReplicatedRangeTest, ANewBackupCatchesUpWhileThePrimaryGoesOn) {
   pair.primary->Acknowledge(2);  // behind: still catching up
   EXPECT_FALSE(pair.primary->copies().backup_in_step);
   TALLY_ASSERT_OK((*backup)->ApplyClosed(sent[1]));
+  pair.primary->Acknowledge(3, /*sender=*/7);  // a sender replaced since
+  EXPECT_FALSE(pair.primary->copies().backup_in_step);
   pair.primary->Acknowledge(3);
   EXPECT_TRUE(pair.primary->copies().backup_in_step);
   // In step: the next version waits for the backup.

@@ -547,6 +547,9 @@ TEST(JobSpecTest, RangesHaveTwoCopiesWhereTheJobAllowsUnlessItSaysOne) {
   EXPECT_EQ(copies("training: {workers: {min: 1, max: 3}}\n"), 1);
   EXPECT_EQ(copies("training: {consistency: {mode: async}}\n"), 1);
   EXPECT_EQ(copies("training: {consistency: {mode: ssp, staleness: 1}}\n"), 1);
+  EXPECT_EQ(copies("training: {workers: 3, consistency: {backup_workers: "
+                   "1}}\n"),
+            1);
   EXPECT_EQ(copies("training: {replicas: 2, consistency: {mode: ssp, "
                    "staleness: 1}}\n"),
             2);
