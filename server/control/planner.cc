@@ -21,14 +21,13 @@ std::vector<std::string> Planner::ScheduleJobs(absl::Time now) {
     idle.erase(std::find(idle.begin(), idle.end(), id));
   };
   // Running jobs first: place those without shards (restored, or whose
-  // shard was lost), then refill vacated slots; then start pending jobs in
-  // submission order once all their slots can be filled.
+  // shard was lost), tend their backups, then refill vacated slots; then
+  // start pending jobs in submission order once their slots can be filled.
   for (const std::string& jid : jobs_.order()) {
     JobEntry& job = jobs_.at(jid);
     if (job.proto.state() != v1::RUNNING || job.awaiting_start) continue;
     if (job.ranges.empty() && !Place(job, now)) continue;
-    ReplaceBackups(job, now);
-    CheckSeeded(job, now);
+    ReplaceBackups(job, now);  // and counts those caught up (CheckSeeded)
     std::vector<std::string> free = Eligible(job, idle);
     const bool refilled = job.fixed_ranks() ? FillRanks(job, free, now)
                                             : FillSlots(job, free, now);
@@ -428,6 +427,7 @@ std::string Planner::PickBackup(
 
 void Planner::ReplaceBackups(JobEntry& job, absl::Time now) {
   if (RangeCopies(job.spec) < 2 || !job.installed) return;
+  CheckSeeded(job, now);
   // Shards that hold a copy of the job already: never a second one.
   std::set<std::string> holding;
   for (const Placement& p : job.ranges) {

@@ -75,10 +75,11 @@ class Planner {
   // Live shards, least loaded first (the values of the ranges, primaries
   // and backups, of every job not ended), as (values, shard id).
   std::vector<std::pair<int64_t, std::string>> LiveShardsByLoad() const;
-  // A replicated job's ranges left with one copy (a failover) get a new
-  // backup on the least loaded live shard that holds no copy of the job
-  // (PickBackup), seeded from the primary by the next control round (Placement::seed);
-  // none while no such shard is live.
+  // A replicated job's new backups that caught up are counted
+  // (CheckSeeded); then its ranges left with one copy (a failover) get a
+  // new backup on the least loaded live shard that holds no copy of the
+  // job (PickBackup), seeded from the primary by the next control round
+  // (Placement::seed); none while no such shard is live.
   void ReplaceBackups(JobEntry& job, absl::Time now);
   // A new backup that is catching up (Placement::seeding) counts as a copy
   // once its primary's status says it is in step (RangeStatus.
