@@ -168,22 +168,8 @@ id=$(run_job)
 # The job's step every 20 ms: "TIME STEP" lines.
 tls_keywords=()
 [[ $netns == 1 ]] && tls_keywords=("$c/ca.pem" "$c/node.pem" "$c/node.key" "$c/admin.token")
-$(on_host coordinator) $PY - "$coord" "$id" "${tls_keywords[@]}" > "$tmp/trace" <<'PYEOF' &
-import sys, time, tally
-from tally import tally_pb2 as pb
-tls = dict(zip(("tls_ca", "tls_cert", "tls_key", "token_file"), sys.argv[3:]))
-c = tally.Client(sys.argv[1], **tls)
-while True:
-    try:
-        j = c.status(sys.argv[2])
-    except tally.RpcError:
-        time.sleep(0.02)
-        continue
-    print(f"{time.time():.3f} {j.metrics.step}", flush=True)
-    if j.state not in (pb.PENDING, pb.RUNNING):
-        break
-    time.sleep(0.02)
-PYEOF
+job_tracer "$tmp/tracer.py"
+$(on_host coordinator) $PY "$tmp/tracer.py" "$coord" "$id" "${tls_keywords[@]}" > "$tmp/trace" &
 tracer=$!
 : > "$tmp/kills"
 down=""

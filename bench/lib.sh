@@ -124,3 +124,30 @@ python_bench_cleanup() {
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
+
+# Writes to FILE a Python program that prints a job's step every 20 ms, as
+# "TIME STEP" lines, until the job ends; with --events, then a JSON line of
+# its events ([unix time, text] pairs). TLS files (and a token) as for
+# tally.Client, when the cluster speaks mTLS:
+#   $PY FILE COORD JOB_ID [--events] [CA CERT KEY TOKEN_FILE]
+job_tracer() {  # FILE
+  cat > "$1" <<'PYEOF'
+import json, sys, time, tally
+from tally import tally_pb2 as pb
+args = [a for a in sys.argv[1:] if a != "--events"]
+tls = dict(zip(("tls_ca", "tls_cert", "tls_key", "token_file"), args[2:]))
+c = tally.Client(args[0], **tls)
+while True:
+    try:
+        j = c.status(args[1])
+    except tally.RpcError:
+        time.sleep(0.02)
+        continue
+    print(f"{time.time():.3f} {j.metrics.step}", flush=True)
+    if j.state not in (pb.PENDING, pb.RUNNING):
+        break
+    time.sleep(0.02)
+if "--events" in sys.argv:
+    print(json.dumps([(e.unix_time, e.text) for e in c.history(args[1]).events]), flush=True)
+PYEOF
+}

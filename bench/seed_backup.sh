@@ -52,23 +52,8 @@ echo "job $id: one range of $((side * side + side)) values, Adam: a state of $((
 
 # The job's step and events, as "TIME STEP" lines and a JSON line of the
 # events at the end.
-$PY - "$coord" "$id" > "$tmp/trace" <<'PYEOF' &
-import json, sys, time, tally
-from tally import tally_pb2 as pb
-c = tally.Client(sys.argv[1])
-while True:
-    try:
-        j = c.status(sys.argv[2])
-    except tally.RpcError:
-        time.sleep(0.02)
-        continue
-    print(f"{time.time():.3f} {j.metrics.step}", flush=True)
-    if j.state not in (pb.PENDING, pb.RUNNING):
-        break
-    time.sleep(0.02)
-events = [(e.unix_time, e.text) for e in c.history(sys.argv[2]).events]
-print(json.dumps(events), flush=True)
-PYEOF
+job_tracer "$tmp/tracer.py"
+$PY "$tmp/tracer.py" "$coord" "$id" --events > "$tmp/trace" &
 tracer=$!
 
 step_of() {
