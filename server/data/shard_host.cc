@@ -257,25 +257,37 @@ absl::Status ShardHost::SetBackup(const std::string& job_id,
     return absl::FailedPreconditionError(absl::StrCat(
         "the copy of ", Quoted(job_id), " here is a backup"));
   }
-  std::shared_ptr<RangeForwarder> old;  // stopped unlocked
+  std::shared_ptr<RangeForwarder> forwarder;  // none: the sender stops
   if (backup_address.empty()) {
     r.shard->StopForwarding();
-    r.forwarder = nullptr;  // its sender stops (below, unlocked)
   } else {
     v1::InstallRangeRequest req;
     req.set_job_id(job_id);
     req.set_map_version(r.map_version);
     TALLY_ASSIGN_OR_RETURN(
-        r.forwarder, MakeForwarder(req, backup_address, r.shard, from_version));
+        forwarder, MakeForwarder(req, backup_address, r.shard, from_version));
   }
+  return UseForwarder(job_id, r.shard, std::move(forwarder), backup_address);
+}
+
+absl::Status ShardHost::UseForwarder(
+    const std::string& job_id, const std::shared_ptr<ParameterShard>& shard,
+    std::shared_ptr<RangeForwarder> forwarder, const std::string& address) {
+  std::shared_ptr<RangeForwarder> old;  // stopped unlocked
+  bool found = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = ranges_.find(job_id);
-    if (it == ranges_.end() || it->second.shard != r.shard)
-      return NoRange(job_id);
-    old = std::move(it->second.forwarder);
-    it->second.forwarder = std::move(r.forwarder);
-    it->second.peer_address = backup_address;
+    found = it != ranges_.end() && it->second.shard == shard;
+    if (found) {
+      old = std::exchange(it->second.forwarder, std::move(forwarder));
+      it->second.peer_address = address;
+    }
+  }
+  if (!found) {
+    // The range was dropped meanwhile: nobody sends to it.
+    if (forwarder != nullptr) forwarder->Stop();
+    return NoRange(job_id);
   }
   // Now, though a pull's copy of the range may still hold it.
   if (old != nullptr) old->Stop();
@@ -297,22 +309,8 @@ absl::StatusOr<ShardState> ShardHost::SeedBackup(
   absl::StatusOr<ShardState> state =
       r.shard->SaveForBackup(SendTo(forwarder), forwarder->id());
   if (!state.ok()) return state.status();
-  std::shared_ptr<RangeForwarder> old;  // stopped unlocked
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = ranges_.find(job_id);
-    if (it != ranges_.end() && it->second.shard == r.shard) {
-      old = std::exchange(it->second.forwarder, forwarder);
-      it->second.peer_address = backup_address;
-      forwarder = nullptr;
-    }
-  }
-  if (forwarder != nullptr) {
-    // Dropped meanwhile: nobody sends to it.
-    forwarder->Stop();
-    return NoRange(job_id);
-  }
-  if (old != nullptr) old->Stop();
+  TALLY_RETURN_IF_ERROR(
+      UseForwarder(job_id, r.shard, std::move(forwarder), backup_address));
   return state;
 }
 

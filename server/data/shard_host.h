@@ -257,6 +257,14 @@ class ShardHost {
   absl::StatusOr<std::shared_ptr<RangeForwarder>> MakeForwarder(
       const v1::InstallRangeRequest& req, const std::string& address,
       const std::shared_ptr<ParameterShard>& shard, int64_t from_version);
+  // The job's range `shard` sends its closed steps through `forwarder`
+  // (null: none) to the backup at `address` from now on; the sender it had
+  // is stopped. kNotFound (and `forwarder` stopped) when the range was
+  // dropped or replaced meanwhile.
+  absl::Status UseForwarder(const std::string& job_id,
+                            const std::shared_ptr<ParameterShard>& shard,
+                            std::shared_ptr<RangeForwarder> forwarder,
+                            const std::string& address);
   // A sender of the primary `shard`'s closed steps to `address` (":port":
   // the coordinator's own shard, on its host), handed none yet.
   std::shared_ptr<RangeForwarder> NewForwarder(
