@@ -38,6 +38,13 @@ void RangeForwarder::Send(ClosedStep step) {
   queue_.push_back(std::move(step));
 }
 
+std::function<void(ClosedStep)> RangeForwarder::SendTo(
+    const std::shared_ptr<RangeForwarder>& forwarder) {
+  return [weak = std::weak_ptr<RangeForwarder>(forwarder)](ClosedStep step) {
+    if (auto f = weak.lock(); f != nullptr) f->Send(std::move(step));
+  };
+}
+
 void RangeForwarder::Stop() {
   absl::MutexLock lock(&mu_);
   stop_ = true;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,6 +50,10 @@ class RangeForwarder {
 
   // Queues a closed step (the range hands them over in order).
   void Send(ClosedStep step);
+  // The range's forward call that hands `forwarder` its closed steps (none
+  // once it is gone).
+  static std::function<void(ClosedStep)> SendTo(
+      const std::shared_ptr<RangeForwarder>& forwarder);
   // Sends nothing more; a call in flight is cancelled.
   void Stop();
   const std::string& backup_address() const { return options_.backup_address; }

@@ -197,16 +197,9 @@ absl::StatusOr<std::shared_ptr<RangeForwarder>> ShardHost::MakeForwarder(
   std::shared_ptr<RangeForwarder> forwarder =
       NewForwarder(req.job_id(), req.map_version(), address, shard);
   // From the version the backup holds: refused if the range moved on.
-  TALLY_RETURN_IF_ERROR(
-      shard->StartForwarding(from_version, SendTo(forwarder), forwarder->id()));
+  TALLY_RETURN_IF_ERROR(shard->StartForwarding(
+      from_version, RangeForwarder::SendTo(forwarder), forwarder->id()));
   return forwarder;
-}
-
-std::function<void(ClosedStep)> ShardHost::SendTo(
-    const std::shared_ptr<RangeForwarder>& forwarder) {
-  return [weak = std::weak_ptr<RangeForwarder>(forwarder)](ClosedStep step) {
-    if (auto f = weak.lock(); f != nullptr) f->Send(std::move(step));
-  };
 }
 
 std::shared_ptr<RangeForwarder> ShardHost::NewForwarder(
@@ -306,8 +299,8 @@ absl::StatusOr<ShardState> ShardHost::SeedBackup(
     return absl::InvalidArgumentError("a new backup needs its address");
   std::shared_ptr<RangeForwarder> forwarder =
       NewForwarder(job_id, r.map_version, backup_address, r.shard);
-  absl::StatusOr<ShardState> state =
-      r.shard->SaveForBackup(SendTo(forwarder), forwarder->id());
+  absl::StatusOr<ShardState> state = r.shard->SaveForBackup(
+      RangeForwarder::SendTo(forwarder), forwarder->id());
   if (!state.ok()) return state.status();
   TALLY_RETURN_IF_ERROR(
       UseForwarder(job_id, r.shard, std::move(forwarder), backup_address));

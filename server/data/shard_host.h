@@ -271,10 +271,6 @@ class ShardHost {
       const std::string& job_id, int64_t map_version,
       const std::string& address,
       const std::shared_ptr<ParameterShard>& shard) const;
-  // The forward call that hands `forwarder` a range's closed steps (none
-  // once it is gone).
-  static std::function<void(ClosedStep)> SendTo(
-      const std::shared_ptr<RangeForwarder>& forwarder);
   // Whether a range of `count` values of the job sums pushes as they
   // arrive (Options::streamed_sums).
   bool StreamsSums(const JobSpec& spec, int64_t count) const;

@@ -421,7 +421,8 @@ TEST(ReplicatedRangeServiceTest, AClosedStepReachesTheBackupOverItsService) {
     bool dup = false;
     TALLY_ASSERT_OK(p->shard->Accept(meta, g.data(), &dup));
     p->shard->Commit("w", 1, t, true);
-    for (int i = 0; i < 200 && p->shard->copies().published_version < t + 1; ++i)
+    for (int i = 0;
+         i < 200 && p->shard->copies().published_version < t + 1; ++i)
       absl::SleepFor(absl::Milliseconds(10));
     ASSERT_EQ(p->shard->copies().published_version, t + 1);
   }
